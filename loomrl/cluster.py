@@ -1,0 +1,289 @@
+"""Cluster: the Ray instance loomrl runs on, and its inventory of nodes, devices and cores.
+
+``Cluster.start()`` starts an embedded local Ray unless ``RAY_ADDRESS`` (or ``address=``) names an
+existing cluster. Devices are numbered node-major: node 0's devices first, then node 1's, so that a
+plan's contiguous device ranges stay inside a node where they can. A device is either a GPU (real,
+or logical as Ray counts them) or, on a machine without GPUs, a CPU "slot".
+
+loomrl places workers itself: each worker actor is pinned to its node (node affinity) and told its
+devices through ``CUDA_VISIBLE_DEVICES``; Ray's own GPU accounting is not used, so several workers can
+share a device (time-sharing) and one worker can hold several devices.
+
+This module never imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from loomrl.errors import PlacementError
+
+if TYPE_CHECKING:
+    from loomrl.worker import Worker, WorkerGroup
+
+_NAMESPACE = "loomrl"
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator (or CPU slot). ``index`` is global (node-major); ``local`` is the index on its node."""
+
+    index: int
+    node: int
+    local: int
+    kind: str  # "gpu" or "cpu"
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.index} (node {self.node}, local {self.local})"
+
+
+@dataclass(frozen=True)
+class Node:
+    index: int
+    node_id: str
+    ip: str
+    num_cpus: float
+    num_gpus: float
+    devices: tuple[Device, ...] = field(default=())
+
+
+class Cluster:
+    """Handle on a running Ray instance plus loomrl's device inventory. Create with ``Cluster.start``."""
+
+    def __init__(self, nodes: list[Node], owns_ray: bool):
+        self.nodes = nodes
+        self.devices: list[Device] = [d for n in nodes for d in n.devices]
+        self._owns_ray = owns_ray
+        self._groups: list[WorkerGroup] = []
+        self._cpu_reserved: dict[int, float] = {n.index: 0.0 for n in nodes}
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def start(
+        cls,
+        num_cpus: int | None = None,
+        num_gpus: int | None = None,
+        address: str | None = None,
+        num_devices: int | None = None,
+        log_to_driver: bool = True,
+    ) -> Cluster:
+        """Start (or join) Ray and take the inventory.
+
+        Args:
+            num_cpus / num_gpus: resources of the embedded Ray (ignored when joining). ``num_gpus`` may
+                exceed the real GPU count: Ray then reports logical GPUs, which is how placement is
+                tested on CPU-only machines.
+            address: an existing cluster's address; defaults to ``$RAY_ADDRESS``; None starts Ray here.
+            num_devices: on a cluster without GPUs, how many CPU device slots per node (default: the
+                node's CPU count).
+        """
+        import ray
+
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        owns = False
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, namespace=_NAMESPACE, log_to_driver=log_to_driver)
+            else:
+                if num_gpus is None:
+                    num_gpus = _count_local_gpus()
+                ray.init(
+                    num_cpus=num_cpus,
+                    num_gpus=num_gpus,
+                    namespace=_NAMESPACE,
+                    include_dashboard=False,
+                    log_to_driver=log_to_driver,
+                    configure_logging=False,
+                )
+                owns = True
+        return cls(_take_inventory(num_devices), owns_ray=owns)
+
+    def shutdown(self) -> None:
+        """Kill every worker this cluster launched and, if loomrl started Ray, stop it (no stray processes)."""
+        import ray
+
+        for g in self._groups:
+            g.kill()
+        self._groups.clear()
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------------ inventory
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def num_cpus(self) -> float:
+        return sum(n.num_cpus for n in self.nodes)
+
+    @property
+    def device_kind(self) -> str:
+        return self.devices[0].kind if self.devices else "cpu"
+
+    def inventory(self) -> dict[str, Any]:
+        return {
+            "nodes": [
+                {
+                    "index": n.index,
+                    "node_id": n.node_id,
+                    "ip": n.ip,
+                    "cpus": n.num_cpus,
+                    "gpus": n.num_gpus,
+                    "devices": [d.index for d in n.devices],
+                }
+                for n in self.nodes
+            ],
+            "devices": len(self.devices),
+            "device_kind": self.device_kind,
+            "cpus": self.num_cpus,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"Cluster({len(self.nodes)} node(s), {len(self.devices)} {self.device_kind} device(s), "
+            f"{self.num_cpus:g} CPU core(s))"
+        )
+
+    def resolve_devices(self, devices: Any) -> list[Device]:
+        """Turn ``None`` (all), an int count, a range or a list of global indices into Device objects."""
+        if devices is None:
+            return list(self.devices)
+        if isinstance(devices, int) and not isinstance(devices, bool):
+            if devices < 1 or devices > len(self.devices):
+                raise PlacementError(
+                    f"devices={devices}: the cluster has {len(self.devices)} device(s); "
+                    f"ask for 1..{len(self.devices)} or pass explicit indices"
+                )
+            return list(self.devices[:devices])
+        idx = list(devices)
+        bad = [i for i in idx if not isinstance(i, int) or i < 0 or i >= len(self.devices)]
+        if bad:
+            raise PlacementError(
+                f"unknown device id(s) {bad}: this cluster has devices 0..{len(self.devices) - 1} "
+                f"({self!r})"
+            )
+        if len(set(idx)) != len(idx):
+            raise PlacementError(f"devices={idx} lists a device twice; give each device once")
+        return [self.devices[i] for i in idx]
+
+    # ------------------------------------------------------------------ workers
+    def launch(
+        self,
+        cls: type[Worker],
+        n: int,
+        *args: Any,
+        devices: Any = None,
+        name: str | None = None,
+        num_cpus: float = 0.0,
+        env: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> WorkerGroup:
+        """Start ``n`` processes of worker class ``cls`` on ``devices`` and return the group.
+
+        ``n`` workers on ``d`` devices: with ``n >= d`` each device hosts ``n / d`` workers (``n`` must
+        be a multiple of ``d``); with ``n < d`` each worker holds ``d / n`` contiguous devices.
+        ``num_cpus`` is what each worker reserves from Ray (0 by default: the planner, not Ray, decides
+        who computes where; a CPU-bound simulator should reserve its cores).
+        """
+        from loomrl.worker import WorkerGroup, Worker
+
+        if not (isinstance(cls, type) and issubclass(cls, Worker)):
+            raise TypeError(
+                f"launch() needs a subclass of loomrl.Worker, got {cls!r}; "
+                "declare it as `class MyWorker(loomrl.Worker): ...`"
+            )
+        if not isinstance(n, int) or n < 1:
+            raise PlacementError(f"n={n!r}: the number of workers must be a positive integer")
+        devs = self.resolve_devices(devices)
+        per_rank = _split_devices(devs, n, cls.__name__)
+        cpu_need: dict[int, float] = {}
+        for ds in per_rank:
+            cpu_need[ds[0].node] = cpu_need.get(ds[0].node, 0.0) + num_cpus
+        for node_idx, need in cpu_need.items():
+            node = self.nodes[node_idx]
+            if self._cpu_reserved[node_idx] + need > node.num_cpus + 1e-9:
+                raise PlacementError(
+                    f"{cls.__name__}: {n} worker(s) x num_cpus={num_cpus:g} need {need:g} core(s) on "
+                    f"node {node_idx}, which has {node.num_cpus:g} with "
+                    f"{self._cpu_reserved[node_idx]:g} already reserved; lower num_cpus or spread "
+                    "the workers over more nodes (Ray would otherwise wait forever)"
+                )
+        group = WorkerGroup._launch(
+            self, cls, per_rank, args, kwargs, name=name or cls.__name__, num_cpus=num_cpus, env=env
+        )
+        for node_idx, need in cpu_need.items():
+            self._cpu_reserved[node_idx] += need
+        group._on_kill = lambda: self._release(cpu_need)
+        self._groups.append(group)
+        return group
+
+    def _release(self, cpu_need: dict[int, float]) -> None:
+        for node_idx, need in cpu_need.items():
+            self._cpu_reserved[node_idx] = max(0.0, self._cpu_reserved[node_idx] - need)
+
+
+def _split_devices(devs: list[Device], n: int, what: str) -> list[list[Device]]:
+    d = len(devs)
+    if n >= d:
+        if n % d:
+            raise PlacementError(
+                f"{what}: cannot place {n} workers on {d} device(s) evenly; use a multiple of {d} "
+                f"workers (several per device) or a divisor of {d} (several devices per worker)"
+            )
+        k = n // d
+        return [[devs[r // k]] for r in range(n)]
+    if d % n:
+        raise PlacementError(
+            f"{what}: cannot give {n} workers an equal share of {d} devices; use a divisor of {d}"
+        )
+    k = d // n
+    per = [devs[r * k : (r + 1) * k] for r in range(n)]
+    for ds in per:
+        if len({x.node for x in ds}) > 1:
+            raise PlacementError(
+                f"{what}: a worker would span nodes {sorted({x.node for x in ds})}; one process "
+                "can only use devices of its own node — use more workers"
+            )
+    return per
+
+
+def _count_local_gpus() -> int:
+    """Real GPUs on this machine, without importing torch (nvidia-smi's device files)."""
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        return len([v for v in vis.split(",") if v.strip() not in ("", "-1")])
+    try:
+        return len([e for e in os.listdir("/dev") if e.startswith("nvidia") and e[6:].isdigit()])
+    except OSError:
+        return 0
+
+
+def _take_inventory(num_devices: int | None) -> list[Node]:
+    import ray
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    alive.sort(key=lambda n: (n.get("NodeManagerAddress", ""), n["NodeID"]))
+    nodes: list[Node] = []
+    next_index = 0
+    for i, n in enumerate(alive):
+        res = n.get("Resources", {})
+        cpus = float(res.get("CPU", 0.0))
+        gpus = float(res.get("GPU", 0.0))
+        if gpus >= 1:
+            count, kind = int(gpus), "gpu"
+        else:
+            count, kind = (num_devices if num_devices is not None else max(1, int(cpus))), "cpu"
+        devs = tuple(Device(next_index + j, i, j, kind) for j in range(count))
+        next_index += count
+        nodes.append(Node(i, n["NodeID"], n.get("NodeManagerAddress", "?"), cpus, gpus, devs))
+    return nodes

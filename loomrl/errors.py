@@ -1,0 +1,58 @@
+"""Exception types shared by every layer. Imports nothing heavy."""
+
+from __future__ import annotations
+
+
+class LoomError(Exception):
+    """Base class of loomrl's own errors."""
+
+
+class ConfigError(LoomError, ValueError):
+    """A configuration is invalid. ``problems`` lists every problem found, not just the first."""
+
+    def __init__(self, problems: list[str] | str, source: str | None = None):
+        if isinstance(problems, str):
+            problems = [problems]
+        self.problems = list(problems)
+        head = f"invalid configuration{f' in {source}' if source else ''}"
+        body = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{head} ({len(self.problems)} problem(s)):\n{body}")
+
+
+class PlacementError(LoomError, ValueError):
+    """A requested placement cannot be realised on the cluster (too many workers, unknown device...)."""
+
+
+class PlanError(LoomError, ValueError):
+    """No execution plan satisfies the constraints (memory, valid device counts, cores)."""
+
+
+class RemoteError(LoomError):
+    """A worker method raised. Carries the worker's name, rank, host and the remote traceback."""
+
+    def __init__(self, worker: str, rank: int, host: str, method: str, cause: str, remote_traceback: str):
+        self.worker, self.rank, self.host, self.method = worker, rank, host, method
+        self.cause, self.remote_traceback = cause, remote_traceback
+        super().__init__(
+            f"{worker} rank {rank} on {host} failed in {method}(): {cause}\n"
+            f"--- remote traceback ---\n{remote_traceback}"
+        )
+
+
+class WorkerDiedError(LoomError):
+    """A worker process died (killed, crashed, out of memory) while work was pending on it."""
+
+    def __init__(self, worker: str, rank: int, host: str, method: str, detail: str = ""):
+        self.worker, self.rank, self.host, self.method = worker, rank, host, method
+        super().__init__(
+            f"{worker} rank {rank} on {host} died while running {method}()"
+            + (f": {detail}" if detail else "")
+        )
+
+
+class ChannelClosed(LoomError):
+    """get/put on a channel that was closed (and, for get, drained)."""
+
+
+class ChannelTimeout(LoomError, TimeoutError):
+    """A channel put/get did not complete within its timeout."""

@@ -1,0 +1,425 @@
+"""Worker, WorkerGroup, Handle and wait: RL components as groups of Ray actors.
+
+A worker is a plain class deriving from ``Worker``. ``Cluster.launch`` starts ``n`` processes of it;
+every public method of the class becomes a real attribute of the returned ``WorkerGroup`` whose call
+runs on every rank (or on ``group.on(ranks)``) and returns a ``Handle`` at once. ``wait`` is the
+explicit barrier: it returns one result per rank, or raises ``RemoteError`` (with the worker's name,
+rank, host and remote traceback) or ``WorkerDiedError`` (the process is gone).
+
+How arguments reach the ranks is declared on the method with ``@dispatch``:
+``"all"`` (default) sends the same arguments to every rank; ``"split"`` cuts each sequence argument
+into ``world_size`` contiguous chunks; ``"scatter"`` sends element ``r`` of each list argument to rank
+``r``; ``"rank0"`` runs on rank 0 only.
+
+This module never imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from loomrl.errors import PlacementError, RemoteError, WorkerDiedError
+
+if TYPE_CHECKING:
+    from loomrl.cluster import Cluster, Device
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_DISPATCH_MODES = ("all", "split", "scatter", "rank0")
+
+
+def dispatch(mode: str) -> Callable[[Callable], Callable]:
+    """Declare how a group call hands its arguments to the ranks (see module docstring)."""
+    if mode not in _DISPATCH_MODES:
+        raise ValueError(f"dispatch mode {mode!r} is unknown; choose one of {_DISPATCH_MODES}")
+
+    def mark(fn: Callable) -> Callable:
+        fn.__loom_dispatch__ = mode  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+class Worker:
+    """Base class of every loomrl worker. Subclasses call ``super().__init__()``.
+
+    Attributes set before the subclass's ``__init__`` body runs: ``rank``, ``world_size``,
+    ``devices`` (global device indices), ``name`` and ``group_name``.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    devices: tuple[int, ...] = ()
+    device_kind: str = "cpu"
+    name: str = "worker"
+    group_name: str = "worker"
+
+    def __init__(self) -> None:
+        self._loaded = True
+
+    # -------------------------------------------------------------- time-sharing hooks
+    def onload(self) -> None:
+        """Bring weights / state onto the device. Called under the device lock before work."""
+
+    def offload(self) -> None:
+        """Return device memory (and what RSS can be returned on CPU). Called after work."""
+
+    @contextlib.contextmanager
+    def devices_locked(self, onload: bool = True, offload: bool = True) -> Iterator[None]:
+        """Hold this worker's devices exclusively: onload -> work -> offload, in device order."""
+        from loomrl.lock import DeviceLock
+
+        lock = DeviceLock.get()
+        with lock.hold(self.devices):
+            if onload:
+                self.onload()
+            try:
+                yield
+            finally:
+                if offload:
+                    self.offload()
+
+    @property
+    def torch_device(self) -> str:
+        """"cuda" when this process sees a real GPU, else "cpu" (logical GPUs on a CPU machine)."""
+        if self.device_kind != "gpu":
+            return "cpu"
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    # -------------------------------------------------------------- built-ins used by the group
+    def _loom_info(self) -> dict[str, Any]:
+        import ray
+
+        return {
+            "name": self.name,
+            "rank": self.rank,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "devices": list(self.devices),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
+
+    def _loom_ping(self) -> bool:
+        return True
+
+
+def _setup_worker(obj: Worker, ctx: dict[str, Any]) -> None:
+    if ctx["device_kind"] == "gpu" and ctx["visible"] is not None:
+        # Set before anything touches CUDA in this process, so torch sees exactly its devices.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ctx["visible"]
+    for k, v in (ctx.get("env") or {}).items():
+        os.environ[k] = v
+    obj.rank = ctx["rank"]
+    obj.world_size = ctx["world_size"]
+    obj.devices = tuple(ctx["devices"])
+    obj.device_kind = ctx["device_kind"]
+    obj.group_name = ctx["group"]
+    obj.name = f"{ctx['group']}[{ctx['rank']}]"
+
+
+def _ship_module_by_value(cls: type) -> None:
+    """Worker classes defined in scripts or test files are not importable in worker processes;
+    ship such modules by value (installed packages and loomrl itself travel by reference)."""
+    import sys
+
+    from ray import cloudpickle
+
+    mod = sys.modules.get(cls.__module__)
+    path = getattr(mod, "__file__", None) or ""
+    if mod is None or cls.__module__ == "__main__" or cls.__module__.startswith("loomrl."):
+        return
+    if "site-packages" in path or "dist-packages" in path:
+        return
+    cloudpickle.register_pickle_by_value(mod)
+
+
+def _hosted_class(cls: type[Worker]) -> type:
+    """A subclass of the user's class whose constructor first installs rank/devices/env."""
+    _ship_module_by_value(cls)
+
+    def __init__(self, _loom_ctx: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        _setup_worker(self, _loom_ctx)
+        cls.__init__(self, *args, **kwargs)
+
+    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})
+
+
+class Handle:
+    """The pending result of one group call: one Ray object reference per rank."""
+
+    def __init__(self, group: WorkerGroup, method: str, ranks: list[int], refs: list[Any]):
+        self.group, self.method, self.ranks, self.refs = group, method, ranks, refs
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        return wait(self, timeout=timeout)
+
+    def done(self) -> bool:
+        import ray
+
+        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        return len(ready) == len(self.refs)
+
+    def __repr__(self) -> str:
+        return f"Handle({self.group.name}.{self.method} on ranks {self.ranks})"
+
+
+def wait(*handles: Handle, timeout: float | None = None) -> Any:
+    """Block until every handle completes. One handle -> list of per-rank results; several -> a list of such lists.
+
+    Raises RemoteError / WorkerDiedError naming the worker, and TimeoutError after ``timeout`` seconds.
+    """
+    import ray
+
+    if not handles:
+        return []
+    for h in handles:
+        if not isinstance(h, Handle):
+            raise TypeError(
+                f"wait() takes Handles returned by group method calls, got {type(h).__name__}; "
+                "call the method on a WorkerGroup first, e.g. wait(group.step())"
+            )
+    all_refs = [r for h in handles for r in h.refs]
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pending = list(all_refs)
+    # ray.wait returns as soon as refs finish or fail; a dead actor's refs fail within seconds, so
+    # this loop cannot hang on a crashed worker. We surface the first failure as soon as it lands.
+    while pending:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        if not ready:
+            raise TimeoutError(
+                f"wait(): {len(pending)} call(s) still running after {timeout}s: "
+                + ", ".join(repr(h) for h in handles if any(r in pending for r in h.refs))
+            )
+        for ref in ready:
+            try:
+                _raise_if_failed(handles, ref)
+            except (RemoteError, WorkerDiedError):
+                _drain(pending)
+                raise
+    out = [[_get(h, r, ref) for r, ref in zip(h.ranks, h.refs)] for h in handles]
+    return out[0] if len(handles) == 1 else out
+
+
+def _drain(refs: list[Any]) -> None:
+    """Collect sibling failures that are already in, so Ray does not report them as unhandled."""
+    import ray
+
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0.2)
+    for ref in ready:
+        with contextlib.suppress(Exception):
+            ray.get(ref)
+
+
+def _raise_if_failed(handles: Sequence[Handle], ref: Any) -> None:
+    for h in handles:
+        for r, x in zip(h.ranks, h.refs):
+            if x == ref:
+                _get(h, r, ref)
+                return
+
+
+def _get(h: Handle, rank: int, ref: Any) -> Any:
+    import ray
+    from ray import exceptions as rex
+
+    try:
+        return ray.get(ref)
+    except rex.RayTaskError as e:
+        host = h.group._hosts.get(rank, "?")
+        cause = e.cause if getattr(e, "cause", None) is not None else e
+        tb = _ANSI.sub("", str(e))
+        err = RemoteError(h.group.name, rank, host, h.method, f"{type(cause).__name__}: {cause}", tb)
+        raise err from (cause if isinstance(cause, BaseException) else None)
+    except (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError) as e:
+        host = h.group._hosts.get(rank, "?")
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise WorkerDiedError(h.group.name, rank, host, h.method, first) from None
+
+
+class _GroupMethod:
+    def __init__(self, group: WorkerGroup, name: str, mode: str, ranks: list[int]):
+        self._group, self._name, self._mode, self._ranks = group, name, mode, ranks
+        self.__name__ = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Handle:
+        g = self._group
+        ranks = self._ranks
+        if self._mode == "rank0":
+            ranks = [ranks[0]]
+        per_rank = _dispatch_args(self._mode, self._name, len(ranks), args, kwargs)
+        refs = []
+        for (a, kw), r in zip(per_rank, ranks):
+            refs.append(getattr(g._actors[r], self._name).remote(*a, **kw))
+        return Handle(g, self._name, ranks, refs)
+
+    def __repr__(self) -> str:
+        return f"<group method {self._group.name}.{self._name} dispatch={self._mode!r}>"
+
+
+def _dispatch_args(
+    mode: str, name: str, n: int, args: tuple, kwargs: dict
+) -> list[tuple[tuple, dict]]:
+    if mode in ("all", "rank0"):
+        return [(args, kwargs)] * n
+
+    def cut(label: str, v: Any) -> list[Any]:
+        if not isinstance(v, Sequence) or isinstance(v, (str, bytes)):
+            raise TypeError(
+                f"{name}(): argument {label} must be a list with @dispatch({mode!r}), "
+                f"got {type(v).__name__}"
+            )
+        if mode == "scatter":
+            if len(v) != n:
+                raise ValueError(
+                    f"{name}(): argument {label} has {len(v)} element(s) but @dispatch('scatter') "
+                    f"needs one per rank ({n})"
+                )
+            return list(v)
+        q, rem = divmod(len(v), n)
+        bounds = [r * q + min(r, rem) for r in range(n + 1)]
+        return [v[bounds[r] : bounds[r + 1]] for r in range(n)]
+
+    pa = [cut(f"#{i}", v) for i, v in enumerate(args)]
+    pk = {k: cut(repr(k), v) for k, v in kwargs.items()}
+    return [(tuple(p[r] for p in pa), {k: p[r] for k, p in pk.items()}) for r in range(n)]
+
+
+class WorkerGroup:
+    """``world_size`` Ray actors running one worker class. Public worker methods are attributes."""
+
+    def __init__(
+        self,
+        cls: type[Worker],
+        name: str,
+        actors: list[Any],
+        devices: list[list[Device]],
+        hosts: dict[int, str],
+        ranks: list[int] | None = None,
+    ):
+        self.cls, self.name = cls, name
+        self._actors, self._devices, self._hosts = actors, devices, hosts
+        self._ranks = list(range(len(actors))) if ranks is None else ranks
+        self._on_kill: Callable[[], None] | None = None
+        self._killed = False
+        for attr in dir(cls):
+            if attr.startswith("_"):
+                continue
+            fn = getattr(cls, attr, None)
+            if callable(fn) and not isinstance(fn, type) and attr not in _RESERVED:
+                if attr in _GROUP_ATTRS:
+                    raise TypeError(
+                        f"{cls.__name__}.{attr} clashes with WorkerGroup.{attr}; rename the method"
+                    )
+                mode = getattr(fn, "__loom_dispatch__", "all")
+                setattr(self, attr, _GroupMethod(self, attr, mode, self._ranks))
+
+    @classmethod
+    def _launch(
+        cls,
+        cluster: Cluster,
+        worker_cls: type[Worker],
+        per_rank: list[list[Device]],
+        args: tuple,
+        kwargs: dict,
+        name: str,
+        num_cpus: float,
+        env: dict[str, str] | None,
+    ) -> WorkerGroup:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        remote_cls = ray.remote(_hosted_class(worker_cls))
+        actors = []
+        n = len(per_rank)
+        for r, ds in enumerate(per_rank):
+            node = cluster.nodes[ds[0].node]
+            ctx = {
+                "rank": r,
+                "world_size": n,
+                "devices": [d.index for d in ds],
+                "device_kind": ds[0].kind,
+                "visible": ",".join(str(d.local) for d in ds),
+                "group": name,
+                "env": env,
+            }
+            actor = remote_cls.options(
+                num_cpus=num_cpus,
+                num_gpus=0,
+                name=None,
+                max_concurrency=int(getattr(worker_cls, "max_concurrency", 1)) or 1,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
+            ).remote(ctx, *args, **kwargs)
+            actors.append(actor)
+        group = cls(worker_cls, name, actors, per_rank, {r: "?" for r in range(n)})
+        # Fail at launch, with context, if a constructor raised or a process could not start.
+        infos = wait(Handle(group, "__init__", list(range(n)), [a._loom_info.remote() for a in actors]))
+        group._hosts = {i["rank"]: i["host"] for i in infos}
+        group.infos = infos
+        return group
+
+    # -------------------------------------------------------------- views and control
+    @property
+    def world_size(self) -> int:
+        return len(self._ranks)
+
+    @property
+    def devices(self) -> list[list[int]]:
+        return [[d.index for d in self._devices[r]] for r in self._ranks]
+
+    @property
+    def actors(self) -> list[Any]:
+        return [self._actors[r] for r in self._ranks]
+
+    def on(self, ranks: int | Sequence[int]) -> WorkerGroup:
+        """A view of this group restricted to some ranks (calls run only there)."""
+        ranks = [ranks] if isinstance(ranks, int) else list(ranks)
+        bad = [r for r in ranks if r not in self._ranks]
+        if bad:
+            raise PlacementError(f"{self.name}: rank(s) {bad} do not exist; ranks are {self._ranks}")
+        view = WorkerGroup(self.cls, self.name, self._actors, self._devices, self._hosts, ranks)
+        return view
+
+    def alive(self, timeout: float = 5.0) -> list[bool]:
+        """Ping every rank; False for a rank whose process is gone. A rank busy past ``timeout``
+        counts as alive (its process exists; it is working)."""
+        import ray
+        from ray import exceptions as rex
+
+        out = []
+        for r in self._ranks:
+            try:
+                ray.get(self._actors[r]._loom_ping.remote(), timeout=timeout)
+                out.append(True)
+            except rex.GetTimeoutError:
+                out.append(True)
+            except (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError):
+                out.append(False)
+        return out
+
+    def kill(self) -> None:
+        import ray
+
+        if self._killed:
+            return
+        for a in self._actors:
+            with contextlib.suppress(Exception):
+                ray.kill(a, no_restart=True)
+        self._killed = True
+        if self._on_kill:
+            self._on_kill()
+
+    def __repr__(self) -> str:
+        return f"WorkerGroup({self.name}, world_size={self.world_size}, devices={self.devices})"
+
+
+_RESERVED = {"devices_locked", "torch_device"}
+_GROUP_ATTRS = {k for k in dir(WorkerGroup) if not k.startswith("_")} | {"name", "cls", "infos"}

@@ -1,0 +1,47 @@
+"""Shared fixtures. One embedded Ray instance serves the whole test session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A loomrl Cluster on an embedded Ray with 4 logical GPUs (placement tests) on this CPU machine."""
+    from loomrl import Cluster
+
+    c = Cluster.start(num_cpus=2, num_gpus=4)
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_session(cluster):
+    """Plain Ray, for tests that only need Ray itself (channels, transport). Same instance as `cluster`."""
+    import ray
+
+    yield ray

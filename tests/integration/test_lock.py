@@ -1,0 +1,117 @@
+"""DeviceLock: ordered multi-device locking, re-entrancy, release on owner death, time-sharing hooks."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from loomrl import Worker, wait
+from loomrl.lock import DeviceLock, DeviceLockTimeout
+
+
+def test_overlapping_sets_never_deadlock(cluster):
+    lock = DeviceLock.get()
+    rng = random.Random(0)
+    rounds = 1000
+    plans = [[sorted(rng.sample(range(6), rng.randint(1, 4))) for _ in range(rounds // 4)] for _ in range(4)]
+    inside: dict[int, int] = {}
+    guard = threading.Lock()
+    errors: list[str] = []
+
+    def run(tid: int):
+        for devs in plans[tid]:
+            # Ask in a shuffled order: the lock must impose its own global order.
+            order = devs[:]
+            rng2 = random.Random(tid)
+            rng2.shuffle(order)
+            with lock.hold(order, owner=f"thread-{tid}", timeout=60):
+                with guard:
+                    for d in devs:
+                        if inside.get(d):
+                            errors.append(f"device {d} held twice")
+                        inside[d] = 1
+                with guard:
+                    for d in devs:
+                        inside[d] = 0
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "deadlock: threads still waiting"
+    assert errors == []
+    assert lock.state() == {}
+    assert time.monotonic() - t0 < 120
+
+
+def test_reentrant_and_timeout(cluster):
+    lock = DeviceLock.get()
+    with lock.hold([0, 1], owner="a"):
+        with lock.hold([1], owner="a"):
+            assert lock.state()[1] == ("a", 2)
+        with pytest.raises(DeviceLockTimeout, match="could not lock devices"):
+            lock.acquire([1], owner="b", timeout=0.3)
+    assert lock.state() == {}
+
+
+class Holder(Worker):
+    def grab(self, seconds):
+        lock = DeviceLock.get()
+        lock.acquire(self.devices)
+        time.sleep(seconds)
+        return True
+
+
+def test_lock_released_when_owner_dies(cluster):
+    import ray
+
+    g = cluster.launch(Holder, 1, devices=[3])
+    h = g.grab(60)
+    deadline = time.monotonic() + 20
+    while 3 not in DeviceLock.get().state() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ray.kill(g.actors[0])
+    t0 = time.monotonic()
+    with DeviceLock.get().hold([3], owner="driver-after", timeout=30):
+        pass
+    assert time.monotonic() - t0 < 15
+    g.kill()
+    del h
+
+
+class Buffered(Worker):
+    """Allocates a large buffer when onloaded and frees it when offloaded."""
+
+    def __init__(self, mb: int):
+        super().__init__()
+        self.mb = mb
+        self.buf = None
+
+    def onload(self):
+        import numpy as np
+
+        self.buf = np.ones(self.mb * 2**20 // 8)
+
+    def offload(self):
+        self.buf = None
+
+    def work(self):
+        with self.devices_locked():
+            return float(self.buf[:10].sum())
+
+    def loaded(self):
+        return self.buf is not None
+
+
+def test_devices_locked_runs_onload_work_offload(cluster):
+    g = cluster.launch(Buffered, 1, 8, devices=[2])
+    try:
+        assert wait(g.work()) == [10.0]
+        assert wait(g.loaded()) == [False]
+    finally:
+        g.kill()

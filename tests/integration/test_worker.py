@@ -1,0 +1,190 @@
+"""Cluster / WorkerGroup / Handle / wait on the session's embedded Ray (2 CPUs, 4 logical GPUs)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import loomrl
+from loomrl import Worker, dispatch, wait
+from loomrl.errors import PlacementError, RemoteError, WorkerDiedError
+
+
+class Echo(Worker):
+    def __init__(self, scale: int = 1):
+        super().__init__()
+        self.scale = scale
+        self.seen_rank_in_init = self.rank
+
+    def mul(self, x):
+        return (self.rank, x * self.scale)
+
+    @dispatch("split")
+    def add_rank(self, xs):
+        return [x + 100 * self.rank for x in xs]
+
+    @dispatch("scatter")
+    def pick(self, x):
+        return x
+
+    @dispatch("rank0")
+    def only_first(self):
+        return self.rank
+
+    def where(self):
+        import ray
+
+        return {
+            "devices": self.devices,
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "world_size": self.world_size,
+            "init_rank": self.seen_rank_in_init,
+            "node": ray.get_runtime_context().get_node_id(),
+        }
+
+    def fail(self):
+        raise KeyError("no such prompt")
+
+    def sleep(self, s):
+        time.sleep(s)
+        return os.getpid()
+
+
+def test_inventory(cluster):
+    inv = cluster.inventory()
+    assert inv["devices"] == 4 and inv["device_kind"] == "gpu"
+    assert [d.index for d in cluster.devices] == [0, 1, 2, 3]
+    assert cluster.num_cpus == 2
+
+
+def test_handles_dispatch_and_placement(cluster):
+    g = cluster.launch(Echo, 4, 3, devices=[0, 1, 2, 3])
+    try:
+        h = g.mul(2)
+        assert isinstance(h, loomrl.Handle)
+        assert wait(h) == [(0, 6), (1, 6), (2, 6), (3, 6)]
+        assert wait(g.add_rank(list(range(6)))) == [[0, 1], [102, 103], [204], [305]]
+        assert wait(g.pick(["a", "b", "c", "d"])) == ["a", "b", "c", "d"]
+        assert wait(g.only_first()) == [0]
+        assert wait(g.on([1, 3]).mul(1)) == [(1, 3), (3, 3)]
+        where = wait(g.where())
+        assert [w["devices"] for w in where] == [(0,), (1,), (2,), (3,)]
+        assert [w["visible"] for w in where] == ["0", "1", "2", "3"]
+        assert all(w["world_size"] == 4 and w["init_rank"] == i for i, w in enumerate(where))
+        a, b = wait(g.mul(1), g.on(0).mul(5))
+        assert a[0] == (0, 3) and b == [(0, 15)]
+    finally:
+        g.kill()
+
+
+def test_several_workers_per_device_and_several_devices_per_worker(cluster):
+    shared = cluster.launch(Echo, 4, devices=[2, 3])
+    wide = cluster.launch(Echo, 2, devices=[0, 1, 2, 3])
+    try:
+        assert [w["devices"] for w in wait(shared.where())] == [(2,), (2,), (3,), (3,)]
+        assert [w["visible"] for w in wait(wide.where())] == ["0,1", "2,3"]
+    finally:
+        shared.kill()
+        wide.kill()
+
+
+def test_remote_error_has_context(cluster):
+    g = cluster.launch(Echo, 2, devices=[0, 1], name="scorer")
+    try:
+        with pytest.raises(RemoteError, match=r"scorer rank \d on .+ failed in fail\(\): KeyError") as ei:
+            wait(g.fail())
+        assert "no such prompt" in ei.value.remote_traceback
+        assert ei.value.method == "fail"
+    finally:
+        g.kill()
+
+
+def test_killed_worker_is_reported_quickly(cluster):
+    import ray
+
+    g = cluster.launch(Echo, 2, devices=[0, 1], name="victim")
+    try:
+        h = g.sleep(30)
+        time.sleep(0.5)
+        ray.kill(g.actors[1])
+        t0 = time.monotonic()
+        with pytest.raises(WorkerDiedError, match=r"victim rank 1 on .+ died while running sleep\(\)"):
+            wait(h)
+        assert time.monotonic() - t0 < 10
+        assert g.alive(timeout=2) == [True, False]
+    finally:
+        g.kill()
+
+
+def test_wait_timeout(cluster):
+    g = cluster.launch(Echo, 1, devices=[0])
+    try:
+        with pytest.raises(TimeoutError, match="still running"):
+            wait(g.sleep(3), timeout=0.3)
+    finally:
+        g.kill()
+
+
+def test_bad_placements_are_clear_errors(cluster):
+    with pytest.raises(PlacementError, match=r"unknown device id\(s\) \[7\]"):
+        cluster.launch(Echo, 1, devices=[7])
+    with pytest.raises(PlacementError, match="cannot place 3 workers on 2 device"):
+        cluster.launch(Echo, 3, devices=[0, 1])
+    with pytest.raises(PlacementError, match="need 3 core"):
+        cluster.launch(Echo, 3, devices=[0], num_cpus=1.0)
+    with pytest.raises(PlacementError, match="lists a device twice"):
+        cluster.launch(Echo, 2, devices=[1, 1])
+    with pytest.raises(TypeError, match="subclass of loomrl.Worker"):
+        cluster.launch(dict, 1)
+
+
+def test_constructor_error_surfaces_at_launch(cluster):
+    class Broken(Worker):
+        def __init__(self):
+            super().__init__()
+            raise RuntimeError("cannot load model")
+
+    with pytest.raises((RemoteError, WorkerDiedError), match="cannot load model|Broken"):
+        cluster.launch(Broken, 1, devices=[0])
+
+
+def test_two_fake_nodes_placement(tmp_path):
+    """Two Ray nodes with 2 logical GPUs each: device 3 lands on node 1, local GPU 1."""
+    script = textwrap.dedent(
+        """
+        import os, json
+        os.environ["RAY_AUTH_MODE"] = "disabled"
+        from ray.cluster_utils import Cluster as RayCluster
+        from loomrl import Cluster, Worker, wait
+
+        class W(Worker):
+            def where(self):
+                import ray
+                return [ray.get_runtime_context().get_node_id(), os.environ["CUDA_VISIBLE_DEVICES"], list(self.devices)]
+
+        rc = RayCluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 2})
+        rc.add_node(num_cpus=1, num_gpus=2)
+        rc.wait_for_nodes()
+        c = Cluster.start(address=rc.address)
+        g = c.launch(W, 4, devices=[0, 1, 2, 3])
+        out = wait(g.where())
+        ids = [n.node_id for n in c.nodes]
+        print(json.dumps({"nodes": ids, "where": out, "devs": [[d.node, d.local] for d in c.devices]}))
+        c.shutdown()
+        import ray; ray.shutdown(); rc.shutdown()
+        """
+    )
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    import json
+
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    assert res["devs"] == [[0, 0], [0, 1], [1, 0], [1, 1]]
+    nodes = res["nodes"]
+    assert [w[0] for w in res["where"]] == [nodes[0], nodes[0], nodes[1], nodes[1]]
+    assert [w[1] for w in res["where"]] == ["0", "1", "0", "1"]
