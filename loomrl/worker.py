@@ -110,6 +110,43 @@ class Worker:
     def _loom_ping(self) -> bool:
         return True
 
+    def _loom_memory(self, reset: bool = False) -> dict[str, float]:
+        """Resident memory now and at peak (GB); CUDA peak when torch uses a GPU here."""
+        import resource
+        import sys
+
+        out = {"rss_gb": _rss_bytes() / 2**30, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            out["cuda_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            out["cuda_gb"] = torch.cuda.memory_allocated() / 2**30
+            if reset:
+                torch.cuda.reset_peak_memory_stats()
+        return out
+
+    def _loom_call(self, method: str, items: list[Any]) -> tuple[float, Any]:
+        """Time one stage call in the worker (used by the profiler)."""
+        t = time.perf_counter()
+        out = getattr(self, method)(items)
+        return time.perf_counter() - t, out
+
+    def _loom_switch(self) -> float:
+        """Time one offload + onload (what a time-shared stage pays per iteration)."""
+        t = time.perf_counter()
+        self.offload()
+        self.onload()
+        return time.perf_counter() - t
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
 
 def _setup_worker(obj: Worker, ctx: dict[str, Any]) -> None:
     if ctx["device_kind"] == "gpu" and ctx["visible"] is not None:
@@ -117,6 +154,8 @@ def _setup_worker(obj: Worker, ctx: dict[str, Any]) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ctx["visible"]
     for k, v in (ctx.get("env") or {}).items():
         os.environ[k] = v
+    if ctx["device_kind"] == "cpu":
+        _pin_cpu_slots([int(x) for x in ctx["visible"].split(",")])
     obj.rank = ctx["rank"]
     obj.world_size = ctx["world_size"]
     obj.devices = tuple(ctx["devices"])
@@ -139,6 +178,26 @@ def _ship_module_by_value(cls: type) -> None:
     if "site-packages" in path or "dist-packages" in path:
         return
     cloudpickle.register_pickle_by_value(mod)
+
+
+def _pin_cpu_slots(local: list[int]) -> None:
+    """A CPU device slot is a core: pin the process to its cores and size thread pools to match,
+    so that workers on disjoint slots really run side by side and a plan's split means something."""
+    import sys
+
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+        mine = {cores[i % len(cores)] for i in local}
+        os.sched_setaffinity(0, mine)
+    except (AttributeError, OSError):  # not Linux: keep the default affinity
+        mine = set(local)
+    # LOOMRL_THREADS pins the thread count whatever the placement: bit-identical results across
+    # plans need the same reduction order in every kernel, hence the same number of threads.
+    n = os.environ.get("LOOMRL_THREADS") or str(len(mine))
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = n
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(n))
 
 
 def _hosted_class(cls: type[Worker]) -> type:
@@ -387,6 +446,11 @@ class WorkerGroup:
             raise PlacementError(f"{self.name}: rank(s) {bad} do not exist; ranks are {self._ranks}")
         view = WorkerGroup(self.cls, self.name, self._actors, self._devices, self._hosts, ranks)
         return view
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Handle:
+        """Call a (possibly built-in, underscore) method on every rank of this view."""
+        refs = [getattr(self._actors[r], method).remote(*args, **kwargs) for r in self._ranks]
+        return Handle(self, method, list(self._ranks), refs)
 
     def alive(self, timeout: float = 5.0) -> list[bool]:
         """Ping every rank; False for a rank whose process is gone. A rank busy past ``timeout``

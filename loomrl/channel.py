@@ -1,0 +1,591 @@
+"""Channel: a named, keyed, weighted, bounded FIFO between Ray processes.
+
+A small broker actor holds only metadata (order, weights, keys, stats) and, for
+each item, either the item's few bytes (small items, inlined to save a round
+trip) or an ObjectRef. Large payloads go producer -> Ray object store (shared
+memory) -> consumer; the broker never fetches them, and numpy arrays / torch
+tensors are read on the consumer side without a copy.
+
+    ch = Channel.create("rollouts", maxsize=64)      # driver
+    worker.run(ch)                                   # the Channel object pickles; pass it to actors
+    ch.put({"tokens": t}, weight=len(t))             # producer, blocks while the key is full
+    batch = ch.get_batch(target_weight=4096)         # consumer, FIFO until the weights reach 4096
+    ch.close()                                       # consumers drain, then get raises ChannelClosed
+
+Keys split one channel into independent FIFOs (``key=None`` is the default
+one); ``maxsize`` bounds each key separately. Each put/get may name the calling
+component (``src=``/``dst=``, or ``component(...)``/``set_component(...)``); the
+broker records which producer fed which consumer (``edges()``), the data-flow
+graph the planner uses.
+
+This module never imports torch at import time; GPU tensors inside items are
+moved to host memory when the channel was created with ``offload=True`` and
+shared by CUDA IPC (same node) otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import time
+from collections import deque
+from collections.abc import Hashable, Iterable, Iterator, Sequence
+from typing import Any
+
+from loomrl.errors import ChannelClosed, ChannelTimeout, LoomError
+from loomrl.transport import as_host_array, buffer_nbytes, flatten, unflatten
+
+__all__ = [
+    "Channel",
+    "ChannelExistsError",
+    "ChannelNotFoundError",
+    "component",
+    "current_component",
+    "set_component",
+]
+
+_NAMESPACE = "loomrl"
+_ACTOR_PREFIX = "loomrl.channel."
+# Payloads below this size ride inside the broker call: one RPC instead of an
+# object-store write, a ref-count registration and a fetch.
+INLINE_BYTES = 64 * 1024
+_BROKER_CONCURRENCY = 4096
+
+
+class ChannelExistsError(LoomError, ValueError):
+    """Channel.create was given a name that is already in use."""
+
+
+class ChannelNotFoundError(LoomError, LookupError):
+    """Channel.connect was given a name no channel has."""
+
+
+# ----------------------------------------------------------------- component names (data-flow edges)
+_component: contextvars.ContextVar[str | None] = contextvars.ContextVar("loomrl_component", default=None)
+_process_component: str | None = None
+
+
+def set_component(name: str | None) -> None:
+    """Name this process's component (e.g. a worker group's name) for every put/get it makes."""
+    global _process_component
+    _process_component = name
+
+
+@contextlib.contextmanager
+def component(name: str) -> Iterator[None]:
+    """Within the block, puts and gets are attributed to ``name`` (overrides ``set_component``)."""
+    token = _component.set(name)
+    try:
+        yield
+    finally:
+        _component.reset(token)
+
+
+def current_component() -> str:
+    """The name puts/gets are attributed to: context, then process, then Ray actor name, then 'driver'."""
+    name = _component.get() or _process_component
+    if name:
+        return name
+    import ray
+
+    ctx = ray.get_runtime_context()
+    if ctx.worker.mode == ray.WORKER_MODE:
+        actor_name = ctx.get_actor_name()
+        if actor_name:
+            return actor_name
+        actor_id = ctx.get_actor_id()
+        return f"actor-{actor_id[:8]}" if actor_id else "task"
+    return "driver"
+
+
+# ----------------------------------------------------------------- payload encoding
+# Entry layout kept by the broker: (weight, src, nbytes, payload). Payload kinds:
+#   ("i", skeleton, [bytearray, ...])        inline, small
+#   ("r", [ObjectRef])                        object store; the ref holds (skeleton, [uint8 arrays])
+#   ("c", [ObjectRef], node_id)               as "r" but with CUDA IPC handles for device buffers
+_INLINE, _REF, _IPC = "i", "r", "c"
+
+
+def _encode(item: Any, offload: bool, channel: str, inline_bytes: int) -> tuple[int, tuple]:
+    import ray
+
+    try:
+        skeleton, buffers = flatten(item, keep_device=not offload)
+    except TypeError as err:
+        raise TypeError(f"channel {channel!r}: {err}") from None
+    nbytes = len(skeleton) + sum(buffer_nbytes(b) for b in buffers)
+    device = _device_indices(buffers)
+    if device:
+        from loomrl.transport import export_buffers
+
+        exported = export_buffers(
+            [b if i in device else as_host_array(b) for i, b in enumerate(buffers)], device
+        )
+        node = ray.get_runtime_context().get_node_id()
+        return nbytes, (_IPC, [ray.put((skeleton, exported))], node)
+    if nbytes <= inline_bytes:
+        # bytearray: the consumer gets writable memory of its own.
+        return nbytes, (_INLINE, skeleton, [bytearray(memoryview(b)) for b in buffers])
+    return nbytes, (_REF, [ray.put((skeleton, [as_host_array(b) for b in buffers]))])
+
+
+def _device_indices(buffers: list[Any]) -> tuple[int, ...]:
+    if not buffers:
+        return ()
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ()
+    return tuple(i for i, b in enumerate(buffers) if isinstance(b, torch.Tensor))
+
+
+def _decode_all(payloads: list[tuple], channel: str) -> list[Any]:
+    import ray
+
+    refs = [p[1][0] for p in payloads if p[0] != _INLINE]
+    fetched = iter(ray.get(refs)) if refs else iter(())
+    out = []
+    for p in payloads:
+        if p[0] == _INLINE:
+            out.append(unflatten(p[1], p[2]))
+            continue
+        skeleton, buffers = next(fetched)
+        if p[0] == _IPC:
+            here = ray.get_runtime_context().get_node_id()
+            if here != p[2]:
+                raise LoomError(
+                    f"channel {channel!r}: an item holds GPU tensors shared by CUDA IPC from node "
+                    f"{p[2][:12]}, but this consumer runs on node {here[:12]}; create the channel "
+                    "with offload=True to move GPU tensors through host memory across nodes"
+                )
+            from loomrl.transport import import_buffers
+
+            buffers = import_buffers(buffers)
+        out.append(unflatten(skeleton, buffers))
+    return out
+
+
+# ----------------------------------------------------------------- broker actor
+class _KeyQueue:
+    __slots__ = ("items", "weight", "lock", "not_empty", "not_full", "stats")
+
+    def __init__(self) -> None:
+        self.items: deque = deque()
+        self.weight = 0.0
+        self.lock = asyncio.Lock()
+        # Two conditions on one lock: producers wait for room, consumers for items; neither polls.
+        self.not_empty = asyncio.Condition(self.lock)
+        self.not_full = asyncio.Condition(self.lock)
+        self.stats = {"put": 0, "got": 0, "bytes_put": 0, "bytes_got": 0}
+
+
+async def _wait(cond: asyncio.Condition, deadline: float | None) -> bool:
+    """Wait on ``cond`` (lock held) until notified or the deadline passes. False on timeout."""
+    if deadline is None:
+        await cond.wait()
+        return True
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return False
+    try:
+        await asyncio.wait_for(cond.wait(), remaining)
+    except asyncio.TimeoutError:
+        return False
+    return True
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + max(0.0, timeout)
+
+
+class _Broker:
+    """Async actor: per-key FIFOs of entries (metadata + inline bytes or a wrapped ObjectRef)."""
+
+    def __init__(self, name: str, maxsize: int, offload: bool) -> None:
+        self.name, self.maxsize, self.offload = name, maxsize, offload
+        self.queues: dict[Hashable, _KeyQueue] = {}
+        self.closed = False
+        self.edges: dict[tuple[str, str], int] = {}
+        self.producers: set[str] = set()
+        self.consumers: set[str] = set()
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "maxsize": self.maxsize, "offload": self.offload}
+
+    def _queue(self, key: Hashable) -> _KeyQueue:
+        q = self.queues.get(key)
+        if q is None:
+            q = self.queues[key] = _KeyQueue()
+        return q
+
+    async def put(self, key: Hashable, entries: list[tuple], timeout: float | None, src: str):
+        """Append entries in order, waiting for room. Returns (status, number appended)."""
+        if self.closed:
+            return "closed", 0
+        q = self._queue(key)
+        self.producers.add(src)
+        deadline = _deadline(timeout)
+        done = 0
+        async with q.lock:
+            for entry in entries:
+                while self.maxsize and len(q.items) >= self.maxsize and not self.closed:
+                    if not await _wait(q.not_full, deadline):
+                        if len(q.items) < self.maxsize:
+                            q.not_full.notify()  # a notify may have raced with the timeout
+                        return "timeout", done
+                if self.closed:
+                    return "closed", done
+                q.items.append(entry)
+                q.weight += entry[0]
+                q.stats["put"] += 1
+                q.stats["bytes_put"] += entry[2]
+                done += 1
+                q.not_empty.notify()
+            if not self.maxsize or len(q.items) < self.maxsize:
+                q.not_full.notify()  # pass on room a woken producer did not use
+        return "ok", done
+
+    async def take(
+        self,
+        key: Hashable,
+        count: int | None,
+        weight: float | None,
+        timeout: float | None,
+        dst: str,
+    ):
+        """Pop items FIFO until ``count`` items or ``weight`` summed weight are taken.
+
+        Takes incrementally (room frees for producers while the batch fills). On
+        timeout the taken items go back to the front, in order: nothing is lost.
+        Returns (status, [(src, payload), ...]); status "ok", "closed" or "timeout".
+        """
+        q = self._queue(key)
+        self.consumers.add(dst)
+        deadline = _deadline(timeout)
+        taken: list[tuple] = []
+        got_weight = 0.0
+        async with q.lock:
+            while True:
+                if (count is not None and len(taken) >= count) or (
+                    weight is not None and taken and got_weight >= weight
+                ):
+                    break
+                if q.items:
+                    entry = q.items.popleft()
+                    q.weight -= entry[0]
+                    taken.append(entry)
+                    got_weight += entry[0]
+                    q.not_full.notify()
+                    continue
+                if self.closed:
+                    if taken:
+                        break
+                    return "closed", []
+                if not await _wait(q.not_empty, deadline):
+                    q.items.extendleft(reversed(taken))
+                    q.weight += got_weight
+                    if q.items:
+                        q.not_empty.notify()
+                    return "timeout", []
+            if q.items:
+                q.not_empty.notify()  # pass on items a woken consumer did not take
+            for entry in taken:
+                q.stats["got"] += 1
+                q.stats["bytes_got"] += entry[2]
+                edge = (entry[1], dst)
+                self.edges[edge] = self.edges.get(edge, 0) + 1
+        return "ok", [(e[1], e[3]) for e in taken]
+
+    def qsize(self, key: Hashable) -> int:
+        q = self.queues.get(key)
+        return len(q.items) if q else 0
+
+    async def close(self) -> None:
+        self.closed = True
+        for q in self.queues.values():
+            async with q.lock:
+                q.not_empty.notify_all()
+                q.not_full.notify_all()
+
+    def stats(self) -> dict[str, Any]:
+        keys = {
+            k: {"qsize": len(q.items), "weight": q.weight, **q.stats} for k, q in self.queues.items()
+        }
+        totals = {f: sum(s[f] for s in keys.values()) for f in ("put", "got", "bytes_put", "bytes_got")}
+        return {
+            "name": self.name,
+            "maxsize": self.maxsize,
+            "closed": self.closed,
+            "qsize": sum(s["qsize"] for s in keys.values()),
+            **totals,
+            "keys": keys,
+            "producers": sorted(self.producers),
+            "consumers": sorted(self.consumers),
+            "edges": dict(self.edges),
+        }
+
+    def edge_set(self) -> set[tuple[str, str]]:
+        return set(self.edges)
+
+
+_remote_broker = None
+
+
+def _broker_class():
+    global _remote_broker
+    if _remote_broker is None:
+        import ray
+
+        _remote_broker = ray.remote(num_cpus=0, max_concurrency=_BROKER_CONCURRENCY)(_Broker)
+    return _remote_broker
+
+
+def _require_ray() -> None:
+    import ray
+
+    if not ray.is_initialized():
+        raise LoomError(
+            "Ray is not running in this process; start it first with loomrl.Cluster.start() "
+            "(channels live on a Ray cluster)"
+        )
+
+
+def _check_name(name: Any) -> None:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"channel name must be a non-empty string, got {name!r}")
+
+
+def _check_timeout(timeout: float | None) -> None:
+    if timeout is not None and timeout < 0:
+        raise ValueError(f"timeout={timeout!r} must be None (wait forever) or >= 0 seconds")
+
+
+# ----------------------------------------------------------------- public handle
+class Channel:
+    """Handle on a named channel. Cheap to pickle: pass it to Ray actors and tasks as an argument."""
+
+    def __init__(self, name: str, broker: Any, offload: bool, maxsize: int, inline_bytes: int = INLINE_BYTES):
+        # Use Channel.create / connect / get_or_create; this only wraps an existing broker.
+        self.name = name
+        self.maxsize = maxsize
+        self.offload = offload
+        self._broker = broker
+        self._inline_bytes = inline_bytes
+
+    def __reduce__(self):
+        return Channel, (self.name, self._broker, self.offload, self.maxsize, self._inline_bytes)
+
+    def __repr__(self) -> str:
+        return f"Channel({self.name!r}, maxsize={self.maxsize}, offload={self.offload})"
+
+    # ------------------------------------------------------------- lifecycle
+    @classmethod
+    def create(cls, name: str, maxsize: int = 0, offload: bool = False) -> Channel:
+        """Create channel ``name``. ``maxsize`` bounds each key's queue (0 = unbounded).
+
+        ``offload=True`` moves GPU tensors inside items to host memory before they are put.
+        Raises ChannelExistsError when the name is taken.
+        """
+        import ray
+
+        _check_name(name)
+        if not isinstance(maxsize, int) or isinstance(maxsize, bool) or maxsize < 0:
+            raise ValueError(f"maxsize={maxsize!r} must be an int >= 0 (0 means unbounded)")
+        _require_ray()
+        if _lookup(name) is not None:
+            raise _exists(name)
+        try:
+            broker = (
+                _broker_class()
+                .options(name=_ACTOR_PREFIX + name, namespace=_NAMESPACE, lifetime=None)
+                .remote(name, maxsize, offload)
+            )
+        except ValueError as err:  # lost a race with another creator
+            raise _exists(name) from err
+        info = ray.get(broker.info.remote())
+        return cls(name, broker, info["offload"], info["maxsize"])
+
+    @classmethod
+    def connect(cls, name: str, timeout: float = 0.0) -> Channel:
+        """Attach to an existing channel, waiting up to ``timeout`` seconds for it to be created."""
+        import ray
+
+        _check_name(name)
+        _require_ray()
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while (broker := _lookup(name)) is None:
+            if time.monotonic() >= deadline:
+                raise ChannelNotFoundError(
+                    f"no channel named {name!r}; create it with Channel.create({name!r}) "
+                    "(or use Channel.get_or_create)"
+                )
+            time.sleep(delay)  # one-off setup wait, not the data path
+            delay = min(delay * 2, 0.2)
+        info = ray.get(broker.info.remote())
+        return cls(name, broker, info["offload"], info["maxsize"])
+
+    @classmethod
+    def get_or_create(cls, name: str, maxsize: int = 0, offload: bool = False) -> Channel:
+        """Attach to channel ``name``, creating it with these settings if it does not exist yet."""
+        import ray
+
+        _check_name(name)
+        _require_ray()
+        broker = (
+            _broker_class()
+            .options(name=_ACTOR_PREFIX + name, namespace=_NAMESPACE, get_if_exists=True)
+            .remote(name, maxsize, offload)
+        )
+        info = ray.get(broker.info.remote())
+        return cls(name, broker, info["offload"], info["maxsize"])
+
+    def close(self) -> None:
+        """No more puts; consumers drain what is left, then get raises ChannelClosed."""
+        self._call(self._broker.close.remote())
+
+    def delete(self) -> None:
+        """Close and destroy the channel; the name becomes free. Items still queued are dropped."""
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.get(self._broker.close.remote())
+        ray.kill(self._broker, no_restart=True)
+
+    # ------------------------------------------------------------- producing
+    def put(
+        self,
+        item: Any,
+        weight: float = 1.0,
+        key: Hashable = None,
+        timeout: float | None = None,
+        src: str | None = None,
+    ) -> None:
+        """Append ``item`` to ``key``'s FIFO. Blocks while the key holds ``maxsize`` items.
+
+        Raises ChannelTimeout after ``timeout`` seconds without room, ChannelClosed if closed,
+        TypeError naming the type if the item cannot be pickled.
+        """
+        self.put_many([item], [weight], key=key, timeout=timeout, src=src)
+
+    def put_many(
+        self,
+        items: Sequence[Any],
+        weights: Iterable[float] | None = None,
+        key: Hashable = None,
+        timeout: float | None = None,
+        src: str | None = None,
+    ) -> None:
+        """Append several items in order with one broker call (much faster than a put per item).
+
+        On ChannelTimeout/ChannelClosed, the first ``err.items_put`` items were put.
+        """
+        _check_timeout(timeout)
+        items = list(items)
+        weights = [1.0] * len(items) if weights is None else [float(w) for w in weights]
+        if len(weights) != len(items):
+            raise ValueError(f"put_many got {len(items)} items but {len(weights)} weights")
+        src = src or current_component()
+        entries = []
+        for item, w in zip(items, weights, strict=True):
+            nbytes, payload = _encode(item, self.offload, self.name, self._inline_bytes)
+            entries.append((w, src, nbytes, payload))
+        if not entries:
+            return
+        status, done = self._call(self._broker.put.remote(key, entries, timeout, src))
+        if status == "ok":
+            return
+        if status == "timeout":
+            err: Exception = ChannelTimeout(
+                f"channel {self.name!r} key {key!r}: no room after {timeout}s "
+                f"(maxsize={self.maxsize}, {done} of {len(entries)} items put); "
+                "consumers are slower than producers, or none is running"
+            )
+        else:
+            err = ChannelClosed(
+                f"channel {self.name!r} is closed; cannot put ({done} of {len(entries)} items put)"
+            )
+        err.items_put = done  # type: ignore[attr-defined]
+        raise err
+
+    # ------------------------------------------------------------- consuming
+    def get(self, key: Hashable = None, timeout: float | None = None, dst: str | None = None) -> Any:
+        """Remove and return the oldest item of ``key``, waiting for one.
+
+        Raises ChannelTimeout after ``timeout`` seconds, ChannelClosed once closed and drained.
+        """
+        return self._take(key, 1, None, timeout, dst)[0]
+
+    def get_many(
+        self, n: int, key: Hashable = None, timeout: float | None = None, dst: str | None = None
+    ) -> list[Any]:
+        """Remove and return the next ``n`` items (fewer only when the channel closes first)."""
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"get_many needs n >= 1, got n={n!r}")
+        return self._take(key, n, None, timeout, dst)
+
+    def get_batch(
+        self,
+        target_weight: float,
+        key: Hashable = None,
+        timeout: float | None = None,
+        dst: str | None = None,
+    ) -> list[Any]:
+        """Take items FIFO until their summed weight reaches ``target_weight``.
+
+        Consumers asking for the same target get batches of about the same weight
+        (e.g. token counts) whatever the item sizes. On timeout nothing is taken.
+        When the channel closes, the last batch may be lighter.
+        """
+        if not target_weight > 0:
+            raise ValueError(f"target_weight={target_weight!r} must be > 0")
+        return self._take(key, None, float(target_weight), timeout, dst)
+
+    def _take(self, key, count, weight, timeout, dst) -> list[Any]:
+        _check_timeout(timeout)
+        dst = dst or current_component()
+        status, got = self._call(self._broker.take.remote(key, count, weight, timeout, dst))
+        if status == "closed":
+            raise ChannelClosed(f"channel {self.name!r} is closed and key {key!r} is drained")
+        if status == "timeout":
+            raise ChannelTimeout(f"channel {self.name!r} key {key!r}: nothing to get after {timeout}s")
+        return _decode_all([payload for _src, payload in got], self.name)
+
+    # ------------------------------------------------------------- inspection
+    def qsize(self, key: Hashable = None) -> int:
+        """Items waiting in ``key``'s FIFO."""
+        return self._call(self._broker.qsize.remote(key))
+
+    def stats(self) -> dict[str, Any]:
+        """Counts and bytes put/got, per key and in total, producers, consumers and edge counts."""
+        return self._call(self._broker.stats.remote())
+
+    def edges(self) -> set[tuple[str, str]]:
+        """(producer, consumer) component pairs that actually exchanged items through this channel."""
+        return self._call(self._broker.edge_set.remote())
+
+    def _call(self, ref: Any) -> Any:
+        import ray
+
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as err:
+            raise ChannelClosed(f"channel {self.name!r} was deleted (its broker is gone)") from err
+
+
+def _lookup(name: str) -> Any:
+    import ray
+
+    try:
+        return ray.get_actor(_ACTOR_PREFIX + name, namespace=_NAMESPACE)
+    except ValueError:
+        return None
+
+
+def _exists(name: str) -> ChannelExistsError:
+    return ChannelExistsError(
+        f"channel {name!r} already exists; use Channel.connect({name!r}) to attach to it "
+        "or choose another name"
+    )

@@ -1,0 +1,586 @@
+"""Typed configuration: YAML files and ``key=value`` overrides loaded into nested dataclasses.
+
+A config is a tree of dataclasses. ``load_config`` reads a YAML file (or a dict), applies
+command-line overrides with dotted keys, checks every value against the field's type hint
+and then runs each section's own ``validate()``. Every problem found is reported in one
+``ConfigError``, each naming the full dotted key, the value and a fix; nothing is ever
+silently dropped or rewritten.
+
+Supported field types: nested dataclasses, ``int``, ``float``, ``bool``, ``str``,
+``pathlib.Path``, ``Literal[...]``, ``Enum``, ``Optional[X]`` / ``X | None``, other unions,
+``list[X]``, ``tuple[X, ...]``, ``tuple[X, Y]``, ``dict[str, X]`` and ``Any``.
+
+Coercions, all deliberate and few:
+- an ``int`` is accepted for a ``float`` field (``lr: 1`` means 1.0);
+- a numeric string is accepted for a ``float`` field, because YAML 1.1 reads ``1e-5``
+  (no dot) as the string ``"1e-5"``;
+- a YAML list is accepted for a ``tuple`` field; a string for a ``Path`` field.
+A ``bool`` is never an ``int`` and a float is never an ``int``.
+
+Semantic checks live with the section that owns them: a config dataclass may define
+``validate(self) -> list[str]``, returning problems such as ``"lr: must be > 0, got -1.0"``.
+The loader prefixes each with the section's dotted path (``actor.lr: ...``), so semantic
+errors and type errors read the same and are reported together. A ``__post_init__`` that
+raises ``ValueError`` (or ``ConfigError``) is collected the same way.
+
+This module never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import os
+import re
+import tempfile
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union
+
+import yaml
+
+from loomrl.errors import ConfigError
+
+__all__ = [
+    "load_config",
+    "parse_overrides",
+    "apply_overrides",
+    "to_dict",
+    "dump_yaml",
+    "config_keys",
+]
+
+T = TypeVar("T")
+
+_MISSING = object()
+# Separates a problem from its suggested fix in every message.
+_DASH = " \u2014 "
+_KEY_SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+
+
+# --------------------------------------------------------------------------------------
+# Overrides
+# --------------------------------------------------------------------------------------
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """Parse ``["actor.lr=1e-5", "steps=5"]`` into ``{"actor.lr": "1e-5", "steps": 5}``.
+
+    Values are read with ``yaml.safe_load`` semantics (``5`` -> int, ``true`` -> bool,
+    ``[1, 2]`` -> list, ``null`` or an empty value -> None). A later override of the same
+    key wins. Raises ``ConfigError`` listing every malformed override.
+    """
+    if isinstance(overrides, str):
+        # A bare string would be iterated character by character: a caller bug worth naming.
+        raise TypeError(
+            f"overrides must be a list of 'key=value' strings, got the string {overrides!r}"
+        )
+    parsed: dict[str, Any] = {}
+    problems: list[str] = []
+    for item in overrides:
+        if not isinstance(item, str):
+            problems.append(f"override {item!r} is not a string{_DASH}write it as 'key=value'")
+            continue
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep:
+            hint = _guess_override(item)
+            problems.append(f"{item!r} is not key=value{_DASH}write it as {hint}")
+            continue
+        if not key:
+            problems.append(f"{item!r} has an empty key{_DASH}write it as 'key=value'")
+            continue
+        bad = [seg for seg in key.split(".") if not _KEY_SEGMENT.match(seg)]
+        if bad:
+            problems.append(
+                f"{item!r}: key {key!r} is not a dotted name (bad part {bad[0]!r}){_DASH}"
+                "use letters, digits and '_' separated by '.', e.g. actor.lr=1e-5"
+            )
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as e:
+            first = str(e).splitlines()[0]
+            problems.append(
+                f"{item!r}: value {raw!r} is not valid YAML ({first}){_DASH}quote it, e.g. {key}='{raw}'"
+            )
+            continue
+        parsed[key] = value
+    if problems:
+        raise ConfigError(problems, source="overrides")
+    return parsed
+
+
+def _guess_override(item: str) -> str:
+    # 'steps5' -> 'steps=5'; 'actor.lr:1e-5' -> 'actor.lr=1e-5'.
+    if ":" in item:
+        k, _, v = item.partition(":")
+        return f"'{k.strip()}={v.strip()}'"
+    m = re.match(r"^([A-Za-z_][A-Za-z0-9_.]*?)(-?\d.*)$", item)
+    if m:
+        return f"'{m.group(1)}={m.group(2)}'"
+    return f"'{item}=<value>'"
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str] | Mapping[str, Any]) -> dict:
+    """Return a copy of ``data`` with dotted-key overrides set (nested dicts created as needed).
+
+    ``overrides`` is a list of ``key=value`` strings or an already parsed ``{dotted_key: value}``.
+    Setting a key below a value that is not a mapping (``actor=5`` then ``actor.lr=1``) is a
+    ``ConfigError``.
+    """
+    flat = dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides)
+    out = _deep_copy_dicts(data)
+    problems: list[str] = []
+    for dotted, value in flat.items():
+        parts = dotted.split(".")
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part, _MISSING)
+            if child is _MISSING or child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                where = ".".join(parts[: i + 1])
+                problems.append(
+                    f"cannot set {dotted!r}: {where!r} is {_show(child)}, not a section"
+                    f"{_DASH}remove the override of {where!r} or the one of {dotted!r}"
+                )
+                break
+            node = child
+        else:
+            node[parts[-1]] = value
+    if problems:
+        raise ConfigError(problems, source="overrides")
+    return out
+
+
+def _deep_copy_dicts(data: Mapping[str, Any]) -> dict:
+    return {k: _deep_copy_dicts(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+
+
+# --------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------
+
+
+def load_config(
+    cls: type[T],
+    path_or_dict: str | os.PathLike | Mapping[str, Any] | None = None,
+    overrides: Sequence[str] = (),
+) -> T:
+    """Build a ``cls`` instance from a YAML file (or a dict, or None for all defaults) plus overrides.
+
+    ``overrides`` are ``key=value`` strings with dotted keys, applied after the file.
+    Raises ``ConfigError`` listing every unknown key, wrong type, missing required key and
+    ``validate()`` problem at once, with ``source`` set to the file's path.
+    """
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"load_config needs a dataclass type, got {cls!r}")
+    source: str | None = None
+    if path_or_dict is None:
+        data: Any = {}
+    elif isinstance(path_or_dict, Mapping):
+        data = path_or_dict
+    else:
+        source = str(path_or_dict)
+        data = _read_yaml(Path(path_or_dict))
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            [f"the top level must be a mapping of keys to values, got {_show(data)}"], source=source
+        )
+    if overrides:
+        # Report malformed overrides and bad file keys separately: the former stops the load.
+        data = apply_overrides(data, overrides)
+    problems: list[str] = []
+    result = _build_dataclass(cls, data, "", problems)
+    if problems:
+        raise ConfigError(problems, source=source)
+    return result
+
+
+def _read_yaml(path: Path) -> Any:
+    if not path.is_file():
+        raise ConfigError([f"config file not found: {path}"], source=str(path))
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError([f"not valid YAML: {e}"], source=str(path)) from None
+    return {} if data is None else data
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls)
+    except Exception as e:  # an annotation that cannot be resolved is a bug in the config class
+        raise TypeError(f"cannot resolve the type hints of {cls.__qualname__}: {e}") from e
+
+
+def _build_dataclass(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
+    """Convert ``data`` into ``cls``; append problems; return the instance or ``_MISSING``."""
+    if isinstance(data, cls):
+        return data
+    if not isinstance(data, Mapping):
+        problems.append(
+            f"{prefix or '<top level>'}: expected a section ({cls.__name__}, a mapping of keys), "
+            f"got {_show(data)}"
+        )
+        return _MISSING
+    hints = _type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+
+    for key in data:
+        f = fields.get(key) if isinstance(key, str) else None
+        if f is None:
+            problems.extend(_unknown_key(cls, prefix, key, data[key]))
+        elif not f.init:
+            problems.append(
+                f"{_join(prefix, key)}: is computed from other keys and cannot be set{_DASH}remove it"
+            )
+
+    kwargs: dict[str, Any] = {}
+    own_ok = True  # every value of this section converted, so validate() may rely on the types
+    for name, f in fields.items():
+        if not f.init:
+            continue
+        key = _join(prefix, name)
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                problems.append(f"{key}: missing required key (expected {_type_name(hints[name])})")
+                own_ok = False
+            continue
+        value = _convert(data[name], hints[name], key, problems)
+        if value is _MISSING:
+            own_ok = False
+        else:
+            kwargs[name] = value
+
+    if not own_ok:
+        # Nested sections were still built and validated above, so their problems are
+        # reported too; this section's validate() would see wrong types, so it is skipped.
+        # Unknown keys alone do not stop it, so a typo and a semantic error show up together.
+        return _MISSING
+    try:
+        instance = cls(**kwargs)
+    except ConfigError as e:
+        problems.extend(_prefix_problems(cls, prefix, e.problems))
+        return _MISSING
+    except ValueError as e:
+        problems.extend(_prefix_problems(cls, prefix, [str(e)]))
+        return _MISSING
+    validate = getattr(instance, "validate", None)
+    if callable(validate):
+        found = validate()
+        if found:
+            problems.extend(_prefix_problems(cls, prefix, list(found)))
+    return instance
+
+
+def _prefix_problems(cls: type, prefix: str, found: list[str]) -> list[str]:
+    """``"lr: must be > 0"`` in section ``actor`` becomes ``"actor.lr: must be > 0"``."""
+    if not prefix:
+        return [str(p) for p in found]
+    names = {f.name for f in dataclasses.fields(cls)}
+    out = []
+    for p in found:
+        p = str(p)
+        m = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)", p)
+        if m and m.group(1) in names:
+            out.append(f"{prefix}.{p}")
+        else:
+            out.append(f"{prefix}: {p}")
+    return out
+
+
+def _join(prefix: str, key: Any) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def _unknown_key(cls: type, prefix: str, key: Any, value: Any) -> list[str]:
+    """One problem per unknown leaf, each with a did-you-mean among all the keys of ``cls``."""
+    root_cls, known = cls, config_keys(cls)
+    leaves = _flatten(value, str(key)) if isinstance(value, Mapping) and value else []
+    if not leaves:
+        leaves = [(str(key), value)]
+    # Match keys relative to this section (the shared prefix would make every key look close),
+    # against dotted keys below it too, so that 'acter.lr' meets 'actor.lr'.
+    out = []
+    for rel, _ in leaves:
+        dotted = _join(prefix, rel)
+        close = difflib.get_close_matches(rel, known, n=1, cutoff=0.6)
+        if close:
+            out.append(f"unknown key {dotted!r}{_DASH}did you mean {_join(prefix, close[0])!r}?")
+        else:
+            top = [f.name for f in dataclasses.fields(root_cls) if f.init]
+            where = f"under {prefix!r}" if prefix else "at the top level"
+            out.append(f"unknown key {dotted!r}{_DASH}valid keys {where}: {', '.join(top)}")
+    return out
+
+
+def _flatten(value: Mapping, prefix: str) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for k, v in value.items():
+        key = _join(prefix, k)
+        if isinstance(v, Mapping) and v:
+            out.extend(_flatten(v, key))
+        else:
+            out.append((key, v))
+    return out
+
+
+def config_keys(cls: type) -> list[str]:
+    """Every settable dotted key of a config dataclass, sections and leaves, in field order."""
+    hints = _type_hints(cls)
+    keys: list[str] = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        keys.append(f.name)
+        sub = _section_type(hints[f.name])
+        if sub is not None:
+            keys.extend(f"{f.name}.{k}" for k in config_keys(sub))
+    return keys
+
+
+def _section_type(tp: Any) -> type | None:
+    """The dataclass inside ``tp`` (``Foo`` or ``Foo | None``), if any."""
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return tp
+    if _is_union(tp):
+        subs = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(subs) == 1:
+            return _section_type(subs[0])
+    return None
+
+
+def _is_union(tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    return origin is Union or (hasattr(types, "UnionType") and origin is types.UnionType)
+
+
+def _convert(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
+    """Check ``value`` against the type hint ``tp``; return the converted value or ``_MISSING``."""
+    if tp is Any or tp is object:
+        return value
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _build_dataclass(tp, value, key, problems)
+    if _is_union(tp):
+        return _convert_union(value, tp, key, problems)
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        # Compare with the type too: True == 1 but a bool is not the choice 1.
+        for c in choices:
+            if value == c and type(value) is type(c):
+                return c
+        shown = ", ".join(repr(c) for c in choices)
+        msg = f"{key}: expected one of {shown}, got {_show(value)}"
+        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.6)
+        if close:
+            msg += f"{_DASH}did you mean {close[0]!r}?"
+        problems.append(msg)
+        return _MISSING
+    if origin in (list, Sequence):
+        return _convert_list(value, tp, key, problems)
+    if origin is tuple:
+        return _convert_tuple(value, tp, key, problems)
+    if origin in (dict, Mapping):
+        return _convert_dict(value, tp, key, problems)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _convert_enum(value, tp, key, problems)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        return _wrong(key, "bool (true or false)", value, problems)
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        hint = ""
+        if isinstance(value, float) and value.is_integer():
+            hint = f"{_DASH}write {int(value)}"
+        return _wrong(key, "int", value, problems, hint)
+    if tp is float:
+        if isinstance(value, bool):
+            return _wrong(key, "float", value, problems)
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        return _wrong(key, "float", value, problems)
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        hint = ""
+        if isinstance(value, (int, float, bool)):
+            hint = f'{_DASH}quote it if you meant the text: {key.rsplit(".", 1)[-1]}: "{value}"'
+        return _wrong(key, "str", value, problems, hint)
+    if tp is Path or (isinstance(tp, type) and issubclass(tp, os.PathLike)):
+        if isinstance(value, (str, os.PathLike)):
+            return Path(value)
+        return _wrong(key, "a path (str)", value, problems)
+    if tp is list or tp is dict or tp is tuple:
+        if tp is tuple and isinstance(value, list):
+            return tuple(value)
+        if isinstance(value, tp):
+            return value
+        return _wrong(key, tp.__name__, value, problems)
+    if isinstance(tp, type):
+        if isinstance(value, tp):
+            return value
+        return _wrong(key, tp.__name__, value, problems)
+    raise TypeError(f"{key}: unsupported config field type {tp!r}")
+
+
+def _convert_union(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
+    args = typing.get_args(tp)
+    if value is None:
+        if type(None) in args:
+            return None
+        return _wrong(key, _type_name(tp), value, problems)
+    options = [a for a in args if a is not type(None)]
+    if len(options) == 1:
+        return _convert(value, options[0], key, problems)
+    # Prefer an exact match so that `int | float` keeps 3 an int and `float | str` keeps "1e-5" a str.
+    for opt in options:
+        if isinstance(opt, type) and not dataclasses.is_dataclass(opt):
+            if type(value) is opt:
+                return value
+    for opt in options:
+        trial: list[str] = []
+        out = _convert(value, opt, key, trial)
+        if not trial and out is not _MISSING:
+            return out
+    return _wrong(key, _type_name(tp), value, problems)
+
+
+def _convert_list(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
+    if not isinstance(value, list):
+        return _wrong(key, _type_name(tp), value, problems)
+    (item_tp,) = typing.get_args(tp) or (Any,)
+    out, ok = [], True
+    for i, item in enumerate(value):
+        v = _convert(item, item_tp, f"{key}[{i}]", problems)
+        ok &= v is not _MISSING
+        out.append(v)
+    return out if ok else _MISSING
+
+
+def _convert_tuple(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
+    if not isinstance(value, (list, tuple)):
+        return _wrong(key, _type_name(tp), value, problems)
+    args = typing.get_args(tp)
+    if not args:
+        return tuple(value)
+    if len(args) == 2 and args[1] is Ellipsis:
+        item_types = [args[0]] * len(value)
+    else:
+        if len(value) != len(args):
+            problems.append(
+                f"{key}: expected {len(args)} items ({_type_name(tp)}), got {len(value)}: {_show(value)}"
+            )
+            return _MISSING
+        item_types = list(args)
+    out, ok = [], True
+    for i, (item, item_tp) in enumerate(zip(value, item_types, strict=True)):
+        v = _convert(item, item_tp, f"{key}[{i}]", problems)
+        ok &= v is not _MISSING
+        out.append(v)
+    return tuple(out) if ok else _MISSING
+
+
+def _convert_dict(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
+    if not isinstance(value, Mapping):
+        return _wrong(key, _type_name(tp), value, problems)
+    args = typing.get_args(tp) or (Any, Any)
+    key_tp, val_tp = args
+    out, ok = {}, True
+    for k, v in value.items():
+        kk = _convert(k, key_tp, f"{key} key {k!r}", problems)
+        vv = _convert(v, val_tp, f"{key}.{k}", problems)
+        ok &= kk is not _MISSING and vv is not _MISSING
+        out[kk] = vv
+    return out if ok else _MISSING
+
+
+def _convert_enum(value: Any, tp: type[enum.Enum], key: str, problems: list[str]) -> Any:
+    if isinstance(value, tp):
+        return value
+    for member in tp:
+        if value == member.value or value == member.name:
+            return member
+    choices = [repr(m.value) for m in tp]
+    problems.append(f"{key}: expected one of {', '.join(choices)}, got {_show(value)}")
+    return _MISSING
+
+
+def _wrong(key: str, expected: str, value: Any, problems: list[str], hint: str = "") -> Any:
+    problems.append(f"{key}: expected {expected}, got {_show(value)}{hint}")
+    return _MISSING
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def _type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "None"
+    if isinstance(tp, type) and not typing.get_args(tp):
+        return tp.__name__
+    if _is_union(tp):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
+    if origin is not None:
+        args = ", ".join("..." if a is Ellipsis else _type_name(a) for a in typing.get_args(tp))
+        name = getattr(origin, "__name__", str(origin))
+        return f"{name}[{args}]"
+    return str(tp).replace("typing.", "")
+
+
+# --------------------------------------------------------------------------------------
+# Dumping
+# --------------------------------------------------------------------------------------
+
+
+def to_dict(cfg: Any) -> Any:
+    """A plain, YAML/JSON-safe copy of a config: dataclasses -> dicts, Path -> str, tuple -> list,
+    Enum -> its value. ``load_config(type(cfg), to_dict(cfg))`` gives back an equal config."""
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.init}
+    if isinstance(cfg, Mapping):
+        return {to_dict(k): to_dict(v) for k, v in cfg.items()}
+    if isinstance(cfg, (list, tuple, set, frozenset)):
+        return [to_dict(v) for v in cfg]
+    if isinstance(cfg, enum.Enum):
+        return to_dict(cfg.value)
+    if isinstance(cfg, os.PathLike):
+        return os.fspath(cfg)
+    return cfg
+
+
+def dump_yaml(cfg: Any, path: str | os.PathLike) -> Path:
+    """Write ``to_dict(cfg)`` as YAML (fields in declaration order), atomically. Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

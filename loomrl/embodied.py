@@ -1,0 +1,537 @@
+"""PPO for embodied control: observation/reward normalisers, the rollout buffer, the env<->policy
+collection cycle, the PPO update and a single-process training loop.
+
+Run the reference experiment (InvertedPendulum-v5 to a return of 950, a few minutes on 2 cores):
+
+    python -m loomrl.embodied InvertedPendulum-v5 --total-steps 300000 --target-return 950
+
+Advantage and loss maths come from ``loomrl.algos`` (gae, ppo_policy_loss, value_loss); this
+module only arranges tensors for them. It knows nothing of Ray: a Ray env worker holds a
+``VecEnv`` and a policy worker a policy; ``collect`` is the sequential reference of their cycle.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from loomrl.algos import gae, ppo_policy_loss, value_loss
+from loomrl.envs.vec import EnvConfig, EpisodeStats, VecEnv
+from loomrl.errors import ConfigError
+from loomrl.policies import make_policy, row_generators
+
+__all__ = [
+    "PPOConfig",
+    "RewardScaler",
+    "RolloutBuffer",
+    "RunningMeanStd",
+    "TrainResult",
+    "collect",
+    "compute_advantages",
+    "ppo_update",
+    "train_ppo",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# normalisers
+
+
+class RunningMeanStd:
+    """Running mean/variance of batches x[B, *shape] (parallel-merge formula, float64)."""
+
+    def __init__(self, shape: Sequence[int] = (), eps: float = 1e-4):
+        self.mean = np.zeros(tuple(shape), np.float64)
+        self.var = np.ones(tuple(shape), np.float64)
+        self.count = float(eps)  # a pseudo-count: the first batch dominates without dividing by zero
+
+    def update(self, x: np.ndarray) -> None:
+        x = np.asarray(x, np.float64).reshape(-1, *self.mean.shape)
+        if len(x) == 0:
+            return
+        b_mean, b_var, b_count = x.mean(0), x.var(0), float(len(x))
+        delta = b_mean - self.mean
+        total = self.count + b_count
+        self.mean = self.mean + delta * b_count / total
+        m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / total
+        self.var = m2 / total
+        self.count = total
+
+    def normalize(self, x: np.ndarray, clip: float | None = 10.0, eps: float = 1e-8) -> np.ndarray:
+        """(x - mean) / sqrt(var + eps), clipped to [-clip, clip]; float32, same shape as x."""
+        y = (np.asarray(x, np.float64) - self.mean) / np.sqrt(self.var + eps)
+        if clip is not None:
+            y = np.clip(y, -clip, clip)
+        return y.astype(np.float32)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"mean": self.mean.copy(), "var": self.var.copy(), "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if np.shape(state["mean"]) != self.mean.shape:
+            raise ValueError(
+                f"RunningMeanStd.load_state_dict: saved shape {np.shape(state['mean'])} != {self.mean.shape}"
+            )
+        self.mean = np.array(state["mean"], np.float64)
+        self.var = np.array(state["var"], np.float64)
+        self.count = float(state["count"])
+
+
+class RewardScaler:
+    """Divides rewards by the running std of each env's discounted return (not centred, so the
+    sign of rewards is kept), then clips. Stats come from whole rollouts, see ``update``."""
+
+    def __init__(self, num_envs: int, gamma: float, clip: float | None = 10.0):
+        self.gamma, self.clip = gamma, clip
+        self.rms = RunningMeanStd(())
+        self.ret = np.zeros(num_envs, np.float64)
+
+    def update(self, rewards: np.ndarray, dones: np.ndarray) -> None:
+        """rewards, dones: [T, N] in time order."""
+        for r, d in zip(np.asarray(rewards), np.asarray(dones), strict=True):
+            self.ret = self.ret * self.gamma + r
+            self.rms.update(self.ret)
+            self.ret = self.ret * (1.0 - d)
+
+    def scale(self, rewards: Tensor) -> Tensor:
+        out = rewards / float(np.sqrt(self.rms.var + 1e-8))
+        return out.clamp(-self.clip, self.clip) if self.clip is not None else out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rms": self.rms.state_dict(), "ret": self.ret.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rms.load_state_dict(state["rms"])
+        self.ret = np.array(state["ret"], np.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# rollouts
+
+
+@dataclass
+class RolloutBuffer:
+    """One rollout, time-major. T time steps x N envs (groups concatenated in order).
+
+    obs[T, N, *obs_shape]         what the policy saw (normalised when a normaliser was used)
+    actions[T, N, *action_shape]  as sampled (before the env clipped them)
+    logp, values, rewards[T, N]   rewards are the env's, unscaled
+    terminated, truncated[T, N]   bool; an env failure counts as truncated
+    final_values[T, N]            V(final observation) where truncated, else 0: a time limit is
+                                  not a terminal state, so its value is bootstrapped
+    last_value[N]                 V(observation after the last step)
+    """
+
+    obs: Tensor
+    actions: Tensor
+    logp: Tensor
+    values: Tensor
+    rewards: Tensor
+    terminated: Tensor
+    truncated: Tensor
+    final_values: Tensor
+    last_value: Tensor
+    episodes: EpisodeStats = field(default_factory=EpisodeStats)
+    timing: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.rewards.shape[0])
+
+    @property
+    def num_envs(self) -> int:
+        return int(self.rewards.shape[1])
+
+    @property
+    def dones(self) -> Tensor:
+        return self.terminated | self.truncated
+
+
+def _accepts_generators(policy: Any) -> bool:
+    try:
+        return "generators" in inspect.signature(policy.act).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _value_of(policy: Any, obs: Tensor) -> Tensor:
+    if hasattr(policy, "value"):
+        return policy.value(obs)
+    with torch.no_grad():
+        return policy.act(obs)[2]
+
+
+def collect(
+    env: VecEnv | Sequence[VecEnv],
+    policy: Any,
+    steps: int,
+    groups: int = 1,
+    *,
+    normalizer: RunningMeanStd | None = None,
+    obs_clip: float | None = 10.0,
+) -> RolloutBuffer:
+    """Run the env<->policy cycle for ``steps`` time steps of every env -> RolloutBuffer [steps, N].
+
+    The envs are split into ``groups`` (contiguous slices of one VecEnv, or one VecEnv per
+    group when a sequence is given) visited in ring order: act(group 0), step(group 0),
+    act(group 1), step(group 1), ... This is the sequential reference of the pipelined
+    schedule, where group g's simulators step while the policy infers for group g+1. With a
+    batch-invariant policy (the built-ins) and per-row generators the trajectories do not
+    depend on ``groups`` (tested), which is what makes pipelining safe.
+
+    ``normalizer`` is read-only during the rollout and updated once at the end with every raw
+    observation seen: stats that changed between groups would make the result depend on the
+    grouping. Episode statistics are popped from the envs into ``buffer.episodes``.
+    """
+    parts = _split_groups(env, groups)
+    n_total = sum(len(range(v.num_envs)[s]) for v, s in parts)
+    per_row = _accepts_generators(policy)
+    seed = parts[0][0].cfg.seed
+
+    cur: list[np.ndarray] = []
+    for venv, sl in parts:
+        if venv.obs is None:
+            venv.reset()
+        cur.append(venv.obs[sl])  # type: ignore[index]
+
+    def prep(raw: np.ndarray) -> Tensor:
+        if normalizer is None:
+            return torch.as_tensor(raw)
+        return torch.as_tensor(normalizer.normalize(raw, obs_clip))
+
+    obs_l, act_l, logp_l, val_l, rew_l, term_l, trunc_l, fin_l, raw_l = ([] for _ in range(9))
+    t_env = t_pol = 0.0
+    for _ in range(steps):
+        row = [[] for _ in range(9)]
+        for g, (venv, sl) in enumerate(parts):
+            t0 = time.perf_counter()
+            o = prep(cur[g])
+            if per_row:
+                ids = range(venv.num_envs)[sl]
+                gens = row_generators(seed, [venv.index_offset + i for i in ids], venv.env_steps[sl])
+                a, logp, v = policy.act(o, generators=gens)
+            else:
+                with torch.no_grad():
+                    a, logp, v = policy.act(o)
+            t1 = time.perf_counter()
+            res = venv.step(a, sl)
+            t2 = time.perf_counter()
+            trunc = res.truncated | res.failed
+            fin = torch.zeros(len(trunc))
+            if trunc.any():
+                # Bootstrapping a time limit needs V(final obs); failures reuse the last obs.
+                idx = np.flatnonzero(trunc)
+                fin[idx] = _value_of(policy, prep(res.final_obs[idx])).float()
+            t3 = time.perf_counter()
+            t_env += t2 - t1
+            t_pol += (t1 - t0) + (t3 - t2)
+            for lst, x in zip(
+                row,
+                (o, a, logp, v, torch.as_tensor(res.reward), torch.as_tensor(res.terminated),
+                 torch.as_tensor(trunc), fin, cur[g]),
+                strict=True,
+            ):
+                lst.append(x)
+            cur[g] = res.obs
+        for lst, parts_t in zip(
+            (obs_l, act_l, logp_l, val_l, rew_l, term_l, trunc_l, fin_l), row[:8], strict=True
+        ):
+            lst.append(torch.cat([torch.as_tensor(p) for p in parts_t]))
+        raw_l.append(np.concatenate(row[8]))
+
+    last = torch.cat([_value_of(policy, prep(c)).float() for c in cur])
+    if normalizer is not None:
+        normalizer.update(np.stack(raw_l).reshape(steps * n_total, -1) if raw_l else np.zeros((0,)))
+    episodes = EpisodeStats()
+    for venv in dict.fromkeys(v for v, _ in parts):
+        s = venv.pop_episode_stats()
+        episodes.returns += s.returns
+        episodes.lengths += s.lengths
+        episodes.successes += s.successes
+    return RolloutBuffer(
+        obs=torch.stack(obs_l),
+        actions=torch.stack(act_l),
+        logp=torch.stack(logp_l).float(),
+        values=torch.stack(val_l).float(),
+        rewards=torch.stack(rew_l).float(),
+        terminated=torch.stack(term_l),
+        truncated=torch.stack(trunc_l),
+        final_values=torch.stack(fin_l),
+        last_value=last,
+        episodes=episodes,
+        timing={"env_s": t_env, "policy_s": t_pol},
+    )
+
+
+def _split_groups(env: VecEnv | Sequence[VecEnv], groups: int) -> list[tuple[VecEnv, slice]]:
+    if isinstance(env, VecEnv):
+        if not 1 <= groups <= env.num_envs:
+            raise ConfigError(
+                [f"groups={groups}: must be between 1 and num_envs={env.num_envs} (each group needs an env)"],
+                source="collect",
+            )
+        bounds = np.linspace(0, env.num_envs, groups + 1).round().astype(int)
+        return [(env, slice(int(a), int(b))) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    envs = list(env)
+    if groups not in (1, len(envs)):
+        raise ConfigError(
+            [f"groups={groups}: with a list of {len(envs)} VecEnvs each VecEnv is one group; pass groups={len(envs)}"],
+            source="collect",
+        )
+    return [(v, slice(None)) for v in envs]
+
+
+# ---------------------------------------------------------------------------------------------
+# PPO
+
+
+@dataclass
+class PPOConfig:
+    """PPO for continuous control. Defaults are the usual MuJoCo settings (2048 transitions per
+    update, 10 epochs of 32 minibatches, lr 3e-4 annealed, gamma 0.99, lambda 0.95, clip 0.2)."""
+
+    rollout_steps: int = 2048  # transitions per update, over all envs (T = rollout_steps // N)
+    epochs: int = 10
+    num_minibatches: int = 32
+    lr: float = 3e-4
+    anneal_lr: bool = True
+    adam_eps: float = 1e-5
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip: float = 0.2
+    value_clip: float | None = 0.2
+    vf_coef: float = 0.5
+    ent_coef: float = 0.0
+    max_grad_norm: float = 0.5
+    norm_adv: bool = True
+    target_kl: float | None = None
+    normalize_obs: bool = True
+    obs_clip: float = 10.0
+    normalize_reward: bool = True
+    reward_clip: float = 10.0
+    hidden: tuple[int, ...] = (64, 64)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        p = []
+        if self.rollout_steps < 1:
+            p.append(f"rollout_steps={self.rollout_steps}: must be >= 1")
+        if self.epochs < 1:
+            p.append(f"epochs={self.epochs}: must be >= 1")
+        if not 1 <= self.num_minibatches <= max(self.rollout_steps, 1):
+            p.append(f"num_minibatches={self.num_minibatches}: must be in [1, rollout_steps={self.rollout_steps}]")
+        if self.lr <= 0:
+            p.append(f"lr={self.lr}: must be > 0")
+        if not 0 <= self.gamma <= 1:
+            p.append(f"gamma={self.gamma}: must be in [0, 1]")
+        if not 0 <= self.gae_lambda <= 1:
+            p.append(f"gae_lambda={self.gae_lambda}: must be in [0, 1]")
+        if not 0 < self.clip < 1:
+            p.append(f"clip={self.clip}: must be in (0, 1)")
+        if self.value_clip is not None and self.value_clip <= 0:
+            p.append(f"value_clip={self.value_clip}: must be > 0, or None to disable")
+        if self.max_grad_norm <= 0:
+            p.append(f"max_grad_norm={self.max_grad_norm}: must be > 0")
+        if p:
+            raise ConfigError(p, source="PPOConfig")
+
+
+def compute_advantages(
+    buffer: RolloutBuffer, gamma: float, lam: float, rewards: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """GAE over the buffer -> (advantages [T, N], returns [T, N]).
+
+    Truncated steps get ``gamma * V(final obs)`` added to their reward and are then cut like
+    terminal ones, which bootstraps through a time limit without crossing into the next episode.
+    """
+    r = buffer.rewards if rewards is None else rewards
+    r = r + gamma * buffer.final_values * buffer.truncated.float()
+    return gae(r, buffer.values, buffer.dones.float(), buffer.last_value, gamma, lam)
+
+
+def ppo_update(
+    policy: Any,
+    optimizer: torch.optim.Optimizer,
+    buffer: RolloutBuffer,
+    cfg: PPOConfig,
+    *,
+    rewards: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> dict[str, float]:
+    """``cfg.epochs`` passes of clipped PPO over the buffer in ``cfg.num_minibatches`` minibatches.
+
+    ``rewards`` [T, N] replaces ``buffer.rewards`` (e.g. scaled rewards). ``generator`` drives
+    the minibatch shuffle. Returns mean losses, approx_kl, clip_frac, explained_variance,
+    grad_norm and the number of epochs run (fewer when ``target_kl`` stops early).
+    """
+    adv, ret = compute_advantages(buffer, cfg.gamma, cfg.gae_lambda, rewards)
+    T, N = buffer.num_steps, buffer.num_envs
+    B = T * N
+    obs = buffer.obs.reshape(B, *buffer.obs.shape[2:])
+    actions = buffer.actions.reshape(B, *buffer.actions.shape[2:])
+    old_logp, old_v = buffer.logp.reshape(B), buffer.values.reshape(B)
+    adv, ret = adv.reshape(B), ret.reshape(B)
+    mb = max(B // cfg.num_minibatches, 1)
+    sums: dict[str, float] = {}
+    n_mb, epochs_run = 0, 0
+    for _epoch in range(cfg.epochs):
+        epochs_run += 1
+        perm = torch.randperm(B, generator=generator)
+        kls = []
+        for start in range(0, B - mb + 1, mb):
+            idx = perm[start : start + mb]
+            logp, ent, v = policy.evaluate(obs[idx], actions[idx])
+            a = adv[idx]
+            if cfg.norm_adv and len(idx) > 1:
+                a = (a - a.mean()) / (a.std() + 1e-8)
+            ones = torch.ones_like(a)
+            pg, st = ppo_policy_loss(logp, old_logp[idx], a, ones, cfg.clip, cfg.clip)
+            vl = value_loss(v, old_v[idx], ret[idx], ones, cfg.value_clip)
+            entropy = ent.mean()
+            loss = pg - cfg.ent_coef * entropy + cfg.vf_coef * vl
+            optimizer.zero_grad()
+            loss.backward()
+            gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            for k, x in (
+                ("policy_loss", pg.item()),
+                ("value_loss", vl.item()),
+                ("entropy", entropy.item()),
+                ("approx_kl", st["approx_kl"]),
+                ("clip_frac", st["clip_frac"]),
+                ("grad_norm", float(gn)),
+            ):
+                sums[k] = sums.get(k, 0.0) + x
+            kls.append(st["approx_kl"])
+            n_mb += 1
+        if cfg.target_kl is not None and np.mean(kls) > cfg.target_kl:
+            break
+    stats = {k: v / max(n_mb, 1) for k, v in sums.items()}
+    var_r = ret.var().item()
+    stats["explained_variance"] = float("nan") if var_r == 0 else 1.0 - (ret - old_v).var().item() / var_r
+    stats["epochs"] = float(epochs_run)
+    return stats
+
+
+# ---------------------------------------------------------------------------------------------
+# single-process training loop
+
+
+@dataclass
+class TrainResult:
+    """curve: one dict per update: steps, time_s, mean_return (last ``window`` episodes), episodes."""
+
+    curve: list[dict[str, float]]
+    steps: int
+    time_s: float
+    steps_per_s: float
+    reached_target: bool
+    target_step: int | None
+    target_time_s: float | None
+    final_mean_return: float
+    policy: Any = None
+    normalizer: RunningMeanStd | None = None
+
+
+def train_ppo(
+    env_cfg: EnvConfig,
+    ppo_cfg: PPOConfig,
+    total_steps: int,
+    time_limit_s: float | None = None,
+    *,
+    target_return: float | None = None,
+    window: int = 10,
+    groups: int = 1,
+    log: Any = None,
+) -> TrainResult:
+    """Train PPO on ``env_cfg`` for ``total_steps`` transitions (or until ``time_limit_s`` or the
+    mean of the last ``window`` episode returns reaches ``target_return``)."""
+    torch.manual_seed(ppo_cfg.seed)
+    env = VecEnv(env_cfg)
+    if ppo_cfg.rollout_steps % env.num_envs:
+        raise ConfigError(
+            [f"rollout_steps={ppo_cfg.rollout_steps} is not a multiple of num_envs={env.num_envs}; "
+             "pick values whose ratio is the steps per env per update"],
+            source="PPOConfig",
+        )
+    T = ppo_cfg.rollout_steps // env.num_envs
+    policy = make_policy(env.single_observation_space, env.single_action_space, seed=ppo_cfg.seed,
+                         **({"hidden": ppo_cfg.hidden} if len(env.obs_shape) == 1 else {}))
+    optimizer = torch.optim.Adam(policy.parameters(), lr=ppo_cfg.lr, eps=ppo_cfg.adam_eps)
+    pixels = len(env.obs_shape) == 3
+    normalizer = RunningMeanStd(env.obs_shape) if ppo_cfg.normalize_obs and not pixels else None
+    scaler = RewardScaler(env.num_envs, ppo_cfg.gamma, ppo_cfg.reward_clip) if ppo_cfg.normalize_reward else None
+    shuffle = torch.Generator().manual_seed(ppo_cfg.seed)
+    num_updates = max(total_steps // ppo_cfg.rollout_steps, 1)
+    recent: deque[float] = deque(maxlen=window)
+    curve: list[dict[str, float]] = []
+    t_start, steps = time.perf_counter(), 0
+    target_step = target_time = None
+    for update in range(num_updates):
+        if ppo_cfg.anneal_lr:
+            for g in optimizer.param_groups:
+                g["lr"] = ppo_cfg.lr * (1.0 - update / num_updates)
+        buf = collect(env, policy, T, groups, normalizer=normalizer, obs_clip=ppo_cfg.obs_clip)
+        rewards = None
+        if scaler is not None:
+            scaler.update(buf.rewards.numpy(), buf.dones.numpy())
+            rewards = scaler.scale(buf.rewards)
+        stats = ppo_update(policy, optimizer, buf, ppo_cfg, rewards=rewards, generator=shuffle)
+        steps += T * env.num_envs
+        recent.extend(buf.episodes.returns)
+        elapsed = time.perf_counter() - t_start
+        mean_ret = float(np.mean(recent)) if recent else float("nan")
+        point = {"steps": steps, "time_s": elapsed, "mean_return": mean_ret,
+                 "episodes": len(buf.episodes.returns), **stats}
+        curve.append(point)
+        if log is not None:
+            log(point)
+        if target_return is not None and len(recent) == window and mean_ret >= target_return:
+            target_step, target_time = steps, elapsed
+            break
+        if time_limit_s is not None and elapsed > time_limit_s:
+            break
+    env.close()
+    elapsed = time.perf_counter() - t_start
+    return TrainResult(
+        curve=curve, steps=steps, time_s=elapsed, steps_per_s=steps / max(elapsed, 1e-9),
+        reached_target=target_step is not None, target_step=target_step, target_time_s=target_time,
+        final_mean_return=curve[-1]["mean_return"] if curve else float("nan"),
+        policy=policy, normalizer=normalizer,
+    )
+
+
+def _main() -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(description="Single-process PPO on a gymnasium MuJoCo env.")
+    p.add_argument("env_id")
+    p.add_argument("--total-steps", type=int, default=1_000_000)
+    p.add_argument("--num-envs", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-limit", type=float, default=None)
+    p.add_argument("--target-return", type=float, default=None)
+    p.add_argument("--groups", type=int, default=1)
+    a = p.parse_args()
+    torch.set_num_threads(1)
+
+    def log(pt: dict[str, float]) -> None:
+        print(f"steps={pt['steps']:>8} t={pt['time_s']:7.1f}s return={pt['mean_return']:9.2f} "
+              f"kl={pt['approx_kl']:.4f} ev={pt['explained_variance']:.3f}", flush=True)
+
+    r = train_ppo(EnvConfig(a.env_id, num_envs=a.num_envs, seed=a.seed), PPOConfig(seed=a.seed),
+                  a.total_steps, a.time_limit, target_return=a.target_return, groups=a.groups, log=log)
+    print(f"done: {r.steps} steps in {r.time_s:.1f}s ({r.steps_per_s:.0f} steps/s), "
+          f"final mean return {r.final_mean_return:.1f}, target at {r.target_step} steps / {r.target_time_s} s")
+
+
+if __name__ == "__main__":
+    _main()

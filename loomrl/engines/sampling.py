@@ -1,0 +1,79 @@
+"""Token sampling and per-token log-probabilities, shared by generation and training.
+
+Which log-probability an engine reports matters for RL: the importance ratio in PPO/GRPO
+compares the rollout's log-probs against ones recomputed by the trainer. Both sides use
+``log_softmax(logits / temperature)`` at the chosen token: temperature is applied, top-p /
+top-k truncation is *not* (truncation changes what gets sampled, not the policy the trainer
+differentiates). At temperature 1.0 the rollout log-probs therefore equal the trainer's
+``logprobs()`` up to float rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def token_logprobs(
+    logits: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """log softmax(logits / temperature)[ids].
+
+    logits: [..., V] (any float dtype; computed in float32), ids: [...] int64 -> [...] float32.
+    Uses gather - logsumexp so no [..., V] log-prob tensor is materialised.
+    """
+    x = logits.float()
+    if temperature != 1.0:
+        x = x / temperature
+    picked = x.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(x, dim=-1)
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) over the last dim. [..., V] -> [...] float32."""
+    x = logits.float()
+    if temperature != 1.0:
+        x = x / temperature
+    logp = torch.log_softmax(x, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def filter_logits(logits: torch.Tensor, top_p: float = 1.0, top_k: int = 0) -> torch.Tensor:
+    """Set logits outside the top-k and outside the smallest top-p nucleus to -inf.
+
+    logits: [B, V] float32 (already temperature-scaled) -> [B, V]. The most likely token is
+    always kept, so a row never becomes all -inf.
+    """
+    if top_k and 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Mass strictly before each token: drop a token once the tokens ahead of it cover top_p.
+        before = probs.cumsum(-1) - probs
+        drop_sorted = before >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick the next token for each row and return (tokens [B] int64, logprobs [B] float32).
+
+    logits: [B, V] raw model logits. temperature 0 means greedy (log-probs then at temperature 1).
+    """
+    x = logits.float()
+    if temperature <= 0:
+        tokens = x.argmax(-1)
+        return tokens, token_logprobs(x, tokens)
+    scaled = x / temperature if temperature != 1.0 else x
+    filtered = filter_logits(scaled, top_p=top_p, top_k=top_k)
+    probs = torch.softmax(filtered, dim=-1)
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, token_logprobs(scaled, tokens)

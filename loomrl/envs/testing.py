@@ -1,0 +1,70 @@
+"""Tiny deterministic gymnasium envs for testing env plumbing without a simulator.
+
+Importing this module registers them as ``loomrl-test/Counting-v0`` and ``loomrl-test/DictObs-v0``.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+
+class CountingEnv(gym.Env):
+    """obs = [episode number, step in episode]; reward 1 per step; terminates after `length` steps.
+
+    Raises RuntimeError on the global step numbers listed in `fail_on` (counted per instance,
+    starting at 1), or on every step from `fail_from` on.
+    """
+
+    def __init__(self, length: int = 5, fail_on: tuple[int, ...] = (), fail_from: int | None = None):
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.length, self.fail_on, self.fail_from = length, set(fail_on), fail_from
+        self.episode, self.t, self.total = -1, 0, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode += 1
+        self.t = 0
+        return np.array([self.episode, 0], np.float32), {}
+
+    def step(self, action):
+        self.total += 1
+        if self.total in self.fail_on or (self.fail_from is not None and self.total >= self.fail_from):
+            raise RuntimeError(f"simulator exploded at step {self.total}")
+        self.t += 1
+        return np.array([self.episode, self.t], np.float32), 1.0, self.t >= self.length, False, {}
+
+
+class DictObsEnv(gym.Env):
+    """A goal-conditioned-style env with a Dict observation, like Fetch."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Dict(
+            {
+                "observation": gym.spaces.Box(-1, 1, (4,), np.float64),
+                "achieved_goal": gym.spaces.Box(-1, 1, (3,), np.float64),
+                "desired_goal": gym.spaces.Box(-1, 1, (3,), np.float64),
+            }
+        )
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._obs(), {}
+
+    def _obs(self):
+        r = self.np_random
+        return {
+            "observation": r.uniform(-1, 1, 4),
+            "achieved_goal": r.uniform(-1, 1, 3),
+            "desired_goal": r.uniform(-1, 1, 3),
+        }
+
+    def step(self, action):
+        return self._obs(), 0.0, False, False, {"is_success": 0.0}
+
+
+for _id, _cls in (("loomrl-test/Counting-v0", CountingEnv), ("loomrl-test/DictObs-v0", DictObsEnv)):
+    if _id not in gym.registry:
+        gym.register(id=_id, entry_point=_cls)

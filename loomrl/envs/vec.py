@@ -1,0 +1,570 @@
+"""A batch of gymnasium simulators stepped together, with failure isolation and episode bookkeeping.
+
+``VecEnv`` owns ``num_envs`` independent ``gymnasium.Env`` instances and steps them in one
+process (the unit a loomrl env worker holds). It is a loop over single envs rather than a
+``gymnasium.vector.SyncVectorEnv`` because one simulator that raises must not take the batch
+down: the failing env is reset, the failure is recorded as an event, the others keep going.
+
+Autoreset: gymnasium 1.x vector envs reset a finished env on the *next* call to ``step``, which
+then returns the reset observation with reward 0 and ignores the action; a buffer that stores
+that call as a transition learns from a transition that never happened. ``VecEnv`` resets a
+finished env inside the same ``step`` call instead, so every ``step`` is a real transition for
+every env: ``StepResult.final_obs`` holds the observation the step reached (the terminal one
+when the episode ended) and ``StepResult.obs`` the one to act on next (the reset observation
+when it ended). The sequence of real transitions is the same as gymnasium's next-step vector
+env with its reset steps removed (tested).
+
+Seeding: env ``i`` (global index ``index_offset + i``) is reset with ``seed + i`` the first
+time and without a seed afterwards, so each env's episodes follow its own RNG stream.
+
+This module knows nothing of torch or of policies.
+"""
+
+from __future__ import annotations
+
+import collections
+import difflib
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from loomrl.errors import ConfigError, LoomError
+
+# MuJoCo picks its GL backend once, when `mujoco` is first imported (by the first gym.make of a
+# MuJoCo env). Headless machines need EGL; choosing it here, before that import, keeps
+# state-only envs created earlier in the process from locking in a backend that cannot render.
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+RENDER_BACKENDS = ("egl", "osmesa", "glfw")
+
+
+class EnvFailureError(LoomError):
+    """Simulators failed more often than ``EnvConfig.max_failures`` within ``failure_window`` steps."""
+
+
+class ActionShapeError(LoomError, ValueError):
+    """A policy handed ``VecEnv.step`` actions of the wrong shape, type or range."""
+
+
+class RenderingUnavailable(LoomError):
+    """No headless rendering backend works in this process (pixel observations impossible)."""
+
+
+@dataclass
+class EnvConfig:
+    """What one ``VecEnv`` simulates. Every field is checked in ``__post_init__``.
+
+    ``frame_skip`` repeats each action that many simulator steps (rewards summed); MuJoCo envs
+    already integrate several physics steps per ``step``, so 1 is the usual value for them.
+    ``cpu_cores`` is what the planner reserves for the worker holding this VecEnv.
+    """
+
+    env_id: str = "InvertedPendulum-v5"
+    num_envs: int = 8
+    seed: int = 0
+    pixels: bool = False
+    image_size: int = 84
+    frame_skip: int = 1
+    max_episode_steps: int | None = None
+    cpu_cores: float = 1.0
+    render_backend: str = "egl"
+    clip_actions: bool = True
+    max_failures: int = 10
+    failure_window: int = 1000
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not isinstance(self.env_id, str) or not self.env_id:
+            problems.append(f"env_id={self.env_id!r}: must be a gymnasium id such as 'HalfCheetah-v5'")
+        if self.num_envs < 1:
+            problems.append(f"num_envs={self.num_envs}: need at least one env; set num_envs >= 1")
+        if self.image_size < 8:
+            problems.append(f"image_size={self.image_size}: images below 8x8 carry no signal; use e.g. 64 or 84")
+        if self.frame_skip < 1:
+            problems.append(f"frame_skip={self.frame_skip}: must be >= 1 (1 = no action repeat)")
+        if self.max_episode_steps is not None and self.max_episode_steps < 1:
+            problems.append(
+                f"max_episode_steps={self.max_episode_steps}: must be >= 1, or None for the env's own limit"
+            )
+        if self.cpu_cores <= 0:
+            problems.append(f"cpu_cores={self.cpu_cores}: simulators need CPU; declare a positive share")
+        if self.render_backend not in RENDER_BACKENDS:
+            problems.append(f"render_backend={self.render_backend!r}: choose one of {RENDER_BACKENDS}")
+        if self.max_failures < 1:
+            problems.append(f"max_failures={self.max_failures}: must be >= 1")
+        if self.failure_window < 1:
+            problems.append(f"failure_window={self.failure_window}: must be >= 1 (vector steps)")
+        if problems:
+            raise ConfigError(problems, source="EnvConfig")
+
+
+@dataclass
+class StepResult:
+    """One ``VecEnv.step`` over ``n`` envs. Arrays are indexed by the env's position in the call.
+
+    obs[n, *obs_shape]        observation to act on next (a reset observation where done)
+    final_obs[n, *obs_shape]  observation this step reached, before any reset
+    reward[n] float32         summed over frame_skip
+    terminated[n], truncated[n], failed[n] bool
+        failed: the simulator raised; the step counts as truncated with reward 0 and
+        final_obs = the observation before the step.
+    """
+
+    obs: np.ndarray
+    final_obs: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    failed: np.ndarray
+
+    @property
+    def done(self) -> np.ndarray:
+        return self.terminated | self.truncated | self.failed
+
+
+@dataclass
+class EpisodeStats:
+    """Finished episodes since the last ``pop_episode_stats`` (undiscounted env rewards)."""
+
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    successes: list[float] = field(default_factory=list)  # only for envs reporting info["is_success"]
+
+    def mean_return(self) -> float:
+        return float(np.mean(self.returns)) if self.returns else float("nan")
+
+
+@dataclass
+class EnvEvent:
+    """Something that went wrong and was recovered from (kept in ``VecEnv.events``)."""
+
+    kind: str  # "env_error" | "env_recreated"
+    env_index: int  # global index (index_offset + position)
+    vec_step: int
+    episode_step: int
+    message: str
+
+
+@dataclass
+class _Slot:
+    env: Any = None
+    obs: np.ndarray | None = None
+    episode_return: float = 0.0
+    episode_length: int = 0
+    seeded: bool = False
+    rng_state: dict | None = None  # np_random state kept across offload/onload
+
+
+# ---------------------------------------------------------------------------------------------
+# env ids and rendering
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise ``ConfigError`` naming close matches when ``env_id`` is not registered with gymnasium."""
+    import gymnasium as gym
+
+    if env_id in gym.registry:
+        return
+    try:  # Fetch/Franka ids appear only once gymnasium-robotics registers them
+        import gymnasium_robotics
+
+        gym.register_envs(gymnasium_robotics)
+    except ImportError:
+        pass
+    if env_id in gym.registry:
+        return
+    close = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.6)
+    hint = f"close matches: {', '.join(close)}" if close else "no close match among registered ids"
+    raise ConfigError(
+        [
+            f"env_id={env_id!r} is not a registered gymnasium environment ({hint}); check the "
+            "spelling and version suffix, or install/import the package that registers it "
+            "(pip install gymnasium-robotics for Fetch*)"
+        ],
+        source="EnvConfig",
+    )
+
+
+_PROBE_SCRIPT = textwrap.dedent(
+    """
+    import gymnasium as gym
+    env = gym.make("InvertedPendulum-v5", render_mode="rgb_array", width=32, height=32)
+    env.reset(seed=0)
+    img = env.render()
+    assert img.shape == (32, 32, 3), img.shape
+    print("ok")
+    """
+)
+
+_probe_cache: dict[str, str | None] = {}
+
+
+def probe_rendering(backend: str, timeout_s: float = 60.0) -> str | None:
+    """Render one frame with ``MUJOCO_GL=backend`` in a subprocess; None if it works, else why not.
+
+    A subprocess because a broken GL stack can hang or crash the process that tries it, and
+    because MuJoCo's backend cannot be changed after import. Results are cached per process.
+    """
+    if backend in _probe_cache:
+        return _probe_cache[backend]
+    env = dict(os.environ, MUJOCO_GL=backend, PYOPENGL_PLATFORM=backend)
+    if backend == "glfw":
+        env.pop("PYOPENGL_PLATFORM")
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _PROBE_SCRIPT],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+        reason = None if out.returncode == 0 else (out.stderr.strip().splitlines() or ["?"])[-1]
+    except subprocess.TimeoutExpired:
+        reason = f"rendering one frame did not finish within {timeout_s:.0f} s (hung GL driver?)"
+    _probe_cache[backend] = reason
+    return reason
+
+
+def select_render_backend(preferred: str, timeout_s: float = 60.0) -> str:
+    """The first backend that renders here, trying ``preferred`` then egl, osmesa.
+
+    In this process MuJoCo may already be imported with a fixed backend; then only that one can
+    work, and a different choice is an error the caller must fix by setting MUJOCO_GL before
+    anything imports mujoco (a fresh worker process does this naturally).
+    """
+    active = os.environ.get("MUJOCO_GL")
+    if "mujoco" in sys.modules:
+        reason = probe_rendering(active or "glfw", timeout_s)
+        if reason is None:
+            return active or "glfw"
+        raise RenderingUnavailable(
+            f"pixel observations need rendering, but mujoco was already imported with "
+            f"MUJOCO_GL={active!r}, which fails here: {reason}. Set MUJOCO_GL=egl (or osmesa) in "
+            "the environment before anything imports mujoco."
+        )
+    tried = []
+    for backend in dict.fromkeys([preferred, "egl", "osmesa"]):
+        reason = probe_rendering(backend, timeout_s)
+        if reason is None:
+            os.environ["MUJOCO_GL"] = backend
+            return backend
+        tried.append(f"{backend}: {reason}")
+    raise RenderingUnavailable(
+        "no headless rendering backend works here, so pixels=True is impossible; tried "
+        + "; ".join(tried)
+        + ". Install EGL (libegl1) or OSMesa (libosmesa6), or use state observations."
+    )
+
+
+def resize_image(img: np.ndarray, size: int) -> np.ndarray:
+    """[H, W, C] uint8 -> [C, size, size] uint8 by area averaging (nearest when upscaling)."""
+    h, w = img.shape[:2]
+    if (h, w) != (size, size):
+        if h % size == 0 and w % size == 0:
+            img = img.reshape(size, h // size, size, w // size, -1).mean(axis=(1, 3))
+        else:
+            rows = (np.arange(size) * h) // size
+            cols = (np.arange(size) * w) // size
+            img = img[rows][:, cols]
+    return np.ascontiguousarray(np.asarray(img, dtype=np.float32).round().astype(np.uint8).transpose(2, 0, 1))
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class VecEnv:
+    """``cfg.num_envs`` simulators of ``cfg.env_id``; env ``i`` has global index ``index_offset + i``.
+
+    Workers holding different slices of one logical batch pass different ``index_offset`` so
+    that the union behaves exactly like one VecEnv of all envs (same seeds, same streams).
+    """
+
+    def __init__(self, cfg: EnvConfig, index_offset: int = 0):
+        import gymnasium as gym
+
+        self.cfg = cfg
+        self.index_offset = index_offset
+        self.num_envs = cfg.num_envs
+        check_env_id(cfg.env_id)
+        if cfg.pixels:
+            self.render_backend: str | None = select_render_backend(cfg.render_backend)
+        else:
+            self.render_backend = None
+        self._slots = [_Slot() for _ in range(self.num_envs)]
+        self.events: list[EnvEvent] = []
+        self.vec_steps = 0  # number of step() calls that covered all envs or a group
+        self.env_steps = np.zeros(self.num_envs, dtype=np.int64)  # transitions per env, ever
+        self.episodes_cut = 0  # episodes abandoned by offload()
+        self._failures: collections.deque[int] = collections.deque()
+        self._stats = EpisodeStats()
+        self._loaded = False
+        self.onload()
+        probe = self._slots[0].env
+        self.single_action_space = probe.action_space
+        if cfg.pixels:
+            self.single_observation_space = gym.spaces.Box(
+                0, 255, (3, cfg.image_size, cfg.image_size), np.uint8
+            )
+        else:
+            flat = gym.spaces.flatten_space(probe.observation_space)
+            self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, flat.shape, np.float32)
+        self._raw_observation_space = probe.observation_space
+
+    # -- properties the planner and the policy side read ------------------------------------
+    @property
+    def cpu_cores(self) -> float:
+        return self.cfg.cpu_cores
+
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        return tuple(self.single_observation_space.shape)
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        return tuple(self.single_action_space.shape)
+
+    @property
+    def obs(self) -> np.ndarray | None:
+        """Current observations [num_envs, *obs_shape], or None before the first reset."""
+        if any(s.obs is None for s in self._slots):
+            return None
+        return np.stack([s.obs for s in self._slots])
+
+    def __repr__(self) -> str:
+        return f"VecEnv({self.cfg.env_id!r}, num_envs={self.num_envs}, index_offset={self.index_offset})"
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def _make(self) -> Any:
+        import gymnasium as gym
+
+        kwargs = dict(self.cfg.env_kwargs)
+        if self.cfg.max_episode_steps is not None:
+            kwargs["max_episode_steps"] = self.cfg.max_episode_steps
+        if self.cfg.pixels:
+            kwargs["render_mode"] = "rgb_array"
+            kwargs.setdefault("width", self.cfg.image_size)
+            kwargs.setdefault("height", self.cfg.image_size)
+        try:
+            try:
+                return gym.make(self.cfg.env_id, **kwargs)
+            except TypeError:
+                if not self.cfg.pixels:
+                    raise
+                # Not every env takes width/height; render at its own size and downscale.
+                kwargs.pop("width")
+                kwargs.pop("height")
+                return gym.make(self.cfg.env_id, **kwargs)
+        except Exception as e:
+            hint = ""
+            spec = gym.registry.get(self.cfg.env_id)
+            if spec is not None and "gymnasium_robotics" in str(spec.entry_point):
+                hint = (
+                    " (gymnasium-robotics 1.4.x fails to build Fetch envs with recent mujoco "
+                    "releases, e.g. 3.17 and 4.0; mujoco 3.2.7 works)"
+                )
+            raise LoomError(
+                f"could not create {self.cfg.env_id!r} with {kwargs}: {type(e).__name__}: {e}{hint}"
+            ) from e
+
+    def onload(self) -> None:
+        """(Re)create the simulators. Envs that were running before ``offload`` start a new
+        episode whose RNG continues where it stopped, so runs with and without an
+        offload/onload at the same step are identical except that episodes were cut there."""
+        if self._loaded:
+            return
+        for i, slot in enumerate(self._slots):
+            slot.env = self._make()
+            if slot.rng_state is not None:
+                slot.env.reset(seed=self.cfg.seed + self.index_offset + i)  # initialise, then
+                slot.env.unwrapped.np_random = _generator_from_state(slot.rng_state)
+                slot.obs = self._observe(slot, slot.env.reset()[0])
+                slot.episode_return, slot.episode_length = 0.0, 0
+        self._loaded = True
+
+    def offload(self) -> None:
+        """Close the simulators (GL contexts, MuJoCo data) and keep only their RNG states."""
+        if not self._loaded:
+            return
+        for slot in self._slots:
+            if slot.seeded:
+                slot.rng_state = slot.env.unwrapped.np_random.bit_generator.state
+                if slot.episode_length > 0:
+                    self.episodes_cut += 1
+            slot.env.close()
+            slot.env = None
+        self._loaded = False
+
+    def close(self) -> None:
+        if self._loaded:
+            for slot in self._slots:
+                slot.env.close()
+                slot.env = None
+            self._loaded = False
+
+    def _require_loaded(self, what: str) -> None:
+        if not self._loaded:
+            raise LoomError(f"{self!r}.{what}() called while offloaded; call onload() first")
+
+    # -- stepping -----------------------------------------------------------------------------
+    def reset(self) -> np.ndarray:
+        """Start a new episode in every env; the first reset of env i uses seed + i."""
+        self._require_loaded("reset")
+        for i, slot in enumerate(self._slots):
+            self._reset_slot(i, slot)
+        return self.obs  # type: ignore[return-value]
+
+    def _reset_slot(self, i: int, slot: _Slot) -> None:
+        if slot.seeded:
+            raw, _ = slot.env.reset()
+        else:
+            raw, _ = slot.env.reset(seed=self.cfg.seed + self.index_offset + i)
+            slot.seeded = True
+        slot.obs = self._observe(slot, raw)
+        slot.episode_return, slot.episode_length = 0.0, 0
+
+    def _observe(self, slot: _Slot, raw: Any) -> np.ndarray:
+        if self.cfg.pixels:
+            return resize_image(slot.env.render(), self.cfg.image_size)
+        import gymnasium as gym
+
+        return np.asarray(gym.spaces.flatten(slot.env.observation_space, raw), dtype=np.float32)
+
+    def step(self, actions: Any, envs: slice | None = None) -> StepResult:
+        """Step every env (or the contiguous ``envs`` slice) with ``actions[n, *action_shape]``."""
+        self._require_loaded("step")
+        idx = range(self.num_envs)[envs] if envs is not None else range(self.num_envs)
+        if any(self._slots[i].obs is None for i in idx):
+            raise LoomError(f"{self!r}.step() before reset(); call reset() once first")
+        actions = self._check_actions(actions, len(idx))
+        self.vec_steps += 1
+        n = len(idx)
+        rew = np.zeros(n, np.float32)
+        term = np.zeros(n, bool)
+        trunc = np.zeros(n, bool)
+        failed = np.zeros(n, bool)
+        obs, final = [], []
+        for k, i in enumerate(idx):
+            slot = self._slots[i]
+            try:
+                raw, r, te, tr, info = self._step_one(slot, actions[k])
+            except Exception as e:  # a simulator bug or instability: isolate it, keep training
+                self._record_failure(i, slot, e)
+                failed[k] = True
+                final.append(slot.obs)
+                self._recover(i, slot)
+                obs.append(slot.obs)
+                self.env_steps[i] += 1
+                continue
+            rew[k], term[k], trunc[k] = r, te, tr
+            slot.episode_return += r
+            slot.episode_length += 1
+            next_obs = self._observe(slot, raw)
+            final.append(next_obs)
+            if te or tr:
+                self._stats.returns.append(slot.episode_return)
+                self._stats.lengths.append(slot.episode_length)
+                if "is_success" in info:
+                    self._stats.successes.append(float(info["is_success"]))
+                self._reset_slot(i, slot)
+                obs.append(slot.obs)
+            else:
+                slot.obs = next_obs
+                obs.append(next_obs)
+            self.env_steps[i] += 1
+        return StepResult(np.stack(obs), np.stack(final), rew, term, trunc, failed)
+
+    def _step_one(self, slot: _Slot, action: np.ndarray) -> tuple[Any, float, bool, bool, dict]:
+        total = 0.0
+        for _ in range(self.cfg.frame_skip):
+            raw, r, te, tr, info = slot.env.step(action)
+            total += float(r)
+            if te or tr:
+                break
+        return raw, total, bool(te), bool(tr), info
+
+    def _check_actions(self, actions: Any, n: int) -> np.ndarray:
+        import gymnasium as gym
+
+        space = self.single_action_space
+        a = np.asarray(actions.detach().cpu() if hasattr(actions, "detach") else actions)
+        expected = (n, *space.shape)
+        if a.shape != expected:
+            raise ActionShapeError(
+                f"{self!r}.step(actions): actions have shape {a.shape} but {self.cfg.env_id} needs "
+                f"{expected} = (envs stepped, *action_space.shape) for action_space {space}; "
+                "return one action per env from the policy"
+                + (" (Discrete actions are integer indices, not one-hot)" if isinstance(space, gym.spaces.Discrete) else "")
+            )
+        if isinstance(space, gym.spaces.Discrete):
+            if not np.issubdtype(a.dtype, np.integer):
+                raise ActionShapeError(f"{self!r}.step(actions): Discrete actions must be integers, got dtype {a.dtype}")
+            if (a < space.start).any() or (a >= space.start + space.n).any():
+                raise ActionShapeError(
+                    f"{self!r}.step(actions): Discrete actions must lie in [{space.start}, {space.start + space.n}), got {a.tolist()}"
+                )
+            return a
+        if isinstance(space, gym.spaces.Box):
+            a = a.astype(space.dtype, copy=False)
+            if not np.isfinite(a).all():
+                raise ActionShapeError(f"{self!r}.step(actions): actions contain NaN/inf: {a.tolist()}")
+            if self.cfg.clip_actions:
+                a = np.clip(a, space.low, space.high)
+        return a
+
+    # -- failures -----------------------------------------------------------------------------
+    def _record_failure(self, i: int, slot: _Slot, e: BaseException) -> None:
+        gi = self.index_offset + i
+        msg = f"{type(e).__name__}: {e}"
+        self.events.append(EnvEvent("env_error", gi, self.vec_steps, slot.episode_length, msg))
+        self._failures.append(self.vec_steps)
+        while self._failures and self._failures[0] <= self.vec_steps - self.cfg.failure_window:
+            self._failures.popleft()
+        if len(self._failures) > self.cfg.max_failures:
+            raise EnvFailureError(
+                f"{self.cfg.env_id}: {len(self._failures)} simulator failures within the last "
+                f"{self.cfg.failure_window} steps (max_failures={self.cfg.max_failures}); the last, in "
+                f"env {gi} at episode step {slot.episode_length}: {msg}. Fix the environment, or raise "
+                "EnvConfig.max_failures / lower failure_window if such failures are expected."
+            ) from e
+
+    def _recover(self, i: int, slot: _Slot) -> None:
+        """Reset a failed env; if even that raises, replace the simulator."""
+        slot.episode_return, slot.episode_length = 0.0, 0
+        try:
+            self._reset_slot(i, slot)
+            return
+        except Exception as e:
+            self.events.append(
+                EnvEvent("env_recreated", self.index_offset + i, self.vec_steps, 0, f"reset failed: {e!r}")
+            )
+        rng = slot.env.unwrapped.np_random.bit_generator.state
+        try:
+            slot.env.close()
+        except Exception:
+            pass  # a broken simulator may fail to close too; it is being discarded
+        slot.env = self._make()
+        slot.env.reset(seed=self.cfg.seed + self.index_offset + i)
+        slot.env.unwrapped.np_random = _generator_from_state(rng)
+        slot.obs = self._observe(slot, slot.env.reset()[0])
+
+    # -- statistics ---------------------------------------------------------------------------
+    def pop_episode_stats(self) -> EpisodeStats:
+        """Episodes finished since the last call (and forget them)."""
+        stats, self._stats = self._stats, EpisodeStats()
+        return stats
+
+    def pop_events(self) -> list[EnvEvent]:
+        events, self.events = self.events, []
+        return events
+
+
+def _generator_from_state(state: dict) -> np.random.Generator:
+    bit_generator = getattr(np.random, state["bit_generator"])()
+    bit_generator.state = state
+    return np.random.Generator(bit_generator)

@@ -1,0 +1,499 @@
+"""M2Flow: one logical workflow, executed under whatever plan the planner picks.
+
+A recipe declares its components with ``flow.group(WorkerClass, ...)`` and the data flow with
+``flow.chain(a.method, b.method, ...)``; ``flow.plan(placement)`` profiles the components (when the
+placement is ``auto`` or a mode), searches, and launches every group on the devices the plan gives
+it; ``flow.run(items)`` executes one iteration. The recipe never says who shares which devices, how
+big a micro-batch is, or when a worker onloads: the plan does.
+
+How a plan tree executes (PLANNER.md's cost algebra, made real):
+- ``temporal`` in phase context: the first side processes the whole batch, then the second. Leaves
+  under it are time-shared: each holds the device lock for its devices and runs
+  ``onload -> work -> offload``.
+- ``spatial``: both sides run at once on disjoint devices; micro-batches of the plan's size stream
+  from one to the other through a channel (the consumer starts on the first micro-batch).
+- ``temporal`` in stream context (below a spatial node): both sides stay resident and alternate per
+  micro-batch under the device lock.
+
+Stage methods take a list of items and return a list of the same length (map semantics); the last
+stage of a chain is a sink whose return values are collected. Items travel between workers through
+channels (worker to worker, never through the driver); each carries its position in the batch so
+that every micro-batch has the same composition whatever the plan (placement invariance).
+
+This module never imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from loomrl.errors import PlanError
+from loomrl.worker import Handle, Worker, WorkerGroup, wait  # noqa: F401
+
+if TYPE_CHECKING:
+    from loomrl.cluster import Cluster
+    from loomrl.plan.plan import Node, Plan
+
+PLACEMENTS = ("auto", "temporal", "spatial", "hybrid")
+
+
+# ---------------------------------------------------------------------------------------------
+# The stage loop: runs inside worker processes.
+# ---------------------------------------------------------------------------------------------
+def _rank_counts(m: int, n: int) -> list[int]:
+    """Items of one micro-batch of ``m`` that each of ``n`` ranks receives (contiguous split)."""
+    return [sum(1 for j in range(m) if j * n // m == r) for r in range(n)]
+
+
+def _route(index: int, m: int, n: int) -> tuple[int, int]:
+    """(consumer rank, micro-batch) of item ``index`` for a consumer with ``n`` ranks and size ``m``."""
+    return ((index % m) * n) // m, index // m
+
+
+@dataclass
+class StageSpec:
+    """Everything one worker needs to run its part of a stage for one iteration (picklable)."""
+
+    component: str
+    method: str
+    in_channel: Any  # Channel
+    out_channel: Any | None  # None for the sink
+    batch: int  # M
+    micro: int  # items per micro-batch for this stage (M in phase context)
+    world: int  # ranks of this stage
+    next_micro: int = 0  # consumer's micro-batch size (for routing outputs)
+    next_world: int = 1
+    time_shared: bool = False  # onload -> work -> offload under the device lock
+    lock_each: bool = False  # co-resident: lock per micro-batch, no offload
+    t0: float = 0.0
+
+
+def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
+    """The micro-flow loop of one rank: pull micro-batches, call the method, push results."""
+    from loomrl.channel import component
+    from loomrl.lock import DeviceLock
+
+    fn = getattr(worker, spec.method)
+    counts = _rank_counts(spec.micro, spec.world)
+    share = counts[worker.rank]
+    k_total = spec.batch // spec.micro
+    lock = DeviceLock.get() if (spec.time_shared or spec.lock_each) else None
+    records: list[tuple] = []
+    sink_out: list[Any] = []
+    # A co-resident stage (lock_each) must not hold the lock across micro-batches: its partner on
+    # the same devices alternates with it. It still pays its switch once per iteration.
+    hold = spec.time_shared and not spec.lock_each
+    with component(spec.component):
+        if spec.time_shared:
+            t = time.time()
+            lock.acquire(worker.devices)
+            worker.onload()
+            if not hold:
+                lock.release(worker.devices)
+            records.append(("onload", -1, t, time.time(), 0))
+        try:
+            for k in range(k_total):
+                if share == 0:
+                    continue
+                got = spec.in_channel.get_many(share, key=(worker.rank, k))
+                got.sort(key=lambda e: e[0])
+                idx = [e[0] for e in got]
+                items = [e[1] for e in got]
+                if spec.lock_each:
+                    lock.acquire(worker.devices)
+                t = time.time()
+                try:
+                    out = fn(items)
+                finally:
+                    t_end = time.time()
+                    if spec.lock_each:
+                        lock.release(worker.devices)
+                records.append(("run", k, t, t_end, len(items)))
+                if spec.out_channel is None:
+                    sink_out.append((idx, out))
+                    continue
+                if not isinstance(out, list) or len(out) != len(items):
+                    raise TypeError(
+                        f"{type(worker).__name__}.{spec.method} must return a list with one output "
+                        f"per input item ({len(items)}), got "
+                        f"{type(out).__name__}{f' of length {len(out)}' if isinstance(out, list) else ''}"
+                    )
+                by_key: dict[tuple[int, int], list[tuple[int, Any]]] = {}
+                for i, o in zip(idx, out):
+                    by_key.setdefault(_route(i, spec.next_micro, spec.next_world), []).append((i, o))
+                for key, entries in by_key.items():
+                    spec.out_channel.put_many(entries, key=key)
+        finally:
+            if spec.time_shared:
+                t = time.time()
+                if not hold:
+                    lock.acquire(worker.devices)
+                worker.offload()
+                lock.release(worker.devices)
+                records.append(("offload", -1, t, time.time(), 0))
+    return {"records": records, "sink": sink_out, "devices": list(worker.devices), "rank": worker.rank}
+
+
+def _run_stage_method(self: Worker, spec: StageSpec) -> dict[str, Any]:
+    return run_stage(self, spec)
+
+
+# Every worker can run a stage loop; a plain attribute, so user classes need nothing extra.
+Worker._loom_run_stage = _run_stage_method  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver side.
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Component:
+    name: str
+    cls: type[Worker]
+    args: tuple
+    kwargs: dict
+    valid_devices: list[int] | None = None
+    num_cpus: float = 0.0
+    group: WorkerGroup | None = None
+
+
+class _Method:
+    """``flow_group.method``: a stage reference in ``flow.chain``, and a group call after planning."""
+
+    def __init__(self, comp: Component, name: str):
+        self.component, self.name = comp, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Handle:
+        if self.component.group is None:
+            raise RuntimeError(
+                f"{self.component.name}.{self.name}() called before flow.plan(): the plan decides "
+                "where the group runs, so call flow.plan(placement) first"
+            )
+        return getattr(self.component.group, self.name)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<stage {self.component.name}.{self.name}>"
+
+
+class FlowGroup:
+    """A declared component. Attribute access gives stage references / group calls."""
+
+    def __init__(self, comp: Component):
+        self._comp = comp
+
+    @property
+    def name(self) -> str:
+        return self._comp.name
+
+    @property
+    def group(self) -> WorkerGroup:
+        if self._comp.group is None:
+            raise RuntimeError(f"{self._comp.name} is not launched yet: call flow.plan() first")
+        return self._comp.group
+
+    def __getattr__(self, attr: str) -> _Method:
+        if attr.startswith("_") or not callable(getattr(self._comp.cls, attr, None)):
+            raise AttributeError(f"{self._comp.cls.__name__} has no method {attr!r}")
+        return _Method(self._comp, attr)
+
+
+@dataclass
+class FlowResult:
+    outputs: list[Any]  # sink outputs, in batch order
+    measured_s: float
+    predicted_s: float
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+
+    def stage_seconds(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for r in self.timeline:
+            if r["kind"] == "run":
+                out[r["component"]] = out.get(r["component"], 0.0) + r["end"] - r["start"]
+        return out
+
+
+class Flow:
+    """The macro program: components, their data flow, the plan, and one-iteration execution."""
+
+    def __init__(self, cluster: Cluster, run_dir: str | Path | None = None, channel_capacity: int = 0):
+        self.cluster = cluster
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.components: dict[str, Component] = {}
+        self.stages: list[_Method] = []
+        self.plan_: Plan | None = None
+        self.profile_: Any = None
+        self.capacity = channel_capacity
+        self._id = uuid.uuid4().hex[:8]
+        self._iter = 0
+
+    # ------------------------------------------------------------------ declaration
+    def group(
+        self,
+        cls: type[Worker],
+        *args: Any,
+        name: str | None = None,
+        valid_devices: list[int] | None = None,
+        num_cpus: float = 0.0,
+        **kwargs: Any,
+    ) -> FlowGroup:
+        name = name or cls.__name__
+        if name in self.components:
+            raise ValueError(f"component name {name!r} is used twice; pass name= to tell them apart")
+        comp = Component(name, cls, args, kwargs, valid_devices, num_cpus)
+        self.components[name] = comp
+        return FlowGroup(comp)
+
+    def chain(self, *stages: _Method) -> None:
+        """Declare the data flow: each stage's outputs feed the next (the last is the sink)."""
+        if not stages:
+            raise ValueError("chain() needs at least one stage, e.g. flow.chain(rollout.generate, actor.train)")
+        for s in stages:
+            if not isinstance(s, _Method):
+                raise TypeError(f"chain() takes stage methods like rollout.generate, got {s!r}")
+        names = [s.component.name for s in stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a component appears twice in the chain {names}; use two components")
+        self.stages = list(stages)
+
+    @property
+    def edges(self) -> list[tuple[str, str]]:
+        n = [s.component.name for s in self.stages]
+        return list(zip(n, n[1:]))
+
+    # ------------------------------------------------------------------ planning
+    def plan(
+        self,
+        placement: str | Path = "auto",
+        *,
+        sample: list[Any] | None = None,
+        batch: int | None = None,
+        profile: Any = None,
+        micro_batch: int | None = None,
+        memory_gb: float | None = None,
+    ) -> Plan:
+        """Choose and apply a plan. ``placement``: auto | temporal | spatial | hybrid | a plan file.
+
+        ``sample`` (one iteration's items) is used to profile the components when no ``profile``
+        (a WorkloadProfile, a dict or a profile file) is given. ``batch`` defaults to len(sample).
+        """
+        from loomrl.plan.plan import Plan as PlanCls
+        from loomrl.plan.profile import load_profile
+        from loomrl.plan.search import search_all
+
+        if not self.stages:
+            raise ValueError("declare the data flow with flow.chain(...) before flow.plan()")
+        pinned: Plan | None = None
+        if str(placement) not in PLACEMENTS:
+            path = Path(placement)
+            if not path.exists():
+                raise PlanError(
+                    f"placement={str(placement)!r}: not one of {PLACEMENTS} and no such plan file"
+                )
+            pinned = PlanCls.load(path)
+            self._check_pinned(pinned)
+            self._launch(pinned)
+            self.plan_ = pinned
+            return pinned
+        if profile is None:
+            if sample is None:
+                raise ValueError(f"placement={placement!r} needs sample= (items of one iteration) to profile")
+            from loomrl.profiler import profile_flow
+
+            profile = profile_flow(self, sample, micro_batch=micro_batch, memory_gb=memory_gb)
+        elif not hasattr(profile, "components"):
+            profile = load_profile(profile)
+        self.profile_ = profile
+        if micro_batch is not None:
+            profile = _with_granularities(profile, [micro_batch])
+        result = search_all(profile)
+        chosen = result["best" if placement == "auto" else str(placement)]
+        if chosen is None:
+            from loomrl.plan.search import search
+
+            chosen = search(profile, mode=str(placement))  # raises PlanError naming the constraint
+        self._launch(chosen)
+        self.plan_ = chosen
+        return chosen
+
+    def _check_pinned(self, plan: Plan) -> None:
+        problems = []
+        comps = set(plan.assignment())
+        known = set(self.components)
+        for c in sorted(comps - known):
+            problems.append(f"the plan names component {c!r}, which this workflow does not have ({sorted(known)})")
+        for c in sorted({s.component.name for s in self.stages} - comps):
+            problems.append(f"the plan does not place component {c!r}")
+        if plan.devices > self.cluster.num_devices:
+            problems.append(
+                f"the plan uses {plan.devices} devices but the cluster has {self.cluster.num_devices}"
+            )
+        if problems:
+            raise PlanError("pinned plan does not match the workflow:\n  - " + "\n  - ".join(problems))
+
+    def _launch(self, plan: Plan) -> None:
+        """Start every component's group on the devices the plan gives it (replacing older groups)."""
+        assignment = plan.assignment()
+        for name, devs in assignment.items():
+            comp = self.components[name]
+            if comp.group is not None:
+                comp.group.kill()
+            comp.group = self.cluster.launch(
+                comp.cls, len(devs), *comp.args, devices=devs, name=name, num_cpus=comp.num_cpus, **comp.kwargs
+            )
+
+    def shutdown(self) -> None:
+        for comp in self.components.values():
+            if comp.group is not None:
+                comp.group.kill()
+                comp.group = None
+
+    # ------------------------------------------------------------------ execution
+    def run(self, items: list[Any], plan: Plan | None = None) -> FlowResult:
+        """Execute one iteration of the chain on ``items`` under the plan."""
+        from loomrl.channel import Channel
+
+        plan = plan or self.plan_
+        if plan is None:
+            raise RuntimeError("flow.run() before flow.plan(): choose a placement first")
+        M = len(items)
+        if M != plan.batch:
+            raise ValueError(f"flow.run got {M} items but the plan is for batch={plan.batch}")
+        ctx = _contexts(plan.tree)
+        names = [s.component.name for s in self.stages]
+        micro = {c: (plan.micro_batch if ctx[c][0] == "stream" else M) for c in names}
+        world = {c: self.components[c].group.world_size for c in names}
+        self._iter += 1
+        tag = f"flow-{self._id}-{self._iter}"
+        chans = [
+            Channel.create(f"{tag}-{i}", maxsize=0 if i == 0 else self.capacity) for i in range(len(names))
+        ]
+        t0 = time.time()
+        try:
+            # The driver feeds the first stage; every later hop is worker -> worker.
+            first = names[0]
+            by_key: dict[tuple[int, int], list[tuple[int, Any]]] = {}
+            for i, it in enumerate(items):
+                by_key.setdefault(_route(i, micro[first], world[first]), []).append((i, it))
+            for key, entries in by_key.items():
+                chans[0].put_many(entries, key=key, src="driver")
+            specs = {}
+            for j, c in enumerate(names):
+                nxt = names[j + 1] if j + 1 < len(names) else None
+                specs[c] = StageSpec(
+                    component=c,
+                    method=self.stages[j].name,
+                    in_channel=chans[j],
+                    out_channel=chans[j + 1] if nxt else None,
+                    batch=M,
+                    micro=micro[c],
+                    world=world[c],
+                    next_micro=micro[nxt] if nxt else 0,
+                    next_world=world[nxt] if nxt else 1,
+                    time_shared=ctx[c][1],
+                    lock_each=ctx[c][2],
+                    t0=t0,
+                )
+            results: dict[str, list[dict]] = {}
+            self._execute(plan.tree, "phase", specs, results)
+            measured = time.time() - t0
+        finally:
+            for ch in chans:
+                ch.delete()
+        sink = [x for r in results[names[-1]] for x in r["sink"]]
+        pairs = sorted((i, o) for idx, outs in sink for i, o in zip(idx, _as_list(outs, len(idx))))
+        timeline = [
+            {
+                "component": c,
+                "rank": r["rank"],
+                "devices": r["devices"],
+                "kind": kind,
+                "micro_batch": k,
+                "start": s - t0,
+                "end": e - t0,
+                "items": n,
+            }
+            for c, rs in results.items()
+            for r in rs
+            for (kind, k, s, e, n) in r["records"]
+        ]
+        return FlowResult([o for _, o in pairs], measured, plan.predicted_s, timeline)
+
+    def _execute(self, node: Node, context: str, specs: dict[str, StageSpec], results: dict) -> None:
+        if node.op == "leaf":
+            comp = self.components[node.component]
+            spec = specs.get(node.component)
+            if spec is None:
+                return
+            results[node.component] = wait(comp.group._call("_loom_run_stage", spec))
+            return
+        if node.op == "cycle":
+            raise PlanError("cycle nodes run through the embodied cycle runner, not flow.run()")
+        a, b = node.children
+        if node.op == "temporal" and context == "phase":
+            self._execute(a, "phase", specs, results)
+            self._execute(b, "phase", specs, results)
+            return
+        # spatial (either context) or co-resident temporal: both sides at once.
+        sub = "stream"
+        errors: list[BaseException] = []
+
+        def side(n: Node) -> None:
+            try:
+                self._execute(n, sub, specs, results)
+            except BaseException as e:  # surfaced below, in the driver thread
+                errors.append(e)
+
+        th = threading.Thread(target=side, args=(b,), daemon=True)
+        th.start()
+        side(a)
+        th.join()
+        if errors:
+            raise errors[0]
+
+
+def _as_list(outs: Any, n: int) -> list[Any]:
+    if isinstance(outs, list) and len(outs) == n:
+        return outs
+    return [outs] * n if n == 1 else [outs] + [None] * (n - 1)
+
+
+def _contexts(tree: Node) -> dict[str, tuple[str, bool, bool]]:
+    """component -> (context, time_shared, lock_each) from its position in the plan tree."""
+    out: dict[str, tuple[str, bool, bool]] = {}
+
+    def walk(n: Node, context: str, shared: bool, co: bool) -> None:
+        if n.op in ("leaf", "cycle"):
+            for c in n.components():
+                out[c] = (context, shared, co)
+            return
+        if n.op == "temporal" and context == "phase":
+            for ch in n.children:
+                walk(ch, "phase", True, co)
+        elif n.op == "temporal":
+            for ch in n.children:
+                walk(ch, "stream", shared, True)
+        else:
+            for ch in n.children:
+                walk(ch, "stream", shared, co)
+
+    walk(tree, "phase", False, False)
+    return out
+
+
+def _with_granularities(profile: Any, gran: list[int]) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(profile, granularities=list(gran))
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b) if b else math.inf  # type: ignore[return-value]

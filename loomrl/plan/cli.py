@@ -1,0 +1,151 @@
+"""``loomrl plan PROFILE --devices N``: print the best plan and how each pure mode compares.
+
+Exit status 0 on success, 2 when the profile is malformed or no plan fits (the
+message names the key or the component and the constraint; no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from loomrl.errors import ConfigError, PlanError
+
+__all__ = ["build_parser", "plan_main"]
+
+
+def build_parser(prog: str = "loomrl plan") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Find the fastest temporal / spatial / hybrid plan for a workload profile.",
+    )
+    p.add_argument("profile", help="workload profile (YAML or JSON)")
+    p.add_argument("--devices", type=int, default=None, help="number of devices (default: the profile's)")
+    p.add_argument("--mode", choices=["best", "temporal", "spatial", "hybrid"], default="best",
+                   help="restrict the chosen plan to one mode")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="brute force every plan (reference; small instances only)")
+    p.add_argument("--simulate", action="store_true",
+                   help="also simulate the plan (discrete events) and print mean/p95 vs analytic")
+    p.add_argument("--sigma", type=float, default=0.3,
+                   help="log-normal spread of call durations for --simulate (default 0.3)")
+    p.add_argument("--iterations", type=int, default=200, help="iterations for --simulate")
+    p.add_argument("--channel-capacity", type=int, default=None,
+                   help="micro-batches a channel holds in --simulate (default unbounded)")
+    p.add_argument("--timeline", metavar="PNG", default=None, help="draw the predicted timeline")
+    p.add_argument("--save", metavar="PATH", default=None, help="write the plan (.json or .yaml)")
+    return p
+
+
+def plan_main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (ConfigError, PlanError) as e:
+        kind = "invalid profile" if isinstance(e, ConfigError) else "no plan fits"
+        print(f"loomrl plan: {kind}: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from loomrl.plan.profile import load_profile
+    from loomrl.plan.search import MODES, exhaustive, search_all
+
+    if args.devices is not None and args.devices < 1:
+        raise ConfigError([f"--devices must be a positive integer, got {args.devices}"])
+    profile = load_profile(args.profile, devices=args.devices)
+    if args.exhaustive:
+        plans: dict = {}
+        for mode in ("best", *MODES):
+            try:
+                plans[mode] = exhaustive(profile, mode=mode)
+            except PlanError:
+                if mode == "best":
+                    raise
+                plans[mode] = None
+        modes = {k: (plans[k].predicted_s if plans[k] else None) for k in MODES}
+        plans = {k: (replace(v, modes=modes) if v else None) for k, v in plans.items()}
+    else:
+        plans = search_all(profile)
+    plan = plans[args.mode]
+    if plan is None:
+        from loomrl.plan.search import _diagnose
+
+        raise PlanError(_diagnose(profile, profile.devices, args.mode))
+    sim = None
+    if args.simulate:
+        from loomrl.plan.simulate import simulate
+
+        sim = simulate(plan, profile, sigma=args.sigma, iterations=args.iterations,
+                       channel_capacity=args.channel_capacity)
+    if args.timeline:
+        from loomrl.plan.timeline import draw_timeline
+
+        draw_timeline(plan, args.timeline, title=f"{args.profile}: {plan.mode} plan")
+    if args.save:
+        plan.save(args.save)
+    if args.json:
+        out = plan.to_dict()
+        out["profile"] = str(args.profile)
+        out["plans"] = {k: (v.to_dict() | {"timeline": []} if v else None) for k, v in plans.items() if k != "best"}
+        if sim is not None:
+            out["simulated"] = {
+                "mean_s": sim.mean_s,
+                "p95_s": sim.p95_s,
+                "analytic_s": sim.analytic_s,
+                "sigma": args.sigma,
+                "iterations": args.iterations,
+            }
+        print(json.dumps(out, indent=2))
+        return 0
+    print(_human(args, profile, plan, sim))
+    return 0
+
+
+def _human(args, profile, plan, sim) -> str:
+    lines = [
+        f"profile {args.profile}: {len(profile.components)} components, {plan.devices} devices, "
+        f"batch {profile.batch}",
+        f"best plan ({plan.mode}{', exhaustive search' if plan.method == 'exhaustive' else ''}): "
+        f"{plan.predicted_s:.4f} s/iteration, micro-batch {plan.micro_batch} "
+        f"({plan.num_micro_batches} micro-batches), peak memory {plan.memory_gb:.1f} GB/device",
+        plan.tree.pretty(1),
+        "devices per component:",
+    ]
+    width = max(len(c) for c in profile.components)
+    for comp, devs in plan.assignment().items():
+        lines.append(f"  {comp:<{width}}  {_ranges(devs)}")
+    lines.append("pure modes (predicted s/iteration, slowdown vs best):")
+    best = plan.modes.get("temporal"), plan.modes.get("spatial"), plan.modes.get("hybrid")
+    ref = min(v for v in [*best, plan.predicted_s] if v is not None)
+    for mode in ("temporal", "spatial", "hybrid"):
+        v = plan.modes.get(mode)
+        if v is None:
+            lines.append(f"  {mode:<8}  infeasible")
+        else:
+            lines.append(f"  {mode:<8}  {v:10.4f} s  {v / ref:6.3f}x")
+    if sim is not None:
+        lines.append(
+            f"simulated ({len(sim.times)} iterations, sigma {args.sigma}): mean {sim.mean_s:.4f} s, "
+            f"p95 {sim.p95_s:.4f} s, analytic {sim.analytic_s:.4f} s"
+        )
+    lines.append(f"search time {plan.search_s:.4f} s")
+    return "\n".join(lines)
+
+
+def _ranges(devs: list[int]) -> str:
+    if not devs:
+        return "-"
+    out, start, prev = [], devs[0], devs[0]
+    for d in devs[1:] + [None]:  # type: ignore[list-item]
+        if d is not None and d == prev + 1:
+            prev = d
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if d is not None:
+            start = prev = d
+    return ",".join(out)

@@ -1,0 +1,353 @@
+"""Plan trees and the frozen, printable ``Plan`` the planner returns.
+
+A plan is a binary tree over the workflow (``leaf`` / ``temporal`` / ``spatial``
+nodes, plus ``cycle`` nodes for collapsed 2-cycles) and one micro-batch size.
+Every node owns a contiguous device range ``[start, start + n)``. Build trees
+with :func:`leaf`, :func:`temporal`, :func:`spatial`, :func:`cycle` and place
+them with :func:`layout`; cost them with ``loomrl.plan.cost.evaluate``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Interval",
+    "Node",
+    "Plan",
+    "cycle",
+    "layout",
+    "leaf",
+    "mode_of",
+    "spatial",
+    "temporal",
+]
+
+OPS = ("leaf", "temporal", "spatial", "cycle")
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of a plan tree.
+
+    ``n`` devices starting at ``start``. A leaf runs on its first ``used`` devices
+    (``used <= n``; None lets ``evaluate`` pick the best valid count). A cycle
+    node runs ``members`` either co-located on its first ``used`` devices
+    (``split`` None) or split into ``split[0]`` + ``split[1]`` devices with
+    ``groups`` batch groups taking turns.
+    """
+
+    op: str
+    n: int
+    start: int = 0
+    component: str | None = None
+    children: tuple[Node, ...] = ()
+    used: int | None = None
+    members: tuple[str, ...] = ()
+    split: tuple[int, int] | None = None
+    groups: int = 1
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"Node.op must be one of {OPS}, got {self.op!r}")
+        if self.op in ("temporal", "spatial") and len(self.children) != 2:
+            raise ValueError(f"a {self.op} node needs exactly 2 children, got {len(self.children)}")
+
+    @property
+    def devices(self) -> list[int]:
+        """Device indices of this node's range (for a leaf: the ones it runs on)."""
+        if self.op == "leaf":
+            return list(range(self.start, self.start + (self.used or self.n)))
+        return list(range(self.start, self.start + self.n))
+
+    def leaves(self) -> list[Node]:
+        if self.op in ("leaf", "cycle"):
+            return [self]
+        return [x for c in self.children for x in c.leaves()]
+
+    def components(self) -> list[str]:
+        out: list[str] = []
+        for x in self.leaves():
+            out.extend(x.members if x.op == "cycle" else [x.component])  # type: ignore[list-item]
+        return out
+
+    def member_devices(self) -> dict[str, list[int]]:
+        """For a leaf or cycle node: component -> device indices it runs on."""
+        if self.op == "leaf":
+            return {self.component: self.devices}  # type: ignore[dict-item]
+        if self.op == "cycle":
+            if self.split is None:
+                devs = list(range(self.start, self.start + (self.used or self.n)))
+                return {m: devs for m in self.members}
+            a, b = self.split
+            return {
+                self.members[0]: list(range(self.start, self.start + a)),
+                self.members[1]: list(range(self.start + a, self.start + a + b)),
+            }
+        raise ValueError("member_devices is defined for leaf and cycle nodes")
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"op": self.op, "n": self.n, "devices": self.devices}
+        if self.op == "leaf":
+            d["component"] = self.component
+            d["used"] = self.used
+        elif self.op == "cycle":
+            d["component"] = self.component
+            d["members"] = list(self.members)
+            d["split"] = list(self.split) if self.split else None
+            d["groups"] = self.groups
+            d["used"] = self.used
+            d["member_devices"] = self.member_devices()
+        d["children"] = [c.to_dict() for c in self.children]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Node:
+        devs = d.get("devices") or [0]
+        return cls(
+            op=d["op"],
+            n=int(d.get("n", len(devs))),
+            start=int(devs[0]) if devs else 0,
+            component=d.get("component"),
+            children=tuple(cls.from_dict(c) for c in d.get("children", [])),
+            used=d.get("used"),
+            members=tuple(d.get("members") or ()),
+            split=tuple(d["split"]) if d.get("split") else None,  # type: ignore[arg-type]
+            groups=int(d.get("groups", 1)),
+        )
+
+    def label(self) -> str:
+        r = f"[{self.start}..{self.start + self.n - 1}]" if self.n > 1 else f"[{self.start}]"
+        if self.op == "leaf":
+            u = self.used or self.n
+            idle = f", {self.n - u} idle" if u < self.n else ""
+            return f"{self.component}  devices {_rng(self.start, u)} ({u} dev{idle})"
+        if self.op == "cycle":
+            if self.split is None:
+                u = self.used or self.n
+                return f"cycle {self.component} co-located on {_rng(self.start, u)}"
+            a, b = self.split
+            return (
+                f"cycle {self.component} split {self.members[0]} {_rng(self.start, a)} | "
+                f"{self.members[1]} {_rng(self.start + a, b)}, {self.groups} group(s)"
+            )
+        return f"{self.op} {r} ({self.n} dev)"
+
+    def pretty(self, indent: int = 0) -> str:
+        lines = ["  " * indent + self.label()]
+        for c in self.children:
+            lines.append(c.pretty(indent + 1))
+        return "\n".join(lines)
+
+
+def _rng(start: int, n: int) -> str:
+    return f"[{start}]" if n == 1 else f"[{start}..{start + n - 1}]"
+
+
+# ----------------------------------------------------------------------- builders
+
+
+def leaf(component: str, n: int, used: int | None = None) -> Node:
+    """``component`` given ``n`` devices, running on ``used`` of them (None: best valid count)."""
+    return Node("leaf", int(n), component=component, used=used)
+
+
+def temporal(a: Node, b: Node) -> Node:
+    """``a`` then ``b`` on the same devices (``a`` upstream)."""
+    return Node("temporal", max(a.n, b.n), children=(a, b))
+
+
+def spatial(a: Node, b: Node, n: int | None = None) -> Node:
+    """``a`` and ``b`` concurrently on disjoint devices (``a`` upstream), streaming micro-batches."""
+    return Node("spatial", int(n if n is not None else a.n + b.n), children=(a, b))
+
+
+def cycle(
+    a: str,
+    b: str,
+    n: int,
+    split: tuple[int, int] | None = None,
+    groups: int = 1,
+    used: int | None = None,
+) -> Node:
+    """The 2-cycle ``a <-> b`` on ``n`` devices: co-located (``split`` None) or split with ``groups`` ring groups."""
+    return Node(
+        "cycle", int(n), component=f"{a}<->{b}", members=(a, b), split=split, groups=groups, used=used
+    )
+
+
+def layout(node: Node, start: int = 0, devices_per_node: int | None = None) -> Node:
+    """Assign contiguous device ranges top-down.
+
+    Spatial children get disjoint ranges; the downstream child starts on a node
+    boundary when ``devices_per_node`` is given and the room allows it.
+    """
+    if node.op in ("leaf", "cycle"):
+        return replace(node, start=start)
+    a, b = node.children
+    if node.op == "temporal":
+        return replace(
+            node,
+            start=start,
+            children=(layout(a, start, devices_per_node), layout(b, start, devices_per_node)),
+        )
+    off = a.n
+    if devices_per_node and off % devices_per_node:
+        aligned = -(-off // devices_per_node) * devices_per_node
+        if aligned + b.n <= node.n:
+            off = aligned
+    return replace(
+        node,
+        start=start,
+        children=(layout(a, start, devices_per_node), layout(b, start + off, devices_per_node)),
+    )
+
+
+def mode_of(node: Node) -> str:
+    """'temporal', 'spatial' or 'hybrid' from the kinds of nodes the tree uses.
+
+    Co-located cycles count as temporal, split cycles as spatial; a single leaf is temporal.
+    """
+    kinds = _kinds(node)
+    if kinds == 3:
+        return "hybrid"
+    return "spatial" if kinds == 2 else "temporal"
+
+
+def _kinds(node: Node) -> int:
+    if node.op == "leaf":
+        return 0
+    if node.op == "cycle":
+        return 1 if node.split is None else 2
+    own = 1 if node.op == "temporal" else 2
+    return own | _kinds(node.children[0]) | _kinds(node.children[1])
+
+
+# ----------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One predicted (or measured) busy interval of a component on a device range."""
+
+    component: str
+    devices: tuple[int, int]  # [first, last + 1)
+    start: float
+    end: float
+    micro_batch: int  # -1 for an offload/onload switch
+    kind: str = "run"  # "run" | "switch"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The planner's answer: a laid-out tree, micro-batch size and predicted iteration time."""
+
+    tree: Node
+    micro_batch: int
+    predicted_s: float
+    devices: int
+    batch: int
+    mode: str
+    memory_gb: float = 0.0
+    modes: dict[str, float | None] = field(default_factory=dict, compare=False)
+    search_s: float = field(default=0.0, compare=False)
+    timeline: tuple[Interval, ...] = field(default=(), compare=False)
+    method: str = field(default="dp", compare=False)
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.batch // self.micro_batch
+
+    def assignment(self) -> dict[str, list[int]]:
+        """component -> device indices it runs on."""
+        out: dict[str, list[int]] = {}
+        for x in self.tree.leaves():
+            out.update(x.member_devices())
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "predicted_s": self.predicted_s,
+            "micro_batch": self.micro_batch,
+            "num_micro_batches": self.num_micro_batches,
+            "batch": self.batch,
+            "devices": self.devices,
+            "mode": self.mode,
+            "memory_gb": self.memory_gb,
+            "tree": self.tree.to_dict(),
+            "assignment": self.assignment(),
+            "modes": dict(self.modes),
+            "search_s": self.search_s,
+            "method": self.method,
+            "timeline": [
+                {
+                    "component": i.component,
+                    "devices": list(i.devices),
+                    "start": i.start,
+                    "end": i.end,
+                    "micro_batch": i.micro_batch,
+                    "kind": i.kind,
+                }
+                for i in self.timeline
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        return cls(
+            tree=Node.from_dict(d["tree"]),
+            micro_batch=int(d["micro_batch"]),
+            predicted_s=float(d["predicted_s"]),
+            devices=int(d.get("devices", len(d["tree"].get("devices", [])))),
+            batch=int(d.get("batch", d["micro_batch"])),
+            mode=d.get("mode", "hybrid"),
+            memory_gb=float(d.get("memory_gb", 0.0)),
+            modes=dict(d.get("modes", {})),
+            search_s=float(d.get("search_s", 0.0)),
+            timeline=tuple(
+                Interval(
+                    i["component"],
+                    tuple(i["devices"]),  # type: ignore[arg-type]
+                    float(i["start"]),
+                    float(i["end"]),
+                    int(i["micro_batch"]),
+                    i.get("kind", "run"),
+                )
+                for i in d.get("timeline", [])
+            ),
+            method=d.get("method", "dp"),
+        )
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def save(self, path: str | Path) -> None:
+        """Write JSON (``.json``) or YAML (anything else)."""
+        p = Path(path)
+        if p.suffix == ".json":
+            p.write_text(self.to_json())
+        else:
+            import yaml
+
+            p.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        p = Path(path)
+        if p.suffix == ".json":
+            return cls.from_dict(json.loads(p.read_text()))
+        import yaml
+
+        return cls.from_dict(yaml.safe_load(p.read_text()))
+
+    def __str__(self) -> str:
+        lines = [
+            f"plan ({self.mode}) on {self.devices} devices: micro-batch {self.micro_batch} "
+            f"({self.num_micro_batches} micro-batches of batch {self.batch}), "
+            f"predicted {self.predicted_s:.4f} s/iteration, peak memory {self.memory_gb:.1f} GB/device",
+            self.tree.pretty(1),
+        ]
+        return "\n".join(lines)

@@ -1,0 +1,586 @@
+"""Workload profiles: what each component costs, read from YAML/JSON or fitted from measurements.
+
+A profile says, for every component, how long one call on ``x`` items takes with
+``n`` devices (``t(n, x) = alpha + x * per_item[n]``), how much memory it keeps
+resident per device, what an offload+onload costs, and (optionally) how many CPU
+cores it needs. This module knows nothing about plans; it never imports torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loomrl.errors import ConfigError
+
+__all__ = [
+    "ComponentProfile",
+    "CycleSpec",
+    "FitReport",
+    "WorkloadProfile",
+    "fit_component",
+    "fit_profile",
+    "load_profile",
+]
+
+# Extrapolating a fitted scaling law further than this factor beyond the largest
+# measured device count is unreliable enough to say so.
+EXTRAPOLATION_WARN_FACTOR = 8
+
+
+@dataclass(frozen=True)
+class ComponentProfile:
+    """Cost model of one component.
+
+    ``per_item``, ``memory_gb`` and ``cpu_cores`` are keyed by device count and
+    cover every entry of ``valid_devices``.
+    """
+
+    name: str
+    valid_devices: tuple[int, ...]
+    alpha: float
+    per_item: dict[int, float]
+    memory_gb: dict[int, float]
+    switch_s: float = 0.0
+    cpu_cores: dict[int, int] | None = None
+
+    def time(self, n: int, items: float) -> float:
+        """Seconds for one call on ``items`` items with ``n`` devices."""
+        return self.alpha + items * self.per_item[n]
+
+    def cores(self, n: int) -> int:
+        return 0 if self.cpu_cores is None else int(self.cpu_cores[n])
+
+
+@dataclass(frozen=True)
+class CycleSpec:
+    """A 2-cycle ``members[0] <-> members[1]`` run for ``steps`` steps per iteration."""
+
+    members: tuple[str, str]
+    steps: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.members[0]}<->{self.members[1]}"
+
+
+@dataclass(frozen=True)
+class WorkloadProfile:
+    devices: int
+    device_memory_gb: float
+    batch: int
+    granularities: tuple[int, ...]
+    components: dict[str, ComponentProfile]
+    edges: tuple[tuple[str, str], ...] = ()
+    cycles: tuple[CycleSpec, ...] = ()
+    cpu_cores_per_node: int | None = None
+    devices_per_node: int | None = None
+    fit_reports: tuple[FitReport, ...] = field(default=(), compare=False)
+
+    @property
+    def nodes(self) -> int:
+        if not self.devices_per_node:
+            return 1
+        return max(1, math.ceil(self.devices / self.devices_per_node))
+
+    @property
+    def cpu_core_budget(self) -> float:
+        """Cores available to concurrently running components (inf when unconstrained)."""
+        if self.cpu_cores_per_node is None:
+            return math.inf
+        return float(self.cpu_cores_per_node * self.nodes)
+
+    def with_devices(self, devices: int) -> WorkloadProfile:
+        from dataclasses import replace
+
+        return replace(self, devices=int(devices))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "devices": self.devices,
+            "device_memory_gb": self.device_memory_gb,
+            "batch": self.batch,
+            "granularities": list(self.granularities),
+            "components": {},
+            "edges": [list(e) for e in self.edges],
+            "cycles": [{"members": list(c.members), "steps": c.steps} for c in self.cycles],
+        }
+        if self.cpu_cores_per_node is not None:
+            out["cpu_cores_per_node"] = self.cpu_cores_per_node
+        if self.devices_per_node is not None:
+            out["devices_per_node"] = self.devices_per_node
+        for name, c in self.components.items():
+            d: dict[str, Any] = {
+                "valid_devices": list(c.valid_devices),
+                "time": {"alpha": c.alpha, "per_item": dict(c.per_item)},
+                "memory_gb": dict(c.memory_gb),
+                "switch_s": c.switch_s,
+            }
+            if c.cpu_cores is not None:
+                d["cpu_cores"] = dict(c.cpu_cores)
+            out["components"][name] = d
+        return out
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """How well ``t(n, x) = alpha + x * per_item[n]`` matches the measured samples."""
+
+    component: str
+    n_samples: int
+    measured_devices: tuple[int, ...]
+    extrapolated_devices: tuple[int, ...]
+    exponent: float  # per_item(n) ~ c * n ** -exponent
+    rel_err_mean: float
+    rel_err_max: float
+    memory_rel_err_max: float
+
+    def __str__(self) -> str:
+        return (
+            f"{self.component}: {self.n_samples} samples, mean rel. error "
+            f"{100 * self.rel_err_mean:.2f}%, max {100 * self.rel_err_max:.2f}%, "
+            f"per_item ~ n^-{self.exponent:.3f}, extrapolated to {list(self.extrapolated_devices)}"
+        )
+
+
+# --------------------------------------------------------------------------- loading
+
+_TOP_KEYS = {
+    "devices",
+    "device_memory_gb",
+    "batch",
+    "granularities",
+    "components",
+    "edges",
+    "cycles",
+    "cpu_cores_per_node",
+    "devices_per_node",
+}
+_COMPONENT_KEYS = {"valid_devices", "time", "memory_gb", "switch_s", "cpu_cores", "samples"}
+_TIME_KEYS = {"alpha", "per_item"}
+_CYCLE_KEYS = {"members", "steps"}
+
+
+def _unknown(keys: Iterable[str], known: set[str], where: str, problems: list[str]) -> None:
+    for k in keys:
+        if k not in known:
+            close = difflib.get_close_matches(str(k), sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {sorted(known)}"
+            problems.append(f"{where}: unknown key {k!r}{hint}")
+
+
+def _int_map(raw: Any, where: str, problems: list[str], cast=float) -> dict[int, Any] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        problems.append(f"{where} must be a mapping from device count to value, got {raw!r}")
+        return None
+    out = {}
+    for k, v in raw.items():
+        try:
+            out[int(k)] = cast(v)
+        except (TypeError, ValueError):
+            problems.append(f"{where}[{k!r}] = {v!r} is not a number")
+    return out
+
+
+def _positive_int(raw: Any, key: str, problems: list[str]) -> int | None:
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        problems.append(f"{key} must be a positive integer, got {raw!r}")
+        return None
+    return raw
+
+
+def load_profile(source: str | Path | Mapping[str, Any], devices: int | None = None) -> WorkloadProfile:
+    """Read and validate a profile from a YAML/JSON file path or an already-parsed dict.
+
+    Every problem found is reported at once in one :class:`ConfigError`.
+    ``devices`` overrides the profile's device count (the CLI's ``--devices``).
+    """
+    where = "profile"
+    if isinstance(source, Mapping):
+        raw = dict(source)
+    else:
+        path = Path(source)
+        where = str(path)
+        if not path.exists():
+            raise ConfigError([f"profile file {str(path)!r} does not exist"], source=where)
+        text = path.read_text()
+        try:
+            if path.suffix == ".json":
+                raw = json.loads(text)
+            else:
+                import yaml
+
+                raw = yaml.safe_load(text)
+        except Exception as e:  # malformed syntax: say where, not a traceback
+            raise ConfigError([f"cannot parse {path.name}: {e}"], source=where) from None
+    if not isinstance(raw, Mapping):
+        raise ConfigError([f"the profile must be a mapping, got {type(raw).__name__}"], source=where)
+    if devices is not None:
+        raw["devices"] = devices
+    return _build(raw, where)
+
+
+def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
+    problems: list[str] = []
+    _unknown(raw.keys(), _TOP_KEYS, "top level", problems)
+    for key in ("devices", "device_memory_gb", "batch", "components"):
+        if key not in raw:
+            problems.append(f"missing required key {key!r}")
+    n_dev = _positive_int(raw.get("devices", 1), "devices", problems)
+    mem_cap = raw.get("device_memory_gb", 0)
+    if not isinstance(mem_cap, (int, float)) or isinstance(mem_cap, bool) or mem_cap <= 0:
+        problems.append(f"device_memory_gb must be a positive number, got {mem_cap!r}")
+        mem_cap = math.inf
+    batch = _positive_int(raw.get("batch", 1), "batch", problems) or 1
+    grans = raw.get("granularities", [batch])
+    if not isinstance(grans, Sequence) or isinstance(grans, str) or not grans:
+        problems.append(f"granularities must be a non-empty list of integers, got {grans!r}")
+        grans = [batch]
+    good_grans = []
+    for g in grans:
+        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+            problems.append(f"granularities: {g!r} is not a positive integer")
+        elif batch % g:
+            divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+            problems.append(
+                f"granularities: {g} does not divide batch={batch}; use one of {divisors}"
+            )
+        else:
+            good_grans.append(g)
+    cores_per_node = raw.get("cpu_cores_per_node")
+    if cores_per_node is not None:
+        cores_per_node = _positive_int(cores_per_node, "cpu_cores_per_node", problems)
+    dpn = raw.get("devices_per_node")
+    if dpn is not None:
+        dpn = _positive_int(dpn, "devices_per_node", problems)
+
+    comps_raw = raw.get("components") or {}
+    if not isinstance(comps_raw, Mapping) or not comps_raw:
+        problems.append("components must be a non-empty mapping of name -> component")
+        comps_raw = {}
+    components: dict[str, ComponentProfile] = {}
+    reports: list[FitReport] = []
+    for name, craw in comps_raw.items():
+        comp, rep = _build_component(str(name), craw, problems)
+        if comp is not None:
+            components[str(name)] = comp
+        if rep is not None:
+            reports.append(rep)
+
+    names = set(comps_raw.keys())
+    edges: list[tuple[str, str]] = []
+    for e in raw.get("edges") or []:
+        if not isinstance(e, Sequence) or isinstance(e, str) or len(e) != 2:
+            problems.append(f"edges: {e!r} is not a pair [source, destination]")
+            continue
+        bad = False
+        for v in e:
+            if v not in names:
+                close = difflib.get_close_matches(str(v), sorted(names), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                problems.append(f"edges: {list(e)} names unknown component {v!r}{hint}")
+                bad = True
+        if e[0] == e[1]:
+            problems.append(f"edges: self-loop {list(e)} is not allowed")
+            bad = True
+        if not bad:
+            edges.append((str(e[0]), str(e[1])))
+
+    cycles: list[CycleSpec] = []
+    for i, c in enumerate(raw.get("cycles") or []):
+        if not isinstance(c, Mapping):
+            problems.append(f"cycles[{i}] must be a mapping {{members: [a, b], steps: S}}, got {c!r}")
+            continue
+        _unknown(c.keys(), _CYCLE_KEYS, f"cycles[{i}]", problems)
+        members = c.get("members")
+        if not isinstance(members, Sequence) or isinstance(members, str) or len(members) != 2:
+            problems.append(
+                f"cycles[{i}].members must list exactly 2 components (a 2-cycle), got {members!r}"
+            )
+            continue
+        for v in members:
+            if v not in names:
+                problems.append(f"cycles[{i}].members names unknown component {v!r}")
+        steps = _positive_int(c.get("steps"), f"cycles[{i}].steps", problems)
+        if steps and all(v in names for v in members):
+            cycles.append(CycleSpec((str(members[0]), str(members[1])), steps))
+    seen: dict[str, int] = {}
+    for i, c in enumerate(cycles):
+        for v in c.members:
+            if v in seen:
+                problems.append(f"component {v!r} is in cycles[{seen[v]}] and cycles[{i}]; a component may join one cycle")
+            seen[v] = i
+
+    if not problems:
+        from loomrl.plan.graph import undeclared_cycles
+
+        for scc in undeclared_cycles(list(components), edges, cycles):
+            problems.append(
+                f"edges form a cycle among {sorted(scc)} that is not declared under 'cycles'; "
+                f"declare it as {{members: [a, b], steps: S}} (2-cycles only) or remove an edge"
+            )
+    if problems:
+        raise ConfigError(problems, source=where)
+    return WorkloadProfile(
+        devices=int(n_dev or 1),
+        device_memory_gb=float(mem_cap),
+        batch=batch,
+        granularities=tuple(sorted(set(good_grans))),
+        components=components,
+        edges=tuple(edges),
+        cycles=tuple(cycles),
+        cpu_cores_per_node=cores_per_node,
+        devices_per_node=dpn,
+        fit_reports=tuple(reports),
+    )
+
+
+def _build_component(
+    name: str, craw: Any, problems: list[str]
+) -> tuple[ComponentProfile | None, FitReport | None]:
+    where = f"components.{name}"
+    if not isinstance(craw, Mapping):
+        problems.append(f"{where} must be a mapping, got {craw!r}")
+        return None, None
+    _unknown(craw.keys(), _COMPONENT_KEYS, where, problems)
+    valid = craw.get("valid_devices")
+    if (
+        not isinstance(valid, Sequence)
+        or isinstance(valid, str)
+        or not valid
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in valid)
+    ):
+        problems.append(f"{where}.valid_devices must be a non-empty list of positive integers, got {valid!r}")
+        return None, None
+    valid_t = tuple(sorted(set(valid)))
+    time_raw = craw.get("time") or {}
+    if not isinstance(time_raw, Mapping):
+        problems.append(f"{where}.time must be a mapping {{alpha, per_item}}, got {time_raw!r}")
+        time_raw = {}
+    _unknown(time_raw.keys(), _TIME_KEYS, f"{where}.time", problems)
+    alpha = time_raw.get("alpha", 0.0)
+    if not isinstance(alpha, (int, float)) or alpha < 0:
+        problems.append(f"{where}.time.alpha must be a non-negative number, got {alpha!r}")
+        alpha = 0.0
+    per_item = _int_map(time_raw.get("per_item"), f"{where}.time.per_item", problems) or {}
+    mem_raw = craw.get("memory_gb", 0.0)
+    if isinstance(mem_raw, (int, float)) and not isinstance(mem_raw, bool):
+        memory = {n: float(mem_raw) for n in valid_t}
+    else:
+        memory = _int_map(mem_raw, f"{where}.memory_gb", problems) or {}
+    switch = craw.get("switch_s", 0.0)
+    if not isinstance(switch, (int, float)) or switch < 0:
+        problems.append(f"{where}.switch_s must be a non-negative number, got {switch!r}")
+        switch = 0.0
+    cores_raw = craw.get("cpu_cores")
+    if isinstance(cores_raw, int) and not isinstance(cores_raw, bool):
+        cores: dict[int, int] | None = {n: cores_raw for n in valid_t}
+    else:
+        cores = _int_map(cores_raw, f"{where}.cpu_cores", problems, cast=int)
+
+    report = None
+    missing_t = [n for n in valid_t if n not in per_item]
+    missing_m = [n for n in valid_t if n not in memory]
+    samples = craw.get("samples")
+    if (missing_t or missing_m) and samples:
+        try:
+            rows = [(name, int(s[0]), float(s[1]), float(s[2]), float(s[3])) for s in samples]
+        except (TypeError, ValueError, IndexError):
+            problems.append(f"{where}.samples rows must be [n_devices, items, seconds, peak_memory_gb]")
+            return None, None
+        fitted, report = fit_component(rows, valid_devices=valid_t, switch_s=float(switch))
+        if not per_item:
+            alpha = fitted.alpha
+        per_item = {**{n: fitted.per_item[n] for n in missing_t}, **per_item}
+        memory = {**{n: fitted.memory_gb[n] for n in missing_m}, **memory}
+        missing_t, missing_m = [], []
+    if missing_t:
+        problems.append(
+            f"{where}.time.per_item has no cost for valid device count(s) {missing_t} and there are "
+            f"no samples to fit it from; add them to per_item, drop them from valid_devices, or add samples"
+        )
+    if missing_m:
+        problems.append(
+            f"{where}.memory_gb has no value for valid device count(s) {missing_m}; add them or give one number"
+        )
+    if cores is not None:
+        miss_c = [n for n in valid_t if n not in cores]
+        if miss_c:
+            problems.append(f"{where}.cpu_cores has no value for valid device count(s) {miss_c}")
+    for n, v in per_item.items():
+        if v < 0:
+            problems.append(f"{where}.time.per_item[{n}] = {v} is negative")
+    if missing_t or missing_m:
+        return None, report
+    return (
+        ComponentProfile(
+            name=name,
+            valid_devices=valid_t,
+            alpha=float(alpha),
+            per_item={n: float(per_item[n]) for n in valid_t},
+            memory_gb={n: float(memory[n]) for n in valid_t},
+            switch_s=float(switch),
+            cpu_cores=None if cores is None else {n: int(cores.get(n, 0)) for n in valid_t},
+        ),
+        report,
+    )
+
+
+# --------------------------------------------------------------------------- fitting
+
+Sample = tuple[str, int, float, float, float]  # (component, n_devices, items, seconds, peak_memory_gb)
+
+
+def fit_component(
+    samples: Sequence[Sample],
+    valid_devices: Sequence[int] | None = None,
+    switch_s: float = 0.0,
+    cpu_cores: dict[int, int] | None = None,
+) -> tuple[ComponentProfile, FitReport]:
+    """Fit ``t(n, x) = alpha + x * per_item[n]`` and ``memory(n) = a + b / n`` to samples.
+
+    ``alpha`` and one ``per_item[n]`` per measured ``n`` come from one linear least
+    squares; unmeasured ``n`` in ``valid_devices`` are extrapolated with the power
+    law ``per_item(n) = c * n ** -p`` fitted in log-log space over the measured n.
+    """
+    if not samples:
+        raise ConfigError(["fit_component needs at least one sample"])
+    names = {s[0] for s in samples}
+    if len(names) != 1:
+        raise ConfigError([f"fit_component takes samples of one component, got {sorted(names)}"])
+    name = samples[0][0]
+    ns = np.array([int(s[1]) for s in samples])
+    xs = np.array([float(s[2]) for s in samples])
+    ts = np.array([float(s[3]) for s in samples])
+    mem = np.array([float(s[4]) for s in samples])
+    measured = sorted(set(ns.tolist()))
+    # Design: [1, x * [n == n_1], x * [n == n_2], ...]; alpha is shared by all n.
+    cols = [np.ones_like(xs)] + [xs * (ns == n) for n in measured]
+    design = np.stack(cols, axis=1)
+    coef, *_ = np.linalg.lstsq(design, ts, rcond=None)
+    alpha = float(coef[0])
+    if alpha < 0:  # a negative fixed cost is unphysical; refit through the origin
+        coef2, *_ = np.linalg.lstsq(design[:, 1:], ts, rcond=None)
+        alpha, coef = 0.0, np.concatenate([[0.0], coef2])
+    measured_per = {n: max(float(c), 0.0) for n, c in zip(measured, coef[1:])}
+    pos = [(n, v) for n, v in measured_per.items() if v > 0]
+    if len(pos) >= 2:
+        ln = np.log([n for n, _ in pos])
+        lv = np.log([v for _, v in pos])
+        slope, intercept = np.polyfit(ln, lv, 1)
+        exponent, scale = float(-slope), float(np.exp(intercept))
+    else:  # one device count measured: assume ideal scaling
+        n0, v0 = (pos[0] if pos else (measured[0], 0.0))
+        exponent, scale = 1.0, v0 * n0
+    # memory(n) = a + b / n (a: replicated state, b: sharded state)
+    if len(measured) >= 2:
+        md = np.stack([np.ones_like(mem), 1.0 / ns], axis=1)
+        (ma, mb), *_ = np.linalg.lstsq(md, mem, rcond=None)
+    else:
+        ma, mb = float(mem.max()), 0.0
+    valid = tuple(sorted(set(valid_devices))) if valid_devices else tuple(measured)
+    per_item: dict[int, float] = {}
+    memory: dict[int, float] = {}
+    extrap = []
+    for n in valid:
+        if n in measured_per:
+            per_item[n] = measured_per[n]
+            memory[n] = float(mem[ns == n].max())
+        else:
+            extrap.append(n)
+            per_item[n] = scale * n**-exponent
+            memory[n] = max(float(ma + mb / n), 0.0)
+    far = [n for n in extrap if n > EXTRAPOLATION_WARN_FACTOR * max(measured)]
+    if far:
+        warnings.warn(
+            f"component {name!r}: extrapolating per_item to n={far}, more than "
+            f"{EXTRAPOLATION_WARN_FACTOR}x the largest measured n={max(measured)}; measure larger n",
+            stacklevel=2,
+        )
+    pred = np.array([alpha + x * per_item.get(n, scale * n**-exponent) for n, x in zip(ns, xs)])
+    rel = np.abs(pred - ts) / np.maximum(np.abs(ts), 1e-12)
+    mem_pred = np.array([memory.get(n, ma + mb / n) for n in ns])
+    mem_rel = np.abs(mem_pred - mem) / np.maximum(np.abs(mem), 1e-12)
+    report = FitReport(
+        component=name,
+        n_samples=len(samples),
+        measured_devices=tuple(measured),
+        extrapolated_devices=tuple(extrap),
+        exponent=exponent,
+        rel_err_mean=float(rel.mean()),
+        rel_err_max=float(rel.max()),
+        memory_rel_err_max=float(mem_rel.max()),
+    )
+    comp = ComponentProfile(
+        name=name,
+        valid_devices=valid,
+        alpha=alpha,
+        per_item=per_item,
+        memory_gb=memory,
+        switch_s=float(switch_s),
+        cpu_cores=None if cpu_cores is None else {n: int(cpu_cores[n]) for n in valid},
+    )
+    return comp, report
+
+
+def fit_profile(
+    samples: Sequence[Sample],
+    devices: int,
+    device_memory_gb: float,
+    batch: int,
+    granularities: Sequence[int],
+    edges: Sequence[tuple[str, str]] = (),
+    cycles: Sequence[CycleSpec | Mapping[str, Any]] = (),
+    valid_devices: Mapping[str, Sequence[int]] | None = None,
+    switch_s: Mapping[str, float] | None = None,
+    cpu_cores: Mapping[str, dict[int, int]] | None = None,
+    cpu_cores_per_node: int | None = None,
+    devices_per_node: int | None = None,
+) -> WorkloadProfile:
+    """Fit every component found in ``samples`` and assemble a validated profile."""
+    by_comp: dict[str, list[Sample]] = {}
+    for s in samples:
+        by_comp.setdefault(s[0], []).append(s)
+    raw: dict[str, Any] = {
+        "devices": devices,
+        "device_memory_gb": device_memory_gb,
+        "batch": batch,
+        "granularities": list(granularities),
+        "edges": [list(e) for e in edges],
+        "cycles": [
+            {"members": list(c.members), "steps": c.steps} if isinstance(c, CycleSpec) else dict(c)
+            for c in cycles
+        ],
+        "components": {},
+    }
+    if cpu_cores_per_node is not None:
+        raw["cpu_cores_per_node"] = cpu_cores_per_node
+    if devices_per_node is not None:
+        raw["devices_per_node"] = devices_per_node
+    reports = []
+    for name, rows in by_comp.items():
+        vd = (valid_devices or {}).get(name)
+        comp, rep = fit_component(
+            rows,
+            valid_devices=vd,
+            switch_s=(switch_s or {}).get(name, 0.0),
+            cpu_cores=(cpu_cores or {}).get(name),
+        )
+        reports.append(rep)
+        raw["components"][name] = WorkloadProfile(
+            1, 1, 1, (1,), {name: comp}
+        ).to_dict()["components"][name]
+    prof = load_profile(raw)
+    from dataclasses import replace
+
+    return replace(prof, fit_reports=tuple(reports))

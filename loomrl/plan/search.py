@@ -1,0 +1,637 @@
+"""Plan search: an exact dynamic programme over (sub-graph, context), and a brute-force reference.
+
+Stream-context results combine by sums and maxima, so a sub-graph keeps the
+Pareto set of points (F, P, memory, cores, devices used u, kind) rather than
+one minimum. Because a plan on n devices can always run on n + 1 (the extra
+device idles), "the best plans on n devices" are the points with u <= n: one
+point set per sub-graph serves every n, and a spatial split is the sum of the
+children's u. Phase context only ever appears along the temporal spine from the
+root, where the device count is N; there each sub-graph keeps one minimum T per
+kind (memory there combines by max, so feasibility is all that matters).
+
+``kind`` is a 2-bit mask (1: uses temporal placement, 2: uses spatial
+placement) so one pass yields the best all-temporal, all-spatial and hybrid
+plans together. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from loomrl.errors import PlanError
+from loomrl.plan.cost import (
+    EPS,
+    KIND_S,
+    KIND_T,
+    Option,
+    evaluate,
+    node_options,
+    switch_total,
+)
+from loomrl.plan.graph import WorkGraph
+from loomrl.plan.plan import Node, Plan, layout, mode_of
+from loomrl.plan.profile import WorkloadProfile
+
+__all__ = ["MODES", "exhaustive", "fixed_plan", "plan_for_mode", "search", "search_all"]
+
+MODES = ("temporal", "spatial", "hybrid")
+_MODE_KINDS = {"best": (0, 1, 2, 3), "temporal": (0, 1), "spatial": (0, 2), "hybrid": (3,)}
+
+
+# ----------------------------------------------------------------------- point sets
+
+
+@dataclass
+class _Points:
+    """A Pareto set of stream-context results of one sub-graph (struct of arrays)."""
+
+    F: np.ndarray
+    P: np.ndarray
+    mem: np.ndarray
+    cores: np.ndarray
+    u: np.ndarray
+    kind: np.ndarray
+    op: np.ndarray  # 0 leaf option, 1 spatial, 2 temporal
+    cut: np.ndarray  # upstream mask of the cut (internal nodes)
+    ia: np.ndarray  # leaf: option index; internal: index into A's merged set
+    ib: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.F)
+
+    def take(self, idx: np.ndarray) -> _Points:
+        return _Points(*(getattr(self, f)[idx] for f in _FIELDS))
+
+    @staticmethod
+    def concat(parts: list[_Points]) -> _Points:
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return _empty()
+        return _Points(*(np.concatenate([getattr(p, f) for p in parts]) for f in _FIELDS))
+
+
+_FIELDS = ("F", "P", "mem", "cores", "u", "kind", "op", "cut", "ia", "ib")
+
+
+def _empty() -> _Points:
+    f = np.zeros(0)
+    i = np.zeros(0, dtype=np.int64)
+    return _Points(f, f, f, f, i, i, i, i, i, i)
+
+
+def _pareto_idx(pts: _Points) -> np.ndarray:
+    """Indices of points not dominated within their kind (<= in F, P, mem, cores, u)."""
+    k = len(pts)
+    if k <= 1:
+        return np.arange(k)
+    rows = [pts.F, pts.P, pts.mem]
+    if pts.cores.any():
+        rows.append(pts.cores)
+    rows.append(pts.u.astype(np.float64))
+    if k <= _BLOCK:
+        return _pareto_matrix(rows, pts.kind)
+    # Lexicographic order: a point can only be dominated by points before it, so
+    # the front grows block by block and never loses a member.
+    order = np.lexsort(tuple(reversed(rows)) + (pts.kind,))
+    X = np.stack(rows)[:, order]
+    kd = pts.kind[order]
+    front = np.zeros(0, dtype=np.int64)
+    for lo in range(0, k, _BLOCK):
+        blk = np.arange(lo, min(lo + _BLOCK, k))
+        if front.size:
+            dom = kd[front][:, None] == kd[blk][None, :]
+            for r in range(X.shape[0]):
+                dom &= X[r, front][:, None] <= X[r, blk][None, :]
+            blk = blk[~dom.any(axis=0)]
+        if blk.size:
+            blk = blk[_pareto_matrix([X[r, blk] for r in range(X.shape[0])], kd[blk])]
+            front = np.concatenate([front, blk])
+    return order[front]
+
+
+_BLOCK = 512
+
+
+def _pareto_matrix(rows: list[np.ndarray], kind: np.ndarray) -> np.ndarray:
+    """All-pairs dominance test, O(k^2 d) in a few vector operations. Shapes: rows [d][k]."""
+    k = len(kind)
+    le = kind[None, :] == kind[:, None]  # [i, j]: j is comparable with i
+    lt = np.zeros((k, k), dtype=bool)
+    for r in rows:
+        a, b = r[None, :], r[:, None]
+        le &= a <= b
+        lt |= a < b
+    # j dominates i when j <= i everywhere and (j < i somewhere, or j is an earlier duplicate)
+    idx = np.arange(k)
+    dom = le & (lt | (idx[None, :] < idx[:, None]))
+    return np.nonzero(~dom.any(axis=1))[0]
+
+
+def _prune(pts: _Points) -> _Points:
+    return pts.take(_pareto_idx(pts))
+
+
+class _DP:
+    """The dynamic programme for one profile and device count, all micro-batch sizes."""
+
+    def __init__(self, profile: WorkloadProfile, devices: int):
+        self.profile = profile
+        self.N = devices
+        self.graph = WorkGraph.from_profile(profile)
+        self.cap = profile.device_memory_gb + EPS
+        self.core_cap = profile.cpu_core_budget + EPS
+        self.order = self.graph.reachable_subgraphs()
+        self.truncate: int | None = None
+        self.switch = switch_total(profile)
+        # Leaf / cycle options in phase context (M items) do not depend on m.
+        self.phase_opts = {
+            i: self._feasible(node_options(profile, nd.name, devices, profile.batch))
+            for i, nd in enumerate(self.graph.nodes)
+        }
+
+    def _feasible(self, opts: list[Option]) -> list[Option]:
+        return [o for o in opts if o.mem <= self.cap and o.cores <= self.core_cap and o.used <= self.N]
+
+    def run(self, m: int, bound: np.ndarray | None = None):
+        """Return (best per kind at the root, back-pointer tables) for micro-batch m.
+
+        ``bound[kind]``: a stream point of that kind whose F + (K-1) P exceeds it
+        cannot be part of any plan we still want (F and P only grow towards the
+        root, and the root pays at least F + (K-1) P), so it is dropped.
+        """
+        g, prof, N = self.graph, self.profile, self.N
+        K = prof.batch // m
+        self.K = K
+        self.bound = bound if bound is not None else np.full(4, np.inf)
+        stream: dict[int, _Points] = {}
+        spat: dict[int, _Points] = {}
+        leaf_opts: dict[int, list[Option]] = {}
+        # phase[s] = (values[4], source[4]) with source ("leaf", idx) | ("spat", idx) | ("temp", cut, ka, kb)
+        phase: dict[int, tuple[np.ndarray, list]] = {}
+        root_other = root_temp = None
+        for s in self.order:
+            vals = np.full(4, np.inf)
+            src: list = [None] * 4
+            if s & (s - 1) == 0:  # a single graph node
+                i = s.bit_length() - 1
+                opts = self._feasible(node_options(prof, g.nodes[i].name, N, m))
+                leaf_opts[s] = opts
+                if opts:
+                    pts = _Points(
+                        np.array([o.time for o in opts]),
+                        np.array([o.time for o in opts]),
+                        np.array([o.mem for o in opts]),
+                        np.array([o.cores for o in opts], dtype=np.float64),
+                        np.array([o.used for o in opts], dtype=np.int64),
+                        np.array([o.kind for o in opts], dtype=np.int64),
+                        np.zeros(len(opts), dtype=np.int64),
+                        np.zeros(len(opts), dtype=np.int64),
+                        np.arange(len(opts), dtype=np.int64),
+                        np.zeros(len(opts), dtype=np.int64),
+                    )
+                    stream[s] = self._prune(self._bounded(pts))
+                else:
+                    stream[s] = _empty()
+                spat[s] = _empty()
+                for j, o in enumerate(self.phase_opts[i]):
+                    if o.time < vals[o.kind]:
+                        vals[o.kind], src[o.kind] = o.time, ("leaf", j)
+                phase[s] = (vals, src)
+                if s == g.full:
+                    root_other = (vals.copy(), list(src))
+                    root_temp = (np.full(4, np.inf), [None] * 4)
+                continue
+            sp_parts, tp_parts = [], []
+            tvals = np.full(4, np.inf)
+            tsrc: list = [None] * 4
+            is_root = s == g.full
+            for a in g.cuts(s):
+                b = s & ~a
+                A, B = stream[a], stream[b]
+                if len(A) and len(B):
+                    sp_parts.append(self._combine(A, B, a, spatial=True))
+                    if not is_root:  # the root is in phase context: no co-resident stream node there
+                        tp_parts.append(self._combine(A, B, a, spatial=False))
+                va, vb = phase[a][0], phase[b][0]
+                for ka in range(4):
+                    if not math.isfinite(va[ka]):
+                        continue
+                    for kb in range(4):
+                        t = va[ka] + vb[kb]
+                        kk = ka | kb | KIND_T
+                        if t < tvals[kk]:
+                            tvals[kk], tsrc[kk] = t, ("temp", a, ka, kb)
+            if is_root:
+                # Only min over F + (K-1) P is needed here, so pruning would cost more than it saves.
+                sp = _Points.concat(sp_parts)
+                stream[s] = _empty()
+            else:
+                sp = self._prune(_Points.concat(sp_parts))
+                stream[s] = self._prune(_Points.concat([sp, self._prune(_Points.concat(tp_parts))]))
+            spat[s] = sp
+            ovals = np.full(4, np.inf)
+            osrc: list = [None] * 4
+            if len(sp):
+                T = sp.F + (K - 1) * sp.P
+                for kk in range(4):
+                    sel = np.nonzero(sp.kind == kk)[0]
+                    if sel.size:
+                        j = sel[np.argmin(T[sel])]
+                        ovals[kk], osrc[kk] = T[j], ("spat", int(j))
+            for kk in range(4):
+                if ovals[kk] <= tvals[kk]:
+                    vals[kk], src[kk] = ovals[kk], osrc[kk]
+                else:
+                    vals[kk], src[kk] = tvals[kk], tsrc[kk]
+            phase[s] = (vals, src)
+            if s == g.full:
+                root_other = (ovals, osrc)
+                root_temp = (tvals + self.switch, tsrc)
+        tables = (stream, spat, leaf_opts, phase)
+        return root_other, root_temp, tables
+
+    def _combine(self, A: _Points, B: _Points, cut: int, spatial: bool) -> _Points:
+        """Every pairing of A's and B's points under a spatial or co-resident temporal node."""
+        if spatial:
+            u = np.add.outer(A.u, B.u)
+            mem = np.maximum.outer(A.mem, B.mem)
+            cores = np.add.outer(A.cores, B.cores)
+        else:
+            u = np.maximum.outer(A.u, B.u)
+            mem = np.add.outer(A.mem, B.mem)
+            cores = np.maximum.outer(A.cores, B.cores)
+        ok = (u <= self.N) & (mem <= self.cap)
+        if self.core_cap < math.inf:
+            ok &= cores <= self.core_cap
+        ia, ib = np.nonzero(ok)
+        F = A.F[ia] + B.F[ib]
+        P = np.maximum(A.P[ia], B.P[ib]) if spatial else A.P[ia] + B.P[ib]
+        kind = A.kind[ia] | B.kind[ib] | (KIND_S if spatial else KIND_T)
+        keep = F + (self.K - 1) * P <= self.bound[kind]
+        ia, ib = ia[keep], ib[keep]
+        k = ia.size
+        return _Points(
+            F[keep],
+            P[keep],
+            mem[ia, ib],
+            cores[ia, ib],
+            u[ia, ib],
+            kind[keep],
+            np.full(k, 1 if spatial else 2, dtype=np.int64),
+            np.full(k, cut, dtype=np.int64),
+            ia.astype(np.int64),
+            ib.astype(np.int64),
+        )
+
+    def _prune(self, pts: _Points) -> _Points:
+        pts = _prune(pts)
+        if self.truncate and len(pts) > self.truncate:
+            # Heuristic pass only: keep the few most promising points per kind.
+            score = pts.F + (self.K - 1) * pts.P
+            keep = []
+            for kk in range(4):
+                sel = np.nonzero(pts.kind == kk)[0]
+                keep.append(sel[np.argsort(score[sel], kind="stable")[: self.truncate]])
+            pts = pts.take(np.sort(np.concatenate(keep)))
+        return pts
+
+    def _bounded(self, pts: _Points) -> _Points:
+        return pts.take(np.nonzero(pts.F + (self.K - 1) * pts.P <= self.bound[pts.kind])[0])
+
+    # ------------------------------------------------------------------ reconstruction
+
+    def build(self, tables, root_src, root_is_temp: bool) -> Node:
+        stream, spat, leaf_opts, phase = tables
+        g, prof = self.graph, self.profile
+
+        def opt_node(s: int, o: Option) -> Node:
+            name = g.nodes[s.bit_length() - 1].name
+            return _option_node(prof, name, o)
+
+        def st(s: int, pts: _Points, j: int) -> Node:
+            op = int(pts.op[j])
+            if op == 0:
+                return opt_node(s, leaf_opts[s][int(pts.ia[j])])
+            a = int(pts.cut[j])
+            b = s & ~a
+            na = st(a, stream[a], int(pts.ia[j]))
+            nb = st(b, stream[b], int(pts.ib[j]))
+            return Node(
+                "spatial" if op == 1 else "temporal",
+                na.n + nb.n if op == 1 else max(na.n, nb.n),
+                children=(na, nb),
+            )
+
+        def ph(s: int, source) -> Node:
+            if source[0] == "leaf":
+                return opt_node(s, self.phase_opts[s.bit_length() - 1][source[1]])
+            if source[0] == "spat":
+                return st(s, spat[s], source[1])
+            _, a, ka, kb = source
+            b = s & ~a
+            na, nb = ph(a, phase[a][1][ka]), ph(b, phase[b][1][kb])
+            return Node("temporal", max(na.n, nb.n), children=(na, nb))
+
+        return ph(g.full, root_src)
+
+
+def _option_node(profile: WorkloadProfile, name: str, o: Option) -> Node:
+    if o.spec[0] == "leaf":
+        return Node("leaf", o.used, component=name, used=o.used)
+    members = next(c.members for c in profile.cycles if c.name == name)
+    if o.spec[0] == "coloc":
+        return Node("cycle", o.used, component=name, members=members, used=o.used)
+    _, na, nb, k = o.spec
+    return Node("cycle", na + nb, component=name, members=members, split=(na, nb), groups=k, used=na + nb)
+
+
+# ----------------------------------------------------------------------- public API
+
+
+def _diagnose(profile: WorkloadProfile, devices: int, mode: str) -> str:
+    """Name the component and the constraint that rules every plan out."""
+    g = WorkGraph.from_profile(profile)
+    cap, ccap = profile.device_memory_gb, profile.cpu_core_budget
+    for nd in g.nodes:
+        opts = node_options(profile, nd.name, devices, profile.batch)
+        what = f"cycle {nd.name!r}" if nd.is_cycle else f"component {nd.name!r}"
+        valid = (
+            list(profile.components[nd.name].valid_devices) if not nd.is_cycle else None
+        )
+        if not opts:
+            need = min(valid) if valid else 2
+            return (
+                f"{what} needs at least {need} devices (valid_devices {valid}), "
+                f"but only --devices {devices} are available"
+            )
+        fits_mem = [o for o in opts if o.mem <= cap + EPS]
+        if not fits_mem:
+            counts = sorted({o.used for o in opts})
+            need = min(o.mem for o in opts)
+            return (
+                f"{what} needs {need:g} GB per device on every valid device count {counts}, "
+                f"but device_memory_gb is {cap:g}"
+            )
+        if not [o for o in fits_mem if o.cores <= ccap + EPS]:
+            need = min(o.cores for o in fits_mem)
+            return (
+                f"{what} needs {need:g} CPU cores on every device count that fits memory, but "
+                f"cpu_cores_per_node*nodes is {ccap:g}"
+            )
+    if mode == "spatial":
+        need = sum(
+            min((o.used for o in node_options(profile, nd.name, devices, profile.batch) if o.mem <= cap), default=0)
+            for nd in g.nodes
+        )
+        return (
+            f"no all-spatial plan fits: the components need at least {need} devices side by side "
+            f"(or more CPU cores than cpu_cores_per_node*nodes = {ccap:g}), but only {devices} are available"
+        )
+    if mode == "hybrid":
+        return "no hybrid plan exists: it needs at least three graph nodes (or a cycle plus one more)"
+    return f"no {mode} plan fits on {devices} devices (memory {cap:g} GB, cores {ccap:g})"
+
+
+@dataclass
+class _Best:
+    t: float
+    m: int
+    src: object
+    is_temp: bool
+    tables: object
+
+
+def _run_all(profile: WorkloadProfile, devices: int) -> dict[str, _Best | None]:
+    dp = _DP(profile, devices)
+    best: dict[str, _Best | None] = {k: None for k in _MODE_KINDS}
+    grans = sorted(profile.granularities, reverse=True)
+    # A quick heuristic pass (few points per state) finds real plans of each mode;
+    # their times bound the exact pass, which then drops hopeless points early.
+    bounds = np.full(4, np.inf)
+    if len(dp.graph) > 2:
+        dp.truncate = _HEURISTIC_POINTS
+        scout: dict[str, _Best | None] = {k: None for k in _MODE_KINDS}
+        for m in grans:
+            (ov, osrc), (tv, tsrc), _ = dp.run(m)
+            _update(scout, m, ov, osrc, tv, tsrc, None)
+        bounds = _bounds(scout)
+        dp.truncate = None
+    # Larger m first so that ties (plans that never stream) keep whole-batch calls.
+    for m in grans:
+        (ov, osrc), (tv, tsrc), tables = dp.run(m, np.minimum(bounds, _bounds(best)))
+        _update(best, m, ov, osrc, tv, tsrc, tables)
+    best["_dp"] = dp  # type: ignore[assignment]
+    return best
+
+
+_HEURISTIC_POINTS = 6
+
+
+def _update(best, m, ov, osrc, tv, tsrc, tables) -> None:
+    """Record micro-batch m's root results where they beat the best so far (ties keep the earlier m)."""
+    for mode, kinds in _MODE_KINDS.items():
+        for kk in kinds:
+            for v, srcs, is_temp in ((ov[kk], osrc, False), (tv[kk], tsrc, True)):
+                cur = best[mode]
+                if math.isfinite(v) and (cur is None or v < cur.t * (1 - 1e-12) - 1e-15):
+                    best[mode] = _Best(float(v), m, srcs[kk], is_temp, tables)
+
+
+def _bounds(best: dict[str, _Best | None]) -> np.ndarray:
+    """Per point kind, the worst of the best times found so far among the modes it can end in.
+
+    A point of kind k ends in a plan whose kind contains k: kind 0 in any mode,
+    1 in temporal or hybrid, 2 in spatial or hybrid, 3 only in hybrid. The slack
+    keeps ties, so the bound never changes which optimum is found.
+    """
+
+    def ub(*modes: str) -> float:
+        vals = [best[m].t if best[m] is not None else math.inf for m in modes]  # type: ignore[union-attr]
+        return max(vals) * (1 + 1e-9) + 1e-12
+
+    return np.array(
+        [
+            ub("temporal", "spatial", "hybrid"),
+            ub("temporal", "hybrid"),
+            ub("spatial", "hybrid"),
+            ub("hybrid"),
+        ]
+    )
+
+
+def _to_plan(profile: WorkloadProfile, devices: int, dp: _DP, b: _Best, search_s: float, method: str) -> Plan:
+    tree = dp.build(b.tables, b.src, b.is_temp)
+    return fixed_plan(profile, tree, b.m, devices=devices, search_s=search_s, method=method)
+
+
+def fixed_plan(
+    profile: WorkloadProfile,
+    tree: Node,
+    micro_batch: int,
+    devices: int | None = None,
+    search_s: float = 0.0,
+    method: str = "fixed",
+    modes: dict[str, float | None] | None = None,
+) -> Plan:
+    """Lay out an explicit tree, cost it with ``evaluate`` and wrap it as a Plan.
+
+    Raises PlanError when the tree does not fit (memory, devices, cores).
+    """
+    n = int(devices or profile.devices)
+    prof = profile if n == profile.devices else profile.with_devices(n)
+    ev = evaluate(layout(tree, 0, prof.devices_per_node), prof, micro_batch)
+    if not ev.feasible:
+        raise PlanError(f"the given plan does not fit: {ev.reason}")
+    # The root owns every device; the nodes below keep exactly what they use.
+    root = layout(replace(ev.tree, n=n), 0, prof.devices_per_node)  # type: ignore[arg-type]
+    from loomrl.plan.simulate import predicted_timeline
+
+    timeline = predicted_timeline(root, prof, micro_batch)
+    return Plan(
+        tree=root,
+        micro_batch=micro_batch,
+        predicted_s=ev.predicted_s,
+        devices=n,
+        batch=prof.batch,
+        mode=mode_of(root),
+        memory_gb=ev.memory,
+        modes=dict(modes or {}),
+        search_s=search_s,
+        timeline=tuple(timeline),
+        method=method,
+    )
+
+
+def search_all(profile: WorkloadProfile, devices: int | None = None) -> dict[str, Plan | None]:
+    """Best plan overall (``"best"``) and the best all-temporal, all-spatial and hybrid plans.
+
+    A mode with no feasible plan maps to None; when no plan at all fits, raises
+    PlanError naming the component and the constraint. Every returned Plan's
+    ``modes`` maps each mode to its predicted seconds (None when infeasible).
+    """
+    n = int(devices or profile.devices)
+    prof = profile if n == profile.devices else profile.with_devices(n)
+    t0 = time.perf_counter()
+    best = _run_all(prof, n)
+    dp = best.pop("_dp")  # type: ignore[arg-type]
+    search_s = time.perf_counter() - t0
+    if best["best"] is None:
+        raise PlanError(_diagnose(prof, n, "best"))
+    modes = {k: (best[k].t if best[k] is not None else None) for k in MODES}  # type: ignore[union-attr]
+    out: dict[str, Plan | None] = {}
+    for k, b in best.items():
+        if b is None:
+            out[k] = None
+            continue
+        plan = _to_plan(prof, n, dp, b, search_s, "dp")  # type: ignore[arg-type]
+        out[k] = replace(plan, modes=modes)
+    return out
+
+
+def search(profile: WorkloadProfile, devices: int | None = None, mode: str = "best") -> Plan:
+    """The best plan in ``mode`` ("best" | "temporal" | "spatial" | "hybrid")."""
+    if mode not in _MODE_KINDS:
+        raise PlanError(f"mode must be one of {sorted(_MODE_KINDS)}, got {mode!r}")
+    n = int(devices or profile.devices)
+    prof = profile if n == profile.devices else profile.with_devices(n)
+    plans = search_all(prof, n)
+    plan = plans[mode]
+    if plan is None:
+        raise PlanError(_diagnose(prof, n, mode))
+    return plan
+
+
+def plan_for_mode(profile: WorkloadProfile, mode: str, devices: int | None = None) -> Plan:
+    """The best plan restricted to one mode; what the runtime uses to run a fixed mode."""
+    return search(profile, devices, mode)
+
+
+# ----------------------------------------------------------------------- brute force
+
+
+def exhaustive(profile: WorkloadProfile, devices: int | None = None, mode: str = "best") -> Plan:
+    """Reference search: every tree, every cut, every split, every device count, every m.
+
+    No memoisation and no Pareto pruning (only exact duplicates of a result are
+    merged); exponential, meant for V <= 4 and N <= 12.
+    """
+    n = int(devices or profile.devices)
+    prof = profile if n == profile.devices else profile.with_devices(n)
+    t0 = time.perf_counter()
+    g = WorkGraph.from_profile(prof)
+    cap, ccap = prof.device_memory_gb + EPS, prof.cpu_core_budget + EPS
+    M = prof.batch
+    switch = switch_total(prof)
+
+    def fits(mem: float, cores: float) -> bool:
+        return mem <= cap and cores <= ccap
+
+    def leaf(s: int, nn: int, items: int) -> dict:
+        name = g.nodes[s.bit_length() - 1].name
+        out = {}
+        for o in node_options(prof, name, nn, items):
+            if fits(o.mem, o.cores):
+                out.setdefault((o.time, o.time, o.mem, o.cores, o.kind, "L"), ("L", name, o))
+        return out
+
+    def stream(s: int, nn: int, m: int) -> dict:
+        if s & (s - 1) == 0:
+            return leaf(s, nn, m)
+        out: dict = {}
+        for a in g.cuts(s):
+            b = s & ~a
+            for na in range(1, nn):
+                sa, sb = stream(a, na, m), stream(b, nn - na, m)
+                for (fa, pa, ma, ca, ka, _), ta in sa.items():
+                    for (fb, pb, mb, cb, kb, _), tb in sb.items():
+                        key = (fa + fb, max(pa, pb), max(ma, mb), ca + cb, ka | kb | KIND_S, "S")
+                        if fits(key[2], key[3]):
+                            out.setdefault(key, ("S", ta, tb))
+            sa, sb = stream(a, nn, m), stream(b, nn, m)
+            for (fa, pa, ma, ca, ka, _), ta in sa.items():
+                for (fb, pb, mb, cb, kb, _), tb in sb.items():
+                    key = (fa + fb, pa + pb, ma + mb, max(ca, cb), ka | kb | KIND_T, "T")
+                    if fits(key[2], key[3]):
+                        out.setdefault(key, ("T", ta, tb))
+        return out
+
+    def phase(s: int, nn: int, m: int, root: bool) -> dict:
+        """(T, kind) -> tree for every phase-context plan of s on nn devices."""
+        if s & (s - 1) == 0:
+            return {(k[0], k[4]): t for k, t in leaf(s, nn, M).items()}
+        K = M // m
+        out: dict = {}
+        for (f, p, _mem, _c, kind, op), t in stream(s, nn, m).items():
+            if op == "S":
+                out.setdefault((f + (K - 1) * p, kind), t)
+        for a in g.cuts(s):
+            b = s & ~a
+            for (tav, ka), ta in phase(a, nn, m, False).items():
+                for (tbv, kb), tb in phase(b, nn, m, False).items():
+                    v = tav + tbv + (switch if root else 0.0)
+                    out.setdefault((v, ka | kb | KIND_T), ("T", ta, tb))
+        return out
+
+    kinds = _MODE_KINDS[mode]
+    best = None
+    for m in sorted(prof.granularities, reverse=True):
+        for (v, kind), t in phase(g.full, n, m, True).items():
+            if kind in kinds and (best is None or v < best[0] * (1 - 1e-12) - 1e-15):
+                best = (v, m, t)
+    search_s = time.perf_counter() - t0
+    if best is None:
+        raise PlanError(_diagnose(prof, n, mode))
+
+    def to_node(t) -> Node:
+        if t[0] == "L":
+            return _option_node(prof, t[1], t[2])
+        a, b = to_node(t[1]), to_node(t[2])
+        if t[0] == "S":
+            return Node("spatial", a.n + b.n, children=(a, b))
+        return Node("temporal", max(a.n, b.n), children=(a, b))
+
+    return fixed_plan(prof, to_node(best[2]), best[1], devices=n, search_s=search_s, method="exhaustive")

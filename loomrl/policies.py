@@ -1,0 +1,249 @@
+"""Batched actor-critic policies for embodied RL (torch ``nn.Module``s).
+
+The protocol every policy follows (built-in or user-written; nothing inherits from anything):
+
+    act(obs[B, *obs_shape], generators=None) -> (action[B, *action_shape], logp[B], value[B])
+    evaluate(obs[B, *obs_shape], action[B, *action_shape]) -> (logp[B], entropy[B], value[B])
+    value(obs) -> value[B]                       (optional; act()'s value is used otherwise)
+
+``generators``, when given, is one ``torch.Generator`` per row: row b's sample draws only from
+``generators[b]``. With ``batch_invariant=True`` the built-ins also compute each row on its
+own in ``act`` (BLAS picks different kernels for different batch sizes, which changes the
+last bits). Together these make a row's action a function of that row's observation and
+generator only, so splitting the envs into groups (pipelined collection) cannot change a
+trajectory. ``evaluate`` (training) always runs batched.
+
+Weights are initialised from ``seed`` alone (orthogonal, a local generator): the same seed
+gives the same policy regardless of the global torch RNG.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.distributions import Categorical, Normal
+
+__all__ = [
+    "ActorCritic",
+    "CNNActorCritic",
+    "MLPActorCritic",
+    "make_policy",
+    "row_generators",
+]
+
+
+@runtime_checkable
+class ActorCritic(Protocol):
+    def act(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...
+
+    def evaluate(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...
+
+
+def row_generators(seed: int, env_ids: Sequence[int], steps: Sequence[int]) -> list[torch.Generator]:
+    """One generator per row, seeded from (seed, global env id, that env's step count).
+
+    Stateless: whoever holds (seed, env id, step) can rebuild the stream, so it survives
+    offload and moving envs between workers.
+    """
+    gens = []
+    for env_id, step in zip(env_ids, steps, strict=True):
+        s = np.random.SeedSequence([seed, int(env_id), int(step)]).generate_state(1, np.uint64)[0]
+        gens.append(torch.Generator().manual_seed(int(s) & 0x7FFF_FFFF_FFFF_FFFF))
+    return gens
+
+
+def _init_layer(layer: nn.Module, gain: float, gen: torch.Generator) -> nn.Module:
+    nn.init.orthogonal_(layer.weight, gain, generator=gen)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def _mlp(sizes: Sequence[int], out_gain: float, gen: torch.Generator) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        last = i == len(sizes) - 2
+        layers.append(_init_layer(nn.Linear(sizes[i], sizes[i + 1]), out_gain if last else math.sqrt(2), gen))
+        if not last:
+            layers.append(nn.Tanh())
+    return nn.Sequential(*layers)
+
+
+class _Heads(nn.Module):
+    """Turns features into a distribution for a Box (Gaussian, state-independent log-std) or a
+    Discrete (Categorical) action space."""
+
+    def __init__(self, action_space: Any, log_std_init: float):
+        super().__init__()
+        import gymnasium as gym
+
+        if isinstance(action_space, gym.spaces.Box):
+            self.discrete = False
+            self.action_shape = tuple(action_space.shape)
+            self.action_dim = int(np.prod(action_space.shape))
+            self.log_std = nn.Parameter(torch.full((self.action_dim,), float(log_std_init)))
+        elif isinstance(action_space, gym.spaces.Discrete):
+            self.discrete = True
+            self.action_shape = ()
+            self.action_dim = int(action_space.n)
+            self.start = int(action_space.start)
+        else:
+            raise TypeError(
+                f"built-in policies handle Box and Discrete action spaces, not {action_space}; "
+                "write an nn.Module with act()/evaluate() for other spaces"
+            )
+
+    def dist(self, out: Tensor) -> Normal | Categorical:
+        if self.discrete:
+            return Categorical(logits=out)
+        return Normal(out, self.log_std.exp().expand_as(out))
+
+    def sample(self, out: Tensor, generators: Sequence[torch.Generator] | None, deterministic: bool) -> Tensor:
+        if self.discrete:
+            if deterministic:
+                a = out.argmax(-1)
+            elif generators is None:
+                a = Categorical(logits=out).sample()
+            else:
+                probs = torch.softmax(out, -1)
+                a = torch.stack([torch.multinomial(probs[b], 1, generator=g)[0] for b, g in enumerate(generators)])
+            return a
+        if deterministic:
+            return out
+        if generators is None:
+            eps = torch.randn_like(out)
+        else:
+            eps = torch.stack([torch.randn(self.action_dim, generator=g) for g in generators]).to(out)
+        return out + self.log_std.exp() * eps
+
+    def log_prob(self, out: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        d = self.dist(out)
+        if self.discrete:
+            return d.log_prob(action.long() - self.start), d.entropy()
+        return d.log_prob(action.reshape(out.shape)).sum(-1), d.entropy().sum(-1)
+
+    def to_env(self, a: Tensor) -> Tensor:
+        return a + self.start if self.discrete else a.reshape(a.shape[0], *self.action_shape)
+
+
+class _ActorCriticBase(nn.Module):
+    """Shared act/evaluate over ``_features -> (actor_out, value)``."""
+
+    heads: _Heads
+    batch_invariant: bool
+
+    def _forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def _rows(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        if not self.batch_invariant or obs.shape[0] <= 1:
+            return self._forward(obs)
+        outs = [self._forward(obs[b : b + 1]) for b in range(obs.shape[0])]
+        return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+
+    @torch.no_grad()
+    def act(
+        self,
+        obs: Tensor,
+        generators: Sequence[torch.Generator] | None = None,
+        deterministic: bool = False,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """obs [B, *obs_shape] -> (action [B, *action_shape], logp [B], value [B])."""
+        if generators is not None and len(generators) != obs.shape[0]:
+            raise ValueError(f"act: got {len(generators)} generators for {obs.shape[0]} observations; pass one per row")
+        out, value = self._rows(obs)
+        a = self.heads.sample(out, generators, deterministic)
+        logp, _ = self.heads.log_prob(out, self.heads.to_env(a))
+        return self.heads.to_env(a), logp, value
+
+    def evaluate(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """obs [B, *obs_shape], action [B, *action_shape] -> (logp [B], entropy [B], value [B])."""
+        out, value = self._forward(obs)
+        logp, ent = self.heads.log_prob(out, action)
+        return logp, ent, value
+
+    @torch.no_grad()
+    def value(self, obs: Tensor) -> Tensor:
+        """obs [B, *obs_shape] -> value [B] (row by row when batch_invariant)."""
+        return self._rows(obs)[1]
+
+
+class MLPActorCritic(_ActorCriticBase):
+    """Separate tanh MLPs for actor and critic over flat float observations [B, obs_dim]."""
+
+    def __init__(
+        self,
+        obs_dim: int,
+        action_space: Any,
+        hidden: Sequence[int] = (64, 64),
+        seed: int = 0,
+        log_std_init: float = 0.0,
+        batch_invariant: bool = True,
+    ):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.heads = _Heads(action_space, log_std_init)
+        self.batch_invariant = batch_invariant
+        self.actor = _mlp([obs_dim, *hidden, self.heads.action_dim], 0.01, gen)
+        self.critic = _mlp([obs_dim, *hidden, 1], 1.0, gen)
+
+    def _forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        obs = obs.float()
+        return self.actor(obs), self.critic(obs).squeeze(-1)
+
+
+class CNNActorCritic(_ActorCriticBase):
+    """A small conv torso over uint8 images [B, C, H, W] shared by actor and critic heads."""
+
+    def __init__(
+        self,
+        obs_shape: Sequence[int],
+        action_space: Any,
+        seed: int = 0,
+        channels: Sequence[int] = (32, 64, 64),
+        feature_dim: int = 256,
+        log_std_init: float = 0.0,
+        batch_invariant: bool = True,
+    ):
+        super().__init__()
+        if len(obs_shape) != 3:
+            raise ValueError(f"CNNActorCritic: obs_shape must be (C, H, W), got {tuple(obs_shape)}")
+        c, h, w = obs_shape
+        if min(h, w) < 16:
+            raise ValueError(f"CNNActorCritic: images must be at least 16x16, got {h}x{w}; raise EnvConfig.image_size")
+        gen = torch.Generator().manual_seed(seed)
+        self.heads = _Heads(action_space, log_std_init)
+        self.batch_invariant = batch_invariant
+        k = [(8, 4), (4, 2), (3, 1)] if min(h, w) >= 36 else [(4, 2), (3, 2), (3, 1)]
+        layers: list[nn.Module] = []
+        prev = c
+        for ch, (ks, st) in zip(channels, k, strict=True):
+            layers += [_init_layer(nn.Conv2d(prev, ch, ks, st), math.sqrt(2), gen), nn.ReLU()]
+            prev = ch
+        self.torso = nn.Sequential(*layers, nn.Flatten())
+        with torch.no_grad():
+            flat = self.torso(torch.zeros(1, c, h, w)).shape[1]
+        self.fc = nn.Sequential(_init_layer(nn.Linear(flat, feature_dim), math.sqrt(2), gen), nn.ReLU())
+        self.actor = _init_layer(nn.Linear(feature_dim, self.heads.action_dim), 0.01, gen)
+        self.critic = _init_layer(nn.Linear(feature_dim, 1), 1.0, gen)
+
+    def _forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        z = self.fc(self.torso(obs.float() / 255.0))
+        return self.actor(z), self.critic(z).squeeze(-1)
+
+
+def make_policy(observation_space: Any, action_space: Any, seed: int = 0, **kwargs: Any) -> nn.Module:
+    """MLP for flat observations, CNN for uint8 images [C, H, W]."""
+    shape = tuple(observation_space.shape)
+    if len(shape) == 3 and observation_space.dtype == np.uint8:
+        return CNNActorCritic(shape, action_space, seed=seed, **kwargs)
+    if len(shape) == 1:
+        return MLPActorCritic(shape[0], action_space, seed=seed, **kwargs)
+    raise ValueError(
+        f"make_policy: no built-in policy for observations of shape {shape} ({observation_space.dtype}); "
+        "flat vectors get an MLP and uint8 [C, H, W] images a CNN. Pass your own nn.Module with act()/evaluate()."
+    )

@@ -1,0 +1,1 @@
+"""Recipes: each driver loop fits on one screen and runs unchanged under any plan."""

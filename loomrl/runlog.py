@@ -1,0 +1,342 @@
+"""Run logging: metrics.jsonl (the record of truth), TensorBoard, Weights & Biases, a progress bar.
+
+``metrics.jsonl`` in the run directory gets one JSON object per ``log()`` call:
+``{"step": 12, "time": <unix seconds>, "elapsed_s": 3.4, "reward_mean": 0.41, ...}``.
+It is strict JSON: non-finite floats are written as the strings ``"NaN"``, ``"Infinity"``
+and ``"-Infinity"``, which ``read_metrics`` turns back into floats. Everything else
+(TensorBoard, wandb, the bar) is a view of the same numbers and may be switched off.
+
+Nothing heavy is imported with this module: torch (for TensorBoard's writer), wandb and
+tqdm are imported when a ``RunLogger`` asks for them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from loomrl.errors import ConfigError
+
+__all__ = ["RunLogger", "read_metrics", "read_summary", "METRICS_FILE", "SUMMARY_FILE"]
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "run_summary.json"
+CONFIG_FILE = "config.yaml"
+TENSORBOARD_DIR = "tensorboard"
+_RESERVED = ("step", "time", "elapsed_s")
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_WANDB_MODES = ("off", "offline", "online")
+
+
+class RunLogger:
+    """Record a run's metrics under ``run_dir``.
+
+    Args:
+        run_dir: created if needed; ``metrics.jsonl`` is appended to, so a resumed run continues it.
+        config_dict: the run's configuration (a dict or a config dataclass), written to
+            ``config.yaml`` and handed to wandb; None writes nothing.
+        use_tensorboard: write scalars under ``run_dir/tensorboard`` (skipped with one warning if
+            no SummaryWriter is importable).
+        wandb: ``"off"``, ``"offline"`` (writes under run_dir, no network) or ``"online"``.
+        total_steps: the bar's total, for its ETA.
+        progress: True shows a bar when stderr is a terminal, ``"always"`` shows it anyway,
+            False never.
+        postfix_keys: metrics shown after the bar (their last value), when present.
+        project, run_name: wandb project and run name.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        config_dict: Any = None,
+        use_tensorboard: bool = True,
+        wandb: Literal["off", "offline", "online"] = "off",
+        total_steps: int | None = None,
+        progress: bool | Literal["always"] = True,
+        postfix_keys: Sequence[str] = ("reward_mean", "eval_accuracy", "episode_return"),
+        project: str = "loomrl",
+        run_name: str | None = None,
+    ):
+        if wandb not in _WANDB_MODES:
+            raise ConfigError(
+                [f"wandb: expected one of {', '.join(map(repr, _WANDB_MODES))}, got {wandb!r}"]
+            )
+        if progress not in (True, False, "always"):
+            raise ValueError(f"progress must be True, False or 'always', got {progress!r}")
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.total_steps = total_steps
+        self.postfix_keys = tuple(postfix_keys)
+        self._start = time.monotonic()
+        self._closed = False
+        self._config = _plain_config(config_dict)
+        if self._config is not None:
+            import yaml
+
+            _atomic_write(self.run_dir / CONFIG_FILE, yaml.safe_dump(self._config, sort_keys=False))
+
+        self._tb = _open_tensorboard(self.run_dir / TENSORBOARD_DIR) if use_tensorboard else None
+        self._wandb = None
+        if wandb != "off":
+            self._wandb = _open_wandb(wandb, self.run_dir, self._config, project, run_name)
+        self._show_bar = progress == "always" or (progress is True and _stderr_is_tty())
+        self._bar = None  # created at the first log(), so the ETA ignores start-up time
+        # Line-buffered append: each record reaches the file when log() returns.
+        metrics_path = self.run_dir / METRICS_FILE
+        torn = _ends_mid_line(metrics_path)
+        self._file = open(metrics_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        if torn:
+            # A crash cut the last record short: end that line so the next record stands alone.
+            self._file.write("\n")
+
+    # ---------------------------------------------------------------- logging
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Record ``metrics`` for ``step``. Values: numbers, bools, strings, one-element tensors
+        or numpy scalars (read with ``.item()``) and JSON-able lists/dicts; only numbers and
+        bools go to TensorBoard, wandb and the bar."""
+        if self._closed:
+            raise RuntimeError("RunLogger.log() after close()")
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise TypeError(f"step must be an int, got {step!r} ({type(step).__name__})")
+        clash = [k for k in metrics if k in _RESERVED]
+        if clash:
+            raise ValueError(f"metric name(s) {clash} are reserved in {METRICS_FILE}; rename them")
+        values = {str(k): _plain_value(k, v) for k, v in metrics.items()}
+        record = {"step": step, "time": time.time(), "elapsed_s": time.monotonic() - self._start}
+        record.update(values)
+        self._file.write(json.dumps(_encode(record), allow_nan=False) + "\n")
+
+        scalars = {
+            k: float(v)
+            for k, v in values.items()
+            if isinstance(v, (int, float)) and not isinstance(v, str)
+        }
+        if self._tb is not None:
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, global_step=step)
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
+        if self._show_bar:
+            self._advance_bar(step, scalars)
+
+    def _advance_bar(self, step: int, scalars: Mapping[str, float]) -> None:
+        if self._bar is None:
+            from tqdm import tqdm
+
+            # smoothing=0: the rate (and so the ETA) is the average since the first log().
+            self._bar = tqdm(
+                total=self.total_steps,
+                initial=step,
+                file=sys.stderr,
+                dynamic_ncols=True,
+                smoothing=0,
+                unit="step",
+            )
+        shown = {k: f"{scalars[k]:.4g}" for k in self.postfix_keys if k in scalars}
+        if shown:
+            self._bar.set_postfix(shown, refresh=False)
+        if step > self._bar.n:
+            self._bar.update(step - self._bar.n)
+        else:
+            self._bar.refresh()
+
+    def echo(self, text: str) -> None:
+        """Print a line to stderr without breaking the progress bar."""
+        if self._bar is not None:
+            self._bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def write_summary(self, summary: Mapping[str, Any]) -> Path:
+        """Write ``run_summary.json`` atomically (replacing any previous one); returns its path."""
+        plain = {str(k): _plain_value(k, v) for k, v in summary.items()}
+        path = self.run_dir / SUMMARY_FILE
+        _atomic_write(path, json.dumps(_encode(plain), indent=2, allow_nan=False) + "\n")
+        if self._wandb is not None:
+            self._wandb.summary.update(plain)
+        return path
+
+    def close(self) -> None:
+        """Flush and close every sink. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._file.close()
+        if self._bar is not None:
+            self._bar.close()
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+    def __enter__(self) -> RunLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------------------
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every record of ``run_dir/metrics.jsonl`` in file order (a resumed run may repeat steps).
+
+    A line cut short by a crash is skipped with a warning, as is any other unreadable line.
+    Raises ``FileNotFoundError`` when the file does not exist.
+    """
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no {METRICS_FILE} in {run_dir}: was the run logged with RunLogger?"
+        )
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                log.warning("%s line %d is not JSON (cut short by a crash?); skipped", path, n)
+                continue
+            if isinstance(record, dict):
+                records.append(_decode(record))
+            else:
+                log.warning("%s line %d is not a JSON object; skipped", path, n)
+    return records
+
+
+def read_summary(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The contents of ``run_dir/run_summary.json``."""
+    return _decode(json.loads((Path(run_dir) / SUMMARY_FILE).read_text()))
+
+
+# --------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------
+
+
+def _plain_value(key: Any, value: Any) -> Any:
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            return item()  # one-element tensors and numpy scalars
+        except (ValueError, RuntimeError) as e:
+            raise TypeError(
+                f"metric {key!r}: cannot log a value with several elements ({e})"
+            ) from None
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"metric {key!r}: cannot log {type(value).__name__}; log numbers, strings or JSON-able lists/dicts"
+        ) from None
+    return value
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _encode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_encode(v) for v in value]
+    return value
+
+
+def _decode(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: _NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in record.items()}
+
+
+def _plain_config(config: Any) -> dict | None:
+    if config is None:
+        return None
+    from loomrl.config import to_dict
+
+    plain = to_dict(config)
+    if not isinstance(plain, dict):
+        raise TypeError(
+            f"config_dict must be a dict or a config dataclass, got {type(config).__name__}"
+        )
+    return plain
+
+
+def _ends_mid_line(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except FileNotFoundError:
+        return False
+
+
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _open_tensorboard(log_dir: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError:
+            log.warning(
+                "TensorBoard logging skipped: no SummaryWriter (pip install tensorboard); "
+                "metrics still go to %s",
+                METRICS_FILE,
+            )
+            return None
+    return SummaryWriter(log_dir=str(log_dir))
+
+
+def _open_wandb(
+    mode: str, run_dir: Path, config: dict | None, project: str, name: str | None
+) -> Any:
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError(
+            [
+                f"wandb: {mode!r} needs the wandb package, which is not installed \u2014 "
+                "pip install wandb, or set wandb=off"
+            ]
+        ) from None
+    return wandb.init(project=project, name=name, dir=str(run_dir), config=config or {}, mode=mode)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    # Readers (a dashboard, the plotter) see the old file or the new one, never half of one.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

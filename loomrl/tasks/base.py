@@ -1,0 +1,59 @@
+"""What a task is: examples, the ``Task`` protocol and the held-out split.
+
+A task hands out training examples by index (deterministic, so any worker can
+produce item i without coordination), a fixed evaluation set, and a scorer.
+Tasks know nothing about tokenizers or models; prompts are rendered by
+``loomrl.tasks.prompts``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from loomrl.reward import RewardResult
+
+
+@dataclass(frozen=True)
+class Example:
+    """One problem: the question shown to the model, its reference answer, extra data."""
+
+    question: str
+    answer: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Task(Protocol):
+    name: str
+
+    def train_item(self, index: int) -> Example:
+        """Training example number ``index`` (any int >= 0; the same index gives the same example)."""
+        ...
+
+    def eval_set(self) -> list[Example]:
+        """The fixed held-out examples; none of them is ever returned by ``train_item``."""
+        ...
+
+    def score(self, response_text: str, example: Example) -> RewardResult:
+        """Reward of a model response to ``example``; never raises on model output."""
+        ...
+
+
+_SPLIT_SALT = b"loomrl-heldout-v1"
+
+
+def in_eval_split(key: str, eval_fraction: float) -> bool:
+    """Whether the problem identified by ``key`` belongs to the held-out split.
+
+    A pure function of the key (a hash), not of any seed: the split is the same in
+    every run and every process, so evaluation problems can never leak into training.
+    """
+    digest = hashlib.sha256(_SPLIT_SALT + b"\0" + key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64 < eval_fraction
+
+
+def check_index(index: int) -> None:
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"train_item index must be an int >= 0; got {index!r}")

@@ -1,0 +1,65 @@
+"""Prompts that ask for the final answer in ``\\boxed{}``.
+
+``build_messages`` gives chat messages; ``render_prompt`` turns them into the
+model's text through the tokenizer's own chat template (``prompt_format: chat``)
+or writes a plain completion prompt (``prompt_format: plain``) for base models
+without a template. The instruction goes in the user turn, not a system turn:
+several small models' templates reject or drop system messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+INSTRUCTION = "Think step by step, then give your final answer in \\boxed{}."
+PROMPT_FORMATS = ("chat", "plain")
+
+
+def build_messages(question: str, system: str | None = None) -> list[dict[str, str]]:
+    """Chat messages for ``question``: an optional system turn, then the user turn."""
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"question must be a non-empty string; got {question!r}")
+    messages = [] if system is None else [{"role": "system", "content": system}]
+    messages.append({"role": "user", "content": f"{question.strip()}\n{INSTRUCTION}"})
+    return messages
+
+
+def plain_prompt(question: str) -> str:
+    """Completion-style prompt for models without a chat template."""
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"question must be a non-empty string; got {question!r}")
+    return f"Question: {question.strip()}\n{INSTRUCTION}\nSolution:"
+
+
+def render_prompt(
+    tokenizer: Any, question: str, *, prompt_format: str = "chat", system: str | None = None
+) -> str:
+    """The prompt text for ``question``, ready to tokenize and generate from.
+
+    ``chat`` applies ``tokenizer.apply_chat_template(..., add_generation_prompt=True)``;
+    a tokenizer without a chat template is an error (base models have none).
+    """
+    if prompt_format not in PROMPT_FORMATS:
+        raise ValueError(
+            f"prompt_format={prompt_format!r} is not known; use one of {list(PROMPT_FORMATS)}"
+        )
+    if prompt_format == "plain":
+        if system is not None:
+            return f"{system}\n\n{plain_prompt(question)}"
+        return plain_prompt(question)
+    if not getattr(tokenizer, "chat_template", None):
+        name = getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
+        raise ValueError(
+            f"tokenizer {name!r} has no chat template, so prompt_format 'chat' cannot be used; "
+            "set `chat_template` for the model (a Jinja template string) or use "
+            "`prompt_format: plain` for a base model"
+        )
+    text = tokenizer.apply_chat_template(
+        build_messages(question, system), tokenize=False, add_generation_prompt=True
+    )
+    if not isinstance(text, str):
+        raise TypeError(
+            f"apply_chat_template returned {type(text).__name__}, expected str; "
+            "the tokenizer must support tokenize=False"
+        )
+    return text

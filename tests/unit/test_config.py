@@ -1,0 +1,392 @@
+"""Config loading: types, typos, overrides and validate() problems, all reported together."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import pytest
+import yaml
+
+from loomrl.config import (
+    apply_overrides,
+    config_keys,
+    dump_yaml,
+    load_config,
+    parse_overrides,
+    to_dict,
+)
+from loomrl.errors import ConfigError
+
+
+class Precision(enum.Enum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 1e-6
+    micro_batch: int = 4
+    clip: tuple[float, float] = (0.2, 0.2)
+    precision: Precision = Precision.BF16
+
+    def validate(self) -> list[str]:
+        problems = []
+        if self.lr <= 0:
+            problems.append(f"lr: must be > 0, got {self.lr}")
+        return problems
+
+
+@dataclass
+class RolloutConfig:
+    engine: Literal["hf", "vllm"] = "hf"
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 10
+    placement: Literal["temporal", "spatial", "hybrid"] = "temporal"
+    seed: int = 0
+    batch_size: int = 8
+    group_size: int = 4
+    use_kl: bool = True
+    out_dir: Path = Path("runs/default")
+    model: str = "tiny"
+    eval_every: Optional[int] = None  # noqa: UP045 (Optional must work as well as `| None`)
+    tags: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    critic: ActorConfig | None = None
+    world: int = field(default=1, init=False)
+
+    def validate(self) -> list[str]:
+        problems = []
+        if self.batch_size % self.group_size:
+            problems.append(
+                f"batch_size ({self.batch_size}) must be a multiple of group_size ({self.group_size})"
+            )
+        return problems
+
+
+@dataclass
+class Required:
+    name: str
+    size: int = 1
+
+
+def problems_of(excinfo) -> list[str]:
+    return excinfo.value.problems
+
+
+# ------------------------------------------------------------------ happy paths
+
+
+def test_defaults_when_no_source():
+    cfg = load_config(TrainConfig)
+    assert cfg == TrainConfig()
+
+
+def test_yaml_file_and_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "steps: 3\nplacement: spatial\nactor:\n  lr: 1e-5\n  clip: [0.1, 0.3]\n"
+        "rollout:\n  stop: ['</s>']\nout_dir: /tmp/x\n"
+    )
+    cfg = load_config(TrainConfig, path, ["actor.lr=2e-5", "steps=5", "rollout.engine=vllm"])
+    assert cfg.steps == 5
+    assert cfg.placement == "spatial"
+    # YAML 1.1 reads 1e-5 (no dot) as a string; float fields accept it.
+    assert cfg.actor.lr == pytest.approx(2e-5) and isinstance(cfg.actor.lr, float)
+    assert cfg.actor.clip == (0.1, 0.3)
+    assert cfg.rollout.engine == "vllm"
+    assert cfg.rollout.stop == ["</s>"]
+    assert cfg.out_dir == Path("/tmp/x")
+
+
+def test_int_accepted_for_float_and_enum_by_value():
+    cfg = load_config(TrainConfig, {"actor": {"lr": 1, "precision": "fp32"}})
+    assert cfg.actor.lr == 1.0 and isinstance(cfg.actor.lr, float)
+    assert cfg.actor.precision is Precision.FP32
+
+
+def test_optional_fields_and_optional_sections():
+    cfg = load_config(TrainConfig, {"eval_every": 5, "critic": {"lr": 0.1}})
+    assert cfg.eval_every == 5
+    assert cfg.critic == ActorConfig(lr=0.1)
+    cfg = load_config(TrainConfig, {"eval_every": None}, ["critic=null"])
+    assert cfg.eval_every is None and cfg.critic is None
+
+
+def test_dict_fields_take_any_keys():
+    cfg = load_config(TrainConfig, {"extra": {"a": [1, 2]}}, ["tags.team=rl"])
+    assert cfg.extra == {"a": [1, 2]}
+    assert cfg.tags == {"team": "rl"}
+
+
+def test_to_dict_and_dump_yaml_round_trip(tmp_path):
+    cfg = load_config(TrainConfig, {"steps": 7, "critic": {"lr": 0.5}, "tags": {"a": "b"}})
+    d = to_dict(cfg)
+    assert d["out_dir"] == "runs/default"
+    assert d["actor"]["clip"] == [0.2, 0.2]
+    assert d["actor"]["precision"] == "bf16"
+    assert "world" not in d  # computed fields are not settable, so not dumped
+    path = dump_yaml(cfg, tmp_path / "sub" / "config.yaml")
+    text = path.read_text()
+    assert text.startswith("steps: 7\n")  # declaration order, not sorted
+    assert yaml.safe_load(text) == d
+    assert load_config(TrainConfig, path) == cfg
+
+
+def test_config_keys_lists_sections_and_leaves():
+    keys = config_keys(TrainConfig)
+    assert "actor" in keys and "actor.lr" in keys and "critic.lr" in keys
+    assert "world" not in keys
+
+
+# ------------------------------------------------------------------ errors
+
+
+def test_typo_in_override_suggests_the_key():
+    with pytest.raises(ConfigError, match=r"unknown key 'acter\.lr' — did you mean 'actor\.lr'\?"):
+        load_config(TrainConfig, {}, ["acter.lr=1e-5"])
+
+
+def test_typo_in_file_names_source_and_suggests(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("stepz: 3\nrollout:\n  max_new_token: 12\n")
+    with pytest.raises(ConfigError, match=re.escape(f"in {path}")) as e:
+        load_config(TrainConfig, path)
+    assert problems_of(e) == [
+        "unknown key 'stepz' — did you mean 'steps'?",
+        "unknown key 'rollout.max_new_token' — did you mean 'rollout.max_new_tokens'?",
+    ]
+
+
+def test_unknown_key_without_close_match_lists_valid_keys():
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown key 'rollout\.zzz' — valid keys under 'rollout': engine, max_new_tokens, temperature, stop",
+    ):
+        load_config(TrainConfig, {"rollout": {"zzz": 1}})
+
+
+def test_wrong_type_names_key_value_and_type():
+    with pytest.raises(ConfigError, match=r"actor\.lr: expected float, got 'fast' \(str\)"):
+        load_config(TrainConfig, {}, ["actor.lr=fast"])
+
+
+def test_bool_is_not_int_and_float_is_not_int():
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, {"steps": True, "seed": 3.0})
+    assert problems_of(e) == [
+        "steps: expected int, got True (bool)",
+        "seed: expected int, got 3.0 (float) — write 3",
+    ]
+
+
+def test_number_for_str_suggests_quoting():
+    with pytest.raises(
+        ConfigError,
+        match=r'model: expected str, got 7 \(int\) — quote it if you meant the text: model: "7"',
+    ):
+        load_config(TrainConfig, {"model": 7})
+
+
+def test_literal_lists_choices_and_suggests():
+    with pytest.raises(
+        ConfigError,
+        match=r"placement: expected one of 'temporal', 'spatial', 'hybrid', got 'spacial' \(str\) — did you mean 'spatial'\?",
+    ):
+        load_config(TrainConfig, {}, ["placement=spacial"])
+
+
+def test_enum_lists_values():
+    with pytest.raises(
+        ConfigError, match=r"actor\.precision: expected one of 'fp32', 'bf16', got 'fp16' \(str\)"
+    ):
+        load_config(TrainConfig, {"actor": {"precision": "fp16"}})
+
+
+def test_nested_list_tuple_and_dict_items_are_indexed():
+    with pytest.raises(ConfigError) as e:
+        load_config(
+            TrainConfig,
+            {
+                "rollout": {"stop": ["a", 3]},
+                "actor": {"clip": [0.1]},
+                "tags": {"x": 1},
+                "critic": {"lr": "slow"},
+            },
+        )
+    assert problems_of(e) == [
+        'tags.x: expected str, got 1 (int) — quote it if you meant the text: x: "1"',
+        "actor.clip: expected 2 items (tuple[float, float]), got 1: [0.1] (list)",
+        'rollout.stop[1]: expected str, got 3 (int) — quote it if you meant the text: stop[1]: "3"',
+        "critic.lr: expected float, got 'slow' (str)",
+    ]
+
+
+def test_section_given_a_scalar():
+    with pytest.raises(
+        ConfigError,
+        match=r"actor: expected a section \(ActorConfig, a mapping of keys\), got 5 \(int\)",
+    ):
+        load_config(TrainConfig, {"actor": 5})
+
+
+def test_missing_required_key():
+    with pytest.raises(ConfigError, match=r"name: missing required key \(expected str\)"):
+        load_config(Required, {"size": 2})
+    assert load_config(Required, {"name": "x"}) == Required("x")
+
+
+def test_computed_field_cannot_be_set():
+    with pytest.raises(
+        ConfigError, match=r"world: is computed from other keys and cannot be set — remove it"
+    ):
+        load_config(TrainConfig, {"world": 4})
+
+
+def test_every_problem_reported_at_once_including_validate(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("steps: many\nbatch_size: 6\nactor:\n  lr: -1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, path, ["acter.lr=1", "placement=both", "rollout.temperature=hot"])
+    probs = problems_of(e)
+    assert probs == [
+        "unknown key 'acter.lr' — did you mean 'actor.lr'?",
+        "steps: expected int, got 'many' (str)",
+        "placement: expected one of 'temporal', 'spatial', 'hybrid', got 'both' (str)",
+        # validate() of a section whose types are all right runs, and its problem is prefixed.
+        "actor.lr: must be > 0, got -1.0",
+        "rollout.temperature: expected float, got 'hot' (str)",
+    ]
+    # The root section had type errors, so its own validate() (batch_size % group_size) is skipped.
+    assert "6 problem(s)" not in str(e.value) and "5 problem(s)" in str(e.value)
+
+
+def test_validate_problems_reported_with_unknown_keys():
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, {"batch_size": 6, "seeed": 1})
+    assert problems_of(e) == [
+        "unknown key 'seeed' — did you mean 'seed'?",
+        "batch_size (6) must be a multiple of group_size (4)",
+    ]
+
+
+@dataclass
+class PostInit:
+    low: int = 0
+    high: int = 1
+
+    def __post_init__(self):
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) must be <= high ({self.high})")
+
+
+@dataclass
+class HasPostInit:
+    span: PostInit = field(default_factory=PostInit)
+    other: int = 0
+
+
+def test_post_init_value_error_is_collected():
+    with pytest.raises(ConfigError) as e:
+        load_config(HasPostInit, {"span": {"low": 5}, "other": "x"})
+    assert problems_of(e) == [
+        "span.low (5) must be <= high (1)",
+        "other: expected int, got 'x' (str)",
+    ]
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match=r"config file not found: .*nope\.yaml"):
+        load_config(TrainConfig, tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML"):
+        load_config(TrainConfig, bad)
+    top = tmp_path / "list.yaml"
+    top.write_text("- 1\n- 2\n")
+    with pytest.raises(
+        ConfigError,
+        match=r"the top level must be a mapping of keys to values, got \[1, 2\] \(list\)",
+    ):
+        load_config(TrainConfig, top)
+
+
+def test_empty_file_means_defaults(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    assert load_config(TrainConfig, path) == TrainConfig()
+
+
+# ------------------------------------------------------------------ overrides
+
+
+def test_parse_overrides_yaml_semantics():
+    assert parse_overrides(
+        ["steps=5", "actor.lr=1e-5", "use_kl=false", "rollout.stop=[a, b]", "x=", "n=1.5"]
+    ) == {
+        "steps": 5,
+        "actor.lr": "1e-5",
+        "use_kl": False,
+        "rollout.stop": ["a", "b"],
+        "x": None,
+        "n": 1.5,
+    }
+    # '=' inside the value belongs to the value; the last override of a key wins.
+    assert parse_overrides(["a=b=c", "a=d"]) == {"a": "d"}
+
+
+def test_malformed_overrides_all_reported():
+    with pytest.raises(ConfigError) as e:
+        parse_overrides(["steps5", "=3", "a..b=1", "x=[1, 2", "actor.lr:1e-5"])
+    probs = problems_of(e)
+    assert probs[0] == "'steps5' is not key=value — write it as 'steps=5'"
+    assert probs[1] == "'=3' has an empty key — write it as 'key=value'"
+    assert probs[2].startswith("'a..b=1': key 'a..b' is not a dotted name (bad part '')")
+    assert probs[3].startswith("'x=[1, 2': value '[1, 2' is not valid YAML")
+    assert probs[4] == "'actor.lr:1e-5' is not key=value — write it as 'actor.lr=1e-5'"
+    with pytest.raises(ConfigError, match=r"'steps5' is not key=value"):
+        load_config(TrainConfig, {}, ["steps5"])
+
+
+def test_parse_overrides_rejects_bare_string():
+    with pytest.raises(TypeError, match="list of 'key=value' strings"):
+        parse_overrides("steps=5")
+
+
+def test_apply_overrides_nests_and_does_not_mutate():
+    base = {"actor": {"lr": 1}}
+    out = apply_overrides(base, ["actor.micro_batch=2", "rollout.engine=vllm"])
+    assert out == {"actor": {"lr": 1, "micro_batch": 2}, "rollout": {"engine": "vllm"}}
+    assert base == {"actor": {"lr": 1}}
+    with pytest.raises(
+        ConfigError, match=r"cannot set 'actor\.lr': 'actor' is 5 \(int\), not a section"
+    ):
+        apply_overrides({"actor": 5}, ["actor.lr=1"])
+
+
+def test_config_module_does_not_import_torch():
+    import subprocess
+
+    code = "import loomrl.config, sys; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_load_config_requires_a_dataclass():
+    with pytest.raises(TypeError, match="needs a dataclass type"):
+        load_config(dict, {})
+    assert dataclasses.is_dataclass(load_config(Required, {"name": "n"}))

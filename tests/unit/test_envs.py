@@ -1,0 +1,249 @@
+"""VecEnv: seeding, autoreset bookkeeping, episode stats, pixels, errors, failure recovery, offload."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import loomrl.envs.testing  # noqa: F401  (registers loomrl-test/* envs)
+from loomrl.envs import (
+    ActionShapeError,
+    EnvConfig,
+    EnvFailureError,
+    VecEnv,
+    probe_rendering,
+)
+from loomrl.envs.vec import resize_image
+from loomrl.errors import ConfigError, LoomError
+
+PENDULUM = "InvertedPendulum-v5"
+
+
+def make(env_id: str = PENDULUM, **kw) -> VecEnv:
+    return VecEnv(EnvConfig(env_id, **{"num_envs": 2, **kw}))
+
+
+def test_config_reports_every_problem_together():
+    with pytest.raises(ConfigError) as e:
+        EnvConfig(num_envs=0, frame_skip=0, render_backend="vulkan")
+    msg = str(e.value)
+    assert len(e.value.problems) == 3
+    assert "num_envs=0" in msg and "frame_skip=0" in msg and "render_backend='vulkan'" in msg
+
+
+def test_same_seed_same_obs_and_env_i_gets_seed_plus_i():
+    a, b = make(seed=3, num_envs=3), make(seed=3, num_envs=3)
+    first = a.reset()
+    np.testing.assert_array_equal(first, b.reset())
+    act = np.full((3, 1), 0.5, np.float32)
+    np.testing.assert_array_equal(a.step(act).obs, b.step(act).obs)
+    single = make(seed=4, num_envs=1).reset()
+    np.testing.assert_array_equal(first[1], single[0])  # env 1 of seed 3 == env 0 of seed 4
+    assert not np.array_equal(first[0], first[1])
+    # A worker holding envs 2..3 of a logical batch behaves like those envs of the full batch.
+    full = make(seed=0, num_envs=4).reset()
+    part = VecEnv(EnvConfig(PENDULUM, num_envs=2, seed=0), index_offset=2).reset()
+    np.testing.assert_array_equal(full[2:], part)
+
+
+def test_autoreset_yields_the_real_transitions_of_gymnasium_next_step_mode():
+    """Same seeds and per-env actions: our same-step transitions == gymnasium's NEXT_STEP vector
+    env with its reset steps removed (those ignore the action and are not transitions)."""
+    n, k = 3, 60
+    rng = np.random.default_rng(0)
+    actions = rng.uniform(-3, 3, (n, 200, 1)).astype(np.float32)
+
+    ours = make(seed=7, num_envs=n)
+    prev = ours.reset()
+    mine: list[list[tuple]] = [[] for _ in range(n)]
+    for t in range(k):
+        r = ours.step(actions[:, t])
+        for i in range(n):
+            mine[i].append((prev[i], r.reward[i], r.terminated[i], r.truncated[i], r.final_obs[i]))
+        prev = r.obs
+
+    ref = gym.vector.SyncVectorEnv(
+        [lambda: gym.make(PENDULUM) for _ in range(n)], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
+    )
+    obs, _ = ref.reset(seed=7)
+    theirs: list[list[tuple]] = [[] for _ in range(n)]
+    used = np.zeros(n, int)
+    resetting = np.zeros(n, bool)
+    while min(len(x) for x in theirs) < k:
+        a = np.stack([actions[i, used[i]] for i in range(n)])
+        nobs, rew, term, trunc, _ = ref.step(a)
+        for i in range(n):
+            if resetting[i]:
+                continue  # the reset step: reward 0, action ignored, no transition
+            theirs[i].append((obs[i], rew[i], term[i], trunc[i], nobs[i]))
+            used[i] += 1
+        resetting = term | trunc
+        obs = nobs
+    for i in range(n):
+        assert sum(t[2] for t in mine[i]) >= 2, "test needs episodes that end"
+        for m, r in zip(mine[i], theirs[i][:k], strict=True):
+            np.testing.assert_allclose(m[0], r[0], rtol=1e-6)
+            assert m[1] == pytest.approx(r[1]) and m[2] == r[2] and m[3] == r[3]
+            np.testing.assert_allclose(m[4], r[4], rtol=1e-6)
+
+
+def test_done_step_records_final_obs_and_returns_reset_obs():
+    env = make("loomrl-test/Counting-v0", env_kwargs={"length": 3})
+    env.reset()
+    one = np.zeros((2, 1), np.float32)
+    env.step(one)
+    env.step(one)
+    r = env.step(one)
+    assert r.terminated.all() and not r.truncated.any()
+    np.testing.assert_array_equal(r.final_obs, [[0, 3], [0, 3]])  # terminal obs of episode 0
+    np.testing.assert_array_equal(r.obs, [[1, 0], [1, 0]])  # reset obs of episode 1
+    r = env.step(one)  # the next step is a real transition of episode 1
+    assert (r.reward == 1).all()
+    np.testing.assert_array_equal(r.obs, [[1, 1], [1, 1]])
+
+
+def test_episode_stats_count_and_pop():
+    env = make("loomrl-test/Counting-v0", num_envs=4, env_kwargs={"length": 5})
+    env.reset()
+    for _ in range(12):
+        env.step(np.zeros((4, 1), np.float32))
+    s = env.pop_episode_stats()
+    assert s.returns == [5.0] * 8 and s.lengths == [5] * 8
+    assert env.pop_episode_stats().returns == []
+
+
+def test_frame_skip_sums_rewards_and_stops_at_episode_end():
+    env = make("loomrl-test/Counting-v0", frame_skip=2, env_kwargs={"length": 3})
+    env.reset()
+    r = env.step(np.zeros((2, 1), np.float32))
+    assert (r.reward == 2).all() and not r.terminated.any()
+    r = env.step(np.zeros((2, 1), np.float32))
+    assert (r.reward == 1).all() and r.terminated.all()
+    assert env.pop_episode_stats().lengths == [2, 2]  # lengths count agent steps
+
+
+def test_unknown_env_id_lists_close_matches():
+    with pytest.raises(ConfigError, match=r"env_id='HalfCheeta-v5'.*close matches: HalfCheetah-v5"):
+        make("HalfCheeta-v5")
+
+
+def test_wrong_action_shape_names_expected_and_given():
+    env = make(num_envs=2)
+    env.reset()
+    with pytest.raises(ActionShapeError, match=r"shape \(2,\) but InvertedPendulum-v5 needs \(2, 1\)"):
+        env.step(np.zeros(2, np.float32))
+    with pytest.raises(ActionShapeError, match="NaN"):
+        env.step(np.full((2, 1), np.nan, np.float32))
+
+
+def test_discrete_actions_checked():
+    env = make("CartPole-v1")
+    env.reset()
+    with pytest.raises(ActionShapeError, match="integers"):
+        env.step(np.zeros(2, np.float32))
+    with pytest.raises(ActionShapeError, match=r"\[0, 2\)"):
+        env.step(np.array([0, 2]))
+    assert env.step(np.array([0, 1])).obs.shape == (2, 4)
+
+
+def test_failing_env_is_recorded_reset_and_training_goes_on():
+    env = make("loomrl-test/Counting-v0", num_envs=2, env_kwargs={"length": 10, "fail_on": (3,)})
+    env.reset()
+    results = [env.step(np.zeros((2, 1), np.float32)) for _ in range(5)]
+    failed = results[2]
+    assert failed.failed.all() and (failed.reward == 0).all()
+    np.testing.assert_array_equal(failed.final_obs, [[0, 2], [0, 2]])  # obs before the failing step
+    np.testing.assert_array_equal(failed.obs, [[1, 0], [1, 0]])  # a fresh episode
+    assert [e.kind for e in env.events] == ["env_error", "env_error"]
+    assert env.events[0].env_index == 0 and env.events[1].env_index == 1
+    assert "exploded at step 3" in env.events[0].message
+    np.testing.assert_array_equal(results[4].obs, [[1, 2], [1, 2]])  # and it keeps going
+    assert env.pop_episode_stats().returns == []  # a failed episode is not a finished one
+
+
+def test_repeated_failures_raise_a_clear_error():
+    env = make("loomrl-test/Counting-v0", num_envs=1, max_failures=3, env_kwargs={"fail_from": 2})
+    env.reset()
+    with pytest.raises(EnvFailureError, match=r"4 simulator failures within the last 1000 steps \(max_failures=3\)"):
+        for _ in range(10):
+            env.step(np.zeros((1, 1), np.float32))
+
+
+def test_failures_outside_the_window_are_forgotten():
+    env = make("loomrl-test/Counting-v0", num_envs=1, max_failures=1, failure_window=3,
+               env_kwargs={"fail_on": (2, 6, 10)})
+    env.reset()
+    for _ in range(12):
+        env.step(np.zeros((1, 1), np.float32))
+    assert len(env.events) == 3
+
+
+def test_offload_onload_is_deterministic_and_continues_the_rng():
+    def run(offload_at: int | None) -> list[np.ndarray]:
+        env = make(seed=5, num_envs=2)
+        out = [env.reset()]
+        for t in range(8):
+            if t == offload_at:
+                env.offload()
+                with pytest.raises(LoomError, match="offloaded"):
+                    env.step(np.zeros((2, 1), np.float32))
+                env.onload()
+                out.append(env.obs)
+            out.append(env.step(np.full((2, 1), 0.1, np.float32)).obs)
+        return out
+
+    a, b = run(4), run(4)
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+    # After onload each env starts a new episode from its continued RNG stream, not a reseed.
+    assert not np.allclose(a[5], a[0])
+    env = make(seed=5, num_envs=2)
+    env.reset()
+    for _ in range(4):
+        env.step(np.full((2, 1), 0.1, np.float32))
+    np.testing.assert_array_equal(env.reset(), a[5])  # same as resetting at that point
+
+
+def test_dict_observations_are_flattened():
+    env = make("loomrl-test/DictObs-v0")
+    obs = env.reset()
+    assert obs.shape == (2, 10) and obs.dtype == np.float32
+    assert env.single_observation_space.shape == (10,)
+
+
+def test_cpu_cores_declared():
+    assert make(cpu_cores=0.5).cpu_cores == 0.5
+
+
+def test_resize_image_area_average_to_chw():
+    img = np.arange(4 * 4 * 3, dtype=np.uint8).reshape(4, 4, 3)
+    out = resize_image(img, 2)
+    assert out.shape == (3, 2, 2) and out.dtype == np.uint8
+    # top-left 2x2 block of channel 0 holds 0, 3, 12, 15 -> mean 7.5 -> rounds to 8
+    assert out[0, 0, 0] == 8
+
+
+_render_problem = probe_rendering("egl", timeout_s=60)
+
+
+@pytest.mark.skipif(_render_problem is not None, reason=f"headless EGL rendering unavailable: {_render_problem}")
+def test_pixel_observations_are_uint8_chw():
+    env = make(pixels=True, image_size=48)
+    obs = env.reset()
+    assert obs.shape == (2, 3, 48, 48) and obs.dtype == np.uint8
+    assert obs.std() > 0, "rendered frames should not be blank"
+    r = env.step(np.zeros((2, 1), np.float32))
+    assert r.obs.shape == r.final_obs.shape == (2, 3, 48, 48)
+    env.close()
+
+
+def test_fetch_reach_flattens_dict_observations():
+    try:
+        env = make("FetchReach-v4")
+    except LoomError as e:  # gymnasium-robotics missing or incompatible with this mujoco
+        pytest.skip(f"FetchReach-v4 unavailable here: {str(e)[:300]}")
+    obs = env.reset()
+    assert obs.shape == (2, 16)
+    r = env.step(np.zeros((2, 4), np.float32))
+    assert r.obs.shape == (2, 16)

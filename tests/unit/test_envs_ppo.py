@@ -1,0 +1,181 @@
+"""Embodied PPO pieces: normalisers, advantages with truncation, ring-group collection, PPO update."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import loomrl.envs.testing  # noqa: F401  (registers loomrl-test/* envs)
+from loomrl.embodied import (
+    PPOConfig,
+    RewardScaler,
+    RolloutBuffer,
+    RunningMeanStd,
+    collect,
+    compute_advantages,
+    ppo_update,
+    train_ppo,
+)
+from loomrl.envs import EnvConfig, VecEnv
+from loomrl.errors import ConfigError
+from loomrl.policies import MLPActorCritic
+
+
+def test_running_mean_std_matches_numpy_and_round_trips():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(2, 3, (50, 4)), rng.normal(-1, 1, (30, 4))
+    rms = RunningMeanStd((4,), eps=0.0)
+    rms.update(a)
+    rms.update(b)
+    both = np.concatenate([a, b])
+    np.testing.assert_allclose(rms.mean, both.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(rms.var, both.var(0), rtol=1e-12)
+    x = rms.normalize(both[:3], clip=None)
+    np.testing.assert_allclose(x, (both[:3] - both.mean(0)) / np.sqrt(both.var(0) + 1e-8), rtol=1e-5)
+    assert np.abs(rms.normalize(both * 100, clip=5.0)).max() <= 5.0
+    other = RunningMeanStd((4,))
+    other.load_state_dict(rms.state_dict())
+    np.testing.assert_array_equal(other.mean, rms.mean)
+    with pytest.raises(ValueError, match="saved shape"):
+        RunningMeanStd((3,)).load_state_dict(rms.state_dict())
+
+
+def test_reward_scaler_uses_discounted_return_std():
+    s = RewardScaler(1, gamma=0.5, clip=None)
+    s.update(np.ones((3, 1)), np.array([[0.0], [1.0], [0.0]]))  # returns seen: 1, 1.5, then 1
+    expected_std = np.sqrt(np.var([1.0, 1.5, 1.0]))
+    out = s.scale(torch.ones(2, 1))
+    torch.testing.assert_close(out, torch.full((2, 1), 1 / expected_std, dtype=torch.float32), rtol=1e-3, atol=0)
+
+
+def _buffer(**kw) -> RolloutBuffer:
+    T, N = kw["rewards"].shape
+    z = torch.zeros(T, N)
+    fields = dict(obs=z, actions=z, logp=z, values=z, rewards=z, terminated=z.bool(), truncated=z.bool(),
+                  final_values=z, last_value=torch.zeros(N))
+    fields.update(kw)
+    return RolloutBuffer(**fields)
+
+
+def test_advantages_bootstrap_through_truncation_but_not_termination():
+    buf = _buffer(
+        rewards=torch.tensor([[1.0], [1.0]]),
+        values=torch.tensor([[0.5], [0.5]]),
+        truncated=torch.tensor([[True], [False]]),
+        final_values=torch.tensor([[2.0], [0.0]]),
+        last_value=torch.tensor([3.0]),
+    )
+    adv, ret = compute_advantages(buf, gamma=0.9, lam=1.0)
+    # t=1: 1 + .9*3 - .5 = 3.2.  t=0 (truncated): 1 + .9*V(final)=2.8, cut: 2.8 - .5 = 2.3
+    torch.testing.assert_close(adv, torch.tensor([[2.3], [3.2]]))
+    torch.testing.assert_close(ret, torch.tensor([[2.8], [3.7]]))
+    buf.terminated[0, 0], buf.truncated[0, 0] = True, False
+    adv, _ = compute_advantages(buf, gamma=0.9, lam=1.0)
+    torch.testing.assert_close(adv[0], torch.tensor([0.5]))  # 1 - .5, nothing bootstrapped
+
+
+def _collect(groups, split_workers=False, steps=40):
+    cfg = EnvConfig("InvertedPendulum-v5", num_envs=8, seed=11, max_episode_steps=7)
+    policy = MLPActorCritic(4, VecEnv(cfg).single_action_space, seed=0)
+    norm = RunningMeanStd((4,))
+    if split_workers:  # one VecEnv per group, as separate env workers would hold them
+        size = cfg.num_envs // groups
+        env = [VecEnv(EnvConfig(**{**cfg.__dict__, "num_envs": size}), index_offset=g * size) for g in range(groups)]
+    else:
+        env = VecEnv(cfg)
+    bufs = [collect(env, policy, steps, groups, normalizer=norm) for _ in range(2)]  # stats carry over
+    return bufs, norm
+
+
+def test_ring_group_collection_equals_unpipelined_collection():
+    (ref, ref2), ref_norm = _collect(1)
+    assert ref.terminated.any() and ref.truncated.any(), "test needs both kinds of episode end"
+    for groups, split in ((2, False), (4, False), (8, False), (2, True), (4, True)):
+        (b, b2), norm = _collect(groups, split)
+        for name in ("obs", "actions", "logp", "values", "rewards", "terminated", "truncated",
+                     "final_values", "last_value"):
+            assert torch.equal(getattr(b, name), getattr(ref, name)), (groups, split, name)
+            assert torch.equal(getattr(b2, name), getattr(ref2, name)), (groups, split, name)
+        np.testing.assert_array_equal(norm.mean, ref_norm.mean)
+        assert sorted(b.episodes.returns) == sorted(ref.episodes.returns)
+
+
+def test_collect_rejects_bad_groups():
+    env = VecEnv(EnvConfig("InvertedPendulum-v5", num_envs=2))
+    with pytest.raises(ConfigError, match="groups=3"):
+        collect(env, MLPActorCritic(4, env.single_action_space), 2, groups=3)
+
+
+def test_reset_observations_are_not_transitions():
+    env = VecEnv(EnvConfig("loomrl-test/Counting-v0", num_envs=2, env_kwargs={"length": 3}))
+    buf = collect(env, MLPActorCritic(2, env.single_action_space), 6)
+    assert buf.rewards.shape == (6, 2) and (buf.rewards == 1).all()  # every step is real
+    assert buf.terminated[:, 0].tolist() == [False, False, True, False, False, True]
+    assert buf.obs[:, 0, 1].tolist() == [0, 1, 2, 0, 1, 2]  # step-in-episode seen by the policy
+    assert buf.obs[3, 0, 0] == 1  # the state after a done is the next episode's reset obs
+    assert buf.episodes.returns == [3.0] * 4
+
+
+class UserPolicy(nn.Module):
+    """A user's own module following only the act/evaluate protocol."""
+
+    def __init__(self):
+        super().__init__()
+        self.mu = nn.Linear(4, 1)
+        self.v = nn.Linear(4, 1)
+        self.log_std = nn.Parameter(torch.zeros(1))
+
+    def _dist(self, obs):
+        return torch.distributions.Normal(self.mu(obs), self.log_std.exp())
+
+    def act(self, obs):
+        d = self._dist(obs)
+        a = d.sample()
+        return a, d.log_prob(a).sum(-1), self.v(obs).squeeze(-1)
+
+    def evaluate(self, obs, action):
+        d = self._dist(obs)
+        return d.log_prob(action).sum(-1), d.entropy().sum(-1), self.v(obs).squeeze(-1)
+
+
+@pytest.mark.parametrize("make", [lambda space: MLPActorCritic(4, space, seed=0), lambda space: UserPolicy()])
+def test_ppo_update_runs_and_is_reproducible(make):
+    def once():
+        torch.manual_seed(0)
+        env = VecEnv(EnvConfig("InvertedPendulum-v5", num_envs=4, seed=0))
+        policy = make(env.single_action_space)
+        opt = torch.optim.Adam(policy.parameters(), lr=3e-4, eps=1e-5)
+        buf = collect(env, policy, 64, normalizer=RunningMeanStd((4,)))
+        cfg = PPOConfig(rollout_steps=256, epochs=2, num_minibatches=4)
+        stats = ppo_update(policy, opt, buf, cfg, generator=torch.Generator().manual_seed(0))
+        return stats, [p.detach().clone() for p in policy.parameters()]
+
+    s1, p1 = once()
+    s2, p2 = once()
+    for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "grad_norm", "explained_variance"):
+        assert np.isfinite(s1[k]), k
+    assert s1 == s2 and all(torch.equal(a, b) for a, b in zip(p1, p2, strict=True))
+    assert s1["epochs"] == 2
+
+
+def test_ppo_config_reports_problems():
+    with pytest.raises(ConfigError) as e:
+        PPOConfig(gamma=1.5, clip=0.0, num_minibatches=0)
+    assert len(e.value.problems) == 3 and "gamma=1.5" in str(e.value)
+
+
+@pytest.mark.slow
+def test_ppo_learns_inverted_pendulum_within_10_minutes():
+    torch.set_num_threads(1)
+    result = train_ppo(
+        EnvConfig("InvertedPendulum-v5", num_envs=8, seed=0),
+        PPOConfig(seed=0),
+        total_steps=500_000,
+        time_limit_s=600,
+        target_return=950,
+    )
+    curve = [(int(p["steps"]), round(p["mean_return"], 1)) for p in result.curve]
+    assert result.reached_target, f"mean return never reached 950 in {result.time_s:.0f} s: {curve}"
+    assert result.target_time_s < 600

@@ -1,0 +1,209 @@
+"""Answer extraction and scoring on well-formed and malformed model outputs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from loomrl import reward as reward_mod
+from loomrl.reward import RewardResult, RewardStats, answers_match, extract_answer, score
+
+# ---------------------------------------------------------------- extraction
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("\\boxed{5}", "5"),
+        ("so the answer is \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),
+        ("nested \\boxed{\\frac{\\sqrt{3}}{2}} done", "\\frac{\\sqrt{3}}{2}"),
+        ("first \\boxed{1} then corrected \\boxed{2}", "2"),
+        ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),  # escaped braces do not close the box
+        ("\\fbox{7}", "7"),
+        ("\\boxed {8}", "8"),
+        ("Answer: 5.0", "5.0"),
+        ("work...\nFinal answer: 42.", "42"),
+        ("so **Answer:** $12$.", "12"),
+        ("**Answer**: 3", "3"),
+        ("#### 1,000", "1,000"),
+        ("<answer> 7 </answer>", "7"),
+        ("<answer>x</answer> then \\boxed{9}", "9"),  # a box beats every other marker
+        ("#### 4\nAnswer: 5", "4"),  # '####' beats 'Answer:'
+        ("Answer: 1\nAnswer: 2", "2"),  # the last one counts
+        ("Answer: \\(\\frac{1}{2}\\).", "\\frac{1}{2}"),
+    ],
+)
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "no marker here, the answer is 5",
+        "\\boxed{5",  # unbalanced
+        "\\boxed{}",
+        "\\boxed{  }",
+        "<answer></answer>",
+        "Answer:   ",
+        "<answer>5",
+        None,
+        12,
+        "\\boxed{" + "1+" * 600 + "1}",  # longer than MAX_ANSWER_CHARS
+    ],
+)
+def test_extract_answer_none(text):
+    assert extract_answer(text) is None
+
+
+def test_extract_answer_is_fast_on_adversarial_text():
+    t0 = time.perf_counter()
+    assert extract_answer("\\boxed{" * 30_000) is None
+    assert extract_answer("<answer>" * 20_000) is None
+    assert extract_answer("answer " * 20_000) is None
+    assert time.perf_counter() - t0 < 2.0
+
+
+# ---------------------------------------------------------------- scoring
+
+
+@pytest.mark.parametrize(
+    "text, answer",
+    [
+        ("\\boxed{5}", "5"),
+        ("Answer: 5.0", "5"),
+        ("the answer is \\boxed{\\frac{1}{2}}", "0.5"),
+        ("#### 1,000", 1000),
+        ("\\boxed{-3}", -3),
+        ("\\boxed{3/4}", "\\frac{3}{4}"),
+        ("\\boxed{x^2+2x+1}", "(x+1)^2"),
+        ("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt{2}}{2}"),
+        ("\\boxed{5}", "\\boxed{5}"),  # a boxed reference is unwrapped
+    ],
+)
+def test_score_correct(text, answer):
+    r = score(text, answer)
+    assert r == RewardResult(1.0, r.parsed, False, True, "correct")
+
+
+@pytest.mark.parametrize(
+    "text, answer, parsed",
+    [
+        ("\\boxed{6}", "5", "6"),
+        ("Answer: 0.4", "\\frac{1}{2}", "0.4"),
+        ("\\boxed{x+1}", "x+2", "x+1"),
+    ],
+)
+def test_score_wrong_is_well_formed(text, answer, parsed):
+    r = score(text, answer)
+    assert (r.reward, r.parsed, r.malformed, r.correct, r.reason) == (
+        0.0,
+        parsed,
+        False,
+        False,
+        "wrong",
+    )
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("", "no_answer"),
+        ("   \n", "no_answer"),
+        ("I think it is five", "no_answer"),
+        ("\\boxed{\\frac{1}{2}", "no_answer"),  # unbalanced braces
+        ("x" * 100_000, "no_answer"),  # 100 KB of junk
+        ("y" * 300_000 + "\\boxed{5}", "too_long"),
+    ],
+)
+def test_score_malformed(text, reason):
+    t0 = time.perf_counter()
+    r = score(text, "5")
+    assert time.perf_counter() - t0 < 1.0
+    assert (r.reward, r.malformed, r.correct, r.reason) == (0.0, True, False, reason)
+
+
+def test_score_non_string_response_is_malformed():
+    assert score(None, "5").malformed  # type: ignore[arg-type]
+
+
+def test_format_reward_only_for_well_formed_wrong_answers():
+    assert score("\\boxed{6}", "5", format_reward=0.1).reward == pytest.approx(0.1)
+    assert score("\\boxed{5}", "5", format_reward=0.1).reward == 1.0
+    assert score("no answer", "5", format_reward=0.1).reward == 0.0
+    with pytest.raises(ValueError, match=r"format_reward=1.5 must be in \[0, 1\)"):
+        score("\\boxed{5}", "5", format_reward=1.5)
+    with pytest.raises(ValueError, match="timeout_s=0"):
+        score("\\boxed{5}", "5", timeout_s=0)
+
+
+def test_fast_path_decides_integers_without_math_verify(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("math-verify must not be called for plain numbers")
+
+    monkeypatch.setattr(reward_mod, "_math_verify", boom)
+    assert answers_match("1,000", "1000") == (True, "correct")
+    assert answers_match("12", "13") == (False, "wrong")
+    assert answers_match("5.0", "5") == (True, "correct")
+    assert answers_match("\\frac{3}{4}", "0.75") == (True, "correct")
+    assert answers_match("-\\frac{1}{2}", "-0.5") == (True, "correct")
+
+
+def test_math_verify_timeout_is_malformed(monkeypatch):
+    import math_verify
+    from math_verify.errors import TimeoutException
+
+    def slow_parse(*a, **k):
+        raise TimeoutException("Operation timed out!")
+
+    reward_mod._parse_boxed.cache_clear()
+    monkeypatch.setattr(math_verify, "parse", slow_parse)
+    r = score("\\boxed{\\sin(x)^2}", "1-\\cos(x)^2")
+    reward_mod._parse_boxed.cache_clear()
+    assert (r.reward, r.malformed, r.reason) == (0.0, True, "timeout")
+
+
+def test_math_verify_exception_is_malformed(monkeypatch):
+    import math_verify
+
+    def broken_verify(*a, **k):
+        raise RecursionError("deep")
+
+    monkeypatch.setattr(math_verify, "verify", broken_verify)
+    r = score("\\boxed{\\sin(x)^2}", "1-\\cos(x)^2")
+    assert (r.reward, r.malformed, r.reason) == (0.0, True, "error")
+
+
+def test_score_works_off_the_main_thread():
+    # math-verify's SIGALRM timeout cannot be installed outside the main thread.
+    out = {}
+
+    def run():
+        out["r"] = score("the answer is \\boxed{\\frac{1}{2}}", "0.5")
+        out["s"] = score("\\boxed{x^2+2x+1}", "(x+1)^2")
+
+    th = threading.Thread(target=run)
+    th.start()
+    th.join(timeout=30)
+    assert out["r"].correct and out["s"].correct
+
+
+# ---------------------------------------------------------------- stats
+
+
+def test_reward_stats():
+    a, b = RewardStats(), RewardStats()
+    for text in ("\\boxed{5}", "\\boxed{6}", "nothing"):
+        a.add(score(text, "5"))
+    b.add(RewardResult(0.0, "x", True, False, "timeout"))
+    merged = a.merge(b)
+    assert (merged.total, merged.correct, merged.malformed, merged.timeouts) == (4, 1, 2, 1)
+    assert merged.accuracy == 0.25 and merged.malformed_rate == 0.5
+    assert merged.mean_reward == 0.25
+    assert merged.by_reason == {"correct": 1, "wrong": 1, "no_answer": 1, "timeout": 1}
+    d = merged.as_dict()
+    assert d["reward/accuracy"] == 0.25 and d["reward/count"] == 4.0
+    assert RewardStats().as_dict(prefix="eval/")["eval/accuracy"] == 0.0

@@ -1,0 +1,191 @@
+"""RunLogger: metrics.jsonl, TensorBoard, wandb (faked), progress bar, summary."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import subprocess
+import sys
+import types
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from loomrl.errors import ConfigError
+from loomrl.runlog import RunLogger, read_metrics, read_summary
+
+
+def test_metrics_jsonl_records(tmp_path):
+    with RunLogger(tmp_path / "run", {"lr": 1e-5}, use_tensorboard=False, progress=False) as rl:
+        rl.log(1, {"reward_mean": 0.5, "ok": True, "phase": "warmup"})
+        rl.log(2, {"reward_mean": torch.tensor(0.75), "n": np.int64(3), "kl": float("nan")})
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    first = json.loads(lines[0])
+    assert first["step"] == 1 and first["reward_mean"] == 0.5 and first["phase"] == "warmup"
+    assert isinstance(first["time"], float) and first["elapsed_s"] >= 0
+    # Strict JSON on disk; read_metrics gives the float back.
+    assert '"kl": "NaN"' in lines[1]
+    records = read_metrics(tmp_path / "run")
+    assert records[1]["reward_mean"] == 0.75 and records[1]["n"] == 3
+    assert math.isnan(records[1]["kl"])
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text()) == {"lr": 1e-5}
+
+
+def test_appends_on_resume_and_skips_truncated_line(tmp_path, caplog):
+    with RunLogger(tmp_path, use_tensorboard=False, progress=False) as rl:
+        rl.log(1, {"x": 1})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 2, "x": ')  # a crash in the middle of a line
+    with RunLogger(tmp_path, use_tensorboard=False, progress=False) as rl:
+        rl.log(2, {"x": 2})
+    with caplog.at_level(logging.WARNING, logger="loomrl.runlog"):
+        records = read_metrics(tmp_path)
+    # Only the cut record is lost: the resumed logger starts a fresh line.
+    assert [r["step"] for r in records] == [1, 2]
+    assert "line 2 is not JSON" in caplog.text
+
+
+def test_config_dataclass_is_written(tmp_path):
+    @dataclass
+    class Cfg:
+        lr: float = 0.1
+        sizes: tuple[int, int] = (1, 2)
+        sub: dict = field(default_factory=lambda: {"a": 1})
+
+    RunLogger(tmp_path, Cfg(), use_tensorboard=False, progress=False).close()
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text()) == {
+        "lr": 0.1,
+        "sizes": [1, 2],
+        "sub": {"a": 1},
+    }
+
+
+def test_bad_inputs(tmp_path):
+    rl = RunLogger(tmp_path, use_tensorboard=False, progress=False)
+    with pytest.raises(ValueError, match=r"metric name\(s\) \['step'\] are reserved"):
+        rl.log(1, {"step": 3})
+    with pytest.raises(TypeError, match=r"metric 'v': cannot log a value with several elements"):
+        rl.log(1, {"v": torch.ones(3)})
+    with pytest.raises(TypeError, match=r"metric 'o': cannot log object"):
+        rl.log(1, {"o": object()})
+    with pytest.raises(TypeError, match=r"step must be an int, got 1.5"):
+        rl.log(1.5, {})
+    rl.close()
+    rl.close()  # idempotent
+    with pytest.raises(RuntimeError, match="after close"):
+        rl.log(2, {})
+    with pytest.raises(
+        ConfigError, match=r"wandb: expected one of 'off', 'offline', 'online', got 'yes'"
+    ):
+        RunLogger(tmp_path, wandb="yes")
+
+
+def test_summary_is_atomic_json(tmp_path):
+    with RunLogger(tmp_path, use_tensorboard=False, progress=False) as rl:
+        p = rl.write_summary({"final_reward": 0.9, "best": float("inf")})
+        rl.write_summary({"final_reward": 0.95, "best": float("inf")})
+    assert p == tmp_path / "run_summary.json"
+    assert json.loads(p.read_text())["final_reward"] == 0.95
+    assert read_summary(tmp_path) == {"final_reward": 0.95, "best": math.inf}
+    assert [f.name for f in tmp_path.iterdir() if f.name.startswith(".")] == []
+
+
+def test_tensorboard_scalars(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with RunLogger(tmp_path, progress=False) as rl:
+        for step in range(3):
+            rl.log(step, {"reward_mean": step / 2, "time/rollout": 1.0, "note": "text"})
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert set(acc.Tags()["scalars"]) == {"reward_mean", "time/rollout"}
+    assert [e.value for e in acc.Scalars("reward_mean")] == [0.0, 0.5, 1.0]
+
+
+def test_tensorboard_missing_warns_once(tmp_path, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    with caplog.at_level(logging.WARNING, logger="loomrl.runlog"):
+        with RunLogger(tmp_path, progress=False) as rl:
+            rl.log(1, {"x": 1.0})
+    warnings = [r for r in caplog.records if "TensorBoard logging skipped" in r.getMessage()]
+    assert len(warnings) == 1 and "\n" not in warnings[0].getMessage()
+    assert not (tmp_path / "tensorboard").exists()
+    assert read_metrics(tmp_path)[0]["x"] == 1.0
+
+
+def test_wandb_missing_says_pip_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(
+        ConfigError,
+        match=r"wandb: 'offline' needs the wandb package.*pip install wandb, or set wandb=off",
+    ):
+        RunLogger(tmp_path, wandb="offline", use_tensorboard=False)
+
+
+def test_wandb_receives_scalars(tmp_path, monkeypatch):
+    calls: dict = {"log": [], "summary": {}}
+
+    class FakeRun:
+        summary = calls["summary"]
+
+        def log(self, data, step):
+            calls["log"].append((step, data))
+
+        def finish(self):
+            calls["finished"] = True
+
+    def init(**kwargs):
+        calls["init"] = kwargs
+        return FakeRun()
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    with RunLogger(
+        tmp_path, {"a": 1}, use_tensorboard=False, wandb="offline", progress=False, run_name="r1"
+    ) as rl:
+        rl.log(4, {"reward_mean": 1, "tag": "x"})
+        rl.write_summary({"final": 2.0})
+    assert calls["init"] == {
+        "project": "loomrl",
+        "name": "r1",
+        "dir": str(tmp_path),
+        "config": {"a": 1},
+        "mode": "offline",
+    }
+    assert calls["log"] == [(4, {"reward_mean": 1.0})]
+    assert calls["summary"] == {"final": 2.0}
+    assert calls["finished"] is True
+
+
+def test_progress_bar_forced_shows_eta_and_postfix(tmp_path, capsys):
+    with RunLogger(tmp_path, use_tensorboard=False, total_steps=10, progress="always") as rl:
+        rl.log(0, {"reward_mean": 0.1})
+        rl.log(5, {"reward_mean": 0.25, "kl": 0.01})
+        rl.echo("evaluating")
+    err = capsys.readouterr().err
+    assert "5/10" in err
+    assert "reward_mean=0.25" in err
+    assert "<" in err  # tqdm's "elapsed<remaining" ETA field
+    assert "evaluating" in err
+
+
+def test_progress_auto_is_off_without_tty(tmp_path, capsys):
+    with RunLogger(tmp_path, use_tensorboard=False, total_steps=10, progress=True) as rl:
+        rl.log(1, {"reward_mean": 0.1})
+    assert capsys.readouterr().err == ""
+
+
+def test_read_metrics_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no metrics.jsonl in"):
+        read_metrics(tmp_path)
+
+
+def test_runlog_does_not_import_torch():
+    code = "import loomrl.runlog, loomrl.plots, sys; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
