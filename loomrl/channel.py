@@ -62,7 +62,9 @@ class ChannelNotFoundError(LoomError, LookupError):
 
 
 # ----------------------------------------------------------------- component names (data-flow edges)
-_component: contextvars.ContextVar[str | None] = contextvars.ContextVar("loomrl_component", default=None)
+_component: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "loomrl_component", default=None
+)
 _process_component: str | None = None
 
 
@@ -311,9 +313,12 @@ class _Broker:
 
     def stats(self) -> dict[str, Any]:
         keys = {
-            k: {"qsize": len(q.items), "weight": q.weight, **q.stats} for k, q in self.queues.items()
+            k: {"qsize": len(q.items), "weight": q.weight, **q.stats}
+            for k, q in self.queues.items()
         }
-        totals = {f: sum(s[f] for s in keys.values()) for f in ("put", "got", "bytes_put", "bytes_got")}
+        totals = {
+            f: sum(s[f] for s in keys.values()) for f in ("put", "got", "bytes_put", "bytes_got")
+        }
         return {
             "name": self.name,
             "maxsize": self.maxsize,
@@ -366,7 +371,9 @@ def _check_timeout(timeout: float | None) -> None:
 class Channel:
     """Handle on a named channel. Cheap to pickle: pass it to Ray actors and tasks as an argument."""
 
-    def __init__(self, name: str, broker: Any, offload: bool, maxsize: int, inline_bytes: int = INLINE_BYTES):
+    def __init__(
+        self, name: str, broker: Any, offload: bool, maxsize: int, inline_bytes: int = INLINE_BYTES
+    ):
         # Use Channel.create / connect / get_or_create; this only wraps an existing broker.
         self.name = name
         self.maxsize = maxsize
@@ -511,7 +518,9 @@ class Channel:
         raise err
 
     # ------------------------------------------------------------- consuming
-    def get(self, key: Hashable = None, timeout: float | None = None, dst: str | None = None) -> Any:
+    def get(
+        self, key: Hashable = None, timeout: float | None = None, dst: str | None = None
+    ) -> Any:
         """Remove and return the oldest item of ``key``, waiting for one.
 
         Raises ChannelTimeout after ``timeout`` seconds, ChannelClosed once closed and drained.
@@ -550,7 +559,9 @@ class Channel:
         if status == "closed":
             raise ChannelClosed(f"channel {self.name!r} is closed and key {key!r} is drained")
         if status == "timeout":
-            raise ChannelTimeout(f"channel {self.name!r} key {key!r}: nothing to get after {timeout}s")
+            raise ChannelTimeout(
+                f"channel {self.name!r} key {key!r}: nothing to get after {timeout}s"
+            )
         return _decode_all([payload for _src, payload in got], self.name)
 
     # ------------------------------------------------------------- inspection

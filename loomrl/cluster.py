@@ -218,6 +218,9 @@ class Cluster:
                     f"{self._cpu_reserved[node_idx]:g} already reserved; lower num_cpus or spread "
                     "the workers over more nodes (Ray would otherwise wait forever)"
                 )
+        if os.environ.get("LOOMRL_THREADS"):
+            # Worker processes may predate this setting (a shared Ray): hand it over explicitly.
+            env = {"LOOMRL_THREADS": os.environ["LOOMRL_THREADS"], **(env or {})}
         group = WorkerGroup._launch(
             self, cls, per_rank, args, kwargs, name=name or cls.__name__, num_cpus=num_cpus, env=env
         )

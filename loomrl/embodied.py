@@ -51,7 +51,9 @@ class RunningMeanStd:
     def __init__(self, shape: Sequence[int] = (), eps: float = 1e-4):
         self.mean = np.zeros(tuple(shape), np.float64)
         self.var = np.ones(tuple(shape), np.float64)
-        self.count = float(eps)  # a pseudo-count: the first batch dominates without dividing by zero
+        self.count = float(
+            eps
+        )  # a pseudo-count: the first batch dominates without dividing by zero
 
     def update(self, x: np.ndarray) -> None:
         x = np.asarray(x, np.float64).reshape(-1, *self.mean.shape)
@@ -215,8 +217,7 @@ def collect(
             t0 = time.perf_counter()
             o = prep(cur[g])
             if per_row:
-                ids = range(venv.num_envs)[sl]
-                gens = row_generators(seed, [venv.index_offset + i for i in ids], venv.env_steps[sl])
+                gens = row_generators(seed, *venv.row_ids(sl))
                 a, logp, v = policy.act(o, generators=gens)
             else:
                 with torch.no_grad():
@@ -235,8 +236,17 @@ def collect(
             t_pol += (t1 - t0) + (t3 - t2)
             for lst, x in zip(
                 row,
-                (o, a, logp, v, torch.as_tensor(res.reward), torch.as_tensor(res.terminated),
-                 torch.as_tensor(trunc), fin, cur[g]),
+                (
+                    o,
+                    a,
+                    logp,
+                    v,
+                    torch.as_tensor(res.reward),
+                    torch.as_tensor(res.terminated),
+                    torch.as_tensor(trunc),
+                    fin,
+                    cur[g],
+                ),
                 strict=True,
             ):
                 lst.append(x)
@@ -275,7 +285,9 @@ def _split_groups(env: VecEnv | Sequence[VecEnv], groups: int) -> list[tuple[Vec
     if isinstance(env, VecEnv):
         if not 1 <= groups <= env.num_envs:
             raise ConfigError(
-                [f"groups={groups}: must be between 1 and num_envs={env.num_envs} (each group needs an env)"],
+                [
+                    f"groups={groups}: must be between 1 and num_envs={env.num_envs} (each group needs an env)"
+                ],
                 source="collect",
             )
         bounds = np.linspace(0, env.num_envs, groups + 1).round().astype(int)
@@ -283,7 +295,9 @@ def _split_groups(env: VecEnv | Sequence[VecEnv], groups: int) -> list[tuple[Vec
     envs = list(env)
     if groups not in (1, len(envs)):
         raise ConfigError(
-            [f"groups={groups}: with a list of {len(envs)} VecEnvs each VecEnv is one group; pass groups={len(envs)}"],
+            [
+                f"groups={groups}: with a list of {len(envs)} VecEnvs each VecEnv is one group; pass groups={len(envs)}"
+            ],
             source="collect",
         )
     return [(v, slice(None)) for v in envs]
@@ -327,7 +341,9 @@ class PPOConfig:
         if self.epochs < 1:
             p.append(f"epochs={self.epochs}: must be >= 1")
         if not 1 <= self.num_minibatches <= max(self.rollout_steps, 1):
-            p.append(f"num_minibatches={self.num_minibatches}: must be in [1, rollout_steps={self.rollout_steps}]")
+            p.append(
+                f"num_minibatches={self.num_minibatches}: must be in [1, rollout_steps={self.rollout_steps}]"
+            )
         if self.lr <= 0:
             p.append(f"lr={self.lr}: must be > 0")
         if not 0 <= self.gamma <= 1:
@@ -416,7 +432,9 @@ def ppo_update(
             break
     stats = {k: v / max(n_mb, 1) for k, v in sums.items()}
     var_r = ret.var().item()
-    stats["explained_variance"] = float("nan") if var_r == 0 else 1.0 - (ret - old_v).var().item() / var_r
+    stats["explained_variance"] = (
+        float("nan") if var_r == 0 else 1.0 - (ret - old_v).var().item() / var_r
+    )
     stats["epochs"] = float(epochs_run)
     return stats
 
@@ -450,25 +468,61 @@ def train_ppo(
     target_return: float | None = None,
     window: int = 10,
     groups: int = 1,
+    torch_threads: int | None = 1,
     log: Any = None,
 ) -> TrainResult:
     """Train PPO on ``env_cfg`` for ``total_steps`` transitions (or until ``time_limit_s`` or the
-    mean of the last ``window`` episode returns reaches ``target_return``)."""
+    mean of the last ``window`` episode returns reaches ``target_return``).
+
+    ``torch_threads`` is torch's intra-op thread count while training (restored afterwards;
+    None leaves it alone): 64-unit MLPs run fastest on one thread.
+    """
+    before = torch.get_num_threads()
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
+    try:
+        return _train_ppo(
+            env_cfg, ppo_cfg, total_steps, time_limit_s, target_return, window, groups, log
+        )
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train_ppo(
+    env_cfg: EnvConfig,
+    ppo_cfg: PPOConfig,
+    total_steps: int,
+    time_limit_s: float | None,
+    target_return: float | None,
+    window: int,
+    groups: int,
+    log: Any,
+) -> TrainResult:
     torch.manual_seed(ppo_cfg.seed)
     env = VecEnv(env_cfg)
     if ppo_cfg.rollout_steps % env.num_envs:
         raise ConfigError(
-            [f"rollout_steps={ppo_cfg.rollout_steps} is not a multiple of num_envs={env.num_envs}; "
-             "pick values whose ratio is the steps per env per update"],
+            [
+                f"rollout_steps={ppo_cfg.rollout_steps} is not a multiple of num_envs={env.num_envs}; "
+                "pick values whose ratio is the steps per env per update"
+            ],
             source="PPOConfig",
         )
     T = ppo_cfg.rollout_steps // env.num_envs
-    policy = make_policy(env.single_observation_space, env.single_action_space, seed=ppo_cfg.seed,
-                         **({"hidden": ppo_cfg.hidden} if len(env.obs_shape) == 1 else {}))
+    policy = make_policy(
+        env.single_observation_space,
+        env.single_action_space,
+        seed=ppo_cfg.seed,
+        **({"hidden": ppo_cfg.hidden} if len(env.obs_shape) == 1 else {}),
+    )
     optimizer = torch.optim.Adam(policy.parameters(), lr=ppo_cfg.lr, eps=ppo_cfg.adam_eps)
     pixels = len(env.obs_shape) == 3
     normalizer = RunningMeanStd(env.obs_shape) if ppo_cfg.normalize_obs and not pixels else None
-    scaler = RewardScaler(env.num_envs, ppo_cfg.gamma, ppo_cfg.reward_clip) if ppo_cfg.normalize_reward else None
+    scaler = (
+        RewardScaler(env.num_envs, ppo_cfg.gamma, ppo_cfg.reward_clip)
+        if ppo_cfg.normalize_reward
+        else None
+    )
     shuffle = torch.Generator().manual_seed(ppo_cfg.seed)
     num_updates = max(total_steps // ppo_cfg.rollout_steps, 1)
     recent: deque[float] = deque(maxlen=window)
@@ -489,8 +543,13 @@ def train_ppo(
         recent.extend(buf.episodes.returns)
         elapsed = time.perf_counter() - t_start
         mean_ret = float(np.mean(recent)) if recent else float("nan")
-        point = {"steps": steps, "time_s": elapsed, "mean_return": mean_ret,
-                 "episodes": len(buf.episodes.returns), **stats}
+        point = {
+            "steps": steps,
+            "time_s": elapsed,
+            "mean_return": mean_ret,
+            "episodes": len(buf.episodes.returns),
+            **stats,
+        }
         curve.append(point)
         if log is not None:
             log(point)
@@ -502,10 +561,16 @@ def train_ppo(
     env.close()
     elapsed = time.perf_counter() - t_start
     return TrainResult(
-        curve=curve, steps=steps, time_s=elapsed, steps_per_s=steps / max(elapsed, 1e-9),
-        reached_target=target_step is not None, target_step=target_step, target_time_s=target_time,
+        curve=curve,
+        steps=steps,
+        time_s=elapsed,
+        steps_per_s=steps / max(elapsed, 1e-9),
+        reached_target=target_step is not None,
+        target_step=target_step,
+        target_time_s=target_time,
         final_mean_return=curve[-1]["mean_return"] if curve else float("nan"),
-        policy=policy, normalizer=normalizer,
+        policy=policy,
+        normalizer=normalizer,
     )
 
 
@@ -521,16 +586,27 @@ def _main() -> None:
     p.add_argument("--target-return", type=float, default=None)
     p.add_argument("--groups", type=int, default=1)
     a = p.parse_args()
-    torch.set_num_threads(1)
 
     def log(pt: dict[str, float]) -> None:
-        print(f"steps={pt['steps']:>8} t={pt['time_s']:7.1f}s return={pt['mean_return']:9.2f} "
-              f"kl={pt['approx_kl']:.4f} ev={pt['explained_variance']:.3f}", flush=True)
+        print(
+            f"steps={pt['steps']:>8} t={pt['time_s']:7.1f}s return={pt['mean_return']:9.2f} "
+            f"kl={pt['approx_kl']:.4f} ev={pt['explained_variance']:.3f}",
+            flush=True,
+        )
 
-    r = train_ppo(EnvConfig(a.env_id, num_envs=a.num_envs, seed=a.seed), PPOConfig(seed=a.seed),
-                  a.total_steps, a.time_limit, target_return=a.target_return, groups=a.groups, log=log)
-    print(f"done: {r.steps} steps in {r.time_s:.1f}s ({r.steps_per_s:.0f} steps/s), "
-          f"final mean return {r.final_mean_return:.1f}, target at {r.target_step} steps / {r.target_time_s} s")
+    r = train_ppo(
+        EnvConfig(a.env_id, num_envs=a.num_envs, seed=a.seed),
+        PPOConfig(seed=a.seed),
+        a.total_steps,
+        a.time_limit,
+        target_return=a.target_return,
+        groups=a.groups,
+        log=log,
+    )
+    print(
+        f"done: {r.steps} steps in {r.time_s:.1f}s ({r.steps_per_s:.0f} steps/s), "
+        f"final mean return {r.final_mean_return:.1f}, target at {r.target_step} steps / {r.target_time_s} s"
+    )
 
 
 if __name__ == "__main__":

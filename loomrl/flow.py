@@ -83,6 +83,7 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
     counts = _rank_counts(spec.micro, spec.world)
     share = counts[worker.rank]
     k_total = spec.batch // spec.micro
+    last_k = k_total - 1
     lock = DeviceLock.get() if (spec.time_shared or spec.lock_each) else None
     records: list[tuple] = []
     sink_out: list[Any] = []
@@ -105,6 +106,8 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
                 got.sort(key=lambda e: e[0])
                 idx = [e[0] for e in got]
                 items = [e[1] for e in got]
+                # Stages that act once per iteration (an optimizer step) need to know the last call.
+                worker.flow_last_call = k == last_k
                 if spec.lock_each:
                     lock.acquire(worker.devices)
                 t = time.time()
@@ -126,7 +129,9 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
                     )
                 by_key: dict[tuple[int, int], list[tuple[int, Any]]] = {}
                 for i, o in zip(idx, out):
-                    by_key.setdefault(_route(i, spec.next_micro, spec.next_world), []).append((i, o))
+                    by_key.setdefault(_route(i, spec.next_micro, spec.next_world), []).append(
+                        (i, o)
+                    )
                 for key, entries in by_key.items():
                     spec.out_channel.put_many(entries, key=key)
         finally:
@@ -137,7 +142,12 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
                 worker.offload()
                 lock.release(worker.devices)
                 records.append(("offload", -1, t, time.time(), 0))
-    return {"records": records, "sink": sink_out, "devices": list(worker.devices), "rank": worker.rank}
+    return {
+        "records": records,
+        "sink": sink_out,
+        "devices": list(worker.devices),
+        "rank": worker.rank,
+    }
 
 
 def _run_stage_method(self: Worker, spec: StageSpec) -> dict[str, Any]:
@@ -159,7 +169,11 @@ class Component:
     kwargs: dict
     valid_devices: list[int] | None = None
     num_cpus: float = 0.0
+    single_process: bool = False  # one worker holding all its devices (a trainer without DDP)
     group: WorkerGroup | None = None
+
+    def workers(self, n_devices: int) -> int:
+        return 1 if self.single_process else n_devices
 
 
 class _Method:
@@ -220,7 +234,9 @@ class FlowResult:
 class Flow:
     """The macro program: components, their data flow, the plan, and one-iteration execution."""
 
-    def __init__(self, cluster: Cluster, run_dir: str | Path | None = None, channel_capacity: int = 0):
+    def __init__(
+        self, cluster: Cluster, run_dir: str | Path | None = None, channel_capacity: int = 0
+    ):
         self.cluster = cluster
         self.run_dir = Path(run_dir) if run_dir else None
         self.components: dict[str, Component] = {}
@@ -239,19 +255,24 @@ class Flow:
         name: str | None = None,
         valid_devices: list[int] | None = None,
         num_cpus: float = 0.0,
+        single_process: bool = False,
         **kwargs: Any,
     ) -> FlowGroup:
         name = name or cls.__name__
         if name in self.components:
-            raise ValueError(f"component name {name!r} is used twice; pass name= to tell them apart")
-        comp = Component(name, cls, args, kwargs, valid_devices, num_cpus)
+            raise ValueError(
+                f"component name {name!r} is used twice; pass name= to tell them apart"
+            )
+        comp = Component(name, cls, args, kwargs, valid_devices, num_cpus, single_process)
         self.components[name] = comp
         return FlowGroup(comp)
 
     def chain(self, *stages: _Method) -> None:
         """Declare the data flow: each stage's outputs feed the next (the last is the sink)."""
         if not stages:
-            raise ValueError("chain() needs at least one stage, e.g. flow.chain(rollout.generate, actor.train)")
+            raise ValueError(
+                "chain() needs at least one stage, e.g. flow.chain(rollout.generate, actor.train)"
+            )
         for s in stages:
             if not isinstance(s, _Method):
                 raise TypeError(f"chain() takes stage methods like rollout.generate, got {s!r}")
@@ -301,7 +322,9 @@ class Flow:
             return pinned
         if profile is None:
             if sample is None:
-                raise ValueError(f"placement={placement!r} needs sample= (items of one iteration) to profile")
+                raise ValueError(
+                    f"placement={placement!r} needs sample= (items of one iteration) to profile"
+                )
             from loomrl.profiler import profile_flow
 
             profile = profile_flow(self, sample, micro_batch=micro_batch, memory_gb=memory_gb)
@@ -325,7 +348,9 @@ class Flow:
         comps = set(plan.assignment())
         known = set(self.components)
         for c in sorted(comps - known):
-            problems.append(f"the plan names component {c!r}, which this workflow does not have ({sorted(known)})")
+            problems.append(
+                f"the plan names component {c!r}, which this workflow does not have ({sorted(known)})"
+            )
         for c in sorted({s.component.name for s in self.stages} - comps):
             problems.append(f"the plan does not place component {c!r}")
         if plan.devices > self.cluster.num_devices:
@@ -333,7 +358,9 @@ class Flow:
                 f"the plan uses {plan.devices} devices but the cluster has {self.cluster.num_devices}"
             )
         if problems:
-            raise PlanError("pinned plan does not match the workflow:\n  - " + "\n  - ".join(problems))
+            raise PlanError(
+                "pinned plan does not match the workflow:\n  - " + "\n  - ".join(problems)
+            )
 
     def _launch(self, plan: Plan) -> None:
         """Start every component's group on the devices the plan gives it (replacing older groups)."""
@@ -343,7 +370,12 @@ class Flow:
             if comp.group is not None:
                 comp.group.kill()
             comp.group = self.cluster.launch(
-                comp.cls, len(devs), *comp.args, devices=devs, name=name, num_cpus=comp.num_cpus, **comp.kwargs
+                comp.cls, comp.workers(len(devs)),
+                *comp.args,
+                devices=devs,
+                name=name,
+                num_cpus=comp.num_cpus,
+                **comp.kwargs,
             )
 
     def shutdown(self) -> None:
@@ -370,7 +402,8 @@ class Flow:
         self._iter += 1
         tag = f"flow-{self._id}-{self._iter}"
         chans = [
-            Channel.create(f"{tag}-{i}", maxsize=0 if i == 0 else self.capacity) for i in range(len(names))
+            Channel.create(f"{tag}-{i}", maxsize=0 if i == 0 else self.capacity)
+            for i in range(len(names))
         ]
         t0 = time.time()
         try:
@@ -423,7 +456,9 @@ class Flow:
         ]
         return FlowResult([o for _, o in pairs], measured, plan.predicted_s, timeline)
 
-    def _execute(self, node: Node, context: str, specs: dict[str, StageSpec], results: dict) -> None:
+    def _execute(
+        self, node: Node, context: str, specs: dict[str, StageSpec], results: dict
+    ) -> None:
         if node.op == "leaf":
             comp = self.components[node.component]
             spec = specs.get(node.component)

@@ -44,7 +44,9 @@ class ActorCritic(Protocol):
     def evaluate(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...
 
 
-def row_generators(seed: int, env_ids: Sequence[int], steps: Sequence[int]) -> list[torch.Generator]:
+def row_generators(
+    seed: int, env_ids: Sequence[int], steps: Sequence[int]
+) -> list[torch.Generator]:
     """One generator per row, seeded from (seed, global env id, that env's step count).
 
     Stateless: whoever holds (seed, env id, step) can rebuild the stream, so it survives
@@ -67,7 +69,9 @@ def _mlp(sizes: Sequence[int], out_gain: float, gen: torch.Generator) -> nn.Sequ
     layers: list[nn.Module] = []
     for i in range(len(sizes) - 1):
         last = i == len(sizes) - 2
-        layers.append(_init_layer(nn.Linear(sizes[i], sizes[i + 1]), out_gain if last else math.sqrt(2), gen))
+        layers.append(
+            _init_layer(nn.Linear(sizes[i], sizes[i + 1]), out_gain if last else math.sqrt(2), gen)
+        )
         if not last:
             layers.append(nn.Tanh())
     return nn.Sequential(*layers)
@@ -102,7 +106,9 @@ class _Heads(nn.Module):
             return Categorical(logits=out)
         return Normal(out, self.log_std.exp().expand_as(out))
 
-    def sample(self, out: Tensor, generators: Sequence[torch.Generator] | None, deterministic: bool) -> Tensor:
+    def sample(
+        self, out: Tensor, generators: Sequence[torch.Generator] | None, deterministic: bool
+    ) -> Tensor:
         if self.discrete:
             if deterministic:
                 a = out.argmax(-1)
@@ -110,14 +116,21 @@ class _Heads(nn.Module):
                 a = Categorical(logits=out).sample()
             else:
                 probs = torch.softmax(out, -1)
-                a = torch.stack([torch.multinomial(probs[b], 1, generator=g)[0] for b, g in enumerate(generators)])
+                a = torch.stack(
+                    [
+                        torch.multinomial(probs[b], 1, generator=g)[0]
+                        for b, g in enumerate(generators)
+                    ]
+                )
             return a
         if deterministic:
             return out
         if generators is None:
             eps = torch.randn_like(out)
         else:
-            eps = torch.stack([torch.randn(self.action_dim, generator=g) for g in generators]).to(out)
+            eps = torch.stack([torch.randn(self.action_dim, generator=g) for g in generators]).to(
+                out
+            )
         return out + self.log_std.exp() * eps
 
     def log_prob(self, out: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
@@ -154,7 +167,9 @@ class _ActorCriticBase(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """obs [B, *obs_shape] -> (action [B, *action_shape], logp [B], value [B])."""
         if generators is not None and len(generators) != obs.shape[0]:
-            raise ValueError(f"act: got {len(generators)} generators for {obs.shape[0]} observations; pass one per row")
+            raise ValueError(
+                f"act: got {len(generators)} generators for {obs.shape[0]} observations; pass one per row"
+            )
         out, value = self._rows(obs)
         a = self.heads.sample(out, generators, deterministic)
         logp, _ = self.heads.log_prob(out, self.heads.to_env(a))
@@ -214,7 +229,9 @@ class CNNActorCritic(_ActorCriticBase):
             raise ValueError(f"CNNActorCritic: obs_shape must be (C, H, W), got {tuple(obs_shape)}")
         c, h, w = obs_shape
         if min(h, w) < 16:
-            raise ValueError(f"CNNActorCritic: images must be at least 16x16, got {h}x{w}; raise EnvConfig.image_size")
+            raise ValueError(
+                f"CNNActorCritic: images must be at least 16x16, got {h}x{w}; raise EnvConfig.image_size"
+            )
         gen = torch.Generator().manual_seed(seed)
         self.heads = _Heads(action_space, log_std_init)
         self.batch_invariant = batch_invariant
@@ -227,7 +244,9 @@ class CNNActorCritic(_ActorCriticBase):
         self.torso = nn.Sequential(*layers, nn.Flatten())
         with torch.no_grad():
             flat = self.torso(torch.zeros(1, c, h, w)).shape[1]
-        self.fc = nn.Sequential(_init_layer(nn.Linear(flat, feature_dim), math.sqrt(2), gen), nn.ReLU())
+        self.fc = nn.Sequential(
+            _init_layer(nn.Linear(flat, feature_dim), math.sqrt(2), gen), nn.ReLU()
+        )
         self.actor = _init_layer(nn.Linear(feature_dim, self.heads.action_dim), 0.01, gen)
         self.critic = _init_layer(nn.Linear(feature_dim, 1), 1.0, gen)
 
@@ -236,7 +255,9 @@ class CNNActorCritic(_ActorCriticBase):
         return self.actor(z), self.critic(z).squeeze(-1)
 
 
-def make_policy(observation_space: Any, action_space: Any, seed: int = 0, **kwargs: Any) -> nn.Module:
+def make_policy(
+    observation_space: Any, action_space: Any, seed: int = 0, **kwargs: Any
+) -> nn.Module:
     """MLP for flat observations, CNN for uint8 images [C, H, W]."""
     shape = tuple(observation_space.shape)
     if len(shape) == 3 and observation_space.dtype == np.uint8:

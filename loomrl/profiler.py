@@ -73,7 +73,7 @@ def measure(flow: Flow, sample: list[Any], repeats: int = 1) -> ProfileRun:
         next_items: list[Any] | None = None
         for n in _device_counts(comp.valid_devices, n_max):
             group = cluster.launch(
-                comp.cls, n, *comp.args, devices=list(range(n)), name=f"profile:{comp.name}",
+                comp.cls, comp.workers(n), *comp.args, devices=list(range(n)), name=f"profile:{comp.name}",
                 num_cpus=comp.num_cpus, **comp.kwargs,
             )
             try:

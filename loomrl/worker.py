@@ -156,6 +156,8 @@ def _setup_worker(obj: Worker, ctx: dict[str, Any]) -> None:
         os.environ[k] = v
     if ctx["device_kind"] == "cpu":
         _pin_cpu_slots([int(x) for x in ctx["visible"].split(",")])
+    elif os.environ.get("LOOMRL_THREADS"):
+        _set_threads(int(os.environ["LOOMRL_THREADS"]))
     obj.rank = ctx["rank"]
     obj.world_size = ctx["world_size"]
     obj.devices = tuple(ctx["devices"])
@@ -193,11 +195,16 @@ def _pin_cpu_slots(local: list[int]) -> None:
         mine = set(local)
     # LOOMRL_THREADS pins the thread count whatever the placement: bit-identical results across
     # plans need the same reduction order in every kernel, hence the same number of threads.
-    n = os.environ.get("LOOMRL_THREADS") or str(len(mine))
+    _set_threads(int(os.environ.get("LOOMRL_THREADS") or len(mine)))
+
+
+def _set_threads(n: int) -> None:
+    import sys
+
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = n
+        os.environ[var] = str(n)
     if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(int(n))
+        sys.modules["torch"].set_num_threads(n)
 
 
 def _hosted_class(cls: type[Worker]) -> type:
@@ -300,8 +307,9 @@ def _get(h: Handle, rank: int, ref: Any) -> Any:
         raise err from (cause if isinstance(cause, BaseException) else None)
     except (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError) as e:
         host = h.group._hosts.get(rank, "?")
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise WorkerDiedError(h.group.name, rank, host, h.method, first) from None
+        text = _ANSI.sub("", str(e)).strip() or type(e).__name__
+        # A constructor that raised shows up as a dead actor: keep its traceback in the message.
+        raise WorkerDiedError(h.group.name, rank, host, h.method, text[-4000:]) from None
 
 
 class _GroupMethod:

@@ -15,13 +15,13 @@ import torch
 from loomrl.errors import ConfigError
 
 
-def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device=None):
-    """Left-pad token lists.
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device=None, width: int | None = None):
+    """Left-pad token lists (to ``width`` columns when given, else to the longest).
 
     Returns (input_ids [B, L] int64, attention_mask [B, L] int64, position_ids [B, L] int64),
     where position_ids count only real tokens (0 for padding).
     """
-    width = max(len(s) for s in seqs)
+    width = max([len(s) for s in seqs] + [width or 0])
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):

@@ -16,7 +16,9 @@ class CountingEnv(gym.Env):
     starting at 1), or on every step from `fail_from` on.
     """
 
-    def __init__(self, length: int = 5, fail_on: tuple[int, ...] = (), fail_from: int | None = None):
+    def __init__(
+        self, length: int = 5, fail_on: tuple[int, ...] = (), fail_from: int | None = None
+    ):
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
         self.length, self.fail_on, self.fail_from = length, set(fail_on), fail_from
@@ -30,7 +32,9 @@ class CountingEnv(gym.Env):
 
     def step(self, action):
         self.total += 1
-        if self.total in self.fail_on or (self.fail_from is not None and self.total >= self.fail_from):
+        if self.total in self.fail_on or (
+            self.fail_from is not None and self.total >= self.fail_from
+        ):
             raise RuntimeError(f"simulator exploded at step {self.total}")
         self.t += 1
         return np.array([self.episode, self.t], np.float32), 1.0, self.t >= self.length, False, {}

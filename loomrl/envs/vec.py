@@ -81,11 +81,15 @@ class EnvConfig:
     def __post_init__(self) -> None:
         problems = []
         if not isinstance(self.env_id, str) or not self.env_id:
-            problems.append(f"env_id={self.env_id!r}: must be a gymnasium id such as 'HalfCheetah-v5'")
+            problems.append(
+                f"env_id={self.env_id!r}: must be a gymnasium id such as 'HalfCheetah-v5'"
+            )
         if self.num_envs < 1:
             problems.append(f"num_envs={self.num_envs}: need at least one env; set num_envs >= 1")
         if self.image_size < 8:
-            problems.append(f"image_size={self.image_size}: images below 8x8 carry no signal; use e.g. 64 or 84")
+            problems.append(
+                f"image_size={self.image_size}: images below 8x8 carry no signal; use e.g. 64 or 84"
+            )
         if self.frame_skip < 1:
             problems.append(f"frame_skip={self.frame_skip}: must be >= 1 (1 = no action repeat)")
         if self.max_episode_steps is not None and self.max_episode_steps < 1:
@@ -93,9 +97,13 @@ class EnvConfig:
                 f"max_episode_steps={self.max_episode_steps}: must be >= 1, or None for the env's own limit"
             )
         if self.cpu_cores <= 0:
-            problems.append(f"cpu_cores={self.cpu_cores}: simulators need CPU; declare a positive share")
+            problems.append(
+                f"cpu_cores={self.cpu_cores}: simulators need CPU; declare a positive share"
+            )
         if self.render_backend not in RENDER_BACKENDS:
-            problems.append(f"render_backend={self.render_backend!r}: choose one of {RENDER_BACKENDS}")
+            problems.append(
+                f"render_backend={self.render_backend!r}: choose one of {RENDER_BACKENDS}"
+            )
         if self.max_failures < 1:
             problems.append(f"max_failures={self.max_failures}: must be >= 1")
         if self.failure_window < 1:
@@ -134,7 +142,9 @@ class EpisodeStats:
 
     returns: list[float] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
-    successes: list[float] = field(default_factory=list)  # only for envs reporting info["is_success"]
+    successes: list[float] = field(
+        default_factory=list
+    )  # only for envs reporting info["is_success"]
 
     def mean_return(self) -> float:
         return float(np.mean(self.returns)) if self.returns else float("nan")
@@ -272,7 +282,9 @@ def resize_image(img: np.ndarray, size: int) -> np.ndarray:
             rows = (np.arange(size) * h) // size
             cols = (np.arange(size) * w) // size
             img = img[rows][:, cols]
-    return np.ascontiguousarray(np.asarray(img, dtype=np.float32).round().astype(np.uint8).transpose(2, 0, 1))
+    return np.ascontiguousarray(
+        np.asarray(img, dtype=np.float32).round().astype(np.uint8).transpose(2, 0, 1)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,6 +347,14 @@ class VecEnv:
         if any(s.obs is None for s in self._slots):
             return None
         return np.stack([s.obs for s in self._slots])
+
+    def row_ids(self, envs: slice | None = None) -> tuple[list[int], np.ndarray]:
+        """(global env indices, transitions taken so far) of the envs in ``envs``: the key a
+        policy derives each row's sampling stream from (``loomrl.policies.row_generators``)."""
+        idx = range(self.num_envs)[envs] if envs is not None else range(self.num_envs)
+        return [self.index_offset + i for i in idx], self.env_steps[
+            idx.start : idx.stop : idx.step
+        ].copy()
 
     def __repr__(self) -> str:
         return f"VecEnv({self.cfg.env_id!r}, num_envs={self.num_envs}, index_offset={self.index_offset})"
@@ -499,11 +519,17 @@ class VecEnv:
                 f"{self!r}.step(actions): actions have shape {a.shape} but {self.cfg.env_id} needs "
                 f"{expected} = (envs stepped, *action_space.shape) for action_space {space}; "
                 "return one action per env from the policy"
-                + (" (Discrete actions are integer indices, not one-hot)" if isinstance(space, gym.spaces.Discrete) else "")
+                + (
+                    " (Discrete actions are integer indices, not one-hot)"
+                    if isinstance(space, gym.spaces.Discrete)
+                    else ""
+                )
             )
         if isinstance(space, gym.spaces.Discrete):
             if not np.issubdtype(a.dtype, np.integer):
-                raise ActionShapeError(f"{self!r}.step(actions): Discrete actions must be integers, got dtype {a.dtype}")
+                raise ActionShapeError(
+                    f"{self!r}.step(actions): Discrete actions must be integers, got dtype {a.dtype}"
+                )
             if (a < space.start).any() or (a >= space.start + space.n).any():
                 raise ActionShapeError(
                     f"{self!r}.step(actions): Discrete actions must lie in [{space.start}, {space.start + space.n}), got {a.tolist()}"
@@ -512,7 +538,9 @@ class VecEnv:
         if isinstance(space, gym.spaces.Box):
             a = a.astype(space.dtype, copy=False)
             if not np.isfinite(a).all():
-                raise ActionShapeError(f"{self!r}.step(actions): actions contain NaN/inf: {a.tolist()}")
+                raise ActionShapeError(
+                    f"{self!r}.step(actions): actions contain NaN/inf: {a.tolist()}"
+                )
             if self.cfg.clip_actions:
                 a = np.clip(a, space.low, space.high)
         return a
@@ -541,7 +569,13 @@ class VecEnv:
             return
         except Exception as e:
             self.events.append(
-                EnvEvent("env_recreated", self.index_offset + i, self.vec_steps, 0, f"reset failed: {e!r}")
+                EnvEvent(
+                    "env_recreated",
+                    self.index_offset + i,
+                    self.vec_steps,
+                    0,
+                    f"reset failed: {e!r}",
+                )
             )
         rng = slot.env.unwrapped.np_random.bit_generator.state
         try:

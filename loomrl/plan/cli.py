@@ -21,19 +21,39 @@ def build_parser(prog: str = "loomrl plan") -> argparse.ArgumentParser:
         description="Find the fastest temporal / spatial / hybrid plan for a workload profile.",
     )
     p.add_argument("profile", help="workload profile (YAML or JSON)")
-    p.add_argument("--devices", type=int, default=None, help="number of devices (default: the profile's)")
-    p.add_argument("--mode", choices=["best", "temporal", "spatial", "hybrid"], default="best",
-                   help="restrict the chosen plan to one mode")
+    p.add_argument(
+        "--devices", type=int, default=None, help="number of devices (default: the profile's)"
+    )
+    p.add_argument(
+        "--mode",
+        choices=["best", "temporal", "spatial", "hybrid"],
+        default="best",
+        help="restrict the chosen plan to one mode",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--exhaustive", action="store_true",
-                   help="brute force every plan (reference; small instances only)")
-    p.add_argument("--simulate", action="store_true",
-                   help="also simulate the plan (discrete events) and print mean/p95 vs analytic")
-    p.add_argument("--sigma", type=float, default=0.3,
-                   help="log-normal spread of call durations for --simulate (default 0.3)")
+    p.add_argument(
+        "--exhaustive",
+        action="store_true",
+        help="brute force every plan (reference; small instances only)",
+    )
+    p.add_argument(
+        "--simulate",
+        action="store_true",
+        help="also simulate the plan (discrete events) and print mean/p95 vs analytic",
+    )
+    p.add_argument(
+        "--sigma",
+        type=float,
+        default=0.3,
+        help="log-normal spread of call durations for --simulate (default 0.3)",
+    )
     p.add_argument("--iterations", type=int, default=200, help="iterations for --simulate")
-    p.add_argument("--channel-capacity", type=int, default=None,
-                   help="micro-batches a channel holds in --simulate (default unbounded)")
+    p.add_argument(
+        "--channel-capacity",
+        type=int,
+        default=None,
+        help="micro-batches a channel holds in --simulate (default unbounded)",
+    )
     p.add_argument("--timeline", metavar="PNG", default=None, help="draw the predicted timeline")
     p.add_argument("--save", metavar="PATH", default=None, help="write the plan (.json or .yaml)")
     return p
@@ -80,8 +100,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.simulate:
         from loomrl.plan.simulate import simulate
 
-        sim = simulate(plan, profile, sigma=args.sigma, iterations=args.iterations,
-                       channel_capacity=args.channel_capacity)
+        sim = simulate(
+            plan,
+            profile,
+            sigma=args.sigma,
+            iterations=args.iterations,
+            channel_capacity=args.channel_capacity,
+        )
     if args.timeline:
         from loomrl.plan.timeline import draw_timeline
 
@@ -91,7 +116,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         out = plan.to_dict()
         out["profile"] = str(args.profile)
-        out["plans"] = {k: (v.to_dict() | {"timeline": []} if v else None) for k, v in plans.items() if k != "best"}
+        out["plans"] = {
+            k: (v.to_dict() | {"timeline": []} if v else None)
+            for k, v in plans.items()
+            if k != "best"
+        }
         if sim is not None:
             out["simulated"] = {
                 "mean_s": sim.mean_s,
@@ -120,8 +149,8 @@ def _human(args, profile, plan, sim) -> str:
     for comp, devs in plan.assignment().items():
         lines.append(f"  {comp:<{width}}  {_ranges(devs)}")
     lines.append("pure modes (predicted s/iteration, slowdown vs best):")
-    best = plan.modes.get("temporal"), plan.modes.get("spatial"), plan.modes.get("hybrid")
-    ref = min(v for v in [*best, plan.predicted_s] if v is not None)
+    found = [v for v in plan.modes.values() if v is not None]
+    ref = min([*found, plan.predicted_s])
     for mode in ("temporal", "spatial", "hybrid"):
         v = plan.modes.get(mode)
         if v is None:

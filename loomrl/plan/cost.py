@@ -97,7 +97,8 @@ def cycle_options(
             out.append(
                 Option(
                     cycle_time(a, b, steps, items, spec),
-                    a.memory_gb[v] + b.memory_gb[v],  # both stay resident: they alternate every step
+                    a.memory_gb[v]
+                    + b.memory_gb[v],  # both stay resident: they alternate every step
                     max(a.cores(v), b.cores(v)),
                     v,
                     KIND_T,
@@ -194,7 +195,9 @@ def _fixed_options(profile: WorkloadProfile, node: Node, items: int) -> list[Opt
         opts = [
             o
             for o in opts
-            if o.spec[0] == "split" and (o.spec[1], o.spec[2]) == tuple(node.split) and o.spec[3] == node.groups
+            if o.spec[0] == "split"
+            and (o.spec[1], o.spec[2]) == tuple(node.split)
+            and o.spec[3] == node.groups
         ]
     return opts
 
@@ -217,7 +220,9 @@ def _check_tree(profile: WorkloadProfile, tree: Node, m: int) -> None:
     def walk(node: Node) -> set[str]:
         if node.op == "leaf":
             if node.component in cyc_members:
-                problems.append(f"component {node.component!r} is in a declared cycle; use a cycle node")
+                problems.append(
+                    f"component {node.component!r} is in a declared cycle; use a cycle node"
+                )
             if node.used is not None and node.used > node.n:
                 problems.append(f"leaf {node.component!r} uses {node.used} > its {node.n} devices")
             return {node.component}  # type: ignore[arg-type]
@@ -225,17 +230,23 @@ def _check_tree(profile: WorkloadProfile, tree: Node, m: int) -> None:
             if node.component not in graph.index:
                 problems.append(f"cycle {node.component!r} is not declared in the profile")
             if node.split is not None and sum(node.split) > node.n:
-                problems.append(f"cycle {node.component!r} split {node.split} exceeds its {node.n} devices")
+                problems.append(
+                    f"cycle {node.component!r} split {node.split} exceeds its {node.n} devices"
+                )
             return {node.component}  # type: ignore[arg-type]
         a, b = node.children
         if node.op == "spatial":
             if a.n + b.n > node.n:
-                problems.append(f"spatial node has {node.n} devices but children need {a.n} + {b.n}")
+                problems.append(
+                    f"spatial node has {node.n} devices but children need {a.n} + {b.n}"
+                )
             if a.n < 1 or b.n < 1:
                 problems.append("each side of a spatial node needs at least 1 device")
         else:
             if a.n > node.n or b.n > node.n:
-                problems.append(f"temporal node has {node.n} devices but a child has {max(a.n, b.n)}")
+                problems.append(
+                    f"temporal node has {node.n} devices but a child has {max(a.n, b.n)}"
+                )
         sa, sb = walk(a), walk(b)
         ia = sum(1 << graph.index[x] for x in sa if x in graph.index)
         ib = sum(1 << graph.index[x] for x in sb if x in graph.index)
@@ -272,14 +283,18 @@ def evaluate(tree: Node, profile: WorkloadProfile, m: int) -> Evaluation:
             reasons.append(f"{what} needs {mem:g} GB per device > device_memory_gb {cap:g}")
             return False
         if cores > core_cap + EPS:
-            reasons.append(f"{what} needs {cores:g} CPU cores > cpu_cores_per_node*nodes = {core_cap:g}")
+            reasons.append(
+                f"{what} needs {cores:g} CPU cores > cpu_cores_per_node*nodes = {core_cap:g}"
+            )
             return False
         return True
 
     def single(node: Node, items: int) -> list[tuple]:
         opts = _fixed_options(profile, node, items)
         if not opts:
-            reasons.append(f"{node.component!r} has no valid device count <= {node.n} matching the node")
+            reasons.append(
+                f"{node.component!r} has no valid device count <= {node.n} matching the node"
+            )
         return [
             (o.time, o.time, o.mem, o.cores, _spec_node(node, o.spec))
             for o in opts
@@ -314,7 +329,12 @@ def evaluate(tree: Node, profile: WorkloadProfile, m: int) -> Evaluation:
             if ra is None or rb is None:
                 return None
             cands = [
-                (ra[0] + rb[0], max(ra[1], rb[1]), max(ra[2], rb[2]), replace(node, children=(ra[3], rb[3])))
+                (
+                    ra[0] + rb[0],
+                    max(ra[1], rb[1]),
+                    max(ra[2], rb[2]),
+                    replace(node, children=(ra[3], rb[3])),
+                )
             ]
         return min(cands, key=lambda c: c[0]) if cands else None
 

@@ -47,7 +47,9 @@ def strongly_connected(names: Sequence[str], edges: Iterable[tuple[str, str]]) -
     return out
 
 
-def undeclared_cycles(names: Sequence[str], edges: Iterable[tuple[str, str]], cycles) -> list[set[str]]:
+def undeclared_cycles(
+    names: Sequence[str], edges: Iterable[tuple[str, str]], cycles
+) -> list[set[str]]:
     """Strongly connected components of size > 1 that are not exactly a declared cycle."""
     declared = [set(c.members) for c in cycles]
     return [s for s in strongly_connected(names, list(edges)) if len(s) > 1 and s not in declared]

@@ -175,7 +175,13 @@ def cycle(
 ) -> Node:
     """The 2-cycle ``a <-> b`` on ``n`` devices: co-located (``split`` None) or split with ``groups`` ring groups."""
     return Node(
-        "cycle", int(n), component=f"{a}<->{b}", members=(a, b), split=split, groups=groups, used=used
+        "cycle",
+        int(n),
+        component=f"{a}<->{b}",
+        members=(a, b),
+        split=split,
+        groups=groups,
+        used=used,
     )
 
 

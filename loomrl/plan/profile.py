@@ -199,7 +199,9 @@ def _positive_int(raw: Any, key: str, problems: list[str]) -> int | None:
     return raw
 
 
-def load_profile(source: str | Path | Mapping[str, Any], devices: int | None = None) -> WorkloadProfile:
+def load_profile(
+    source: str | Path | Mapping[str, Any], devices: int | None = None
+) -> WorkloadProfile:
     """Read and validate a profile from a YAML/JSON file path or an already-parsed dict.
 
     Every problem found is reported at once in one :class:`ConfigError`.
@@ -224,7 +226,9 @@ def load_profile(source: str | Path | Mapping[str, Any], devices: int | None = N
         except Exception as e:  # malformed syntax: say where, not a traceback
             raise ConfigError([f"cannot parse {path.name}: {e}"], source=where) from None
     if not isinstance(raw, Mapping):
-        raise ConfigError([f"the profile must be a mapping, got {type(raw).__name__}"], source=where)
+        raise ConfigError(
+            [f"the profile must be a mapping, got {type(raw).__name__}"], source=where
+        )
     if devices is not None:
         raw["devices"] = devices
     return _build(raw, where)
@@ -299,7 +303,9 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
     cycles: list[CycleSpec] = []
     for i, c in enumerate(raw.get("cycles") or []):
         if not isinstance(c, Mapping):
-            problems.append(f"cycles[{i}] must be a mapping {{members: [a, b], steps: S}}, got {c!r}")
+            problems.append(
+                f"cycles[{i}] must be a mapping {{members: [a, b], steps: S}}, got {c!r}"
+            )
             continue
         _unknown(c.keys(), _CYCLE_KEYS, f"cycles[{i}]", problems)
         members = c.get("members")
@@ -318,7 +324,9 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
     for i, c in enumerate(cycles):
         for v in c.members:
             if v in seen:
-                problems.append(f"component {v!r} is in cycles[{seen[v]}] and cycles[{i}]; a component may join one cycle")
+                problems.append(
+                    f"component {v!r} is in cycles[{seen[v]}] and cycles[{i}]; a component may join one cycle"
+                )
             seen[v] = i
 
     if not problems:
@@ -360,7 +368,9 @@ def _build_component(
         or not valid
         or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in valid)
     ):
-        problems.append(f"{where}.valid_devices must be a non-empty list of positive integers, got {valid!r}")
+        problems.append(
+            f"{where}.valid_devices must be a non-empty list of positive integers, got {valid!r}"
+        )
         return None, None
     valid_t = tuple(sorted(set(valid)))
     time_raw = craw.get("time") or {}
@@ -396,7 +406,9 @@ def _build_component(
         try:
             rows = [(name, int(s[0]), float(s[1]), float(s[2]), float(s[3])) for s in samples]
         except (TypeError, ValueError, IndexError):
-            problems.append(f"{where}.samples rows must be [n_devices, items, seconds, peak_memory_gb]")
+            problems.append(
+                f"{where}.samples rows must be [n_devices, items, seconds, peak_memory_gb]"
+            )
             return None, None
         fitted, report = fit_component(rows, valid_devices=valid_t, switch_s=float(switch))
         if not per_item:
@@ -438,7 +450,9 @@ def _build_component(
 
 # --------------------------------------------------------------------------- fitting
 
-Sample = tuple[str, int, float, float, float]  # (component, n_devices, items, seconds, peak_memory_gb)
+Sample = tuple[
+    str, int, float, float, float
+]  # (component, n_devices, items, seconds, peak_memory_gb)
 
 
 def fit_component(
@@ -472,7 +486,7 @@ def fit_component(
     if alpha < 0:  # a negative fixed cost is unphysical; refit through the origin
         coef2, *_ = np.linalg.lstsq(design[:, 1:], ts, rcond=None)
         alpha, coef = 0.0, np.concatenate([[0.0], coef2])
-    measured_per = {n: max(float(c), 0.0) for n, c in zip(measured, coef[1:])}
+    measured_per = {n: max(float(c), 0.0) for n, c in zip(measured, coef[1:], strict=True)}
     pos = [(n, v) for n, v in measured_per.items() if v > 0]
     if len(pos) >= 2:
         ln = np.log([n for n, _ in pos])
@@ -480,7 +494,7 @@ def fit_component(
         slope, intercept = np.polyfit(ln, lv, 1)
         exponent, scale = float(-slope), float(np.exp(intercept))
     else:  # one device count measured: assume ideal scaling
-        n0, v0 = (pos[0] if pos else (measured[0], 0.0))
+        n0, v0 = pos[0] if pos else (measured[0], 0.0)
         exponent, scale = 1.0, v0 * n0
     # memory(n) = a + b / n (a: replicated state, b: sharded state)
     if len(measured) >= 2:
@@ -507,7 +521,9 @@ def fit_component(
             f"{EXTRAPOLATION_WARN_FACTOR}x the largest measured n={max(measured)}; measure larger n",
             stacklevel=2,
         )
-    pred = np.array([alpha + x * per_item.get(n, scale * n**-exponent) for n, x in zip(ns, xs)])
+    pred = np.array(
+        [alpha + x * per_item.get(n, scale * n**-exponent) for n, x in zip(ns, xs, strict=True)]
+    )
     rel = np.abs(pred - ts) / np.maximum(np.abs(ts), 1e-12)
     mem_pred = np.array([memory.get(n, ma + mb / n) for n in ns])
     mem_rel = np.abs(mem_pred - mem) / np.maximum(np.abs(mem), 1e-12)
@@ -577,9 +593,9 @@ def fit_profile(
             cpu_cores=(cpu_cores or {}).get(name),
         )
         reports.append(rep)
-        raw["components"][name] = WorkloadProfile(
-            1, 1, 1, (1,), {name: comp}
-        ).to_dict()["components"][name]
+        raw["components"][name] = WorkloadProfile(1, 1, 1, (1,), {name: comp}).to_dict()[
+            "components"
+        ][name]
     prof = load_profile(raw)
     from dataclasses import replace
 

@@ -36,7 +36,15 @@ from loomrl.plan.graph import WorkGraph
 from loomrl.plan.plan import Node, Plan, layout, mode_of
 from loomrl.plan.profile import WorkloadProfile
 
-__all__ = ["MODES", "exhaustive", "fixed_plan", "plan_for_mode", "search", "search_all"]
+__all__ = [
+    "MODES",
+    "exhaustive",
+    "exhaustive_times",
+    "fixed_plan",
+    "plan_for_mode",
+    "search",
+    "search_all",
+]
 
 MODES = ("temporal", "spatial", "hybrid")
 _MODE_KINDS = {"best": (0, 1, 2, 3), "temporal": (0, 1), "spatial": (0, 2), "hybrid": (3,)}
@@ -154,7 +162,9 @@ class _DP:
         }
 
     def _feasible(self, opts: list[Option]) -> list[Option]:
-        return [o for o in opts if o.mem <= self.cap and o.cores <= self.core_cap and o.used <= self.N]
+        return [
+            o for o in opts if o.mem <= self.cap and o.cores <= self.core_cap and o.used <= self.N
+        ]
 
     def run(self, m: int, bound: np.ndarray | None = None):
         """Return (best per kind at the root, back-pointer tables) for micro-batch m.
@@ -214,7 +224,9 @@ class _DP:
                 A, B = stream[a], stream[b]
                 if len(A) and len(B):
                     sp_parts.append(self._combine(A, B, a, spatial=True))
-                    if not is_root:  # the root is in phase context: no co-resident stream node there
+                    if (
+                        not is_root
+                    ):  # the root is in phase context: no co-resident stream node there
                         tp_parts.append(self._combine(A, B, a, spatial=False))
                 va, vb = phase[a][0], phase[b][0]
                 for ka in range(4):
@@ -346,7 +358,9 @@ def _option_node(profile: WorkloadProfile, name: str, o: Option) -> Node:
     if o.spec[0] == "coloc":
         return Node("cycle", o.used, component=name, members=members, used=o.used)
     _, na, nb, k = o.spec
-    return Node("cycle", na + nb, component=name, members=members, split=(na, nb), groups=k, used=na + nb)
+    return Node(
+        "cycle", na + nb, component=name, members=members, split=(na, nb), groups=k, used=na + nb
+    )
 
 
 # ----------------------------------------------------------------------- public API
@@ -359,9 +373,7 @@ def _diagnose(profile: WorkloadProfile, devices: int, mode: str) -> str:
     for nd in g.nodes:
         opts = node_options(profile, nd.name, devices, profile.batch)
         what = f"cycle {nd.name!r}" if nd.is_cycle else f"component {nd.name!r}"
-        valid = (
-            list(profile.components[nd.name].valid_devices) if not nd.is_cycle else None
-        )
+        valid = list(profile.components[nd.name].valid_devices) if not nd.is_cycle else None
         if not opts:
             need = min(valid) if valid else 2
             return (
@@ -383,16 +395,28 @@ def _diagnose(profile: WorkloadProfile, devices: int, mode: str) -> str:
                 f"cpu_cores_per_node*nodes is {ccap:g}"
             )
     if mode == "spatial":
-        need = sum(
-            min((o.used for o in node_options(profile, nd.name, devices, profile.batch) if o.mem <= cap), default=0)
-            for nd in g.nodes
-        )
+        need_dev, need_cores = {}, {}
+        for nd in g.nodes:
+            opts = [
+                o
+                for o in node_options(profile, nd.name, devices, profile.batch)
+                if o.mem <= cap + EPS
+            ]
+            need_dev[nd.name] = min((o.used for o in opts), default=0)
+            need_cores[nd.name] = min((o.cores for o in opts), default=0)
+        if sum(need_cores.values()) > ccap + EPS:
+            return (
+                f"no all-spatial plan fits: side by side the components need at least "
+                f"{sum(need_cores.values()):g} CPU cores ({need_cores}), but cpu_cores_per_node*nodes is {ccap:g}"
+            )
         return (
-            f"no all-spatial plan fits: the components need at least {need} devices side by side "
-            f"(or more CPU cores than cpu_cores_per_node*nodes = {ccap:g}), but only {devices} are available"
+            f"no all-spatial plan fits: side by side the components need at least "
+            f"{sum(need_dev.values())} devices ({need_dev}), but only {devices} are available"
         )
     if mode == "hybrid":
-        return "no hybrid plan exists: it needs at least three graph nodes (or a cycle plus one more)"
+        return (
+            "no hybrid plan exists: it needs at least three graph nodes (or a cycle plus one more)"
+        )
     return f"no {mode} plan fits on {devices} devices (memory {cap:g} GB, cores {ccap:g})"
 
 
@@ -412,7 +436,7 @@ def _run_all(profile: WorkloadProfile, devices: int) -> dict[str, _Best | None]:
     # A quick heuristic pass (few points per state) finds real plans of each mode;
     # their times bound the exact pass, which then drops hopeless points early.
     bounds = np.full(4, np.inf)
-    if len(dp.graph) > 2:
+    if len(dp.graph) > 3:  # small graphs: the exact pass alone is faster
         dp.truncate = _HEURISTIC_POINTS
         scout: dict[str, _Best | None] = {k: None for k in _MODE_KINDS}
         for m in grans:
@@ -463,7 +487,9 @@ def _bounds(best: dict[str, _Best | None]) -> np.ndarray:
     )
 
 
-def _to_plan(profile: WorkloadProfile, devices: int, dp: _DP, b: _Best, search_s: float, method: str) -> Plan:
+def _to_plan(
+    profile: WorkloadProfile, devices: int, dp: _DP, b: _Best, search_s: float, method: str
+) -> Plan:
     tree = dp.build(b.tables, b.src, b.is_temp)
     return fixed_plan(profile, tree, b.m, devices=devices, search_s=search_s, method=method)
 
@@ -559,9 +585,30 @@ def exhaustive(profile: WorkloadProfile, devices: int | None = None, mode: str =
     No memoisation and no Pareto pruning (only exact duplicates of a result are
     merged); exponential, meant for V <= 4 and N <= 12.
     """
+    if mode not in _MODE_KINDS:
+        raise PlanError(f"mode must be one of {sorted(_MODE_KINDS)}, got {mode!r}")
     n = int(devices or profile.devices)
     prof = profile if n == profile.devices else profile.with_devices(n)
     t0 = time.perf_counter()
+    best, to_node = _exhaustive_all(prof, n)
+    search_s = time.perf_counter() - t0
+    b = best[mode]
+    if b is None:
+        raise PlanError(_diagnose(prof, n, mode))
+    return fixed_plan(prof, to_node(b[2]), b[1], devices=n, search_s=search_s, method="exhaustive")
+
+
+def exhaustive_times(
+    profile: WorkloadProfile, devices: int | None = None
+) -> dict[str, float | None]:
+    """Brute-force optimum per mode ("best", "temporal", "spatial", "hybrid"); None when infeasible."""
+    n = int(devices or profile.devices)
+    prof = profile if n == profile.devices else profile.with_devices(n)
+    best, _ = _exhaustive_all(prof, n)
+    return {k: (v[0] if v else None) for k, v in best.items()}
+
+
+def _exhaustive_all(prof: WorkloadProfile, n: int):
     g = WorkGraph.from_profile(prof)
     cap, ccap = prof.device_memory_gb + EPS, prof.cpu_core_budget + EPS
     M = prof.batch
@@ -616,15 +663,13 @@ def exhaustive(profile: WorkloadProfile, devices: int | None = None, mode: str =
                     out.setdefault((v, ka | kb | KIND_T), ("T", ta, tb))
         return out
 
-    kinds = _MODE_KINDS[mode]
-    best = None
+    best: dict = {k: None for k in _MODE_KINDS}
     for m in sorted(prof.granularities, reverse=True):
         for (v, kind), t in phase(g.full, n, m, True).items():
-            if kind in kinds and (best is None or v < best[0] * (1 - 1e-12) - 1e-15):
-                best = (v, m, t)
-    search_s = time.perf_counter() - t0
-    if best is None:
-        raise PlanError(_diagnose(prof, n, mode))
+            for mode, kinds in _MODE_KINDS.items():
+                cur = best[mode]
+                if kind in kinds and (cur is None or v < cur[0] * (1 - 1e-12) - 1e-15):
+                    best[mode] = (v, m, t)
 
     def to_node(t) -> Node:
         if t[0] == "L":
@@ -634,4 +679,4 @@ def exhaustive(profile: WorkloadProfile, devices: int | None = None, mode: str =
             return Node("spatial", a.n + b.n, children=(a, b))
         return Node("temporal", max(a.n, b.n), children=(a, b))
 
-    return fixed_plan(prof, to_node(best[2]), best[1], devices=n, search_s=search_s, method="exhaustive")
+    return best, to_node

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
 import numpy as np
 
 from loomrl.plan.cost import evaluate
@@ -195,7 +196,7 @@ class _Sim:
         leaves = node.leaves()
         durs = [self.single_time(x, self.m, j) for x in leaves]
         t = end - sum(durs)
-        for x, d in zip(leaves, durs):
+        for x, d in zip(leaves, durs, strict=True):
             self._record_single(x, t, d, j, self.m)
             t += d
 
@@ -209,7 +210,9 @@ class _Sim:
                         sw = self.prof.components[comp].switch_s
                         if sw > 0:
                             devs = x.member_devices()[comp]
-                            self.intervals.append(Interval(comp, _rng(devs), t, t + sw, -1, "switch"))
+                            self.intervals.append(
+                                Interval(comp, _rng(devs), t, t + sw, -1, "switch")
+                            )
                             t += sw
                 t = self.phase(block, t, False)
             return t
@@ -271,4 +274,3 @@ def predicted_timeline(tree: Node, profile: WorkloadProfile, micro_batch: int) -
     sim = _Sim(profile, micro_batch, None, 0.0, None)
     sim.phase(tree, 0.0, root=True)
     return sorted(sim.intervals, key=lambda i: (i.start, i.devices, i.component))
-

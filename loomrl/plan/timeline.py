@@ -63,7 +63,9 @@ def draw_timeline(
     end = max((r[3] for r in rows), default=1.0)
     fig, ax = plt.subplots(figsize=(12, 0.5 * len(labels) + 1.8))
     for lab, comp, s, e, text in rows:
-        ax.barh(y[lab], e - s, left=s, height=0.8, color=color[comp], edgecolor="black", linewidth=0.3)
+        ax.barh(
+            y[lab], e - s, left=s, height=0.8, color=color[comp], edgecolor="black", linewidth=0.3
+        )
         if text and (e - s) > end / 60:
             ax.text((s + e) / 2, y[lab], text, ha="center", va="center", fontsize=6)
     ax.set_yticks(range(len(labels)))
@@ -72,7 +74,14 @@ def draw_timeline(
     ax.set_xlabel("seconds")
     ax.set_xlim(0, end * 1.01)
     handles = [plt.Rectangle((0, 0), 1, 1, color=color[c]) for c in comps]
-    ax.legend(handles, comps, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=min(len(comps), 6), fontsize=8)
+    ax.legend(
+        handles,
+        comps,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.15),
+        ncol=min(len(comps), 6),
+        fontsize=8,
+    )
     if title:
         ax.set_title(title)
     fig.tight_layout()

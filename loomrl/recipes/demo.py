@@ -12,8 +12,9 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from loomrl.run import RunConfig
 from loomrl.worker import Worker
 
 
@@ -99,3 +100,39 @@ def build(flow, cfg: DemoConfig):
 
 def make_items(step: int, batch: int, seed: int = 0) -> list[dict]:
     return [{"seed": seed * 1_000_003 + step * 10_007 + i} for i in range(batch)]
+
+
+@dataclass
+class Config:
+    """`recipe: demo` — the matrix-product workflow under any plan."""
+
+    recipe: str = "demo"
+    batch: int = 16
+    demo: DemoConfig = field(default_factory=DemoConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+def main(cfg: Config) -> dict:
+    """Driver loop: plan once, then run the chain each step and record the checksums."""
+    from loomrl.flow import Flow
+    from loomrl.run import Run
+
+    run = Run(cfg, cfg.run)
+    try:
+        flow = Flow(run.cluster, run.dir)
+        build(flow, cfg.demo)
+        run.apply_plan(flow, make_items(0, cfg.batch, cfg.run.seed))
+        digest = hashlib.sha256()
+        for step in range(cfg.run.steps):
+            result = flow.run(make_items(step, cfg.batch, cfg.run.seed))
+            digest.update("".join(result.outputs).encode())
+            run.record(step, result)
+            run.logger.log(
+                step, {"iteration_s": result.measured_s, "predicted_s": result.predicted_s}
+            )
+        flow.shutdown()
+        return run.summary(
+            cfg.run.steps, digest.hexdigest(), {"outputs_sha256": digest.hexdigest()}
+        )
+    finally:
+        run.close()

@@ -15,10 +15,12 @@ from loomrl.errors import ConfigError
 from loomrl.tasks.arithmetic import ArithmeticTask
 from loomrl.tasks.base import Example, Task, in_eval_split
 from loomrl.tasks.countdown import CountdownTask, check_solution
+from loomrl.tasks.digits import DigitsTask
 from loomrl.tasks.jsonl import DatasetError, JsonlTask, load_jsonl
 from loomrl.tasks.prompts import build_messages, plain_prompt, render_prompt
 
 _REGISTRY: dict[str, type] = {
+    "digits": DigitsTask,
     "arithmetic": ArithmeticTask,
     "countdown": CountdownTask,
     "jsonl": JsonlTask,

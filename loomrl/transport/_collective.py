@@ -72,7 +72,9 @@ class PairGroups:
     def get(self, peer: str, backend: str) -> tuple[Any, int]:
         """Return ``(process_group, peer_rank)`` for talking to ``peer``; creates it on first use."""
         if peer == self.me:
-            raise ValueError(f"peer {peer!r} is this process itself; use Path.LOCAL, not a process group")
+            raise ValueError(
+                f"peer {peer!r} is this process itself; use Path.LOCAL, not a process group"
+            )
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend={backend!r}; use 'gloo' or 'nccl'")
         with self._lock:
@@ -112,7 +114,9 @@ def _staging_device(backend: str, device: str | None) -> str:
     return device
 
 
-def send_object(obj: Any, pg, peer_rank: int, backend: str = "gloo", device: str | None = None) -> int:
+def send_object(
+    obj: Any, pg, peer_rank: int, backend: str = "gloo", device: str | None = None
+) -> int:
     """Send ``obj`` to ``peer_rank`` of the two-rank group ``pg``. Returns the payload bytes sent.
 
     With NCCL, GPU tensors go device-to-device without a host copy; host buffers are staged on ``device``.
@@ -163,7 +167,9 @@ class Link:
     ``device`` is this process's CUDA device for NCCL ("cuda:0"), None on CPU.
     """
 
-    def __init__(self, me: str, rendezvous: Rendezvous, device: str | None = None, timeout: float = 300.0):
+    def __init__(
+        self, me: str, rendezvous: Rendezvous, device: str | None = None, timeout: float = 300.0
+    ):
         self.groups = PairGroups(me, rendezvous, timeout)
         self.device = device
 
@@ -174,4 +180,3 @@ class Link:
     def recv(self, peer: str, backend: str = "gloo") -> Any:
         pg, peer_rank = self.groups.get(peer, backend)
         return recv_object(pg, peer_rank, backend, self.device)
-

@@ -53,7 +53,9 @@ def _rebuild_tensor(arr: np.ndarray, dtype_name: str, view_dtype: str | None, re
     return t
 
 
-def _rebuild_device_tensor(index: int, dtype_name: str, shape: tuple[int, ...], requires_grad: bool):
+def _rebuild_device_tensor(
+    index: int, dtype_name: str, shape: tuple[int, ...], requires_grad: bool
+):
     import torch
 
     raw = _load_state.buffers[index]
@@ -133,7 +135,9 @@ class _Flattener:
 
     def cloud_dumps(self, obj: Any) -> bytes:
         f = io.BytesIO()
-        _cloud_pickler()(f, self, protocol=_PROTOCOL, buffer_callback=self.buffer_callback).dump(obj)
+        _cloud_pickler()(f, self, protocol=_PROTOCOL, buffer_callback=self.buffer_callback).dump(
+            obj
+        )
         return f.getvalue()
 
 

@@ -19,7 +19,9 @@ def make_channel(ray_session):
     made = []
 
     def make(maxsize=0, offload=False, name=None):
-        ch = Channel.create(name or f"test-{uuid.uuid4().hex[:8]}", maxsize=maxsize, offload=offload)
+        ch = Channel.create(
+            name or f"test-{uuid.uuid4().hex[:8]}", maxsize=maxsize, offload=offload
+        )
         made.append(ch)
         return ch
 
@@ -166,7 +168,9 @@ def test_many_producers_and_consumers_no_loss_no_duplicate(make_channel, ray_ses
             assert seq == sorted(seq)
     stats = ch.stats()
     assert stats["put"] == stats["got"] == n_prod * per_producer and stats["qsize"] == 0
-    assert {(f"producer{p}", f"consumer{c}") for p in range(n_prod) for c in range(n_cons)} >= ch.edges()
+    assert {
+        (f"producer{p}", f"consumer{c}") for p in range(n_prod) for c in range(n_cons)
+    } >= ch.edges()
     assert elapsed < 30, f"took {elapsed:.1f}s"
 
 
@@ -229,7 +233,10 @@ def test_connect_waits_for_creation(make_channel):
 
 def test_non_picklable_payload_names_the_type(make_channel):
     ch = make_channel()
-    with pytest.raises(TypeError, match=r"channel '.*': cannot send an object of type builtins\.dict.*_thread\.lock"):
+    with pytest.raises(
+        TypeError,
+        match=r"channel '.*': cannot send an object of type builtins\.dict.*_thread\.lock",
+    ):
         ch.put({"ok": 1, "lock": threading.Lock()})
     assert ch.qsize() == 0
     ch.put({"fine": lambda x: x * 2})  # cloudpickle handles functions
@@ -309,3 +316,15 @@ def test_delete_frees_the_name(make_channel, ray_session):
             assert time.monotonic() < deadline
             time.sleep(0.05)
     assert again.qsize() == 0
+
+
+def test_handle_pickles_and_offload_setting_is_shared(make_channel):
+    import pickle
+
+    import torch
+
+    ch = make_channel(offload=True)
+    copy = pickle.loads(pickle.dumps(ch))
+    assert copy.offload and Channel.connect(ch.name).offload
+    copy.put({"t": torch.arange(4, dtype=torch.bfloat16)})
+    assert ch.get()["t"].tolist() == [0, 1, 2, 3]

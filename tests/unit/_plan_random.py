@@ -7,7 +7,14 @@ import numpy as np
 from loomrl.plan import load_profile
 
 
-def random_profile(rng: np.random.Generator, v: int, n: int, dag: bool = False, cycle: bool = False, cores: bool = False):
+def random_profile(
+    rng: np.random.Generator,
+    v: int,
+    n: int,
+    dag: bool = False,
+    cycle: bool = False,
+    cores: bool = False,
+):
     names = [f"c{i}" for i in range(v)]
     batch = int(rng.choice([4, 8, 12]))
     grans = [g for g in (1, 2, 4, batch) if batch % g == 0]
@@ -31,7 +38,9 @@ def random_profile(rng: np.random.Generator, v: int, n: int, dag: bool = False, 
         if cores:
             comps[name]["cpu_cores"] = {d: int(rng.integers(1, 6)) * d for d in valid}
     if dag:
-        edges = [[names[i], names[j]] for i in range(v) for j in range(i + 1, v) if rng.random() < 0.5]
+        edges = [
+            [names[i], names[j]] for i in range(v) for j in range(i + 1, v) if rng.random() < 0.5
+        ]
     else:
         edges = [[names[i], names[i + 1]] for i in range(v - 1)]
     raw = {

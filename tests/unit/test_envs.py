@@ -64,7 +64,8 @@ def test_autoreset_yields_the_real_transitions_of_gymnasium_next_step_mode():
         prev = r.obs
 
     ref = gym.vector.SyncVectorEnv(
-        [lambda: gym.make(PENDULUM) for _ in range(n)], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
+        [lambda: gym.make(PENDULUM) for _ in range(n)],
+        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
     )
     obs, _ = ref.reset(seed=7)
     theirs: list[list[tuple]] = [[] for _ in range(n)]
@@ -131,7 +132,9 @@ def test_unknown_env_id_lists_close_matches():
 def test_wrong_action_shape_names_expected_and_given():
     env = make(num_envs=2)
     env.reset()
-    with pytest.raises(ActionShapeError, match=r"shape \(2,\) but InvertedPendulum-v5 needs \(2, 1\)"):
+    with pytest.raises(
+        ActionShapeError, match=r"shape \(2,\) but InvertedPendulum-v5 needs \(2, 1\)"
+    ):
         env.step(np.zeros(2, np.float32))
     with pytest.raises(ActionShapeError, match="NaN"):
         env.step(np.full((2, 1), np.nan, np.float32))
@@ -165,14 +168,21 @@ def test_failing_env_is_recorded_reset_and_training_goes_on():
 def test_repeated_failures_raise_a_clear_error():
     env = make("loomrl-test/Counting-v0", num_envs=1, max_failures=3, env_kwargs={"fail_from": 2})
     env.reset()
-    with pytest.raises(EnvFailureError, match=r"4 simulator failures within the last 1000 steps \(max_failures=3\)"):
+    with pytest.raises(
+        EnvFailureError, match=r"4 simulator failures within the last 1000 steps \(max_failures=3\)"
+    ):
         for _ in range(10):
             env.step(np.zeros((1, 1), np.float32))
 
 
 def test_failures_outside_the_window_are_forgotten():
-    env = make("loomrl-test/Counting-v0", num_envs=1, max_failures=1, failure_window=3,
-               env_kwargs={"fail_on": (2, 6, 10)})
+    env = make(
+        "loomrl-test/Counting-v0",
+        num_envs=1,
+        max_failures=1,
+        failure_window=3,
+        env_kwargs={"fail_on": (2, 6, 10)},
+    )
     env.reset()
     for _ in range(12):
         env.step(np.zeros((1, 1), np.float32))
@@ -227,7 +237,9 @@ def test_resize_image_area_average_to_chw():
 _render_problem = probe_rendering("egl", timeout_s=60)
 
 
-@pytest.mark.skipif(_render_problem is not None, reason=f"headless EGL rendering unavailable: {_render_problem}")
+@pytest.mark.skipif(
+    _render_problem is not None, reason=f"headless EGL rendering unavailable: {_render_problem}"
+)
 def test_pixel_observations_are_uint8_chw():
     env = make(pixels=True, image_size=48)
     obs = env.reset()

@@ -23,6 +23,21 @@ from loomrl.errors import ConfigError
 from loomrl.policies import MLPActorCritic
 
 
+def assert_close(actual, expected, rtol=1.3e-6, atol=1e-5):
+    # torch.testing.assert_close imports torch.distributed on first use (seconds); this is enough.
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    assert torch.allclose(actual, expected, rtol=rtol, atol=atol), (actual, expected)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    # Tiny networks: intra-op threads only add synchronisation (badly so on a loaded 2-core box).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def test_running_mean_std_matches_numpy_and_round_trips():
     rng = np.random.default_rng(0)
     a, b = rng.normal(2, 3, (50, 4)), rng.normal(-1, 1, (30, 4))
@@ -33,7 +48,9 @@ def test_running_mean_std_matches_numpy_and_round_trips():
     np.testing.assert_allclose(rms.mean, both.mean(0), rtol=1e-12)
     np.testing.assert_allclose(rms.var, both.var(0), rtol=1e-12)
     x = rms.normalize(both[:3], clip=None)
-    np.testing.assert_allclose(x, (both[:3] - both.mean(0)) / np.sqrt(both.var(0) + 1e-8), rtol=1e-5)
+    np.testing.assert_allclose(
+        x, (both[:3] - both.mean(0)) / np.sqrt(both.var(0) + 1e-8), rtol=1e-5
+    )
     assert np.abs(rms.normalize(both * 100, clip=5.0)).max() <= 5.0
     other = RunningMeanStd((4,))
     other.load_state_dict(rms.state_dict())
@@ -47,14 +64,23 @@ def test_reward_scaler_uses_discounted_return_std():
     s.update(np.ones((3, 1)), np.array([[0.0], [1.0], [0.0]]))  # returns seen: 1, 1.5, then 1
     expected_std = np.sqrt(np.var([1.0, 1.5, 1.0]))
     out = s.scale(torch.ones(2, 1))
-    torch.testing.assert_close(out, torch.full((2, 1), 1 / expected_std, dtype=torch.float32), rtol=1e-3, atol=0)
+    assert_close(out, torch.full((2, 1), 1 / expected_std, dtype=torch.float32), rtol=1e-3, atol=0)
 
 
 def _buffer(**kw) -> RolloutBuffer:
     T, N = kw["rewards"].shape
     z = torch.zeros(T, N)
-    fields = dict(obs=z, actions=z, logp=z, values=z, rewards=z, terminated=z.bool(), truncated=z.bool(),
-                  final_values=z, last_value=torch.zeros(N))
+    fields = dict(
+        obs=z,
+        actions=z,
+        logp=z,
+        values=z,
+        rewards=z,
+        terminated=z.bool(),
+        truncated=z.bool(),
+        final_values=z,
+        last_value=torch.zeros(N),
+    )
     fields.update(kw)
     return RolloutBuffer(**fields)
 
@@ -69,33 +95,49 @@ def test_advantages_bootstrap_through_truncation_but_not_termination():
     )
     adv, ret = compute_advantages(buf, gamma=0.9, lam=1.0)
     # t=1: 1 + .9*3 - .5 = 3.2.  t=0 (truncated): 1 + .9*V(final)=2.8, cut: 2.8 - .5 = 2.3
-    torch.testing.assert_close(adv, torch.tensor([[2.3], [3.2]]))
-    torch.testing.assert_close(ret, torch.tensor([[2.8], [3.7]]))
+    assert_close(adv, torch.tensor([[2.3], [3.2]]))
+    assert_close(ret, torch.tensor([[2.8], [3.7]]))
     buf.terminated[0, 0], buf.truncated[0, 0] = True, False
     adv, _ = compute_advantages(buf, gamma=0.9, lam=1.0)
-    torch.testing.assert_close(adv[0], torch.tensor([0.5]))  # 1 - .5, nothing bootstrapped
+    assert_close(adv[0], torch.tensor([0.5]))  # 1 - .5, nothing bootstrapped
 
 
-def _collect(groups, split_workers=False, steps=40):
+def _collect(policy, groups, split_workers=False, steps=30):
     cfg = EnvConfig("InvertedPendulum-v5", num_envs=8, seed=11, max_episode_steps=7)
-    policy = MLPActorCritic(4, VecEnv(cfg).single_action_space, seed=0)
     norm = RunningMeanStd((4,))
     if split_workers:  # one VecEnv per group, as separate env workers would hold them
         size = cfg.num_envs // groups
-        env = [VecEnv(EnvConfig(**{**cfg.__dict__, "num_envs": size}), index_offset=g * size) for g in range(groups)]
+        env = [
+            VecEnv(EnvConfig(**{**cfg.__dict__, "num_envs": size}), index_offset=g * size)
+            for g in range(groups)
+        ]
     else:
         env = VecEnv(cfg)
-    bufs = [collect(env, policy, steps, groups, normalizer=norm) for _ in range(2)]  # stats carry over
+    bufs = [
+        collect(env, policy, steps, groups, normalizer=norm) for _ in range(2)
+    ]  # stats carry over
     return bufs, norm
 
 
 def test_ring_group_collection_equals_unpipelined_collection():
-    (ref, ref2), ref_norm = _collect(1)
+    import gymnasium as gym
+
+    policy = MLPActorCritic(4, gym.spaces.Box(-3.0, 3.0, (1,), np.float32), seed=0)
+    (ref, ref2), ref_norm = _collect(policy, 1)
     assert ref.terminated.any() and ref.truncated.any(), "test needs both kinds of episode end"
-    for groups, split in ((2, False), (4, False), (8, False), (2, True), (4, True)):
-        (b, b2), norm = _collect(groups, split)
-        for name in ("obs", "actions", "logp", "values", "rewards", "terminated", "truncated",
-                     "final_values", "last_value"):
+    for groups, split in ((2, False), (8, False), (4, True)):
+        (b, b2), norm = _collect(policy, groups, split)
+        for name in (
+            "obs",
+            "actions",
+            "logp",
+            "values",
+            "rewards",
+            "terminated",
+            "truncated",
+            "final_values",
+            "last_value",
+        ):
             assert torch.equal(getattr(b, name), getattr(ref, name)), (groups, split, name)
             assert torch.equal(getattr(b2, name), getattr(ref2, name)), (groups, split, name)
         np.testing.assert_array_equal(norm.mean, ref_norm.mean)
@@ -140,7 +182,9 @@ class UserPolicy(nn.Module):
         return d.log_prob(action).sum(-1), d.entropy().sum(-1), self.v(obs).squeeze(-1)
 
 
-@pytest.mark.parametrize("make", [lambda space: MLPActorCritic(4, space, seed=0), lambda space: UserPolicy()])
+@pytest.mark.parametrize(
+    "make", [lambda space: MLPActorCritic(4, space, seed=0), lambda space: UserPolicy()]
+)
 def test_ppo_update_runs_and_is_reproducible(make):
     def once():
         torch.manual_seed(0)
@@ -154,7 +198,15 @@ def test_ppo_update_runs_and_is_reproducible(make):
 
     s1, p1 = once()
     s2, p2 = once()
-    for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "grad_norm", "explained_variance"):
+    for k in (
+        "policy_loss",
+        "value_loss",
+        "entropy",
+        "approx_kl",
+        "clip_frac",
+        "grad_norm",
+        "explained_variance",
+    ):
         assert np.isfinite(s1[k]), k
     assert s1 == s2 and all(torch.equal(a, b) for a, b in zip(p1, p2, strict=True))
     assert s1["epochs"] == 2
@@ -179,3 +231,19 @@ def test_ppo_learns_inverted_pendulum_within_10_minutes():
     curve = [(int(p["steps"]), round(p["mean_return"], 1)) for p in result.curve]
     assert result.reached_target, f"mean return never reached 950 in {result.time_s:.0f} s: {curve}"
     assert result.target_time_s < 600
+
+
+def test_pixel_rollout_and_update_with_the_cnn_policy():
+    from loomrl.envs import probe_rendering
+    from loomrl.policies import make_policy
+
+    problem = probe_rendering("egl", timeout_s=60)
+    if problem is not None:
+        pytest.skip(f"headless EGL rendering unavailable: {problem}")
+    env = VecEnv(EnvConfig("InvertedPendulum-v5", num_envs=2, pixels=True, image_size=40))
+    policy = make_policy(env.single_observation_space, env.single_action_space, seed=0)
+    buf = collect(env, policy, 4, groups=2)
+    assert buf.obs.shape == (4, 2, 3, 40, 40) and buf.obs.dtype == torch.uint8
+    opt = torch.optim.Adam(policy.parameters(), lr=3e-4)
+    stats = ppo_update(policy, opt, buf, PPOConfig(rollout_steps=8, epochs=1, num_minibatches=2))
+    assert np.isfinite(stats["policy_loss"])

@@ -13,6 +13,21 @@ BOX = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 DISC = gym.spaces.Discrete(4)
 
 
+def assert_close(actual, expected, rtol=1.3e-6, atol=1e-5):
+    # torch.testing.assert_close imports torch.distributed on first use (seconds); this is enough.
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    assert torch.allclose(actual, expected, rtol=rtol, atol=atol), (actual, expected)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    # Tiny networks: intra-op threads only add synchronisation (badly so on a loaded 2-core box).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def test_same_seed_same_weights_regardless_of_global_rng():
     torch.manual_seed(1)
     a = MLPActorCritic(5, BOX, seed=7)
@@ -30,10 +45,10 @@ def test_gaussian_act_and_evaluate_agree():
     a, logp, v = p.act(obs)
     assert a.shape == (6, 3) and logp.shape == v.shape == (6,)
     logp2, ent, v2 = p.evaluate(obs, a)
-    torch.testing.assert_close(logp, logp2, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(v, v2, rtol=1e-5, atol=1e-5)
+    assert_close(logp, logp2, rtol=1e-5, atol=1e-5)
+    assert_close(v, v2, rtol=1e-5, atol=1e-5)
     # state-independent log-std initialised at 0: entropy of a unit Gaussian per dim
-    torch.testing.assert_close(ent, torch.full((6,), 3 * 0.5 * np.log(2 * np.pi * np.e), dtype=torch.float32))
+    assert_close(ent, torch.full((6,), 3 * 0.5 * np.log(2 * np.pi * np.e), dtype=torch.float32))
 
 
 def test_categorical_policy_and_discrete_start():
@@ -64,7 +79,7 @@ def test_deterministic_act_is_the_mean():
     p = MLPActorCritic(5, BOX, seed=0)
     obs = torch.randn(4, 5)
     a, _, _ = p.act(obs, deterministic=True)
-    torch.testing.assert_close(a, p.actor(obs))
+    assert_close(a, p.actor(obs))
 
 
 def test_cnn_policy_on_uint8_images():
@@ -75,7 +90,7 @@ def test_cnn_policy_on_uint8_images():
     a, logp, v = p.act(obs, generators=row_generators(0, range(5), [0] * 5))
     assert a.shape == (5, 3) and logp.shape == v.shape == (5,)
     logp2, _, _ = p.evaluate(obs, a)
-    torch.testing.assert_close(logp, logp2, rtol=1e-4, atol=1e-4)
+    assert_close(logp, logp2, rtol=1e-4, atol=1e-4)
     small = make_policy(gym.spaces.Box(0, 255, (3, 24, 24), np.uint8), DISC, seed=0)
     assert small.act(obs[:, :, :24, :24])[0].shape == (5,)
 

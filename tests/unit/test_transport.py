@@ -68,7 +68,16 @@ def _assert_same(a, b):
 
 @pytest.mark.parametrize(
     "dtype",
-    [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int8, torch.uint8, torch.bool, torch.complex64],
+    [
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+    ],
 )
 def test_tensor_dtypes_roundtrip(dtype):
     t = (torch.arange(24, dtype=torch.float32).reshape(2, 3, 4) - 7).to(dtype)
@@ -93,7 +102,10 @@ def test_nested_containers_and_dataclasses():
     obj = {
         "a": np.arange(12.0).reshape(3, 4),
         "f": np.asfortranarray(np.arange(6).reshape(2, 3)),
-        "t": [torch.zeros(0), (torch.tensor(3.5), torch.randn(4, 5).t())],  # empty, 0-dim, non-contiguous
+        "t": [
+            torch.zeros(0),
+            (torch.tensor(3.5), torch.randn(4, 5).t()),
+        ],  # empty, 0-dim, non-contiguous
         "s": Sample(torch.arange(7), 1.25, {"note": "ok", "mask": np.ones(3, dtype=bool)}),
         "g": torch.ones(3, requires_grad=True),
         "plain": ("text", 3, None, 2.5),
@@ -229,7 +241,9 @@ def _peer(me, other, port, first, result_q):
     store = dist.TCPStore("127.0.0.1", port, None, False)
     link = Link(me, StoreRendezvous(store), timeout=30)
     if first:
-        link.send({"t": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3), "a": np.arange(5)}, other)
+        link.send(
+            {"t": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3), "a": np.arange(5)}, other
+        )
         link.send(["second", torch.zeros(0)], other)
         reply = link.recv(other)
     else:

@@ -1,0 +1,141 @@
+"""Planner search time: 3-component chain at 8..4,096 devices, 6-component PPO graph at 1,024.
+
+    python benchmarks/planner_speed.py --out planner_speed.json
+
+Valid device counts are powers of two (tensor/data-parallel sizes), ten
+micro-batch sizes. Each case is timed over --repeat runs (the table shows the best) of the
+dynamic programme (``search_s``) and of the whole ``search_all`` call (which
+also lays out, costs and simulates the four returned plans). The last line
+printed is ``max_1024_s: <x> max_4096_s: <y>``: the slowest of the
+repeats of the 3-chain DP at 1,024 and 4,096 devices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+from loomrl.plan import load_profile, search_all
+
+
+def chain3(devices: int):
+    valid = [2**i for i in range(13) if 2**i <= devices]
+
+    def comp(alpha: float, scale: float, mem: float, switch: float) -> dict:
+        return {
+            "valid_devices": valid,
+            "time": {"alpha": alpha, "per_item": {d: scale * d**-0.9 for d in valid}},
+            "memory_gb": {d: 10 + mem / d for d in valid},
+            "switch_s": switch,
+        }
+
+    return load_profile(
+        {
+            "devices": devices,
+            "device_memory_gb": 80,
+            "batch": 512,
+            "granularities": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+            "components": {
+                "rollout": comp(0.5, 400.0, 300, 3.0),
+                "inference": comp(0.1, 60.0, 200, 1.0),
+                "actor": comp(0.3, 200.0, 400, 4.0),
+            },
+            "edges": [["rollout", "inference"], ["inference", "actor"]],
+        }
+    )
+
+
+def ppo6(devices: int):
+    valid = [2**i for i in range(13) if 2**i <= devices]
+    names = ["rollout", "reward", "ref_logprob", "critic_value", "actor_train", "critic_train"]
+    scale = {
+        "rollout": 0.2,
+        "reward": 0.04,
+        "ref_logprob": 0.05,
+        "critic_value": 0.05,
+        "actor_train": 0.16,
+        "critic_train": 0.12,
+    }
+    comps = {
+        n: {
+            "valid_devices": valid,
+            "time": {"alpha": 0.2, "per_item": {d: scale[n] * d**-0.5 for d in valid}},
+            "memory_gb": {d: 42 + 30 / d for d in valid},
+            "switch_s": 4.0,
+        }
+        for n in names
+    }
+    edges = [
+        ["rollout", "reward"],
+        ["rollout", "ref_logprob"],
+        ["rollout", "critic_value"],
+        ["reward", "actor_train"],
+        ["ref_logprob", "actor_train"],
+        ["critic_value", "actor_train"],
+        ["critic_value", "critic_train"],
+        ["reward", "critic_train"],
+    ]
+    return load_profile(
+        {
+            "devices": devices,
+            "device_memory_gb": 80,
+            "batch": 1024,
+            "granularities": [16, 32, 64, 128, 256, 512, 1024],
+            "components": comps,
+            "edges": edges,
+        }
+    )
+
+
+def measure(profile, repeat: int) -> dict:
+    dp, total, plan = [], [], None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        plans = search_all(profile)
+        total.append(time.perf_counter() - t)
+        plan = plans["best"]
+        dp.append(plan.search_s)
+    return {
+        "search_s": min(dp),
+        "search_s_max": max(dp),
+        "search_all_s": min(total),
+        "mode": plan.mode,
+        "predicted_s": plan.predicted_s,
+        "micro_batch": plan.micro_batch,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    rows = []
+    for n in (8, 64, 256, 1024, 4096):
+        rows.append({"case": "chain3", "devices": n, **measure(chain3(n), args.repeat)})
+    rows.append({"case": "ppo6", "devices": 1024, **measure(ppo6(1024), args.repeat)})
+    print(
+        f"{'case':<8} {'devices':>7} {'dp_s':>9} {'search_all_s':>12}  {'mode':<8} {'m':>5} {'predicted_s':>12}"
+    )
+    for r in rows:
+        print(
+            f"{r['case']:<8} {r['devices']:>7} {r['search_s']:>9.4f} {r['search_all_s']:>12.4f}  "
+            f"{r['mode']:<8} {r['micro_batch']:>5} {r['predicted_s']:>12.3f}"
+        )
+    result = {
+        "rows": rows,
+        "machine": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+    }
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+    # worst of the repeats, so the line is an upper bound
+    c = {r["devices"]: r["search_s_max"] for r in rows if r["case"] == "chain3"}
+    print(f"max_1024_s: {c[1024]:.4f} max_4096_s: {c[4096]:.4f}")
+
+
+if __name__ == "__main__":
+    main()

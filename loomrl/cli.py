@@ -1,0 +1,157 @@
+"""The `loomrl` command: run | plan | profile | report | resume.
+
+``loomrl run CONFIG [key=value ...]`` loads a recipe config (its ``recipe:`` key picks the recipe),
+applies overrides and runs it. User mistakes (bad config, impossible plan, missing files) end with
+a one-paragraph message and exit status 2, not a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loomrl import __version__
+from loomrl.errors import ConfigError, LoomError, PlacementError, PlanError
+
+RECIPES = {
+    "demo": "loomrl.recipes.demo",
+    "grpo": "loomrl.recipes.reasoning_grpo",
+    "ppo": "loomrl.recipes.reasoning_ppo",
+    "embodied_ppo": "loomrl.recipes.embodied_ppo",
+}
+
+
+def _recipe_module(config: Path | dict, overrides: list[str]) -> Any:
+    data = config if isinstance(config, dict) else (yaml.safe_load(Path(config).read_text()) or {})
+    name = next((o.split("=", 1)[1] for o in overrides if o.startswith("recipe=")), None)
+    name = name or (data.get("recipe") if isinstance(data, dict) else None)
+    if name not in RECIPES:
+        import difflib
+
+        hint = difflib.get_close_matches(str(name), RECIPES, n=1)
+        raise ConfigError(
+            [
+                f"recipe: {name!r} is not a recipe; choose one of {sorted(RECIPES)}"
+                + (f" — did you mean {hint[0]!r}?" if hint else "")
+            ],
+            source=str(config) if not isinstance(config, dict) else None,
+        )
+    return importlib.import_module(RECIPES[name])
+
+
+def load_recipe_config(config: str | Path, overrides: list[str]) -> tuple[Any, Any]:
+    from loomrl.config import load_config
+
+    path = Path(config)
+    if not path.exists():
+        raise ConfigError([f"config file {str(path)!r} does not exist"])
+    mod = _recipe_module(path, overrides)
+    return mod, load_config(mod.Config, path, overrides)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    mod, cfg = load_recipe_config(args.config, args.overrides)
+    summary = mod.main(cfg)
+    print(f"run finished: {cfg.run.output_dir}/run_summary.json")
+    _print_summary(summary)
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    cfg_file = run_dir / "config.yaml"
+    if not cfg_file.exists():
+        raise ConfigError([f"{run_dir} has no config.yaml: is it a loomrl run directory?"])
+    overrides = [f"run.output_dir={run_dir}", "resume=true", *args.overrides]
+    mod, cfg = load_recipe_config(cfg_file, overrides)
+    summary = mod.main(cfg)
+    _print_summary(summary)
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Profile the components of a config's workflow, print the fit and the plan it leads to."""
+    overrides = [*args.overrides, "run.steps=1"]
+    mod, cfg = load_recipe_config(args.config, overrides)
+    if not hasattr(mod, "profile"):
+        raise ConfigError([f"recipe {cfg.recipe!r} has no profile entry point"])
+    out = mod.profile(cfg)
+    print(out)
+    return 0
+
+
+def _print_summary(s: dict) -> None:
+    keys = ("steps", "predicted_iteration_s", "measured_iteration_s", "param_sha256")
+    for k in keys:
+        if k in s:
+            print(f"  {k}: {s[k]}")
+    if s.get("plan"):
+        print(f"  plan: {s['plan'].get('mode')} {s['plan'].get('assignment')}")
+    for k, v in (s.get("metrics") or {}).items():
+        print(f"  {k}: {v}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "plan":
+        from loomrl.plan.cli import plan_main
+
+        return plan_main(argv[1:])
+    if argv and argv[0] == "report":
+        from loomrl.report import report_main
+
+        return report_main(argv[1:])
+    p = argparse.ArgumentParser(prog="loomrl", description="Flexible RL: one workflow, any plan.")
+    p.add_argument("--version", action="version", version=f"loomrl {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a recipe config: loomrl run CONFIG [key=value ...]")
+    r.add_argument("config")
+    r.add_argument("overrides", nargs="*", help="key=value overrides, e.g. run.steps=5")
+    r.set_defaults(fn=cmd_run)
+    pr = sub.add_parser("profile", help="profile a config's components and plan them")
+    pr.add_argument("config")
+    pr.add_argument("overrides", nargs="*")
+    pr.set_defaults(fn=cmd_profile)
+    rs = sub.add_parser("resume", help="continue a run from its last complete checkpoint")
+    rs.add_argument("run_dir")
+    rs.add_argument("overrides", nargs="*")
+    rs.set_defaults(fn=cmd_resume)
+    sub.add_parser("plan", help="plan a workload profile (loomrl plan PROFILE --devices N)")
+    sub.add_parser("report", help="predicted vs measured timeline of a run (loomrl report RUN_DIR)")
+    args = p.parse_args(argv)
+    args.overrides = _normalise_overrides(getattr(args, "overrides", []) or [])
+    try:
+        return args.fn(args)
+    except (ConfigError, PlanError, PlacementError, LoomError) as e:
+        print(f"loomrl {args.cmd}: {e}", file=sys.stderr)
+        return 2
+
+
+_TOP_LEVEL_RUN_KEYS = (
+    "placement",
+    "steps",
+    "seed",
+    "output_dir",
+    "devices",
+    "num_gpus",
+    "micro_batch",
+    "threads",
+)
+
+
+def _normalise_overrides(overrides: list[str]) -> list[str]:
+    """Accept the short forms `placement=spatial steps=5 seed=1 output_dir=DIR` for run.* keys."""
+    out = []
+    for o in overrides:
+        k = o.split("=", 1)[0]
+        out.append(f"run.{o}" if k in _TOP_LEVEL_RUN_KEYS else o)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Named verbs of the reasoning recipes (kept out of the driver loop so it fits on one screen)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from loomrl.worker import wait
+
+
+class Encoder:
+    """Chat-template prompt encoding in the driver (tokenizer only, no model)."""
+
+    def __init__(self, model_path: str):
+        from transformers import AutoTokenizer
+
+        from loomrl.models import resolve_model
+
+        from loomrl.workers.reasoning import model_dir
+
+        self.tok = AutoTokenizer.from_pretrained(str(resolve_model(model_dir(model_path))))
+
+    def __call__(self, question: str) -> list[int]:
+        from loomrl.tasks.prompts import build_messages
+
+        if not getattr(self.tok, "chat_template", None):
+            from loomrl.errors import ConfigError
+
+            raise ConfigError([
+                "the tokenizer has no chat template: set one in the model directory "
+                "(tokenizer_config.json 'chat_template')"
+            ])
+        ids = self.tok.apply_chat_template(build_messages(question), add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return [int(x) for x in ids]
+
+
+def sync_weights(actor: Any, rollout: Any) -> int:
+    """Actor -> rollout weight push through the object store, versioned."""
+    refs = wait(actor.publish_weights())[0][0]
+    version = wait(actor.version())[0]
+    wait(rollout.load_weights(refs, version))
+    return version
+
+
+def evaluate(rollout: Any, task: Any, encode: Encoder, cfg: Any) -> float:
+    exs = task.eval_set()[: cfg.task.eval_size]
+    items = [{"question": e.question, "answer": e.answer, "prompt_ids": encode(e.question)} for e in exs]
+    scores = [x for rank in wait(rollout.evaluate(items)) for x in rank]
+    return sum(scores) / max(1, len(scores))
+
+
+def metrics_of(result: Any) -> dict[str, float]:
+    groups = [o for o in result.outputs]
+    stats = groups[-1] if groups else {}
+    m: dict[str, float] = {k: float(v) for k, v in stats.items() if k != "index" and isinstance(v, (int, float))}
+    m["iteration_s"] = result.measured_s
+    if "gen_tokens" in m:
+        m["tokens_per_s"] = m["gen_tokens"] / max(result.measured_s, 1e-9)
+    m["predicted_s"] = result.predicted_s
+    for comp, secs in result.stage_seconds().items():
+        m[f"time/{comp}"] = secs
+    return m
+
+
+def save(run: Any, groups: dict, step: int) -> None:
+    from loomrl.checkpoint import capture_rng, save_checkpoint
+
+    state = wait(groups["actor"].save_state())[0]
+    save_checkpoint(run.dir, step, {"actor": state, "step": step, "rng": capture_rng()},
+                    keep=run.rc.keep_checkpoints)
+
+
+def restore(run: Any, groups: dict, cfg: Any) -> int:
+    from loomrl.checkpoint import latest_checkpoint, load_checkpoint, restore_rng
+
+    path = latest_checkpoint(run.dir)
+    if path is None:
+        return 0
+    state = load_checkpoint(path, weights_only=False)
+    wait(groups["actor"].load_state(state["actor"]))
+    restore_rng(state["rng"])
+    return int(state["step"])
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")

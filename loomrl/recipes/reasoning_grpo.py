@@ -1,0 +1,119 @@
+"""GRPO on a language model with verifiable math rewards.
+
+Run: loomrl run examples/grpo_math_smollm2.yaml
+
+The workflow is rollout.generate -> reward.score [-> reference.logprobs] -> actor.train; the plan
+(auto, temporal, spatial, hybrid or a pinned file) decides where each runs and how batches stream.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loomrl.run import Run, RunConfig
+from loomrl.workers.reasoning import (
+    ActorWorker,
+    AlgoConfig,
+    ModelConfig,
+    ReferenceWorker,
+    RewardWorker,
+    RolloutWorker,
+    SamplingConfig,
+    TaskConfig,
+)
+from loomrl.worker import wait
+
+
+@dataclass
+class Config:
+    recipe: str = "grpo"
+    batch: int = 8  # prompt groups per step (the flow's work items)
+    eval_every: int = 5  # steps; 0 = only before and after training
+    resume: bool = False
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def validate(self) -> list[str]:
+        p = []
+        if self.batch < 1:
+            p.append(f"batch: must be >= 1 prompt group, got {self.batch}")
+        if self.sampling.group_size < 2:
+            p.append(f"sampling.group_size: GRPO needs >= 2 responses per prompt, got {self.sampling.group_size}")
+        if self.batch % self.sampling.gen_groups and self.batch > self.sampling.gen_groups:
+            p.append(f"batch={self.batch} is not a multiple of sampling.gen_groups={self.sampling.gen_groups}")
+        if self.model.path not in ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2") and not Path(self.model.path).exists():
+            p.append(f"model.path: {self.model.path!r} does not exist (a local Hugging Face model "
+                     "directory, 'smollm2-135m-instruct' or 'tiny-llama')")
+        return p
+
+
+def prompts(task: Any, tokenizer_engine: Any, step: int, batch: int) -> list[dict]:
+    items = []
+    for i in range(batch):
+        ex = task.train_item(step * batch + i)
+        items.append({"index": i, "step": step, "question": ex.question, "answer": ex.answer,
+                      "meta": ex.meta, "prompt_ids": tokenizer_engine(ex.question)})
+    return items
+
+
+def build(flow: Any, cfg: Config) -> dict[str, Any]:
+    s = cfg.run.seed
+    g = {
+        "rollout": flow.group(RolloutWorker, cfg.model, cfg.sampling, s, name="rollout"),
+        "reward": flow.group(RewardWorker, cfg.task.as_kwargs(s), cfg.algo, cfg.sampling.group_size,
+                             name="reward", valid_devices=[1]),
+        "actor": flow.group(ActorWorker, cfg.model, cfg.sampling, cfg.algo, s, name="actor",
+                            single_process=True),
+    }
+    stages = [g["rollout"].generate, g["reward"].score]
+    if cfg.algo.kl_coef > 0:
+        g["reference"] = flow.group(ReferenceWorker, cfg.model, cfg.sampling, s, name="reference")
+        stages.append(g["reference"].logprobs)
+    flow.chain(*stages, g["actor"].train)
+    return g
+
+
+def main(cfg: Config) -> dict:
+    from loomrl.flow import Flow
+    from loomrl.reasoning import Encoder, evaluate, metrics_of, restore, save, sync_weights
+    from loomrl.tasks import make_task
+
+    run = Run(cfg, cfg.run)
+    try:
+        task, encode = make_task(**cfg.task.as_kwargs(cfg.run.seed)), Encoder(cfg.model.path)
+        flow = Flow(run.cluster, run.dir)
+        g = build(flow, cfg)
+        run.apply_plan(flow, prompts(task, encode, 0, cfg.batch))
+        start = restore(run, g, cfg) if cfg.resume else 0
+        sync_weights(g["actor"], g["rollout"])
+        metrics: dict[str, Any] = {"eval_accuracy": evaluate(g["rollout"], task, encode, cfg)}
+        run.logger.log(start, metrics)
+        for step in range(start, cfg.run.steps):
+            result = flow.run(prompts(task, encode, step, cfg.batch))
+            sync_weights(g["actor"], g["rollout"])
+            run.record(step, result)
+            metrics = metrics_of(result)
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.run.steps:
+                metrics["eval_accuracy"] = evaluate(g["rollout"], task, encode, cfg)
+            run.logger.log(step + 1, metrics)
+            if cfg.run.checkpoint_every and (step + 1) % cfg.run.checkpoint_every == 0:
+                save(run, g, step + 1)
+        save(run, g, cfg.run.steps)
+        sha = wait(g["actor"].param_sha256())[0]
+        flow.shutdown()
+        from loomrl.plots import plot_run
+
+        plot_run(run.dir)
+        return run.summary(cfg.run.steps, sha, metrics)
+    finally:
+        run.close()
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")

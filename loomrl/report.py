@@ -1,0 +1,540 @@
+"""``loomrl report RUN_DIR``: a finished run's measured timeline beside the plan's prediction.
+
+Reads the files ``loomrl run`` leaves in its run directory:
+
+- ``plan.json``: the :class:`~loomrl.plan.plan.Plan` (its ``timeline`` is the predicted intervals),
+- ``timeline.jsonl``: one object per iteration, ``{"step", "measured_s", "predicted_s", "records"}``
+  where each record is ``{"component", "rank", "devices", "kind", "micro_batch", "start", "end",
+  "items"}`` with times in seconds from the iteration's start,
+- ``run_summary.json`` (optional: a run cut short has none; every number it holds is recomputed
+  from ``timeline.jsonl``).
+
+and writes ``timeline_measured_vs_predicted.png`` (predicted panel over measured panel on one time
+axis), ``trace.json`` (Chrome / Perfetto trace of every recorded iteration, end to end) and prints
+a table of predicted vs measured times. Imports neither torch nor Ray; matplotlib only to draw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loomrl.errors import LoomError
+from loomrl.plan.plan import Plan
+from loomrl.plan.timeline import Row, _row_key
+
+__all__ = [
+    "FIGURE_FILE",
+    "TRACE_FILE",
+    "Iteration",
+    "ReportError",
+    "RunData",
+    "busy_seconds",
+    "draw_measured_vs_predicted",
+    "export_chrome_trace",
+    "format_table",
+    "load_run",
+    "report_main",
+]
+
+log = logging.getLogger(__name__)
+
+PLAN_FILE = "plan.json"
+TIMELINE_FILE = "timeline.jsonl"
+SUMMARY_FILE = "run_summary.json"
+FIGURE_FILE = "timeline_measured_vs_predicted.png"
+TRACE_FILE = "trace.json"
+
+# Trace "processes" that are not devices: iteration markers, and records of workers without a device.
+ITERATIONS_PID = -1
+HOST_PID = -2
+
+
+class ReportError(LoomError):
+    """A run directory cannot be reported on (missing, incomplete or unreadable files)."""
+
+
+@dataclass
+class Iteration:
+    """One line of ``timeline.jsonl``."""
+
+    step: int
+    measured_s: float
+    predicted_s: float | None
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class RunData:
+    """Everything ``loomrl report`` reads from a run directory."""
+
+    run_dir: Path
+    plan: Plan
+    iterations: list[Iteration]  # in step order, one per step
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def warm(self) -> list[Iteration]:
+        """Iterations after the first (warm-up: compilation, first onload, caches); all if only one."""
+        return self.iterations[1:] or self.iterations
+
+    @property
+    def predicted_s(self) -> float:
+        p = self.summary.get("predicted_iteration_s")
+        return float(p) if isinstance(p, (int, float)) else self.plan.predicted_s
+
+    @property
+    def measured_median_s(self) -> float:
+        return statistics.median(it.measured_s for it in self.warm)
+
+    def median_iteration(self) -> Iteration:
+        """The warm iteration of median measured time (the lower one of an even count)."""
+        ranked = sorted(self.warm, key=lambda it: (it.measured_s, it.step))
+        return ranked[(len(ranked) - 1) // 2]
+
+    def iteration(self, step: int) -> Iteration:
+        for it in self.iterations:
+            if it.step == step:
+                return it
+        steps = [it.step for it in self.iterations]
+        raise ReportError(
+            f"step {step} is not in {TIMELINE_FILE} (recorded: {len(steps)} steps, "
+            f"{steps[0]}..{steps[-1]}); pass one of those to --step"
+        )
+
+    def records_by_step(self) -> dict[int, list[dict[str, Any]]]:
+        return {it.step: it.records for it in self.iterations}
+
+    def iteration_s(self) -> dict[int, float]:
+        return {it.step: it.measured_s for it in self.iterations}
+
+
+# ----------------------------------------------------------------------- loading
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Read ``plan.json``, ``timeline.jsonl`` and (if present) ``run_summary.json`` of a run.
+
+    Raises :class:`ReportError` naming the directory or file and what is wrong with it.
+    A ``timeline.jsonl`` line cut short by a crash is skipped with a warning; when a resumed run
+    recorded a step twice, the later record wins.
+    """
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise ReportError(
+            f"run directory {str(d)!r} does not exist (pass the output_dir of a `loomrl run`)"
+        )
+    missing = [f for f in (PLAN_FILE, TIMELINE_FILE) if not (d / f).is_file()]
+    if missing:
+        raise ReportError(
+            f"{str(d)!r} has no {' or '.join(missing)}: is it the output_dir of a `loomrl run` "
+            "that finished at least one iteration?"
+        )
+    try:
+        plan = Plan.load(d / PLAN_FILE)
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise ReportError(
+            f"{d / PLAN_FILE} is not a readable plan ({type(e).__name__}: {e})"
+        ) from None
+
+    by_step: dict[int, Iteration] = {}
+    with open(d / TIMELINE_FILE, encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                o = json.loads(line)
+                it = Iteration(
+                    step=int(o["step"]),
+                    measured_s=float(o["measured_s"]),
+                    predicted_s=None if o.get("predicted_s") is None else float(o["predicted_s"]),
+                    records=[_check_record(r) for r in o.get("records", [])],
+                )
+            except (ValueError, KeyError, TypeError) as e:
+                log.warning("%s line %d unreadable (%s); skipped", d / TIMELINE_FILE, n, e)
+                continue
+            by_step[it.step] = it
+    if not by_step:
+        raise ReportError(f"{d / TIMELINE_FILE} holds no readable iteration")
+
+    summary: dict[str, Any] = {}
+    if (d / SUMMARY_FILE).is_file():
+        try:
+            summary = json.loads((d / SUMMARY_FILE).read_text())
+        except ValueError as e:
+            log.warning("%s unreadable (%s); using %s only", d / SUMMARY_FILE, e, TIMELINE_FILE)
+    return RunData(d, plan, [by_step[s] for s in sorted(by_step)], summary)
+
+
+def _check_record(r: Any) -> dict[str, Any]:
+    if not isinstance(r, dict):
+        raise TypeError(f"a record must be an object, got {type(r).__name__}")
+    out = dict(r)
+    out["component"] = str(r["component"])
+    out["rank"] = int(r.get("rank", 0))
+    out["devices"] = [int(x) for x in r.get("devices") or []]
+    out["kind"] = str(r.get("kind", "run"))
+    out["micro_batch"] = int(r.get("micro_batch", -1))
+    out["start"] = float(r["start"])
+    out["end"] = float(r["end"])
+    return out
+
+
+# ----------------------------------------------------------------------- numbers
+
+
+def busy_seconds(spans: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` spans: wall time during which any of them runs.
+
+    The union (not the sum) so that a component's predicted time (one interval per device group)
+    and its measured time (one record per rank) are comparable. ``[(0, 2), (1, 3), (5, 6)] -> 4``.
+    """
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted((float(a), float(b)) for a, b in spans if b > a):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s  # type: ignore[operator]
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s  # type: ignore[operator]
+    return total
+
+
+def component_busy(
+    plan: Plan, records: Sequence[Mapping[str, Any]]
+) -> dict[str, tuple[float | None, float | None]]:
+    """component -> (predicted busy s, measured busy s) of "run" work; None where one side lacks it."""
+    pred: dict[str, list[tuple[float, float]]] = {}
+    for i in plan.timeline:
+        if i.kind == "run":
+            pred.setdefault(i.component, []).append((i.start, i.end))
+    meas: dict[str, list[tuple[float, float]]] = {}
+    for r in records:
+        if r["kind"] == "run":
+            meas.setdefault(r["component"], []).append((r["start"], r["end"]))
+    names = list(dict.fromkeys([*pred, *meas]))
+    return {
+        c: (
+            busy_seconds(pred[c]) if c in pred else None,
+            busy_seconds(meas[c]) if c in meas else None,
+        )
+        for c in names
+    }
+
+
+def _rel(measured: float | None, predicted: float | None) -> str:
+    if measured is None or not predicted:
+        return "n/a"
+    return f"{100.0 * (measured - predicted) / predicted:+.1f}%"
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
+def format_table(run: RunData, it: Iteration) -> str:
+    """The printed summary: iteration times, relative error, per-component busy time of step ``it``."""
+    warm = run.warm
+    pred, meas = run.predicted_s, run.measured_median_s
+    lines = [
+        f"run {run.run_dir}: {len(run.iterations)} iteration(s) recorded, plan {run.plan.mode} "
+        f"on {run.plan.devices} device(s), micro-batch {run.plan.micro_batch}",
+        f"  predicted iteration     {pred:10.4f} s",
+        f"  measured median         {meas:10.4f} s  (after warm-up: {len(warm)} iteration(s), "
+        f"steps {warm[0].step}..{warm[-1].step})",
+        f"  relative error          {_rel(meas, pred):>10}  (measured vs predicted)",
+        "",
+        f"busy time per component, step {it.step} (measured {it.measured_s:.4f} s):",
+    ]
+    busy = component_busy(run.plan, it.records)
+    w = max([len("component"), *(len(c) for c in busy)])
+    lines.append(f"  {'component':<{w}}  {'predicted s':>12}  {'measured s':>12}  {'error':>8}")
+    for c, (p, m) in busy.items():
+        lines.append(f"  {c:<{w}}  {_s(p):>12}  {_s(m):>12}  {_rel(m, p):>8}")
+    sw_p = busy_seconds((i.start, i.end) for i in run.plan.timeline if i.kind == "switch")
+    sw_m = busy_seconds((r["start"], r["end"]) for r in it.records if r["kind"] != "run")
+    lines.append(f"  {'(switching)':<{w}}  {sw_p:>12.4f}  {sw_m:>12.4f}  {_rel(sw_m, sw_p):>8}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------- chrome trace
+
+
+def export_chrome_trace(
+    records_by_step: Mapping[int, Sequence[Mapping[str, Any]]],
+    path: str | Path,
+    iteration_s: Mapping[int, float] | None = None,
+) -> Path:
+    """Write measured records as a Chrome / Perfetto trace (``chrome://tracing``, ui.perfetto.dev).
+
+    One "X" (complete) event per record and device: ``pid`` is the device index (``-2`` for a
+    worker without a device), ``tid`` numbers one (component, rank) pair, named by metadata
+    events; ``ts``/``dur`` are microseconds. Iterations are laid end to end in step order, each
+    taking ``iteration_s[step]`` (or its last record's end, whichever is later), and each gets a
+    ``step N`` event on pid ``-1``. Returns the path.
+    """
+    threads = sorted(
+        {
+            (str(r["component"]), int(r.get("rank", 0)))
+            for rs in records_by_step.values()
+            for r in rs
+        }
+    )
+    tid_of = {key: i + 1 for i, key in enumerate(threads)}
+    events: list[dict[str, Any]] = []
+    used: set[tuple[int, int]] = set()
+    offset = 0.0
+    for step in sorted(records_by_step):
+        recs = records_by_step[step]
+        length = max([float((iteration_s or {}).get(step, 0.0)), *(float(r["end"]) for r in recs)])
+        events.append(
+            _x(f"step {step}", "iteration", offset, length, ITERATIONS_PID, 0, {"step": step})
+        )
+        for r in recs:
+            comp, rank, kind = str(r["component"]), int(r.get("rank", 0)), str(r.get("kind", "run"))
+            name = comp if kind == "run" else f"{comp} {kind}"
+            args = {
+                "step": step,
+                "rank": rank,
+                "micro_batch": r.get("micro_batch"),
+                "items": r.get("items"),
+                "devices": list(r.get("devices") or []),
+            }
+            start, end = float(r["start"]), float(r["end"])
+            for pid in list(r.get("devices") or []) or [HOST_PID]:
+                tid = tid_of[(comp, rank)]
+                used.add((int(pid), tid))
+                events.append(_x(name, kind, offset + start, end - start, int(pid), tid, args))
+        offset += length
+    meta: list[dict[str, Any]] = [_meta("process_name", ITERATIONS_PID, 0, "iterations")]
+    meta.append(_meta("process_sort_index", ITERATIONS_PID, 0, None, sort_index=-1))
+    for pid in sorted({p for p, _ in used}):
+        meta.append(
+            _meta("process_name", pid, 0, "no device" if pid == HOST_PID else f"device {pid}")
+        )
+    for pid, tid in sorted(used):
+        comp, rank = threads[tid - 1]
+        meta.append(_meta("thread_name", pid, tid, f"{comp} rank {rank}"))
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"traceEvents": meta + events, "displayTimeUnit": "ms"}))
+    return out
+
+
+def _x(
+    name: str, cat: str, start_s: float, dur_s: float, pid: int, tid: int, args: dict
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "cat": cat,
+        "ph": "X",
+        "ts": round(start_s * 1e6, 3),
+        "dur": round(max(dur_s, 0.0) * 1e6, 3),
+        "pid": pid,
+        "tid": tid,
+        "args": args,
+    }
+
+
+def _meta(
+    kind: str, pid: int, tid: int, name: str | None, sort_index: int | None = None
+) -> dict[str, Any]:
+    args: dict[str, Any] = {"name": name} if sort_index is None else {"sort_index": sort_index}
+    return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": args}
+
+
+# ----------------------------------------------------------------------- the figure
+
+
+def predicted_rows(plan: Plan) -> list[Row]:
+    """The plan's intervals as one row per device (``draw_timeline``'s rows are per device range)."""
+    rows: list[Row] = []
+    for i in plan.timeline:
+        text = "" if i.micro_batch < 0 else str(i.micro_batch)
+        for d in range(*i.devices):
+            rows.append((f"dev {d}", _comp_key(i.component, i.kind), i.start, i.end, text))
+    return rows
+
+
+def measured_rows(records: Sequence[Mapping[str, Any]]) -> list[Row]:
+    """Measured records as one row per device (per component rank for a worker without a device)."""
+    rows: list[Row] = []
+    for r in records:
+        mb = int(r.get("micro_batch", -1))
+        text = "" if mb < 0 else str(mb)
+        labels = [f"dev {d}" for d in r.get("devices") or []] or [
+            f"{r['component']} r{r.get('rank', 0)}"
+        ]
+        for lab in labels:
+            rows.append(
+                (
+                    lab,
+                    _comp_key(r["component"], r["kind"]),
+                    float(r["start"]),
+                    float(r["end"]),
+                    text,
+                )
+            )
+    return rows
+
+
+def _comp_key(component: str, kind: str) -> str:
+    # Same suffix draw_timeline uses for switches, so legend entries read alike in both figures.
+    return component if kind == "run" else f"{component} (switch)"
+
+
+def draw_measured_vs_predicted(
+    predicted: Sequence[Row],
+    measured: Sequence[Row],
+    path: str | Path,
+    predicted_s: float,
+    measured_s: float,
+    title: str = "",
+) -> Path:
+    """Two Gantt panels, predicted over measured, on one time axis with one colour per component.
+
+    Rows are ``draw_timeline``'s ``(row_label, component, start, end, label)``; components named
+    ``"X (switch)"`` (onload/offload) are drawn hatched in X's colour. Each row's idle time up to
+    the iteration's end is shaded grey, and the iteration's end is a dashed line.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    def base(c: str) -> str:
+        return c.removesuffix(" (switch)")
+
+    comps = sorted({base(r[1]) for r in (*predicted, *measured)})
+    cmap = plt.get_cmap("tab10" if len(comps) <= 10 else "tab20")
+    color = {c: cmap(i % cmap.N) for i, c in enumerate(comps)}
+    panels = [("predicted (plan.json)", predicted, predicted_s), ("measured", measured, measured_s)]
+    labels = [sorted({r[0] for r in rows}, key=_row_key) or ["(none)"] for _, rows, _ in panels]
+    end = max([predicted_s, measured_s, *(r[3] for r in (*predicted, *measured))]) or 1.0
+    fig, axes = plt.subplots(
+        2,
+        1,
+        sharex=True,
+        figsize=(12, 0.4 * (len(labels[0]) + len(labels[1])) + 2.8),
+        gridspec_kw={"height_ratios": [max(len(labels[0]), 1), max(len(labels[1]), 1)]},
+    )
+    for ax, (name, rows, iter_s), labs in zip(axes, panels, labels, strict=True):
+        y = {lab: i for i, lab in enumerate(labs)}
+        # Idle is what the grey shows through between boxes.
+        ax.barh(range(len(labs)), iter_s, left=0, height=0.8, color="0.92", edgecolor="none")
+        for lab, comp, s, e, text in rows:
+            sw = comp != base(comp)
+            ax.barh(
+                y[lab],
+                e - s,
+                left=s,
+                height=0.8,
+                color=color[base(comp)],
+                alpha=0.55 if sw else 1.0,
+                hatch="////" if sw else None,
+                edgecolor="black",
+                linewidth=0.3,
+            )
+            if text and (e - s) > end / 60:
+                ax.text((s + e) / 2, y[lab], text, ha="center", va="center", fontsize=6)
+        ax.axvline(iter_s, color="black", linestyle="--", linewidth=0.8)
+        ax.set_yticks(range(len(labs)))
+        ax.set_yticklabels(labs)
+        ax.set_ylim(len(labs) - 0.5, -0.5)
+        ax.set_title(f"{name}: {iter_s:.3f} s", fontsize=9, loc="left")
+    axes[1].set_xlabel("seconds from the iteration's start")
+    axes[1].set_xlim(0, end * 1.02)
+    handles = [Patch(color=color[c], label=c) for c in comps]
+    handles += [
+        Patch(facecolor="white", edgecolor="black", hatch="////", label="onload / offload"),
+        Patch(color="0.92", label="idle"),
+    ]
+    axes[1].legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.35),
+        ncol=min(len(handles), 6),
+        fontsize=8,
+    )
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+# ----------------------------------------------------------------------- the command
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="loomrl report",
+        description="Compare a run's measured timeline with its plan's prediction: "
+        f"writes {FIGURE_FILE} and {TRACE_FILE} and prints a table.",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="output_dir of a `loomrl run`")
+    p.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        help="iteration to draw (default: the median-time one after warm-up)",
+    )
+    p.add_argument("--out", default=None, help="where to write the files (default: RUN_DIR)")
+    return p
+
+
+def report_main(argv: list[str]) -> int:
+    """``loomrl report RUN_DIR [--step N] [--out DIR]``; returns the exit code (2: unusable RUN_DIR)."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2), already printed by argparse
+        return int(e.code or 0)
+    try:
+        run = load_run(args.run_dir)
+        it = run.median_iteration() if args.step is None else run.iteration(args.step)
+    except ReportError as e:
+        print(f"loomrl report: error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else run.run_dir
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(
+            f"loomrl report: error: cannot create --out {str(out)!r}: {e.strerror}", file=sys.stderr
+        )
+        return 2
+
+    print(format_table(run, it))
+    print()
+    which = "median after warm-up" if args.step is None else "--step"
+    fig = draw_measured_vs_predicted(
+        predicted_rows(run.plan),
+        measured_rows(it.records),
+        out / FIGURE_FILE,
+        predicted_s=run.plan.predicted_s,
+        measured_s=it.measured_s,
+        title=f"{run.run_dir.name}: step {it.step} ({which}), {run.plan.mode} plan",
+    )
+    print(f"wrote {fig}  (step {it.step}: predicted above, measured below)")
+    trace = export_chrome_trace(run.records_by_step(), out / TRACE_FILE, run.iteration_s())
+    print(
+        f"wrote {trace}  ({len(run.iterations)} iteration(s) end to end; open in ui.perfetto.dev or chrome://tracing)"
+    )
+    return 0
+
+
+if __name__ == "__main__":  # python -m loomrl.report RUN_DIR
+    sys.exit(report_main(sys.argv[1:]))

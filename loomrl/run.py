@@ -1,0 +1,147 @@
+"""What every recipe's run shares: the run directory, the cluster, the flow's plan, the summary.
+
+A recipe's config embeds ``RunConfig`` (placement, steps, seed, output_dir, ...). ``Run`` starts
+the cluster, opens the logger, applies the plan, records each iteration's measured timeline beside
+the prediction, and writes ``run_summary.json`` with the fields tools outside loomrl read:
+``plan`` (mode and assignment), ``steps``, ``param_sha256``, ``predicted_iteration_s``,
+``measured_iteration_s`` (median after warm-up) and ``metrics`` (the last logged values).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loomrl.runlog import RunLogger
+
+PLACEMENT_HELP = "auto | temporal | spatial | hybrid | path to a plan file"
+
+
+@dataclass
+class RunConfig:
+    placement: str = "auto"
+    steps: int = 10
+    seed: int = 0
+    output_dir: str = "runs/latest"
+    devices: int | None = None  # None: every device of the cluster (CPU cores when no GPU)
+    num_gpus: int | None = None  # logical GPUs for the embedded Ray (None: the real ones)
+    micro_batch: int | None = None  # pin the micro-batch size (None: the planner chooses)
+    profile: str | None = None  # a workload profile file: plan from it instead of profiling
+    threads: int | None = None  # pin threads per worker (bit-identical results across plans)
+    checkpoint_every: int = 0  # steps; 0 = only at the end
+    keep_checkpoints: int = 2
+    tensorboard: bool = True
+    wandb: str = "off"
+    progress: bool = True
+
+    def validate(self) -> list[str]:
+        p = []
+        if self.steps < 1:
+            p.append(f"steps: must be >= 1, got {self.steps}")
+        if (
+            self.placement not in ("auto", "temporal", "spatial", "hybrid")
+            and not Path(self.placement).exists()
+        ):
+            p.append(f"placement: {self.placement!r} is not {PLACEMENT_HELP} (no such file)")
+        if self.wandb not in ("off", "offline", "online"):
+            p.append(f"wandb: expected 'off', 'offline' or 'online', got {self.wandb!r}")
+        if self.profile is not None and not Path(self.profile).exists():
+            p.append(f"profile: no such file {self.profile!r}")
+        if self.devices is not None and self.devices < 1:
+            p.append(f"devices: must be >= 1, got {self.devices}")
+        return p
+
+
+class Run:
+    """Run directory + cluster + logger for one ``loomrl run``."""
+
+    def __init__(self, cfg: Any, run_cfg: RunConfig, total_steps: int | None = None):
+        from loomrl.cluster import Cluster
+
+        self.cfg, self.rc = cfg, run_cfg
+        self.dir = Path(run_cfg.output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if run_cfg.threads:
+            os.environ["LOOMRL_THREADS"] = str(run_cfg.threads)
+        self.cluster = Cluster.start(
+            num_gpus=run_cfg.num_gpus, num_devices=run_cfg.devices, log_to_driver=False
+        )
+        self.logger = RunLogger(
+            self.dir,
+            cfg,
+            use_tensorboard=run_cfg.tensorboard,
+            wandb=run_cfg.wandb,  # type: ignore[arg-type]
+            total_steps=total_steps or run_cfg.steps,
+            progress=run_cfg.progress,
+        )
+        self.iter_times: list[float] = []
+        self.plan: Any = None
+        self.t_start = time.time()
+
+    def apply_plan(self, flow: Any, sample: list[Any], **kw: Any) -> Any:
+        t = time.time()
+        if self.rc.profile:
+            kw.setdefault("profile", self.rc.profile)
+        self.plan = flow.plan(
+            self.rc.placement, sample=sample, micro_batch=self.rc.micro_batch, **kw
+        )
+        took = time.time() - t
+        self.plan.save(self.dir / "plan.json")
+        if flow.profile_ is not None:
+            (self.dir / "profile.json").write_text(
+                json.dumps(flow.profile_.to_dict(), indent=2, default=str)
+            )
+        self.logger.echo(f"plan ({took:.1f}s incl. profiling):\n{self.plan}")
+        return self.plan
+
+    def record(self, step: int, result: Any) -> None:
+        """Keep an iteration's measured time and timeline (for the summary and ``loomrl report``)."""
+        self.iter_times.append(result.measured_s)
+        with open(self.dir / "timeline.jsonl", "a") as f:
+            f.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "measured_s": result.measured_s,
+                        "predicted_s": result.predicted_s,
+                        "records": result.timeline,
+                    }
+                )
+                + "\n"
+            )
+
+    def measured_iteration_s(self) -> float | None:
+        warm = self.iter_times[1:] or self.iter_times
+        return statistics.median(warm) if warm else None
+
+    def summary(
+        self, steps: int, param_sha256: str | None, metrics: dict[str, Any], **extra: Any
+    ) -> dict:
+        plan = self.plan
+        s = {
+            "plan": {
+                "mode": getattr(plan, "mode", None),
+                "assignment": plan.assignment() if plan is not None else {},
+                "micro_batch": getattr(plan, "micro_batch", None),
+                "placement": self.rc.placement,
+            },
+            "steps": steps,
+            "param_sha256": param_sha256,
+            "predicted_iteration_s": getattr(plan, "predicted_s", None),
+            "measured_iteration_s": self.measured_iteration_s(),
+            "iteration_s": self.iter_times,
+            "metrics": metrics,
+            "wall_s": time.time() - self.t_start,
+            **extra,
+        }
+        self.logger.write_summary(s)
+        return s
+
+    def close(self) -> None:
+        self.logger.close()
+        self.cluster.shutdown()

@@ -1,0 +1,1 @@
+"""RL components as loomrl workers: rollout, reward, reference, actor (reasoning RL)."""

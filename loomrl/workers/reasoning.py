@@ -1,0 +1,342 @@
+"""Workers of reasoning RL: rollout (generation), reward (verifiable math), reference, actor.
+
+An item is one prompt group: ``{"index", "question", "answer", "prompt_ids"}``; the rollout adds
+``G`` sampled responses, the reward worker their rewards and group-normalised advantages, the
+reference its log-probs, and the actor trains on whole groups. Each item's result depends only on
+its own seed, so the same run under any plan produces the same data and the same parameters.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from loomrl.worker import Worker, dispatch
+
+
+@dataclass
+class ModelConfig:
+    path: str = "smollm2-135m-instruct"  # local HF dir, or the packaged SmolLM2 name
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    train_micro_batch: int = 8  # sequences per forward/backward (memory), not the flow's micro-batch
+    dtype: str = "auto"
+
+
+@dataclass
+class SamplingConfig:
+    group_size: int = 8  # responses per prompt (GRPO's G)
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 1.0
+    gen_groups: int = 4  # prompt groups generated together (one padded batch)
+    eval_max_new_tokens: int = 48
+
+
+@dataclass
+class AlgoConfig:
+    advantage: str = "grpo"  # grpo | grpo_no_std | rloo
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0  # > 0 adds the reference component and a k3 KL loss
+    agg: str = "token-mean"
+
+    def validate(self) -> list[str]:
+        p = []
+        if self.advantage not in ("grpo", "grpo_no_std", "rloo"):
+            p.append(f"advantage: {self.advantage!r} is not grpo | grpo_no_std | rloo")
+        if self.kl_coef < 0:
+            p.append(f"kl_coef: must be >= 0, got {self.kl_coef}")
+        return p
+
+
+def model_dir(path: str) -> str:
+    """``tiny-llama`` / ``tiny-qwen2``: a random tiny model built once into the cache (tests,
+    examples that must run anywhere); anything else goes to ``loomrl.models.resolve_model``."""
+    if path in ("tiny-llama", "tiny-qwen2"):
+        import os
+
+        from loomrl.models import cache_root, tiny_model
+
+        d = cache_root() / path
+        if not (d / "config.json").exists():
+            tmp = d.with_name(f"{path}.tmp-{os.getpid()}")
+            tiny_model(tmp, arch=path.split("-")[1], seed=0)
+            try:
+                os.replace(tmp, d)
+            except OSError:  # another process built it first
+                import shutil
+
+                shutil.rmtree(tmp, ignore_errors=True)
+        return str(d)
+    return path
+
+
+class _Resident:
+    """Onload an offloaded engine for the duration of a call made between phases (weight sync,
+    evaluation, checkpoint), and put it back the way it was."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    def __enter__(self) -> Any:
+        self.was_off = bool(getattr(self.engine, "offloaded", False))
+        if self.was_off:
+            self.engine.onload()
+        return self.engine
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.was_off:
+            self.engine.offload()
+
+
+def _engine(model: ModelConfig, trainable: bool, seed: int):
+    from loomrl.engines.hf import EngineConfig, HFEngine
+
+    return HFEngine(
+        EngineConfig(
+            model=model_dir(model.path), trainable=trainable, lr=model.lr, weight_decay=model.weight_decay,
+            grad_clip=model.grad_clip, micro_batch_size=model.train_micro_batch, seed=seed,
+            dtype=model.dtype,
+        )
+    )
+
+
+class RolloutWorker(Worker):
+    def __init__(self, model: ModelConfig, sampling: SamplingConfig, seed: int = 0):
+        super().__init__()
+        self.sampling, self.seed = sampling, seed
+        self.engine = _engine(model, trainable=False, seed=seed)
+        self.step = 0
+        self.version = 0
+
+    def onload(self) -> None:
+        self.engine.onload()
+
+    def offload(self) -> None:
+        self.engine.offload()
+
+    def generate(self, items: list[dict]) -> list[dict]:
+        """Sample G responses per prompt group, in chunks of ``gen_groups`` groups aligned by index."""
+        s = self.sampling
+        chunks: dict[int, list[dict]] = {}
+        for it in items:
+            chunks.setdefault(it["index"] // s.gen_groups, []).append(it)
+        out: list[dict] = []
+        for c, group in sorted(chunks.items()):
+            prompts = [it["prompt_ids"] for it in group for _ in range(s.group_size)]
+            t = time.perf_counter()
+            gen = self.engine.generate(
+                prompts, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                seed=hash((self.seed, it["step"], c)) & 0x7FFFFFFF,
+            )
+            dt = time.perf_counter() - t
+            for j, it in enumerate(group):
+                sl = slice(j * s.group_size, (j + 1) * s.group_size)
+                ids = gen.response_ids[sl]
+                out.append({
+                    **it,
+                    "response_ids": ids,
+                    "texts": [self.engine.decode(r) for r in ids],
+                    "gen_tokens": sum(len(r) for r in ids),
+                    "gen_s": dt * len(group) / len(chunks[c]) / max(1, len(group)) * len(group),
+                    "version": self.version,
+                })
+        by_index = {o["index"]: o for o in out}
+        return [by_index[it["index"]] for it in items]
+
+    @dispatch("split")
+    def evaluate(self, examples: list[dict]) -> list[float]:
+        """Greedy answers to held-out questions; 1.0 per correct answer."""
+        from loomrl.tasks import Example, make_task
+
+        rewards = []
+        task = make_task("arithmetic")  # only its scorer is used; examples carry their answers
+        bs = 16
+        with _Resident(self.engine):
+            return self._evaluate(examples, task, bs, Example)
+
+    def _evaluate(self, examples, task, bs, Example) -> list[float]:
+        rewards = []
+        for i in range(0, len(examples), bs):
+            chunk = examples[i : i + bs]
+            gen = self.engine.generate(
+                [e["prompt_ids"] for e in chunk], max_new_tokens=self.sampling.eval_max_new_tokens,
+                temperature=0.0, seed=0,
+            )
+            for e, ids in zip(chunk, gen.response_ids):
+                r = task.score(self.engine.decode(ids), Example(e["question"], e["answer"], {}))
+                rewards.append(1.0 if r.reward >= 1.0 else 0.0)
+        return rewards
+
+    def load_weights(self, refs: list, version: int) -> int:
+        """Apply every bucket, then bump the version: generation never sees half an update."""
+        import ray
+
+        with _Resident(self.engine):
+            for ref in refs:
+                self.engine.set_weights(_to_tensors(ray.get(ref)))
+        self.version = version
+        return version
+
+
+class RewardWorker(Worker):
+    def __init__(self, task: dict, algo: AlgoConfig, group_size: int):
+        super().__init__()
+        from loomrl.tasks import make_task
+
+        self.task = make_task(**task)
+        self.algo, self.group_size = algo, group_size
+
+    def score(self, items: list[dict]) -> list[dict]:
+        import torch
+
+        from loomrl.algos import grpo_advantages, rloo_advantages
+        from loomrl.tasks import Example
+
+        out = []
+        for it in items:
+            ex = Example(it["question"], it["answer"], it.get("meta", {}))
+            res = [self.task.score(t, ex) for t in it["texts"]]
+            r = torch.tensor([x.reward for x in res], dtype=torch.float32)
+            if self.algo.advantage == "rloo":
+                adv = rloo_advantages(r, self.group_size)
+            else:
+                adv = grpo_advantages(r, self.group_size, scale_std=self.algo.advantage == "grpo")
+            out.append({**it, "rewards": r.tolist(), "advantages": adv.tolist(),
+                        "malformed": sum(x.malformed for x in res)})
+        return out
+
+
+class ReferenceWorker(Worker):
+    def __init__(self, model: ModelConfig, sampling: SamplingConfig, seed: int = 0):
+        super().__init__()
+        self.engine = _engine(model, trainable=False, seed=seed)
+        self.temperature = sampling.temperature
+
+    def onload(self) -> None:
+        self.engine.onload()
+
+    def offload(self) -> None:
+        self.engine.offload()
+
+    def logprobs(self, items: list[dict]) -> list[dict]:
+        out = []
+        for it in items:
+            lp = self.engine.logprobs([it["prompt_ids"]] * len(it["response_ids"]), it["response_ids"],
+                                      temperature=self.temperature)
+            out.append({**it, "ref_logprobs": [x.tolist() for x in lp]})
+        return out
+
+
+class ActorWorker(Worker):
+    """Trains on whole prompt groups; one optimizer step per iteration over the batch it received."""
+
+    def __init__(self, model: ModelConfig, sampling: SamplingConfig, algo: AlgoConfig, seed: int = 0):
+        super().__init__()
+        self.engine = _engine(model, trainable=True, seed=seed)
+        self.sampling, self.algo = sampling, algo
+        self.buffer: list[dict] = []
+        self.last_stats: dict[str, float] = {}
+
+    def onload(self) -> None:
+        self.engine.onload()
+
+    def offload(self) -> None:
+        self.engine.offload()
+
+    def train(self, items: list[dict]) -> list[dict]:
+        """Collect this iteration's groups; the update runs when the last micro-batch arrives."""
+        self.buffer.extend(items)
+        if not getattr(self, "flow_last_call", True):
+            return [{"index": it["index"]} for it in items]
+        batch, self.buffer = sorted(self.buffer, key=lambda it: it["index"]), []
+        if not batch:
+            return []
+        self.last_stats = self._update(batch)
+        return [{"index": it["index"], **self.last_stats} for it in items]
+
+    def _update(self, groups: list[dict]) -> dict[str, float]:
+        import torch
+
+        from loomrl.algos import kl_loss, ppo_policy_loss
+
+        prompts, responses, adv, ref = [], [], [], []
+        for g in groups:
+            for j, r in enumerate(g["response_ids"]):
+                prompts.append(g["prompt_ids"])
+                responses.append(r if r else [self.engine.tokenizer.eos_token_id or 0])
+                adv.append(g["advantages"][j])
+                if "ref_logprobs" in g:
+                    ref.append(g["ref_logprobs"][j])
+        batch: dict[str, Any] = {"prompt_ids": prompts, "response_ids": responses,
+                                 "advantages": torch.tensor(adv, dtype=torch.float32)}
+        if ref:
+            batch["ref_logprobs"] = ref
+        algo = self.algo
+
+        def loss_fn(logp, mb):
+            a = mb["advantages"].reshape(-1, 1).expand_as(logp)
+            # One update per batch: the sampling policy is the current one, so old = logp.detach().
+            loss, stats = ppo_policy_loss(logp, logp.detach(), a, mb["mask"], clip_low=algo.clip_low,
+                                          clip_high=algo.clip_high, agg=algo.agg)
+            if algo.kl_coef > 0 and "ref_logprobs" in mb:
+                kl = kl_loss(logp, mb["ref_logprobs"], mb["mask"], kind="k3", agg=algo.agg)
+                loss = loss + algo.kl_coef * kl
+                stats = {**stats, "kl": float(kl.detach())}
+            return loss, stats
+
+        stats = self.engine.train_step(batch, loss_fn, temperature=self.sampling.temperature)
+        rewards = [r for g in groups for r in g["rewards"]]
+        stats["reward_mean"] = sum(rewards) / max(1, len(rewards))
+        stats["response_len"] = sum(len(r) for r in responses) / max(1, len(responses))
+        stats["gen_tokens"] = float(sum(g["gen_tokens"] for g in groups))
+        stats["malformed"] = float(sum(g["malformed"] for g in groups))
+        return stats
+
+    def publish_weights(self, bucket_mb: float = 128) -> list:
+        """Put the weights in the object store by buckets; consumers read them without a copy."""
+        import ray
+
+        with _Resident(self.engine) as eng:
+            buckets = eng.get_weights_buckets(bucket_mb, device="cpu")
+            return [[ray.put({k: v.numpy() for k, v in b.items()}) for b in buckets]]
+
+    def param_sha256(self) -> str:
+        with _Resident(self.engine) as eng:
+            return eng.param_sha256()
+
+    def version(self) -> int:
+        return self.engine.version
+
+    def save_state(self) -> dict:
+        with _Resident(self.engine) as eng:
+            return eng.state_dict()
+
+    def load_state(self, state: dict) -> None:
+        with _Resident(self.engine) as eng:
+            eng.load_state_dict(state)
+
+
+def _to_tensors(bucket: dict) -> dict:
+    import torch
+
+    return {k: torch.from_numpy(v) for k, v in bucket.items()}
+
+
+@dataclass
+class TaskConfig:
+    name: str = "arithmetic"
+    level: int = 1
+    eval_size: int = 64
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def as_kwargs(self, seed: int) -> dict:
+        kw: dict[str, Any] = {"name": self.name, "seed": seed, **self.options}
+        if self.name in ("arithmetic", "digits"):
+            kw["level"] = self.level
+        if self.name in ("arithmetic", "countdown", "digits"):
+            kw["eval_size"] = self.eval_size
+        return kw

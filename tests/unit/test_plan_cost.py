@@ -1,0 +1,202 @@
+"""The cost algebra on hand-computed 2- and 3-component examples, one rule at a time."""
+
+from __future__ import annotations
+
+import pytest
+
+from loomrl.errors import PlanError
+from loomrl.plan import cycle, evaluate, leaf, load_profile, search, search_all, spatial, temporal
+
+
+def two(**over):
+    """A -> B. t_A(n, x) = 1 + x * {1: 2, 2: 1}[n]; t_B(n, x) = x * {1: 1, 2: 0.5}[n]."""
+    raw = {
+        "devices": 2,
+        "device_memory_gb": 80,
+        "batch": 4,
+        "granularities": [1, 2, 4],
+        "components": {
+            "A": {
+                "valid_devices": [1, 2],
+                "time": {"alpha": 1, "per_item": {1: 2, 2: 1}},
+                "memory_gb": {1: 30, 2: 20},
+                "switch_s": 0.5,
+            },
+            "B": {
+                "valid_devices": [1, 2],
+                "time": {"alpha": 0, "per_item": {1: 1, 2: 0.5}},
+                "memory_gb": {1: 30, 2: 20},
+                "switch_s": 0.25,
+            },
+        },
+        "edges": [["A", "B"]],
+    }
+    raw.update(over)
+    return load_profile(raw)
+
+
+def three(**over):
+    raw = {
+        "devices": 2,
+        "device_memory_gb": 80,
+        "batch": 4,
+        "granularities": [1, 2, 4],
+        "components": {
+            "A": {
+                "valid_devices": [1, 2],
+                "time": {"alpha": 1, "per_item": {1: 2, 2: 1}},
+                "memory_gb": {1: 30, 2: 20},
+                "switch_s": 0.5,
+            },
+            "B": {
+                "valid_devices": [1, 2],
+                "time": {"alpha": 0, "per_item": {1: 1, 2: 0.5}},
+                "memory_gb": {1: 30, 2: 20},
+                "switch_s": 0.25,
+            },
+            "C": {
+                "valid_devices": [1, 2],
+                "time": {"alpha": 0.5, "per_item": {1: 0.5, 2: 0.25}},
+                "memory_gb": {1: 50, 2: 40},
+                "switch_s": 1.0,
+            },
+        },
+        "edges": [["A", "B"], ["B", "C"]],
+    }
+    raw.update(over)
+    return load_profile(raw)
+
+
+def test_phase_temporal_sums_and_pays_switch_once():
+    p = two()
+    ev = evaluate(temporal(leaf("A", 2), leaf("B", 2)), p, 4)
+    # T_A = 1 + 4*1 = 5, T_B = 4*0.5 = 2, switches 0.5 + 0.25
+    assert ev.predicted_s == pytest.approx(7.75)
+    assert ev.memory == 20  # phase temporal: max, one side is offloaded
+
+
+def test_spatial_stream_F_plus_K_minus_1_P_and_m_choice():
+    p = two()
+    tree = spatial(leaf("A", 1), leaf("B", 1))
+    # m=1: F = 3 + 1, P = 3, K = 4 -> 13;  m=2: F = 5 + 2, P = 5, K = 2 -> 12;  m=4: 9 + 4 = 13
+    assert evaluate(tree, p, 1).predicted_s == pytest.approx(13)
+    assert evaluate(tree, p, 2).predicted_s == pytest.approx(12)
+    assert evaluate(tree, p, 4).predicted_s == pytest.approx(13)
+    plans = search_all(p)
+    assert plans["spatial"].predicted_s == pytest.approx(12) and plans["spatial"].micro_batch == 2
+    assert plans["best"].predicted_s == pytest.approx(7.75) and plans["best"].mode == "temporal"
+    assert plans["spatial"].assignment() == {"A": [0], "B": [1]}
+
+
+def test_switch_paid_once_however_deep_and_under_spatial_children():
+    p = three(devices=3)
+    # Temporal(A, Temporal(B, C)) on 2 devices: 5 + 2 + (0.5 + 4*0.25) + (0.5+0.25+1)
+    t1 = evaluate(temporal(leaf("A", 2), temporal(leaf("B", 2), leaf("C", 2))), p, 4).predicted_s
+    assert t1 == pytest.approx(5 + 2 + 1.5 + 1.75)
+    # Temporal(Spatial(A, B), C): A and B are below the root temporal too, so they pay as well.
+    # Spatial(A(1), B(1)) at m=2: 12 (see above); C on 2 devices: 1.5
+    t2 = evaluate(temporal(spatial(leaf("A", 1), leaf("B", 1)), leaf("C", 2)), p, 2).predicted_s
+    assert t2 == pytest.approx(12 + 1.5 + 1.75)
+    # Spatial root: a co-resident (stream) temporal pays no switch.
+    # Spatial(Temporal(A,B) on 1, C on 1), m=4: F = P = (9 + 4) + 2.5 ... F = 13 + 2.5, K = 1
+    t3 = evaluate(spatial(temporal(leaf("A", 1), leaf("B", 1)), leaf("C", 1)), p, 4).predicted_s
+    assert t3 == pytest.approx(13 + 2.5)
+
+
+def test_stream_temporal_adds_memory_and_phase_temporal_takes_max():
+    p = three(devices=3, device_memory_gb=55)
+    co = evaluate(spatial(temporal(leaf("A", 1), leaf("B", 1)), leaf("C", 1)), p, 2)
+    assert not co.feasible and "60 GB" in co.reason  # 30 + 30 co-resident
+    ok = evaluate(spatial(temporal(leaf("A", 2), leaf("B", 2)), leaf("C", 1)), p, 2)
+    assert ok.feasible and ok.memory == 50  # max(20 + 20, 50)
+    ph = evaluate(temporal(leaf("A", 1), leaf("B", 1)), two(device_memory_gb=35), 4)
+    assert ph.feasible and ph.memory == 30
+
+
+def test_stream_temporal_F_and_P_add():
+    p = three(devices=3)
+    # m=2, K=2: Temporal(A(1), B(1)): F = P = 5 + 2 = 7; C(1) at 2 items: 1.5
+    # Spatial: F = 8.5, P = max(7, 1.5) = 7 -> 8.5 + 7 = 15.5
+    ev = evaluate(spatial(temporal(leaf("A", 1), leaf("B", 1)), leaf("C", 1)), p, 2)
+    assert ev.predicted_s == pytest.approx(15.5)
+
+
+def test_idle_devices_leaf_uses_best_valid_count_that_fits():
+    p = two(devices=3)
+    ev = evaluate(temporal(leaf("A", 3), leaf("B", 3)), p, 4)
+    assert ev.predicted_s == pytest.approx(7.75)  # both run on 2 of the 3 devices
+    assert [x.used for x in ev.tree.leaves()] == [2, 2]
+    # When 2 devices do not fit memory, the leaf falls back to 1 device and idles the other.
+    p2 = load_profile({**two().to_dict(), "device_memory_gb": 25})
+    p2c = p2.to_dict()
+    p2c["components"]["A"]["memory_gb"] = {1: 20, 2: 30}
+    p2 = load_profile(p2c)
+    ev2 = evaluate(leaf_tree := temporal(leaf("A", 2), leaf("B", 2)), p2, 4)
+    assert leaf_tree.n == 2
+    assert ev2.tree.leaves()[0].used == 1
+    assert ev2.predicted_s == pytest.approx(9 + 2 + 0.75)
+
+
+def test_spatial_needs_two_devices_and_backward_cut_is_rejected():
+    p = two()
+    with pytest.raises(PlanError, match="swap the children"):
+        evaluate(spatial(leaf("B", 1), leaf("A", 1)), p, 2)
+    one = two(devices=1)
+    with pytest.raises(PlanError):
+        search(one, mode="spatial")
+    assert search(one).predicted_s == pytest.approx(9 + 4 + 0.75)
+
+
+def test_cycle_colocated_split_and_ring():
+    raw = two(
+        edges=[["A", "B"], ["B", "A"]], cycles=[{"members": ["A", "B"], "steps": 2}]
+    ).to_dict()
+    p = load_profile(raw)
+    # co-located on 2: 2 * (5 + 2) = 14
+    assert evaluate(cycle("A", "B", 2), p, 4).predicted_s == pytest.approx(14)
+    # split 1 | 1, k = 1: 2 * (9 + 4) = 26
+    assert evaluate(cycle("A", "B", 2, split=(1, 1), groups=1), p, 4).predicted_s == pytest.approx(
+        26
+    )
+    # k = 2: a = t_A(1, 2) = 5, b = t_B(1, 2) = 2: 2 * 2 * 5 + 2 = 22
+    assert evaluate(cycle("A", "B", 2, split=(1, 1), groups=2), p, 4).predicted_s == pytest.approx(
+        22
+    )
+    # k = 4: a = 3, b = 1: 2 * 4 * 3 + 1 = 25
+    assert evaluate(cycle("A", "B", 2, split=(1, 1), groups=4), p, 4).predicted_s == pytest.approx(
+        25
+    )
+    best = search(p)
+    assert best.predicted_s == pytest.approx(14) and best.tree.op == "cycle"
+
+
+def test_cpu_cores_of_concurrent_components_are_capped():
+    raw = two().to_dict()
+    raw["cpu_cores_per_node"] = 8
+    raw["components"]["A"]["cpu_cores"] = {1: 6, 2: 8}
+    raw["components"]["B"]["cpu_cores"] = {1: 4, 2: 4}
+    p = load_profile(raw)
+    ev = evaluate(spatial(leaf("A", 1), leaf("B", 1)), p, 2)
+    assert not ev.feasible and "10 CPU cores" in ev.reason
+    assert evaluate(temporal(leaf("A", 2), leaf("B", 2)), p, 4).feasible
+    with pytest.raises(PlanError, match="all-spatial"):
+        search(p, mode="spatial")
+    raw["components"]["A"]["cpu_cores"] = {1: 9, 2: 9}
+    with pytest.raises(PlanError, match="component 'A' needs 9 CPU cores"):
+        search(load_profile(raw))
+
+
+def test_memory_error_names_component_and_constraint():
+    raw = two().to_dict()
+    raw["device_memory_gb"] = 40
+    raw["components"]["A"]["memory_gb"] = {1: 80, 2: 70}
+    with pytest.raises(PlanError) as ei:
+        search(load_profile(raw))
+    assert str(ei.value) == (
+        "component 'A' needs 70 GB per device on every valid device count [1, 2], but device_memory_gb is 40"
+    )
+    raw["components"]["A"]["memory_gb"] = 10
+    raw["components"]["A"]["valid_devices"] = [4]
+    raw["components"]["A"]["time"]["per_item"] = {4: 1}
+    with pytest.raises(PlanError, match="needs at least 4 devices"):
+        search(load_profile(raw))

@@ -1,0 +1,128 @@
+"""Profile loading, validation (all problems at once) and fitting."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from loomrl.errors import ConfigError
+from loomrl.plan import fit_component, fit_profile, load_profile
+
+
+def base(**over):
+    raw = {
+        "devices": 4,
+        "device_memory_gb": 80,
+        "batch": 8,
+        "granularities": [1, 2, 4, 8],
+        "components": {
+            "a": {
+                "valid_devices": [1, 2],
+                "time": {"alpha": 1.0, "per_item": {1: 2.0, 2: 1.0}},
+                "memory_gb": 10,
+            },
+            "b": {
+                "valid_devices": [1, 2],
+                "time": {"alpha": 0.0, "per_item": {1: 1.0, 2: 0.5}},
+                "memory_gb": {1: 20, 2: 12},
+            },
+        },
+        "edges": [["a", "b"]],
+    }
+    raw.update(over)
+    return raw
+
+
+def test_load_dict_yaml_and_json(tmp_path):
+    p = load_profile(base())
+    assert p.components["a"].time(2, 4) == pytest.approx(5.0)
+    assert p.components["a"].memory_gb == {1: 10.0, 2: 10.0}
+    y = tmp_path / "p.yaml"
+    import yaml
+
+    y.write_text(yaml.safe_dump(base()))
+    j = tmp_path / "p.json"
+    j.write_text(json.dumps(base()))
+    assert load_profile(y) == p
+    assert load_profile(j).components == p.components
+    assert load_profile(base(), devices=2).devices == 2
+
+
+def test_all_problems_reported_together_with_did_you_mean():
+    raw = base(granularites=[1], granularities=[3, 4])
+    raw["components"]["a"]["swich_s"] = 1
+    raw["components"]["b"]["valid_devices"] = [1, 2, 4]
+    raw["edges"] = [["a", "bb"]]
+    with pytest.raises(ConfigError) as ei:
+        load_profile(raw)
+    problems = ei.value.problems
+    text = "\n".join(problems)
+    assert len(problems) == 6, text
+    assert "did you mean 'granularities'" in text
+    assert "did you mean 'switch_s'" in text
+    assert "3 does not divide batch=8" in text
+    assert "no cost for valid device count(s) [4]" in text
+    assert "unknown component 'bb'; did you mean 'b'" in text
+
+
+def test_undeclared_cycle_is_an_error_and_declared_one_is_fine():
+    raw = base(edges=[["a", "b"], ["b", "a"]])
+    with pytest.raises(ConfigError, match="cycle among \\['a', 'b'\\] that is not declared"):
+        load_profile(raw)
+    raw["cycles"] = [{"members": ["a", "b"], "steps": 3}]
+    p = load_profile(raw)
+    assert p.cycles[0].steps == 3 and p.cycles[0].name == "a<->b"
+
+
+def test_missing_cost_is_fitted_from_samples():
+    raw = base()
+    comp = raw["components"]["b"]
+    comp["valid_devices"] = [1, 2, 4]
+    comp["time"] = {}
+    comp["memory_gb"] = {}
+    # exact data of t = 0.5 + x * 2 / n, memory = 4 + 8 / n
+    comp["samples"] = [[n, x, 0.5 + x * 2.0 / n, 4 + 8 / n] for n in (1, 2) for x in (1, 4, 16)]
+    p = load_profile(raw)
+    b = p.components["b"]
+    assert b.alpha == pytest.approx(0.5, abs=1e-9)
+    assert b.per_item[4] == pytest.approx(0.5, rel=1e-6)  # power law n^-1 extrapolated
+    assert b.memory_gb[4] == pytest.approx(6.0, rel=1e-6)
+    assert p.fit_reports[0].rel_err_max < 1e-9
+
+
+def test_fit_component_reports_error_and_warns_far_extrapolation():
+    samples = [
+        ("gen", n, x, 1.0 + x * 3.0 * n**-0.8 * (1.02 if x == 8 else 1.0), 10.0 + 20 / n)
+        for n in (1, 2, 4)
+        for x in (2, 8)
+    ]
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        comp, rep = fit_component(samples, valid_devices=[1, 2, 4, 8, 64])
+    assert any("more than 8x" in str(x.message) for x in w)
+    assert rep.extrapolated_devices == (8, 64)
+    assert 0 < rep.rel_err_max < 0.05
+    assert rep.exponent == pytest.approx(0.8, abs=0.05)
+    assert comp.per_item[8] < comp.per_item[4]
+
+
+def test_fit_profile_builds_a_valid_profile():
+    samples = [
+        (c, n, x, a + x * s / n, 5.0)
+        for c, a, s in (("a", 0.1, 1.0), ("b", 0.2, 2.0))
+        for n in (1, 2)
+        for x in (1, 3)
+    ]
+    p = fit_profile(
+        samples,
+        devices=2,
+        device_memory_gb=40,
+        batch=4,
+        granularities=[1, 2, 4],
+        edges=[("a", "b")],
+    )
+    assert set(p.components) == {"a", "b"}
+    assert p.components["b"].time(2, 3) == pytest.approx(0.2 + 3.0)
+    assert len(p.fit_reports) == 2

@@ -1,0 +1,175 @@
+"""The DP is exact (equals brute force), plans round-trip, and the classic cases come out right."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loomrl.errors import PlanError
+from loomrl.plan import (
+    Plan,
+    evaluate,
+    exhaustive,
+    fixed_plan,
+    leaf,
+    load_profile,
+    plan_for_mode,
+    search,
+    search_all,
+    spatial,
+    temporal,
+)
+from loomrl.plan.search import exhaustive_times
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _plan_random import random_profile  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "profiles"
+
+
+def _instances(seed: int, count: int):
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        v = int(rng.integers(1, 5))
+        n = int(rng.integers(1, 13 if v < 4 else 7))
+        yield random_profile(
+            rng,
+            v,
+            n,
+            dag=bool(rng.random() < 0.4),
+            cycle=bool(rng.random() < 0.25),
+            cores=bool(rng.random() < 0.25),
+        )
+
+
+def _dp_times(prof):
+    try:
+        plans = search_all(prof)
+    except PlanError:
+        return {k: None for k in ("best", "temporal", "spatial", "hybrid")}, {}
+    return {k: (p.predicted_s if p else None) for k, p in plans.items()}, plans
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dp_equals_exhaustive_on_random_instances(seed):
+    """>= 300 random chains / DAGs / cycles with memory and core caps, every mode."""
+    checked = infeasible = 0
+    for prof in _instances(seed, 100):
+        dp, plans = _dp_times(prof)
+        ex = exhaustive_times(prof)
+        for mode in dp:
+            if ex[mode] is None:
+                assert dp[mode] is None, (mode, prof)
+                infeasible += 1
+            else:
+                assert dp[mode] == pytest.approx(ex[mode], rel=1e-9, abs=1e-12), (mode, prof)
+        for plan in plans.values():
+            if plan is not None:  # the returned tree really costs what the DP said
+                assert evaluate(plan.tree, prof, plan.micro_batch).predicted_s == pytest.approx(
+                    plan.predicted_s, rel=1e-12
+                )
+        checked += 1
+    assert checked == 100 and infeasible > 0
+
+
+def test_exhaustive_plan_matches_search_on_example():
+    prof = load_profile(EXAMPLES / "grpo_long_rollout.yaml", devices=4)
+    a, b = search(prof), exhaustive(prof)
+    assert a.predicted_s == pytest.approx(b.predicted_s)
+    assert b.method == "exhaustive"
+
+
+def test_classic_cases_from_example_profiles():
+    grpo = search_all(load_profile(EXAMPLES / "grpo_long_rollout.yaml"))
+    assert grpo["best"].mode == "temporal"
+    ppo = search_all(load_profile(EXAMPLES / "ppo_actor_critic.yaml"))
+    assert ppo["best"].mode == "spatial"
+    assert ppo["best"].modes["temporal"] > 1.5 * ppo["best"].predicted_s
+    emb = search_all(load_profile(EXAMPLES / "embodied_cycle_gpu_sim.yaml"))
+    assert emb["best"].mode == "hybrid"
+    cyc = [x for x in emb["best"].tree.leaves() if x.op == "cycle"][0]
+    assert cyc.split is not None and cyc.groups >= 2
+    cpu = search_all(load_profile(EXAMPLES / "embodied_cpu_sim.yaml"))
+    assert cpu["best"].mode == "temporal"
+    assert cpu["spatial"] is None  # the simulator takes every core: nothing can run beside it
+
+
+def test_plan_fields_round_trip_and_assignment(tmp_path):
+    prof = load_profile(EXAMPLES / "ppo_actor_critic.yaml")
+    plan = search(prof)
+    d = plan.to_dict()
+    for key in ("predicted_s", "micro_batch", "tree", "assignment", "modes", "search_s"):
+        assert key in d
+    assert set(d["modes"]) == {"temporal", "spatial", "hybrid"}
+    assert d["tree"]["op"] in ("leaf", "temporal", "spatial")
+    assert {"op", "devices", "children"} <= set(d["tree"])
+    used = [dev for devs in plan.assignment().values() for dev in devs]
+    assert len(used) == len(set(used))  # spatial plan: disjoint devices
+    for suffix in (".json", ".yaml"):
+        path = tmp_path / f"plan{suffix}"
+        plan.save(path)
+        back = Plan.load(path)
+        assert back == plan
+        assert back.assignment() == plan.assignment()
+    assert "spatial" in str(plan) and "rollout" in str(plan)
+
+
+def test_plan_for_mode_and_fixed_plan():
+    prof = load_profile(EXAMPLES / "grpo_long_rollout.yaml")
+    for mode in ("temporal", "spatial", "hybrid"):
+        p = plan_for_mode(prof, mode)
+        assert p.mode == mode
+        assert p.predicted_s == pytest.approx(p.modes[mode])
+    n = prof.devices
+    tree = temporal(leaf("rollout", n), temporal(leaf("logprob", n), leaf("actor", n)))
+    fp = fixed_plan(prof, tree, prof.batch)
+    assert fp.predicted_s == pytest.approx(search(prof, mode="temporal").predicted_s)
+    with pytest.raises(PlanError, match="does not fit"):
+        # co-resident rollout + logprob: 70 + 20 GB on one device
+        fixed_plan(
+            prof, spatial(temporal(leaf("rollout", 1), leaf("logprob", 1)), leaf("actor", 1)), 8
+        )
+
+
+def test_node_aligned_layout():
+    raw = load_profile(EXAMPLES / "ppo_actor_critic.yaml").to_dict()
+    raw["devices_per_node"] = 8
+    plan = search(load_profile(raw))
+    for comp, devs in plan.assignment().items():
+        assert devs == list(range(devs[0], devs[0] + len(devs))), comp
+
+
+def test_speed_three_chain_1024_devices():
+    valid = [2**i for i in range(11)]
+    comps = {
+        name: {
+            "valid_devices": valid,
+            "time": {"alpha": a, "per_item": {d: s * d**-0.9 for d in valid}},
+            "memory_gb": {d: 10 + mm / d for d in valid},
+            "switch_s": 2.0,
+        }
+        for name, a, s, mm in (
+            ("rollout", 0.5, 400, 300),
+            ("inference", 0.1, 60, 200),
+            ("actor", 0.3, 200, 400),
+        )
+    }
+    prof = load_profile(
+        {
+            "devices": 1024,
+            "device_memory_gb": 80,
+            "batch": 512,
+            "granularities": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+            "components": comps,
+            "edges": [["rollout", "inference"], ["inference", "actor"]],
+        }
+    )
+    search_all(prof)  # warm-up
+    t = time.perf_counter()
+    plan = search_all(prof)["best"]
+    assert plan.search_s < 0.25  # the target is 0.05 s; loose here for busy CI machines
+    assert time.perf_counter() - t < 2.0

@@ -1,0 +1,271 @@
+"""loomrl report: loading a run directory, the table's numbers, the figure and the Chrome trace."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from loomrl.plan import Interval, Plan, layout, leaf, load_profile, search, temporal
+from loomrl.report import (
+    FIGURE_FILE,
+    TRACE_FILE,
+    ReportError,
+    busy_seconds,
+    export_chrome_trace,
+    load_run,
+    report_main,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def hand_plan() -> Plan:
+    """gen then train on devices 0-1; predicted 10 s: gen runs 4 s, train 4 s, two 1 s switches."""
+    tree = layout(temporal(leaf("gen", 2, used=2), leaf("train", 2, used=2)))
+    timeline = (
+        Interval("gen", (0, 2), 0.0, 1.0, -1, "switch"),
+        Interval("gen", (0, 2), 1.0, 5.0, 0),
+        Interval("train", (0, 2), 5.0, 6.0, -1, "switch"),
+        Interval("train", (0, 2), 6.0, 10.0, 0),
+    )
+    return Plan(
+        tree,
+        micro_batch=4,
+        predicted_s=10.0,
+        devices=2,
+        batch=4,
+        mode="temporal",
+        timeline=timeline,
+    )
+
+
+def records(t: float) -> list[dict]:
+    """One iteration of length ``t`` on two ranks per component: gen busy t/2 - 1 s, train t/2 - 1 s."""
+    out = []
+    for rank in (0, 1):
+
+        def rec(comp, kind, s, e, mb=-1, rank=rank):
+            return {
+                "component": comp,
+                "rank": rank,
+                "devices": [rank],
+                "kind": kind,
+                "micro_batch": mb,
+                "start": s,
+                "end": e,
+                "items": 0 if mb < 0 else 4,
+            }
+
+        out += [
+            rec("gen", "onload", 0.0, 1.0),
+            rec("gen", "run", 1.0, t / 2, 0),
+            rec("gen", "offload", t / 2, t / 2 + 0.5),
+            rec("train", "run", t / 2 + 0.5, t - 0.5, 0),
+        ]
+    return out
+
+
+# measured: step 0 is warm-up (20 s); after it 11, 13, 12 -> median 12 s (step 3), +20% vs 10 s.
+TIMES = {0: 20.0, 1: 11.0, 2: 13.0, 3: 12.0}
+
+
+def write_run(d, plan: Plan | None = None, times=TIMES, summary=True):
+    d.mkdir(parents=True, exist_ok=True)
+    plan = plan or hand_plan()
+    plan.save(d / "plan.json")
+    with open(d / "timeline.jsonl", "w") as f:
+        for step, t in times.items():
+            f.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "measured_s": t,
+                        "predicted_s": plan.predicted_s,
+                        "records": records(t),
+                    }
+                )
+                + "\n"
+            )
+    if summary:
+        warm = sorted(list(times.values())[1:])
+        (d / "run_summary.json").write_text(
+            json.dumps(
+                {
+                    "predicted_iteration_s": plan.predicted_s,
+                    "measured_iteration_s": warm[len(warm) // 2],
+                }
+            )
+        )
+    return d
+
+
+def test_busy_seconds_is_the_union_of_spans():
+    assert busy_seconds([(0, 2), (1, 3), (5, 6)]) == 4.0
+    assert busy_seconds([(5, 6), (0, 1), (0, 1), (1, 2)]) == 3.0
+    assert busy_seconds([(2, 2), (3, 1)]) == 0.0
+    assert busy_seconds([]) == 0.0
+
+
+def test_load_run_reads_every_file_and_picks_the_median_warm_iteration(tmp_path):
+    run = load_run(write_run(tmp_path / "r"))
+    assert [it.step for it in run.iterations] == [0, 1, 2, 3]
+    assert run.plan.predicted_s == 10.0 and len(run.plan.timeline) == 4
+    assert run.measured_median_s == 12.0
+    assert run.median_iteration().step == 3
+    assert run.summary["measured_iteration_s"] == 12.0
+    assert run.iteration(1).measured_s == 11.0
+    with pytest.raises(ReportError, match="step 9 is not in timeline.jsonl"):
+        run.iteration(9)
+
+
+def test_load_run_skips_a_cut_short_line_and_needs_no_summary(tmp_path):
+    d = write_run(tmp_path / "r", summary=False)
+    with open(d / "timeline.jsonl", "a") as f:
+        f.write('{"step": 4, "measured_s": 1')  # the crash cut it short
+    run = load_run(d)
+    assert [it.step for it in run.iterations] == [0, 1, 2, 3]
+    assert run.summary == {} and run.predicted_s == 10.0
+
+
+def test_report_writes_figure_trace_and_prints_the_numbers(tmp_path, capsys):
+    d = write_run(tmp_path / "run")
+    assert report_main([str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "predicted iteration" in out and "10.0000 s" in out
+    assert "measured median" in out and "12.0000 s" in out
+    assert "+20.0%" in out
+    assert "step 3" in out
+    # step 3 (12 s): gen busy 1..6 = 5 s vs 4 s predicted; train 6.5..11.5 = 5 s vs 4 s.
+    gen = next(line for line in out.splitlines() if line.strip().startswith("gen "))
+    assert gen.split()[1:] == ["4.0000", "5.0000", "+25.0%"]
+    train = next(line for line in out.splitlines() if line.strip().startswith("train "))
+    assert train.split()[1:] == ["4.0000", "5.0000", "+25.0%"]
+    # switching: predicted 2 s (0-1, 5-6); measured onload 0-1 + offload 6-6.5 = 1.5 s
+    sw = next(line for line in out.splitlines() if "(switching)" in line)
+    assert sw.split()[1:] == ["2.0000", "1.5000", "-25.0%"]
+    assert (d / FIGURE_FILE).read_bytes()[:8] == PNG_MAGIC
+    assert (d / FIGURE_FILE).stat().st_size > 5000
+    assert str(d / FIGURE_FILE) in out and str(d / TRACE_FILE) in out
+
+
+def test_step_and_out_options(tmp_path, capsys):
+    d = write_run(tmp_path / "run")
+    out_dir = tmp_path / "elsewhere" / "report"
+    assert report_main([str(d), "--step", "1", "--out", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "step 1 (measured 11.0000 s)" in out
+    assert (out_dir / FIGURE_FILE).is_file() and (out_dir / TRACE_FILE).is_file()
+    assert not (d / FIGURE_FILE).exists()
+
+
+def test_trace_is_well_formed_and_iterations_are_end_to_end(tmp_path, capsys):
+    d = write_run(tmp_path / "run")
+    assert report_main([str(d)]) == 0
+    trace = json.loads((d / TRACE_FILE).read_text())
+    events = trace["traceEvents"]
+    xs = [e for e in events if e["ph"] == "X"]
+    for e in xs:
+        assert set(e) >= {"name", "ph", "ts", "dur", "pid", "tid"}
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
+        assert e["ts"] >= 0 and e["dur"] >= 0
+    steps = sorted((e for e in xs if e["cat"] == "iteration"), key=lambda e: e["ts"])
+    assert [e["name"] for e in steps] == ["step 0", "step 1", "step 2", "step 3"]
+    assert [e["ts"] for e in steps] == [0.0, 20e6, 31e6, 44e6]  # 20 + 11 + 13 s laid end to end
+    assert [e["dur"] for e in steps] == [20e6, 11e6, 13e6, 12e6]
+    work = [e for e in xs if e["cat"] != "iteration"]
+    assert len(work) == 4 * 8  # 8 records per iteration, one device each
+    assert {e["pid"] for e in work} == {0, 1}  # pid = device
+    # step 1's gen run of rank 1: 1..5.5 s into the iteration, which starts at 20 s
+    g = next(
+        e for e in work if e["name"] == "gen" and e["args"]["step"] == 1 and e["args"]["rank"] == 1
+    )
+    assert (g["pid"], g["ts"], g["dur"]) == (1, 21e6, 4.5e6)
+    assert {e["name"] for e in work} == {"gen", "gen onload", "gen offload", "train"}
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    for e in work:
+        assert names[(e["pid"], e["tid"])] == f"{e['name'].split()[0]} rank {e['args']['rank']}"
+    procs = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert procs[0] == "device 0" and procs[1] == "device 1"
+
+
+def test_export_chrome_trace_puts_deviceless_work_on_its_own_process(tmp_path):
+    recs = {
+        5: [
+            {
+                "component": "env",
+                "rank": 2,
+                "devices": [],
+                "kind": "run",
+                "micro_batch": 0,
+                "start": 0.25,
+                "end": 0.75,
+                "items": 3,
+            }
+        ]
+    }
+    p = export_chrome_trace(recs, tmp_path / "t.json")
+    events = json.loads(p.read_text())["traceEvents"]
+    (x,) = [e for e in events if e["ph"] == "X" and e["cat"] == "run"]
+    assert (x["pid"], x["ts"], x["dur"]) == (-2, 0.25e6, 0.5e6)
+    assert x["args"]["items"] == 3
+    # no iteration_s given: an iteration lasts until its last record ends
+    (it,) = [e for e in events if e["ph"] == "X" and e["cat"] == "iteration"]
+    assert (it["ts"], it["dur"]) == (0.0, 0.75e6)
+
+
+def test_report_of_a_searched_plan(tmp_path, capsys):
+    """A real planner result (hybrid: logprob and actor side by side) draws and traces too."""
+    prof = load_profile(
+        {
+            "devices": 4,
+            "device_memory_gb": 80,
+            "batch": 8,
+            "granularities": [1, 2, 4, 8],
+            "components": {
+                "rollout": {
+                    "valid_devices": [1, 2, 4],
+                    "time": {"alpha": 0.1, "per_item": {1: 0.8, 2: 0.4, 4: 0.2}},
+                },
+                "actor": {
+                    "valid_devices": [1, 2, 4],
+                    "time": {"alpha": 0.1, "per_item": {1: 0.4, 2: 0.2, 4: 0.1}},
+                },
+            },
+            "edges": [["rollout", "actor"]],
+        }
+    )
+    plan = search(prof, mode="spatial")
+    assert plan.timeline
+    d = write_run(tmp_path / "run", plan=plan)
+    assert report_main([str(d)]) == 0
+    assert (d / FIGURE_FILE).read_bytes()[:8] == PNG_MAGIC
+    assert "rollout" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "make, needle",
+    [
+        (lambda p: p / "nope", "does not exist"),
+        (lambda p: p, "has no plan.json or timeline.jsonl"),
+        (
+            lambda p: write_run(p / "r") and (p / "r" / "timeline.jsonl").unlink() or p / "r",
+            "has no timeline.jsonl",
+        ),
+    ],
+)
+def test_unusable_run_dir_exits_2_with_one_line(tmp_path, capsys, make, needle):
+    assert report_main([str(make(tmp_path))]) == 2
+    cap = capsys.readouterr()
+    assert needle in cap.err
+    assert cap.err.startswith("loomrl report: error:") and cap.err.count("\n") == 1
+    assert "Traceback" not in cap.err and cap.out == ""
+
+
+def test_unknown_step_and_unreadable_plan_exit_2(tmp_path, capsys):
+    d = write_run(tmp_path / "r")
+    assert report_main([str(d), "--step", "9"]) == 2
+    assert "step 9 is not in timeline.jsonl" in capsys.readouterr().err
+    (d / "plan.json").write_text("{not json")
+    assert report_main([str(d)]) == 2
+    assert "not a readable plan" in capsys.readouterr().err
