@@ -56,10 +56,36 @@ def load_recipe_config(config: str | Path, overrides: list[str]) -> tuple[Any, A
 
 def cmd_run(args: argparse.Namespace) -> int:
     mod, cfg = load_recipe_config(args.config, args.overrides)
-    summary = mod.main(cfg)
+    summary = run_with_restarts(mod, cfg)
     print(f"run finished: {cfg.run.output_dir}/run_summary.json")
     _print_summary(summary)
     return 0
+
+
+def run_with_restarts(mod: Any, cfg: Any) -> dict:
+    """Run a recipe; when a worker dies, restart from the last complete checkpoint
+    (up to ``run.max_restarts`` times), recording each restart in ``restarts.jsonl``."""
+    import dataclasses
+    import json
+    import time
+
+    from loomrl.errors import WorkerDiedError
+
+    restarts = 0
+    while True:
+        try:
+            return mod.main(cfg)
+        except WorkerDiedError as e:
+            if restarts >= cfg.run.max_restarts:
+                raise
+            restarts += 1
+            out = Path(cfg.run.output_dir)
+            with open(out / "restarts.jsonl", "a") as f:
+                f.write(json.dumps({"time": time.time(), "restart": restarts, "error": str(e)[:2000]}) + "\n")
+            print(f"loomrl: {e.worker} rank {e.rank} died; restarting from the last checkpoint "
+                  f"({restarts}/{cfg.run.max_restarts})", file=sys.stderr)
+            if hasattr(cfg, "resume"):
+                cfg = dataclasses.replace(cfg, resume=True)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -69,7 +95,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         raise ConfigError([f"{run_dir} has no config.yaml: is it a loomrl run directory?"])
     overrides = [f"run.output_dir={run_dir}", "resume=true", *args.overrides]
     mod, cfg = load_recipe_config(cfg_file, overrides)
-    summary = mod.main(cfg)
+    summary = run_with_restarts(mod, cfg)
     _print_summary(summary)
     return 0
 

@@ -195,7 +195,7 @@ class Cluster:
         ``num_cpus`` is what each worker reserves from Ray (0 by default: the planner, not Ray, decides
         who computes where; a CPU-bound simulator should reserve its cores).
         """
-        from loomrl.worker import WorkerGroup, Worker
+        from loomrl.worker import Worker, WorkerGroup
 
         if not (isinstance(cls, type) and issubclass(cls, Worker)):
             raise TypeError(

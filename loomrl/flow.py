@@ -246,6 +246,7 @@ class Flow:
         self.capacity = channel_capacity
         self._id = uuid.uuid4().hex[:8]
         self._iter = 0
+        self._calibrate = False
 
     # ------------------------------------------------------------------ declaration
     def group(
@@ -320,6 +321,17 @@ class Flow:
             self._launch(pinned)
             self.plan_ = pinned
             return pinned
+        if profile == "calibrate":
+            if placement != "temporal":
+                raise PlanError(
+                    f"profile='calibrate' plans only placement='temporal' (got {placement!r}): "
+                    "other modes need measured costs to split devices; drop profile= to measure them"
+                )
+            chosen = self._default_temporal(len(sample) if sample is not None else int(batch or 0))
+            self._calibrate = True
+            self._launch(chosen)
+            self.plan_ = chosen
+            return chosen
         if profile is None:
             if sample is None:
                 raise ValueError(
@@ -342,6 +354,54 @@ class Flow:
         self._launch(chosen)
         self.plan_ = chosen
         return chosen
+
+    def _default_temporal(self, batch: int) -> Plan:
+        """Every component on all the devices it may use, one after the other, whole batch at once.
+
+        Needs no costs; its prediction is calibrated from the first iteration's measured timeline.
+        """
+        from loomrl.plan.plan import leaf, temporal
+        from loomrl.plan.profile import load_profile
+        from loomrl.plan.search import fixed_plan
+
+        if batch < 1:
+            raise ValueError("profile='calibrate' needs sample= or batch= to know the batch size")
+        n = self.cluster.num_devices
+        names = [s.component.name for s in self.stages]
+        used = {c: max(v for v in (self.components[c].valid_devices or [n]) if v <= n) for c in names}
+        tree = leaf(names[-1], n, used[names[-1]])
+        for c in reversed(names[:-1]):
+            tree = temporal(leaf(c, n, used[c]), tree)
+        stub = {
+            c: {"valid_devices": [used[c]], "time": {"alpha": 0.0, "per_item": {used[c]: 0.0}},
+                "memory_gb": {used[c]: 0.0}, "switch_s": 0.0}
+            for c in names
+        }
+        prof = load_profile({"devices": n, "device_memory_gb": 1e9, "batch": batch,
+                             "granularities": [batch], "components": stub, "edges": self.edges})
+        return fixed_plan(prof, tree, batch, method="calibrate")
+
+    def _calibrated(self, plan: Plan, result: FlowResult) -> Plan:
+        """Costs of each component (and its switch) from one measured phase-by-phase iteration."""
+        from loomrl.plan.profile import load_profile
+        from loomrl.plan.search import fixed_plan
+
+        M = plan.batch
+        comps: dict[str, Any] = {}
+        for name, devs in plan.assignment().items():
+            runs = [r for r in result.timeline if r["component"] == name and r["kind"] == "run"]
+            sw = [r for r in result.timeline if r["component"] == name and r["kind"] != "run"]
+            span = (max(r["end"] for r in runs) - min(r["start"] for r in runs)) if runs else 0.0
+            by_rank: dict[int, float] = {}
+            for r in sw:
+                by_rank[r["rank"]] = by_rank.get(r["rank"], 0.0) + r["end"] - r["start"]
+            n = len(devs)
+            comps[name] = {"valid_devices": [n], "time": {"alpha": 0.0, "per_item": {n: span / M}},
+                           "memory_gb": {n: 0.0}, "switch_s": max(by_rank.values(), default=0.0)}
+        prof = load_profile({"devices": plan.devices, "device_memory_gb": 1e9, "batch": M,
+                             "granularities": [M], "components": comps, "edges": self.edges})
+        self.profile_ = prof
+        return fixed_plan(prof, plan.tree, M, method="calibrated")
 
     def _check_pinned(self, plan: Plan) -> None:
         problems = []
@@ -454,7 +514,12 @@ class Flow:
             for r in rs
             for (kind, k, s, e, n) in r["records"]
         ]
-        return FlowResult([o for _, o in pairs], measured, plan.predicted_s, timeline)
+        result = FlowResult([o for _, o in pairs], measured, plan.predicted_s, timeline)
+        if self._calibrate and plan is self.plan_:
+            # The first iteration measured every phase: from now on the plan predicts.
+            self.plan_ = self._calibrated(plan, result)
+            self._calibrate = False
+        return result
 
     def _execute(
         self, node: Node, context: str, specs: dict[str, StageSpec], results: dict

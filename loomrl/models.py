@@ -156,6 +156,7 @@ def convert_smollm2(cache_dir: str | os.PathLike | None = None, force: bool = Fa
         (tmp / "loomrl_source.json").write_text(
             json.dumps({"source": str(gguf), "size": gguf.stat().st_size}, indent=1)
         )
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache may be shared
         if force and target.exists():
             shutil.rmtree(target)
         try:
@@ -232,6 +233,7 @@ def _save_atomic(model, tokenizer, directory: Path) -> Path:
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
+        os.chmod(tmp, 0o755)
         if directory.exists():
             shutil.rmtree(directory)
         os.rename(tmp, directory)

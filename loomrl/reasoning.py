@@ -11,11 +11,11 @@ from loomrl.worker import wait
 class Encoder:
     """Chat-template prompt encoding in the driver (tokenizer only, no model)."""
 
-    def __init__(self, model_path: str):
+    def __init__(self, model_path: str, instruction: str = "think"):
+        self.instruction = instruction
         from transformers import AutoTokenizer
 
         from loomrl.models import resolve_model
-
         from loomrl.workers.reasoning import model_dir
 
         self.tok = AutoTokenizer.from_pretrained(str(resolve_model(model_dir(model_path))))
@@ -30,7 +30,7 @@ class Encoder:
                 "the tokenizer has no chat template: set one in the model directory "
                 "(tokenizer_config.json 'chat_template')"
             ])
-        ids = self.tok.apply_chat_template(build_messages(question), add_generation_prompt=True, tokenize=True)
+        ids = self.tok.apply_chat_template(build_messages(question, instruction=self.instruction), add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return [int(x) for x in ids]
@@ -47,7 +47,8 @@ def sync_weights(actor: Any, rollout: Any) -> int:
 def evaluate(rollout: Any, task: Any, encode: Encoder, cfg: Any) -> float:
     exs = task.eval_set()[: cfg.task.eval_size]
     items = [{"question": e.question, "answer": e.answer, "prompt_ids": encode(e.question)} for e in exs]
-    scores = [x for rank in wait(rollout.evaluate(items)) for x in rank]
+    texts = [t for rank in wait(rollout.evaluate(items)) for t in rank]
+    scores = [1.0 if task.score(t, e).reward >= 1.0 else 0.0 for t, e in zip(texts, exs)]
     return sum(scores) / max(1, len(scores))
 
 

@@ -31,9 +31,13 @@ class RunConfig:
     devices: int | None = None  # None: every device of the cluster (CPU cores when no GPU)
     num_gpus: int | None = None  # logical GPUs for the embedded Ray (None: the real ones)
     micro_batch: int | None = None  # pin the micro-batch size (None: the planner chooses)
-    profile: str | None = None  # a workload profile file: plan from it instead of profiling
+    # A workload profile file to plan from instead of profiling, or "calibrate" (temporal only:
+    # start from the cost-free default plan and take its costs from the first iteration).
+    profile: str | None = None
     threads: int | None = None  # pin threads per worker (bit-identical results across plans)
     checkpoint_every: int = 0  # steps; 0 = only at the end
+    max_restarts: int = 0  # a worker that dies restarts the run from the last complete checkpoint
+    kill_worker_at_step: int | None = None  # fault injection (tests): kill a worker once at this step
     keep_checkpoints: int = 2
     tensorboard: bool = True
     wandb: str = "off"
@@ -50,8 +54,10 @@ class RunConfig:
             p.append(f"placement: {self.placement!r} is not {PLACEMENT_HELP} (no such file)")
         if self.wandb not in ("off", "offline", "online"):
             p.append(f"wandb: expected 'off', 'offline' or 'online', got {self.wandb!r}")
-        if self.profile is not None and not Path(self.profile).exists():
+        if self.profile not in (None, "calibrate") and not Path(self.profile).exists():
             p.append(f"profile: no such file {self.profile!r}")
+        if self.max_restarts < 0:
+            p.append(f"max_restarts: must be >= 0, got {self.max_restarts}")
         if self.devices is not None and self.devices < 1:
             p.append(f"devices: must be >= 1, got {self.devices}")
         return p
@@ -99,8 +105,16 @@ class Run:
         self.logger.echo(f"plan ({took:.1f}s incl. profiling):\n{self.plan}")
         return self.plan
 
-    def record(self, step: int, result: Any) -> None:
+    def record(self, step: int, result: Any, flow: Any = None) -> None:
         """Keep an iteration's measured time and timeline (for the summary and ``loomrl report``)."""
+        if flow is not None and flow.plan_ is not self.plan:
+            # A calibrated plan replaced the cost-free default after the first iteration.
+            self.plan = flow.plan_
+            self.plan.save(self.dir / "plan.json")
+            if flow.profile_ is not None:
+                (self.dir / "profile.json").write_text(
+                    json.dumps(flow.profile_.to_dict(), indent=2, default=str)
+                )
         self.iter_times.append(result.measured_s)
         with open(self.dir / "timeline.jsonl", "a") as f:
             f.write(
@@ -114,6 +128,17 @@ class Run:
                 )
                 + "\n"
             )
+
+    def maybe_inject_failure(self, step: int, group: Any) -> None:
+        """Kill one worker process at ``run.kill_worker_at_step`` (once per run directory): lets
+        tests check that a dead worker ends in a restart from the last checkpoint, not a hang."""
+        marker = self.dir / ".failure-injected"
+        if self.rc.kill_worker_at_step != step or marker.exists():
+            return
+        import ray
+
+        marker.write_text(str(step))
+        ray.kill(group.actors[0])
 
     def measured_iteration_s(self) -> float | None:
         warm = self.iter_times[1:] or self.iter_times

@@ -185,7 +185,6 @@ def _ship_module_by_value(cls: type) -> None:
 def _pin_cpu_slots(local: list[int]) -> None:
     """A CPU device slot is a core: pin the process to its cores and size thread pools to match,
     so that workers on disjoint slots really run side by side and a plan's split means something."""
-    import sys
 
     try:
         cores = sorted(os.sched_getaffinity(0))

@@ -605,12 +605,12 @@ class HFEngine:
                 f"{len(prompt_ids)} prompts but {len(response_ids)} responses; they must pair up"
             )
         lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids, strict=True)]
-        plan = plan_micro_batches(
-            lengths,
-            micro_batch_size
-            or (None if self.config.micro_batch_tokens else self.config.micro_batch_size),
-            None if micro_batch_size else self.config.micro_batch_tokens,
-        )
+        if micro_batch_size is not None:
+            plan = plan_micro_batches(lengths, micro_batch_size)
+        else:
+            plan = plan_micro_batches(
+                lengths, self.config.micro_batch_size, self.config.micro_batch_tokens
+            )
         outs: list[torch.Tensor | None] = [None] * len(prompt_ids)
         ents: list[torch.Tensor | None] = [None] * len(prompt_ids)
         was_training = self.net.training

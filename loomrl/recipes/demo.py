@@ -126,7 +126,7 @@ def main(cfg: Config) -> dict:
         for step in range(cfg.run.steps):
             result = flow.run(make_items(step, cfg.batch, cfg.run.seed))
             digest.update("".join(result.outputs).encode())
-            run.record(step, result)
+            run.record(step, result, flow)
             run.logger.log(
                 step, {"iteration_s": result.measured_s, "predicted_s": result.predicted_s}
             )

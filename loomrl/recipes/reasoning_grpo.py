@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from loomrl.run import Run, RunConfig
+from loomrl.worker import wait
 from loomrl.workers.reasoning import (
     ActorWorker,
     AlgoConfig,
@@ -24,7 +25,6 @@ from loomrl.workers.reasoning import (
     SamplingConfig,
     TaskConfig,
 )
-from loomrl.worker import wait
 
 
 @dataclass
@@ -86,7 +86,7 @@ def main(cfg: Config) -> dict:
 
     run = Run(cfg, cfg.run)
     try:
-        task, encode = make_task(**cfg.task.as_kwargs(cfg.run.seed)), Encoder(cfg.model.path)
+        task, encode = make_task(**cfg.task.as_kwargs(cfg.run.seed)), Encoder(cfg.model.path, cfg.task.instruction)
         flow = Flow(run.cluster, run.dir)
         g = build(flow, cfg)
         run.apply_plan(flow, prompts(task, encode, 0, cfg.batch))
@@ -95,9 +95,10 @@ def main(cfg: Config) -> dict:
         metrics: dict[str, Any] = {"eval_accuracy": evaluate(g["rollout"], task, encode, cfg)}
         run.logger.log(start, metrics)
         for step in range(start, cfg.run.steps):
+            run.maybe_inject_failure(step, g["rollout"].group)
             result = flow.run(prompts(task, encode, step, cfg.batch))
             sync_weights(g["actor"], g["rollout"])
-            run.record(step, result)
+            run.record(step, result, flow)
             metrics = metrics_of(result)
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.run.steps:
                 metrics["eval_accuracy"] = evaluate(g["rollout"], task, encode, cfg)

@@ -12,6 +12,8 @@ problems never appear in training whatever the seed.
 
 from __future__ import annotations
 
+import re
+
 import random
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -49,6 +51,9 @@ def generate_expression(rng: random.Random, level: int) -> str:
     raise ValueError(f"level={level!r} is not a known level; use one of {list(LEVELS)}")
 
 
+_LAST_NUMBER = re.compile(r"-?\d[\d,]*")
+
+
 @dataclass
 class ArithmeticTask:
     """Arithmetic problems; answers are integers, scored by ``loomrl.reward.score``.
@@ -67,6 +72,9 @@ class ArithmeticTask:
     eval_fraction: float = 0.2
     eval_seed: int = 0
     format_reward: float = 0.0
+    # "boxed": only an explicit final answer counts; "last_number": when there is none, the last
+    # number of the response is taken as the answer (lenient, for small models early in training).
+    answer_format: str = "boxed"
     _eval: list[Example] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -82,6 +90,8 @@ class ArithmeticTask:
             problems.append(f"eval_size={self.eval_size!r}: must be an int >= 1")
         if not 0.0 <= self.format_reward < 1.0:
             problems.append(f"format_reward={self.format_reward!r}: must be in [0, 1)")
+        if self.answer_format not in ("boxed", "last_number"):
+            problems.append(f"answer_format={self.answer_format!r}: must be 'boxed' or 'last_number'")
         if problems:
             raise ConfigError(problems, source="task 'arithmetic'")
 
@@ -121,4 +131,11 @@ class ArithmeticTask:
         return list(self._eval)
 
     def score(self, response_text: str, example: Example) -> RewardResult:
-        return score(response_text, example.answer, format_reward=self.format_reward)
+        res = score(response_text, example.answer, format_reward=self.format_reward)
+        if res.malformed and self.answer_format == "last_number":
+            nums = _LAST_NUMBER.findall(response_text[-2000:])
+            if nums:
+                ok = nums[-1].replace(",", "") == example.answer
+                return RewardResult(reward=1.0 if ok else 0.0, parsed=nums[-1], malformed=False,
+                                    correct=ok, reason="last_number")
+        return res

@@ -15,12 +15,23 @@ INSTRUCTION = "Think step by step, then give your final answer in \\boxed{}."
 PROMPT_FORMATS = ("chat", "plain")
 
 
-def build_messages(question: str, system: str | None = None) -> list[dict[str, str]]:
+# Small models ramble when told to think step by step; "direct" asks for the answer alone.
+INSTRUCTIONS = {
+    "think": INSTRUCTION,
+    "direct": "Reply with only the final answer in \\boxed{}, for example \\boxed{42}.",
+}
+
+
+def build_messages(
+    question: str, system: str | None = None, instruction: str = "think"
+) -> list[dict[str, str]]:
     """Chat messages for ``question``: an optional system turn, then the user turn."""
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"question must be a non-empty string; got {question!r}")
+    if instruction not in INSTRUCTIONS:
+        raise ValueError(f"instruction={instruction!r}: choose one of {sorted(INSTRUCTIONS)}")
     messages = [] if system is None else [{"role": "system", "content": system}]
-    messages.append({"role": "user", "content": f"{question.strip()}\n{INSTRUCTION}"})
+    messages.append({"role": "user", "content": f"{question.strip()}\n{INSTRUCTIONS[instruction]}"})
     return messages
 
 

@@ -148,28 +148,18 @@ class RolloutWorker(Worker):
         return [by_index[it["index"]] for it in items]
 
     @dispatch("split")
-    def evaluate(self, examples: list[dict]) -> list[float]:
-        """Greedy answers to held-out questions; 1.0 per correct answer."""
-        from loomrl.tasks import Example, make_task
-
-        rewards = []
-        task = make_task("arithmetic")  # only its scorer is used; examples carry their answers
-        bs = 16
+    def evaluate(self, examples: list[dict]) -> list[str]:
+        """Greedy responses to held-out prompts (the driver scores them with the task)."""
+        texts: list[str] = []
         with _Resident(self.engine):
-            return self._evaluate(examples, task, bs, Example)
-
-    def _evaluate(self, examples, task, bs, Example) -> list[float]:
-        rewards = []
-        for i in range(0, len(examples), bs):
-            chunk = examples[i : i + bs]
-            gen = self.engine.generate(
-                [e["prompt_ids"] for e in chunk], max_new_tokens=self.sampling.eval_max_new_tokens,
-                temperature=0.0, seed=0,
-            )
-            for e, ids in zip(chunk, gen.response_ids):
-                r = task.score(self.engine.decode(ids), Example(e["question"], e["answer"], {}))
-                rewards.append(1.0 if r.reward >= 1.0 else 0.0)
-        return rewards
+            for i in range(0, len(examples), 16):
+                chunk = examples[i : i + 16]
+                gen = self.engine.generate(
+                    [e["prompt_ids"] for e in chunk],
+                    max_new_tokens=self.sampling.eval_max_new_tokens, temperature=0.0, seed=0,
+                )
+                texts.extend(self.engine.decode(ids) for ids in gen.response_ids)
+        return texts
 
     def load_weights(self, refs: list, version: int) -> int:
         """Apply every bucket, then bump the version: generation never sees half an update."""
@@ -312,8 +302,11 @@ class ActorWorker(Worker):
         return self.engine.version
 
     def save_state(self) -> dict:
+        import copy
+
         with _Resident(self.engine) as eng:
-            return eng.state_dict()
+            # Copy before leaving: offload frees the storage the live state dict points to.
+            return copy.deepcopy(eng.state_dict())
 
     def load_state(self, state: dict) -> None:
         with _Resident(self.engine) as eng:
@@ -323,7 +316,8 @@ class ActorWorker(Worker):
 def _to_tensors(bucket: dict) -> dict:
     import torch
 
-    return {k: torch.from_numpy(v) for k, v in bucket.items()}
+    # Object-store arrays are read-only views; set_weights copies them into the parameters.
+    return {k: torch.from_numpy(v.copy() if not v.flags.writeable else v) for k, v in bucket.items()}
 
 
 @dataclass
@@ -331,7 +325,15 @@ class TaskConfig:
     name: str = "arithmetic"
     level: int = 1
     eval_size: int = 64
+    instruction: str = "think"  # "think": reason then \boxed{}; "direct": the boxed answer alone
     options: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> list[str]:
+        from loomrl.tasks.prompts import INSTRUCTIONS
+
+        if self.instruction not in INSTRUCTIONS:
+            return [f"instruction: {self.instruction!r} is not one of {sorted(INSTRUCTIONS)}"]
+        return []
 
     def as_kwargs(self, seed: int) -> dict:
         kw: dict[str, Any] = {"name": self.name, "seed": seed, **self.options}

@@ -1,0 +1,131 @@
+"""The embodied PPO recipe under each placement mode, measured in one run, beside the planner.
+
+    python benchmarks/embodied_modes.py --env InvertedPendulum-v5 --num-envs 8 --steps 64 \
+        --iterations 4 --out embodied_modes.json
+
+Runs ``loomrl.recipes.embodied_ppo`` with placement temporal (env and policy co-located,
+alternating), hybrid (env and policy on disjoint devices, k ring groups, training time-shared),
+spatial (when the device count allows one), and auto (the planner picks from costs the recipe
+measures itself). For each: the plan (env devices | policy devices | k), the planner's predicted
+seconds per iteration, the measured median after warm-up, and env-steps/s. Exits 1 when auto's
+measured iteration time is more than 5% above the best measured mode. The last line reads
+``auto_mode: <mode> best_mode: <mode> auto_vs_best: <ratio>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TOLERANCE = 1.05
+
+
+def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
+    from loomrl.config import load_config
+    from loomrl.errors import PlanError
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    overrides = [
+        f"env.env_id={args.env}",
+        f"env.num_envs={args.num_envs}",
+        f"env.pixels={str(args.pixels).lower()}",
+        f"env.image_size={args.image_size}",
+        f"env.cpu_cores={args.env_cores}",
+        f"ppo.rollout_steps={args.steps * args.num_envs}",
+        f"ppo.epochs={args.epochs}",
+        f"ppo.num_minibatches={args.minibatches}",
+        f"run.placement={placement}",
+        f"run.steps={args.iterations}",
+        f"run.output_dir={out_dir / placement}",
+        "run.tensorboard=false",
+        "run.progress=false",
+    ]
+    if args.device == "cpu":
+        overrides.append("run.num_gpus=0")
+    cfg = load_config(Config, None, overrides)
+    t = time.perf_counter()
+    try:
+        s = main(cfg)
+    except PlanError as e:
+        return {"mode": placement, "feasible": False, "reason": str(e)}
+    took = time.perf_counter() - t
+    iters = s["iteration_s"]
+    measured = s["measured_iteration_s"]
+    return {
+        "mode": placement,
+        "feasible": True,
+        "plan_mode": s["plan"]["mode"],
+        "placement": s["placement"],
+        "predicted_s": s["predicted_iteration_s"],
+        "measured_s": measured,
+        "iteration_s": iters,
+        "env_steps_per_s": args.steps * args.num_envs / measured,
+        "episode_return": s["metrics"].get("episode_return"),
+        "wall_s": took,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--env", default="InvertedPendulum-v5")
+    p.add_argument("--pixels", action="store_true", help="image observations (CNN policy)")
+    p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--num-envs", type=int, default=8)
+    p.add_argument("--steps", type=int, default=64, help="steps per env per iteration (S)")
+    p.add_argument("--iterations", type=int, default=4, help="per mode; the first is warm-up")
+    p.add_argument("--epochs", type=int, default=2, help="PPO epochs per iteration")
+    p.add_argument("--minibatches", type=int, default=4)
+    p.add_argument("--env-cores", type=float, default=1.0, help="env.cpu_cores per env worker")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--modes", default="temporal,hybrid,spatial,auto")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    args = p.parse_args(argv)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+    from loomrl.cluster import Cluster
+
+    cluster = Cluster.start(num_gpus=0 if args.device == "cpu" else None, log_to_driver=False)
+    load = os.getloadavg()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in args.modes.split(","):
+            r = run_mode(mode, args, Path(tmp))
+            results.append(r)
+            print(f"{mode}: {r.get('measured_s') or r.get('reason')}", file=sys.stderr, flush=True)
+    cluster.shutdown()
+
+    ok = [r for r in results if r["feasible"]]
+    auto = next((r for r in ok if r["mode"] == "auto"), None)
+    best = min(ok, key=lambda r: r["measured_s"]) if ok else None
+    print(f"{args.env} pixels={args.pixels} num_envs={args.num_envs} S={args.steps} "
+          f"device={args.device} load average at start {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
+    print(f"{'mode':<9}{'plan':<10}{'env dev':<9}{'pol dev':<9}{'k':>3}{'pred s/it':>11}"
+          f"{'meas s/it':>11}{'error':>8}{'env-steps/s':>13}")
+    for r in results:
+        if not r["feasible"]:
+            print(f"{r['mode']:<9}infeasible: {r['reason']}")
+            continue
+        pl = r["placement"]
+        err = (r["measured_s"] - r["predicted_s"]) / r["predicted_s"]
+        print(f"{r['mode']:<9}{r['plan_mode']:<10}{str(pl['env_devices']):<9}"
+              f"{str(pl['policy_devices']):<9}{pl['groups']:>3}{r['predicted_s']:>11.3f}"
+              f"{r['measured_s']:>11.3f}{100 * err:>+7.1f}%{r['env_steps_per_s']:>13.0f}")
+    ratio = auto["measured_s"] / best["measured_s"] if auto and best else float("nan")
+    auto_mode = auto["plan_mode"] if auto else "none"
+    best_mode = best["plan_mode"] if best else "none"
+    if args.out:
+        Path(args.out).write_text(json.dumps({
+            "args": vars(args), "load_average": load, "results": results,
+            "auto_mode": auto_mode, "best_mode": best_mode, "auto_vs_best": ratio,
+        }, indent=2))
+    print(f"auto_mode: {auto_mode} best_mode: {best_mode} auto_vs_best: {ratio:.3f}")
+    return 0 if ratio == ratio and ratio <= TOLERANCE else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

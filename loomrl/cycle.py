@@ -1,0 +1,357 @@
+"""The env <-> policy cycle of embodied RL: S steps per iteration over k ring groups, and its plan.
+
+**Running it.** ``EnvPolicyCycle.collect(S)`` runs S steps of every env. The envs are cut into
+``k`` groups; each step of each group is two worker calls, ``policy.act`` then ``env.step`` on
+the group's envs, chained by Ray object references (the env replies go straight to the policy
+worker and its actions straight to the env workers; the driver only submits). Calls to one worker
+run in submission order, so submitting group 0, group 1, ... step after step gives the ring
+pipeline of PLANNER.md: while the env workers step group g the policy already infers for group
+g + 1, and k groups are in flight. With k = 1 (and always when env and policy share devices) the
+chain leaves no choice: the two sides alternate. ``pipelined=False`` waits after every env step,
+which is the unpipelined loop ``loomrl.embodied.collect`` performs in one process; both give the
+same trajectories as that reference (tested), because every row's action depends only on its
+observation and a generator keyed by (seed, env id, env step).
+
+A group is one slice of every env worker's envs (``k <= envs per worker``), so every env worker
+steps its share of each group in parallel, matching the cost model's ``t_env(n_env, M / k)``.
+
+**Planning it.** ``measure_costs`` times a few calls of ``env.step`` / ``policy.act`` at the group
+sizes that matter and one PPO minibatch; ``cycle_profile`` turns them into a workload profile
+with the declared cycle ``env <-> policy`` (S steps) and a training component ``actor_train``;
+``loomrl.plan`` chooses co-located vs split and k; ``placement_from_plan`` maps the plan to env
+devices (one env worker per device), the policy's device and k; ``check_cores`` refuses a
+placement whose env workers reserve more CPU cores than a node has.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from loomrl.errors import ConfigError, PlacementError
+from loomrl.worker import Handle, WorkerGroup, wait
+
+__all__ = [
+    "ENV",
+    "POLICY",
+    "TRAIN",
+    "CollectResult",
+    "CyclePlacement",
+    "EnvPolicyCycle",
+    "check_cores",
+    "cycle_profile",
+    "measure_costs",
+    "placement_from_plan",
+    "ring_groups",
+]
+
+ENV, POLICY, TRAIN = "env", "policy", "actor_train"  # component names in cycle profiles
+
+
+# ---------------------------------------------------------------------------------------------
+# groups
+
+
+@dataclass(frozen=True)
+class Part:
+    """Local envs [lo, hi) of env worker ``worker``."""
+
+    worker: int
+    lo: int
+    hi: int
+
+
+def ring_groups(workers: int, envs_per_worker: int, k: int) -> list[list[Part]]:
+    """Cut ``workers * envs_per_worker`` envs into ``k`` groups.
+
+    With ``k <= envs_per_worker`` group g is slice g of every worker (all env workers step every
+    group together); otherwise groups are contiguous slices of the global env order.
+    """
+    n = workers * envs_per_worker
+    if not 1 <= k <= n:
+        raise ConfigError(
+            [f"groups={k}: must be between 1 and the number of envs ({n}); each group needs an env"]
+        )
+    if k <= envs_per_worker:
+        b = np.linspace(0, envs_per_worker, k + 1).round().astype(int)
+        return [
+            [Part(w, int(b[g]), int(b[g + 1])) for w in range(workers)] for g in range(k)
+        ]
+    b = np.linspace(0, n, k + 1).round().astype(int)
+    groups = []
+    for g in range(k):
+        parts = []
+        for w in range(workers):
+            lo, hi = max(b[g], w * envs_per_worker), min(b[g + 1], (w + 1) * envs_per_worker)
+            if hi > lo:
+                parts.append(Part(w, int(lo - w * envs_per_worker), int(hi - w * envs_per_worker)))
+        groups.append(parts)
+    return groups
+
+
+# ---------------------------------------------------------------------------------------------
+# the cycle
+
+
+@dataclass
+class CollectResult:
+    """One rollout: finished episodes (undiscounted returns), env events, busy and wall times."""
+
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    successes: list[float] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+    env_busy_s: float = 0.0  # summed over env workers
+    policy_busy_s: float = 0.0
+    steps: int = 0
+    env_steps: int = 0  # transitions over all envs
+
+
+class EnvPolicyCycle:
+    """Drives env workers and one policy worker through S steps per ``collect``."""
+
+    def __init__(
+        self,
+        envs: WorkerGroup,
+        policy: WorkerGroup,
+        envs_per_worker: int,
+        groups: int = 1,
+        pipelined: bool = True,
+    ):
+        self.envs, self.policy = envs, policy
+        self.workers = envs.world_size
+        self.num_envs = self.workers * envs_per_worker
+        self.groups = ring_groups(self.workers, envs_per_worker, groups)
+        self.pipelined = pipelined
+        # Views per rank, made once: building a view costs more than a call.
+        self._env = [envs.on(w) for w in range(self.workers)]
+
+    def collect(self, steps: int) -> CollectResult:
+        """Run ``steps`` steps of every env; the policy worker keeps the buffer (its ``finish``)."""
+        if steps < 1:
+            raise ConfigError([f"steps={steps}: a rollout needs at least one step"])
+        t0 = time.perf_counter()
+        self.policy.begin(steps)
+        cur = [[self._ref(self._env[p.worker].observe(p.lo, p.hi)) for p in g] for g in self.groups]
+        for t in range(steps):
+            for g, parts in enumerate(self.groups):
+                actions = self._ref(self.policy.act(t, *cur[g]))
+                handles = [
+                    self._env[p.worker].step(actions, j, p.lo, p.hi) for j, p in enumerate(parts)
+                ]
+                if not self.pipelined:
+                    wait(*handles)
+                cur[g] = [self._ref(h) for h in handles]
+        for g in range(len(self.groups)):
+            self.policy.close_group(*cur[g])
+        pol, env_stats = wait(self.policy.finish(), self.envs.pop_stats())
+        out = CollectResult(wall_s=time.perf_counter() - t0, steps=steps)
+        out.policy_busy_s = pol[0]["policy_busy_s"]
+        for s in env_stats:
+            out.returns += s["returns"]
+            out.lengths += s["lengths"]
+            out.successes += s["successes"]
+            out.events += s["events"]
+            out.env_busy_s += s["busy_s"]
+        out.env_steps = steps * self.num_envs
+        return out
+
+    @staticmethod
+    def _ref(h: Handle) -> Any:
+        # A top-level ObjectRef argument is resolved by Ray in the callee: data flows worker to
+        # worker while the driver goes on submitting.
+        return h.refs[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# costs -> profile -> plan -> placement
+
+
+def measure_costs(
+    env: WorkerGroup,
+    policy: WorkerGroup,
+    num_envs: int,
+    sizes: list[int],
+    steps: int,
+    reps: int = 5,
+) -> dict[str, Any]:
+    """Seconds of one ``env.step`` and one ``policy.act`` call at each group size in ``sizes``,
+    timed from the driver (so Ray's round trip, which every cycle step pays, is included), and the
+    estimated seconds of one PPO update on a [steps, num_envs] rollout.
+
+    ``env`` is one env worker holding ``num_envs`` envs (rank 0 is used); ``policy`` a policy
+    worker. The probe advances the probe envs: use throw-away workers.
+    """
+    e, p = env.on(0), policy.on(0)
+    samples: dict[str, list[tuple[int, float]]] = {ENV: [], POLICY: []}
+    wait(p.begin(1))
+    for x in sorted(set(sizes)):
+        actions = wait(e.sample_actions(x))[0]
+        obs = e.observe(0, x).refs[0]
+        for i in range(reps + 1):  # the first call of each size warms caches up
+            t = time.perf_counter()
+            wait(e.step([actions], 0, 0, x))
+            dt_e = time.perf_counter() - t
+            t = time.perf_counter()
+            wait(p.act(0, obs))
+            dt_p = time.perf_counter() - t
+            if i:
+                samples[ENV].append((x, dt_e))
+                samples[POLICY].append((x, dt_p))
+    update_s = wait(p.time_update(steps))[0]
+    return {"samples": samples, "update_s": update_s, "num_envs": num_envs}
+
+
+def _fit_line(pts: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares (alpha, per_item) of t = alpha + x * per_item over medians per x, clamped >= 0."""
+    by_x: dict[int, list[float]] = {}
+    for x, t in pts:
+        by_x.setdefault(x, []).append(t)
+    xs = np.array(sorted(by_x), float)
+    ts = np.array([float(np.median(by_x[int(x)])) for x in xs])
+    if len(xs) == 1:
+        return 0.0, float(ts[0] / xs[0])
+    per, alpha = np.polyfit(xs, ts, 1)
+    if alpha < 0:
+        return 0.0, float((ts @ xs) / (xs @ xs))
+    if per < 0:
+        return float(ts.mean()), 0.0
+    return float(alpha), float(per)
+
+
+def cycle_profile(
+    costs: dict[str, Any],
+    num_envs: int,
+    steps: int,
+    devices: int,
+    env_cores: float,
+    cpu_cores_per_node: int | None,
+    devices_per_node: int | None = None,
+) -> Any:
+    """A workload profile of env <-> policy (S = ``steps``) followed by ``actor_train``.
+
+    env on n devices is n env workers stepping their share of a group in parallel, so its
+    per-env cost divides by n; the policy is one process, so more devices do not speed it up
+    (co-locating it with n env workers is still allowed). Env workers reserve
+    ``ceil(n * env_cores)`` cores, which the planner keeps within ``cpu_cores_per_node``.
+    """
+    from loomrl.plan import load_profile
+
+    a_e, p_e = _fit_line(costs["samples"][ENV])
+    a_p, p_p = _fit_line(costs["samples"][POLICY])
+    valid = [n for n in range(1, devices + 1) if num_envs % n == 0]
+    tiny = 0.01  # GB: memory is not what limits a CPU simulator or a small policy
+    raw: dict[str, Any] = {
+        "devices": devices,
+        "device_memory_gb": 1000.0,
+        "batch": num_envs,
+        "granularities": [num_envs],
+        "components": {
+            ENV: {
+                "valid_devices": valid,
+                "time": {"alpha": a_e, "per_item": {n: p_e / n for n in valid}},
+                "memory_gb": tiny,
+                "cpu_cores": {n: int(math.ceil(n * env_cores - 1e-9)) for n in valid},
+            },
+            POLICY: {
+                "valid_devices": valid,
+                "time": {"alpha": a_p, "per_item": {n: p_p for n in valid}},
+                "memory_gb": tiny,
+                "cpu_cores": {n: 0 for n in valid},
+            },
+            TRAIN: {
+                "valid_devices": [1],
+                "time": {"alpha": float(costs["update_s"]), "per_item": {1: 0.0}},
+                "memory_gb": tiny,
+                "cpu_cores": {1: 0},
+            },
+        },
+        "edges": [[ENV, POLICY], [POLICY, ENV], [POLICY, TRAIN]],
+        "cycles": [{"members": [ENV, POLICY], "steps": steps}],
+    }
+    if cpu_cores_per_node is not None:
+        raw["cpu_cores_per_node"] = int(cpu_cores_per_node)
+    if devices_per_node is not None:
+        raw["devices_per_node"] = int(devices_per_node)
+    return load_profile(raw)
+
+
+def check_profile(profile: Any, where: str) -> None:
+    """A profile driving this cycle must name its cycle members ``env`` and ``policy``."""
+    names = {tuple(c.members) for c in profile.cycles}
+    if (ENV, POLICY) not in names:
+        raise ConfigError(
+            [
+                f"{where}: the profile declares cycles {sorted(names) or 'none'}; the embodied "
+                f"recipe needs components {ENV!r} and {POLICY!r} in a cycle "
+                f"`cycles: [{{members: [{ENV}, {POLICY}], steps: S}}]`"
+            ]
+        )
+
+
+@dataclass(frozen=True)
+class CyclePlacement:
+    """Where the cycle runs: one env worker per env device, the policy on one device, k groups."""
+
+    env_devices: tuple[int, ...]
+    policy_devices: tuple[int, ...]
+    groups: int
+    colocated: bool
+    mode: str
+    predicted_s: float | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "env_devices": list(self.env_devices),
+            "policy_devices": list(self.policy_devices),
+            "groups": self.groups,
+            "colocated": self.colocated,
+            "mode": self.mode,
+        }
+
+
+def placement_from_plan(plan: Any, num_envs: int) -> CyclePlacement:
+    """Map a plan with a cycle node ``env<->policy`` to devices and k."""
+    cyc = [x for x in plan.tree.leaves() if x.op == "cycle" and set(x.members) == {ENV, POLICY}]
+    if not cyc:
+        raise PlacementError(
+            f"the plan has no cycle node over {ENV!r} and {POLICY!r} (components: "
+            f"{plan.tree.components()}); plan a profile that declares that cycle"
+        )
+    node = cyc[0]
+    md = node.member_devices()
+    env_devs, pol_devs = tuple(md[ENV]), tuple(md[POLICY][:1])
+    if num_envs % len(env_devs):
+        raise PlacementError(
+            f"the plan runs {ENV!r} on {len(env_devs)} devices (one env worker each), which does "
+            f"not divide env.num_envs={num_envs}; use a num_envs that is a multiple of "
+            f"{len(env_devs)}, or a plan with a divisor of {num_envs} env devices"
+        )
+    k = 1 if node.split is None else node.groups
+    k = min(k, num_envs)
+    return CyclePlacement(
+        env_devs, pol_devs, k, node.split is None, plan.mode, getattr(plan, "predicted_s", None)
+    )
+
+
+def check_cores(placement: CyclePlacement, env_cores: float, cluster: Any) -> None:
+    """Refuse a placement whose env workers reserve more CPU cores than their node has."""
+    per_node: dict[int, list[int]] = {}
+    for d in placement.env_devices:
+        per_node.setdefault(cluster.devices[d].node, []).append(d)
+    for node_idx, devs in per_node.items():
+        need = len(devs) * env_cores
+        have = cluster.nodes[node_idx].num_cpus
+        if need > have + 1e-9:
+            fit = int(have // env_cores)
+            raise PlacementError(
+                f"the plan puts {len(devs)} env worker(s) on node {node_idx} (devices {devs}), each "
+                f"reserving env.cpu_cores={env_cores:g} CPU core(s): {need:g} cores, but the node "
+                f"has {have:g}. Lower env.cpu_cores, or use a plan with at most {fit} env "
+                f"device(s) on that node (placement=auto plans within the cores)"
+            )

@@ -1,0 +1,198 @@
+"""PPO for embodied control: env workers <-> a policy worker, then a PPO update, under any plan.
+
+Run: loomrl run examples/ppo_inverted_pendulum.yaml [placement=temporal|hybrid|auto|PLAN.json]
+
+Each iteration runs the env <-> policy cycle for S = ppo.rollout_steps / env.num_envs steps of
+every env (``loomrl.cycle``) and one PPO update (GAE, clipped policy and value losses, observation
+normalisation, reward scaling) on the policy worker. The plan decides which devices / cores the
+env workers and the policy worker get and how many ring groups k the envs are cut into; with
+``placement=auto`` the recipe first times a few env steps and policy calls (cheap) and plans
+from those costs, and ``run.profile`` plans from a profile file instead.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from loomrl.cycle import (
+    CyclePlacement,
+    EnvPolicyCycle,
+    check_cores,
+    check_profile,
+    cycle_profile,
+    measure_costs,
+    placement_from_plan,
+)
+from loomrl.embodied import PPOConfig
+from loomrl.envs.vec import EnvConfig, check_env_id
+from loomrl.errors import ConfigError, PlanError
+from loomrl.run import Run, RunConfig
+from loomrl.worker import wait
+from loomrl.workers.env import EnvWorker, worker_env_config
+from loomrl.workers.policy import PolicyWorker
+
+
+@dataclass
+class Config:
+    recipe: str = "embodied_ppo"
+    env: EnvConfig = field(default_factory=EnvConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    policy: str = "auto"  # auto | mlp | cnn | package.module:factory (an nn.Module with act/evaluate)
+    groups: int | None = None  # pin the ring groups k (None: the plan's)
+    pipelined: bool = True  # False: wait after every env step (the unpipelined loop)
+    target_return: float | None = None  # stop once the mean of the last `window` returns reaches it
+    window: int = 10  # episodes in the reported episode_return
+    probe_reps: int = 5  # timed calls per size when measuring costs for the planner
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def validate(self) -> list[str]:
+        p = []
+        try:
+            check_env_id(self.env.env_id)
+        except ConfigError as e:
+            p += [f"env.{x}" for x in e.problems]
+        if self.ppo.rollout_steps % self.env.num_envs:
+            p.append(
+                f"ppo.rollout_steps={self.ppo.rollout_steps} is not a multiple of env.num_envs="
+                f"{self.env.num_envs}; their ratio is the steps S per env per iteration"
+            )
+        if self.groups is not None and not 1 <= self.groups <= self.env.num_envs:
+            p.append(f"groups: must be in [1, env.num_envs={self.env.num_envs}], got {self.groups}")
+        if self.window < 1:
+            p.append(f"window: must be >= 1 episode, got {self.window}")
+        if self.probe_reps < 1:
+            p.append(f"probe_reps: must be >= 1, got {self.probe_reps}")
+        return p
+
+
+@dataclass
+class _Iteration:  # what Run.record reads
+    measured_s: float
+    predicted_s: float | None
+    timeline: list[dict[str, Any]]
+
+
+def main(cfg: Config) -> dict:
+    from loomrl.plots import plot_run
+
+    problems = cfg.validate()
+    if problems:  # also when main() is called without load_config: fail before any worker starts
+        raise ConfigError(problems)
+    S = cfg.ppo.rollout_steps // cfg.env.num_envs
+    run = Run(cfg, cfg.run)
+    try:
+        place = plan_cycle(run, cfg, S)
+        envs, policy = launch(run.cluster, cfg, place)
+        cycle = EnvPolicyCycle(envs, policy, cfg.env.num_envs // len(place.env_devices),
+                               place.groups, cfg.pipelined)
+        recent: deque[float] = deque(maxlen=cfg.window)
+        metrics: dict[str, Any] = {}
+        it = 0
+        for it in range(cfg.run.steps):
+            t0 = time.perf_counter()
+            roll = cycle.collect(S)
+            lr_frac = 1.0 - it / cfg.run.steps if cfg.ppo.anneal_lr else 1.0
+            stats = wait(policy.update(lr_frac))[0]
+            took = time.perf_counter() - t0
+            run.record(it, _Iteration(took, place.predicted_s, _records(roll.wall_s, took)))
+            recent.extend(roll.returns)
+            metrics = {"episode_return": statistics.fmean(recent) if recent else float("nan"),
+                       "episodes": len(roll.returns), "env_steps": (it + 1) * S * cfg.env.num_envs,
+                       "env_steps_per_s": roll.env_steps / took, "env_events": len(roll.events),
+                       "time/collect": roll.wall_s, "time/update": took - roll.wall_s, **stats}
+            run.logger.log(it + 1, metrics)
+            if cfg.target_return is not None and len(recent) == cfg.window \
+                    and metrics["episode_return"] >= cfg.target_return:
+                break
+        sha = wait(policy.param_sha256())[0]
+        plot_run(run.dir)
+        return run.summary(it + 1, sha, metrics, placement=place.describe(), env_steps_per_s=(
+            S * cfg.env.num_envs / run.measured_iteration_s()))
+    finally:
+        run.close()
+
+
+def _records(collect_s: float, total_s: float) -> list[dict[str, Any]]:
+    return [
+        {"component": "env<->policy", "kind": "run", "start": 0.0, "end": collect_s},
+        {"component": "actor_train", "kind": "run", "start": collect_s, "end": total_s},
+    ]
+
+
+def launch(cluster: Any, cfg: Config, place: CyclePlacement) -> tuple[Any, Any]:
+    """Start one env worker per env device (reserving env.cpu_cores each) and the policy worker."""
+    w = len(place.env_devices)
+    envs = cluster.launch(EnvWorker, w, worker_env_config(cfg.env, w), devices=list(place.env_devices),
+                          num_cpus=cfg.env.cpu_cores, name="env")
+    sp = wait(envs.on(0).spaces())[0]
+    policy = cluster.launch(PolicyWorker, 1, sp["observation_space"], sp["action_space"],
+                            cfg.env.num_envs, cfg.ppo, cfg.env.seed, cfg.policy,
+                            devices=list(place.policy_devices), name="policy")
+    return envs, policy
+
+
+MODES = ("auto", "temporal", "spatial", "hybrid")
+
+
+def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
+    """Choose the plan (measured costs, a profile file, or a plan file) and map it to workers."""
+    from loomrl.plan import Plan, load_profile, search_all
+
+    rc, cluster = cfg.run, run.cluster
+    profile = None
+    if rc.placement not in MODES:
+        plan = Plan.load(rc.placement)
+    else:
+        if rc.profile and rc.profile != "calibrate":
+            profile = load_profile(rc.profile, devices=cluster.num_devices)
+            check_profile(profile, f"run.profile={rc.profile}")
+        else:
+            profile = measured_profile(cluster, cfg, steps)
+        plans = search_all(profile)
+        key = "best" if rc.placement == "auto" else rc.placement
+        plan = plans[key]
+        if plan is None:
+            modes = {k: v for k, v in plans["best"].modes.items()}  # type: ignore[union-attr]
+            raise PlanError(
+                f"placement={rc.placement}: no {key} plan fits on {cluster.num_devices} device(s) "
+                f"(feasible modes and predicted s/iteration: {modes}); choose another placement"
+            )
+        (run.dir / "profile.json").write_text(json.dumps(profile.to_dict(), indent=2, default=str))
+    place = placement_from_plan(plan, cfg.env.num_envs)
+    if cfg.groups is not None:
+        place = replace(place, groups=cfg.groups)
+    check_cores(place, cfg.env.cpu_cores, cluster)
+    run.plan = plan
+    plan.save(run.dir / "plan.json")
+    run.logger.echo(f"plan:\n{plan}\nplacement: {place.describe()}")
+    return place
+
+
+def measured_profile(cluster: Any, cfg: Config, steps: int, reps: int | None = None) -> Any:
+    """Time env.step / policy.act at the group sizes the planner weighs on throw-away workers
+    (one env worker with every env, the policy on another device when there is one) and fit."""
+    n = cfg.env.num_envs
+    env_devs = [0]
+    pol_devs = [1 if cluster.num_devices > 1 else 0]
+    env = cluster.launch(EnvWorker, 1, cfg.env, devices=env_devs, num_cpus=cfg.env.cpu_cores,
+                         name="env_probe")
+    try:
+        sp = wait(env.spaces())[0]
+        pol = cluster.launch(PolicyWorker, 1, sp["observation_space"], sp["action_space"], n,
+                             cfg.ppo, cfg.env.seed, cfg.policy, devices=pol_devs, name="policy_probe")
+        try:
+            sizes = sorted({n // d for d in (1, 2, 4, 8) if n % d == 0})
+            costs = measure_costs(env, pol, n, sizes, steps,
+                                  reps or cfg.probe_reps)
+        finally:
+            pol.kill()
+    finally:
+        env.kill()
+    node0 = cluster.nodes[0]
+    return cycle_profile(costs, n, steps, cluster.num_devices, cfg.env.cpu_cores,
+                         int(node0.num_cpus), len(node0.devices) if len(cluster.nodes) > 1 else None)

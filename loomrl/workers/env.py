@@ -1,0 +1,142 @@
+"""The env worker: one ``VecEnv`` of simulators in a loomrl worker process.
+
+Rank ``r`` of a group of env workers holds envs ``[r * num_envs, (r + 1) * num_envs)`` of the
+logical batch (``index_offset = rank * num_envs``), so any number of workers together behave like
+one ``VecEnv`` of all the envs: same seeds, same RNG streams, same per-row sampling keys. The
+worker reserves its CPU cores through ``Cluster.launch(..., num_cpus=env.cpu_cores)``.
+
+``step`` takes the policy's output for a whole group (a list with one action array per env
+worker part of that group) and the part it should apply, so the policy's result can be passed
+to every env worker of the group as one Ray object reference, without a round trip through the
+driver. Every reply carries what the policy needs next: the observations to act on and the
+(global env id, env step) keys of those rows.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, replace
+from typing import Any
+
+import numpy as np
+
+from loomrl.envs.vec import EnvConfig, VecEnv
+from loomrl.worker import Worker
+
+__all__ = ["EnvWorker", "StepReply"]
+
+StepReply = dict[str, Any]
+"""What ``EnvWorker.observe`` / ``step`` return, arrays indexed by row of the stepped slice:
+obs[n, *obs_shape] (to act on next), env_ids[n], env_steps[n] (sampling keys of those rows);
+``step`` adds final_obs, reward, terminated, truncated, failed (see ``loomrl.envs.StepResult``)."""
+
+
+class EnvWorker(Worker):
+    """``env.num_envs`` simulators per worker; ranks hold consecutive slices of the batch."""
+
+    def __init__(self, env: EnvConfig) -> None:
+        super().__init__()
+        self.cfg = env
+        self.venv = VecEnv(env, index_offset=self.rank * env.num_envs)
+        self.busy_s = 0.0  # time spent inside step(), for the cycle's timing report
+        self.calls = 0
+
+    # -- what the driver and the policy need to know -------------------------------------------
+    def spaces(self) -> dict[str, Any]:
+        """Observation / action spaces of one env (gymnasium objects, picklable)."""
+        return {
+            "observation_space": self.venv.single_observation_space,
+            "action_space": self.venv.single_action_space,
+            "num_envs": self.venv.num_envs,
+            "index_offset": self.venv.index_offset,
+        }
+
+    def config(self) -> dict[str, Any]:
+        return asdict(self.cfg)
+
+    # -- the cycle ------------------------------------------------------------------------------
+    def reset(self) -> np.ndarray:
+        """Start a new episode in every env of this worker -> obs [num_envs, *obs_shape]."""
+        return self.venv.reset()
+
+    def observe(self, lo: int = 0, hi: int | None = None) -> StepReply:
+        """The current observations of local envs [lo, hi) with their sampling keys (resets
+        the envs first if they never were)."""
+        if self.venv.obs is None:
+            self.venv.reset()
+        sl = slice(lo, self.venv.num_envs if hi is None else hi)
+        ids, steps = self.venv.row_ids(sl)
+        return {
+            "obs": self.venv.obs[sl],  # type: ignore[index]
+            "env_ids": np.asarray(ids),
+            "env_steps": steps,
+        }
+
+    def step(self, actions: Any, part: int | None, lo: int, hi: int) -> StepReply:
+        """Step local envs [lo, hi) with ``actions[part]`` (or ``actions`` when part is None)."""
+        t = time.perf_counter()
+        a = actions if part is None else actions[part]
+        sl = slice(lo, hi)
+        res = self.venv.step(a, sl)
+        ids, steps = self.venv.row_ids(sl)
+        self.busy_s += time.perf_counter() - t
+        self.calls += 1
+        return {
+            "obs": res.obs,
+            "final_obs": res.final_obs,
+            "reward": res.reward,
+            "terminated": res.terminated,
+            "truncated": res.truncated,
+            "failed": res.failed,
+            "env_ids": np.asarray(ids),
+            "env_steps": steps,
+        }
+
+    def sample_actions(self, n: int, seed: int = 0) -> np.ndarray:
+        """``n`` random valid actions (for timing the simulator without a policy)."""
+        space = self.venv.single_action_space
+        space.seed(seed)
+        return np.stack([space.sample() for _ in range(n)])
+
+    def time_step(self, n: int, reps: int) -> float:
+        """Median seconds of stepping ``n`` local envs with random actions, inside the worker."""
+        a = self.sample_actions(n)
+        if self.venv.obs is None:
+            self.venv.reset()
+        out = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            self.venv.step(a, slice(0, n))
+            out.append(time.perf_counter() - t)
+        return float(np.median(out))
+
+    # -- statistics ------------------------------------------------------------------------------
+    def pop_stats(self) -> dict[str, Any]:
+        """Episodes finished and events since the last call, plus time spent stepping."""
+        s = self.venv.pop_episode_stats()
+        events = [asdict(e) for e in self.venv.pop_events()]
+        out = {
+            "returns": list(s.returns),
+            "lengths": list(s.lengths),
+            "successes": list(s.successes),
+            "events": events,
+            "busy_s": self.busy_s,
+            "calls": self.calls,
+        }
+        self.busy_s, self.calls = 0.0, 0
+        return out
+
+    # -- time-sharing ----------------------------------------------------------------------------
+    def onload(self) -> None:
+        self.venv.onload()
+
+    def offload(self) -> None:
+        self.venv.offload()
+
+    def close(self) -> None:
+        self.venv.close()
+
+
+def worker_env_config(env: EnvConfig, workers: int) -> EnvConfig:
+    """The per-worker EnvConfig when ``env.num_envs`` envs are spread over ``workers`` workers."""
+    return replace(env, num_envs=env.num_envs // workers)

@@ -1,0 +1,405 @@
+"""The policy worker: batched inference for the env <-> policy cycle, and the PPO learner.
+
+One process holds the policy (any ``torch.nn.Module`` with ``act`` / ``evaluate``, see
+``loomrl.policies``), its optimizer, the observation normaliser and the reward scaler. During a
+rollout it receives the env workers' replies (``loomrl.workers.env.StepReply``) group by group,
+records every transition straight into a [steps, num_envs] rollout buffer indexed by global env
+id, and answers with actions. Keeping the buffer here means the driver only passes object
+references around: no trajectory data goes through it, and the update needs no transfer.
+
+Recording follows ``loomrl.embodied.collect`` exactly (the sequential reference): the normaliser
+is read-only during a rollout and updated once at its end with every raw observation in
+(time, env) order; truncated steps get V(final obs) for bootstrapping; a row's action is drawn
+from a generator keyed by (env seed, global env id, env step). So the buffer cannot depend on how
+the envs were grouped, spread over workers, or pipelined.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import time
+from dataclasses import fields, replace
+from typing import Any
+
+import numpy as np
+
+from loomrl.errors import ConfigError
+from loomrl.worker import Worker
+
+__all__ = ["PolicyWorker", "build_policy"]
+
+
+def build_policy(
+    spec: str,
+    observation_space: Any,
+    action_space: Any,
+    seed: int,
+    hidden: tuple[int, ...] = (64, 64),
+    kwargs: dict[str, Any] | None = None,
+) -> Any:
+    """``spec``: "auto" (MLP for vectors, CNN for images), "mlp", "cnn", or "package.module:factory"
+    (called as ``factory(observation_space, action_space, seed=seed, **kwargs)``)."""
+    from loomrl.policies import CNNActorCritic, MLPActorCritic, make_policy
+
+    kwargs = dict(kwargs or {})
+    shape = tuple(observation_space.shape)
+    if spec == "auto":
+        if len(shape) == 1:
+            kwargs.setdefault("hidden", hidden)
+        net = make_policy(observation_space, action_space, seed=seed, **kwargs)
+    elif spec == "mlp":
+        net = MLPActorCritic(
+            int(np.prod(shape)), action_space, seed=seed, **{"hidden": hidden, **kwargs}
+        )
+    elif spec == "cnn":
+        net = CNNActorCritic(shape, action_space, seed=seed, **kwargs)
+    elif ":" in spec:
+        mod_name, fn_name = spec.split(":", 1)
+        try:
+            fn = getattr(importlib.import_module(mod_name), fn_name)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(
+                [f"policy={spec!r}: cannot import {fn_name!r} from {mod_name!r} ({e})"]
+            ) from None
+        net = fn(observation_space, action_space, seed=seed, **kwargs)
+    else:
+        raise ConfigError(
+            [f"policy={spec!r}: use 'auto', 'mlp', 'cnn' or 'package.module:factory'"]
+        )
+    missing = [m for m in ("act", "evaluate", "parameters") if not callable(getattr(net, m, None))]
+    if missing:
+        raise ConfigError(
+            [
+                f"policy={spec!r} built a {type(net).__name__} without {missing}; a policy is a "
+                "torch.nn.Module with act(obs) -> (action, logp, value) and "
+                "evaluate(obs, action) -> (logp, entropy, value)"
+            ]
+        )
+    return net
+
+
+class PolicyWorker(Worker):
+    """Policy inference and PPO updates for ``num_envs`` envs (all env workers together)."""
+
+    def __init__(
+        self,
+        observation_space: Any,
+        action_space: Any,
+        num_envs: int,
+        ppo: Any,
+        row_seed: int,
+        policy: str = "auto",
+        policy_kwargs: dict[str, Any] | None = None,
+        threads: int | None = None,
+    ) -> None:
+        super().__init__()
+        import torch
+
+        from loomrl.embodied import RewardScaler, RunningMeanStd, _accepts_generators
+
+        self.ppo = ppo
+        self.num_envs = num_envs
+        self.row_seed = row_seed
+        self.obs_shape = tuple(observation_space.shape)
+        self.pixels = len(self.obs_shape) == 3
+        self.device = self.torch_device
+        if threads is None and not self.pixels:
+            threads = 1  # 64-unit MLPs are fastest on one thread; more only adds contention
+        if threads:
+            torch.set_num_threads(threads)
+        self.net = build_policy(
+            policy, observation_space, action_space, ppo.seed, tuple(ppo.hidden), policy_kwargs
+        ).to(self.device)
+        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=ppo.lr, eps=ppo.adam_eps)
+        self.normalizer = (
+            RunningMeanStd(self.obs_shape) if ppo.normalize_obs and not self.pixels else None
+        )
+        self.scaler = (
+            RewardScaler(num_envs, ppo.gamma, ppo.reward_clip) if ppo.normalize_reward else None
+        )
+        self.shuffle = torch.Generator().manual_seed(ppo.seed)
+        self.per_row = _accepts_generators(self.net)
+        self.action_shape = tuple(getattr(action_space, "shape", ()) or ())
+        self.action_dtype = torch.long if not self.action_shape else torch.float32
+        self.buffer: Any = None
+        self.busy_s = 0.0
+        self.calls = 0
+        self.updates = 0
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _prep(self, raw: np.ndarray) -> Any:
+        import torch
+
+        if self.normalizer is None:
+            return torch.as_tensor(raw)
+        return torch.as_tensor(self.normalizer.normalize(raw, self.ppo.obs_clip))
+
+    def _value(self, obs: Any) -> Any:
+        from loomrl.embodied import _value_of
+
+        return _value_of(self.net, obs.to(self.device)).float().cpu()
+
+    def _act(self, raw: np.ndarray, env_ids: np.ndarray, env_steps: np.ndarray) -> tuple:
+        import torch
+
+        from loomrl.policies import row_generators
+
+        o = self._prep(raw)
+        with torch.no_grad():
+            if self.per_row:
+                gens = row_generators(self.row_seed, env_ids.tolist(), env_steps.tolist())
+                a, logp, v = self.net.act(o.to(self.device), generators=gens)
+            else:
+                a, logp, v = self.net.act(o.to(self.device))
+        return o, a.cpu(), logp.float().cpu(), v.float().cpu()
+
+    # -- the rollout ------------------------------------------------------------------------------
+    def begin(self, steps: int) -> None:
+        """Allocate the [steps, num_envs] buffer of the next rollout."""
+        import torch
+
+        S, N = steps, self.num_envs
+        obs_dtype = torch.uint8 if self.normalizer is None and self.pixels else torch.float32
+        self._S = S
+        self._obs = torch.zeros((S, N, *self.obs_shape), dtype=obs_dtype)
+        self._raw = np.zeros((S, N, *self.obs_shape), np.uint8 if self.pixels else np.float32)
+        self._act_buf: Any = None  # dtype/shape known at the first act
+        self._logp = torch.zeros(S, N)
+        self._val = torch.zeros(S, N)
+        self._rew = torch.zeros(S, N)
+        self._term = torch.zeros(S, N, dtype=torch.bool)
+        self._trunc = torch.zeros(S, N, dtype=torch.bool)
+        self._fin = torch.zeros(S, N)
+        self._last = torch.zeros(N)
+        self.buffer = None
+
+    def _record(self, t: int, parts: tuple[dict, ...]) -> None:
+        """Store the outcome of step ``t`` (rewards, dones, V(final obs) where truncated)."""
+        import torch
+
+        rows = torch.as_tensor(np.concatenate([p["env_ids"] for p in parts]))
+        rew = np.concatenate([p["reward"] for p in parts])
+        term = np.concatenate([p["terminated"] for p in parts])
+        trunc = np.concatenate([p["truncated"] for p in parts]) | np.concatenate(
+            [p["failed"] for p in parts]
+        )
+        self._rew[t, rows] = torch.as_tensor(rew).float()
+        self._term[t, rows] = torch.as_tensor(term)
+        self._trunc[t, rows] = torch.as_tensor(trunc)
+        if trunc.any():
+            idx = np.flatnonzero(trunc)
+            final = np.concatenate([p["final_obs"] for p in parts])[idx]
+            self._fin[t, rows[idx]] = self._value(self._prep(final))
+
+    def act(self, t: int, *parts: dict) -> list[np.ndarray]:
+        """Act at step ``t`` on the rows of ``parts`` (env replies of one group, in order); when
+        the replies are step results, first record them as the outcome of step t - 1.
+        Returns one action array per part."""
+        import torch
+
+        t0 = time.perf_counter()
+        if "reward" in parts[0]:
+            self._record(t - 1, parts)
+        raw = np.concatenate([p["obs"] for p in parts])
+        ids = np.concatenate([p["env_ids"] for p in parts])
+        steps = np.concatenate([p["env_steps"] for p in parts])
+        o, a, logp, v = self._act(raw, ids, steps)
+        rows = torch.as_tensor(ids)
+        if self._act_buf is None:
+            self._act_buf = torch.zeros((self._S, self.num_envs, *a.shape[1:]), dtype=a.dtype)
+        self._obs[t, rows] = o.to(self._obs.dtype)
+        self._raw[t, ids] = raw
+        self._act_buf[t, rows] = a
+        self._logp[t, rows] = logp
+        self._val[t, rows] = v
+        out = np.split(a.numpy(), np.cumsum([len(p["env_ids"]) for p in parts])[:-1])
+        self.busy_s += time.perf_counter() - t0
+        self.calls += 1
+        return out
+
+    def close_group(self, *parts: dict) -> None:
+        """Record the last step of a group and the values of the observations it reached."""
+        import torch
+
+        t0 = time.perf_counter()
+        self._record(self._S - 1, parts)
+        ids = torch.as_tensor(np.concatenate([p["env_ids"] for p in parts]))
+        self._last[ids] = self._value(self._prep(np.concatenate([p["obs"] for p in parts])))
+        self.busy_s += time.perf_counter() - t0
+
+    def finish(self) -> dict[str, float]:
+        """Close the rollout: update the normaliser, assemble the RolloutBuffer."""
+        from loomrl.embodied import RolloutBuffer
+        from loomrl.envs.vec import EpisodeStats
+
+        S, N = self._S, self.num_envs
+        if self.normalizer is not None:
+            self.normalizer.update(self._raw.reshape(S * N, -1))
+        self.buffer = RolloutBuffer(
+            obs=self._obs,
+            actions=self._act_buf,
+            logp=self._logp,
+            values=self._val,
+            rewards=self._rew,
+            terminated=self._term,
+            truncated=self._trunc,
+            final_values=self._fin,
+            last_value=self._last,
+            episodes=EpisodeStats(),
+            timing={"policy_s": self.busy_s},
+        )
+        out = {"policy_busy_s": self.busy_s, "policy_calls": float(self.calls)}
+        self.busy_s, self.calls = 0.0, 0
+        return out
+
+    def rollout(self) -> dict[str, Any]:
+        """The last rollout's buffer as a dict of CPU tensors (tests compare it to ``collect``)."""
+        b = self.buffer
+        return {
+            f.name: getattr(b, f.name)
+            for f in fields(b)
+            if f.name not in ("episodes", "timing")
+        }
+
+    # -- learning ---------------------------------------------------------------------------------
+    def update(self, lr_frac: float = 1.0) -> dict[str, float]:
+        """PPO on the last rollout (GAE, clipped policy and value losses); ``lr_frac`` scales lr."""
+        import torch
+
+        from loomrl.embodied import ppo_update
+
+        if self.buffer is None:
+            raise RuntimeError("update() before a rollout finished; run the cycle first")
+        t0 = time.perf_counter()
+        for g in self.optimizer.param_groups:
+            g["lr"] = self.ppo.lr * lr_frac
+        buf = self.buffer
+        rewards = None
+        if self.scaler is not None:
+            self.scaler.update(buf.rewards.numpy(), buf.dones.numpy())
+            rewards = self.scaler.scale(buf.rewards)
+        if self.device != "cpu":
+            buf = _to_device(buf, self.device)
+            rewards = rewards.to(self.device) if rewards is not None else None
+        stats = ppo_update(
+            self.net, self.optimizer, buf, self.ppo, rewards=rewards, generator=self.shuffle
+        )
+        self.updates += 1
+        if self.device != "cpu":
+            torch.cuda.synchronize()
+        stats["update_s"] = time.perf_counter() - t0
+        return stats
+
+    # -- cost probes for the planner ----------------------------------------------------------------
+    def time_act(self, n: int, reps: int) -> float:
+        """Median seconds of one act on ``n`` rows, inside the worker (nothing is recorded)."""
+        import torch
+
+        gen = np.random.default_rng(0)
+        if self.pixels:
+            raw = gen.integers(0, 255, (n, *self.obs_shape), dtype=np.uint8)
+        else:
+            raw = gen.standard_normal((n, *self.obs_shape)).astype(np.float32)
+        ids, steps = np.arange(n), np.zeros(n, np.int64)
+        out = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            self._act(raw, ids, steps)
+            if self.device != "cpu":
+                torch.cuda.synchronize()
+            out.append(time.perf_counter() - t)
+        return float(np.median(out))
+
+    def time_update(self, steps: int) -> float:
+        """Estimated seconds of one ``update`` on a [steps, num_envs] rollout: one epoch of PPO on
+        a throw-away copy of the policy over random data, times ``ppo.epochs``."""
+        import torch
+
+        from loomrl.embodied import RolloutBuffer, ppo_update
+        from loomrl.envs.vec import EpisodeStats
+
+        S, N = steps, self.num_envs
+        gen = np.random.default_rng(0)
+        if self.pixels:
+            raw = gen.integers(0, 255, (S * N, *self.obs_shape), dtype=np.uint8)
+        else:
+            raw = gen.standard_normal((S * N, *self.obs_shape)).astype(np.float32)
+        net = copy.deepcopy(self.net)
+        opt = torch.optim.Adam(net.parameters(), lr=self.ppo.lr, eps=self.ppo.adam_eps)
+        obs = torch.as_tensor(raw).to(self.device)
+        with torch.no_grad():
+            # Row-wise act would take as long as a rollout; one action repeated is enough here.
+            a0 = net.act(obs[:1])[0]
+            a = a0.expand(S * N, *a0.shape[1:]).clone()
+            logp, _, v = net.evaluate(obs, a)
+        zeros = torch.zeros(S, N, device=self.device)
+        buf = RolloutBuffer(
+            obs=obs.reshape(S, N, *self.obs_shape),
+            actions=a.reshape(S, N, *a.shape[1:]),
+            logp=logp.float().reshape(S, N),
+            values=v.float().reshape(S, N),
+            rewards=torch.ones(S, N, device=self.device),
+            terminated=zeros.bool(),
+            truncated=zeros.bool(),
+            final_values=zeros,
+            last_value=torch.zeros(N, device=self.device),
+            episodes=EpisodeStats(),
+        )
+        t = time.perf_counter()
+        ppo_update(net, opt, buf, replace(self.ppo, epochs=1, target_kl=None))
+        if self.device != "cpu":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t) * self.ppo.epochs
+
+    # -- weights ------------------------------------------------------------------------------------
+    def param_sha256(self) -> str:
+        """SHA-256 over every parameter (name, dtype, shape, bytes) in sorted-name order."""
+        h = hashlib.sha256()
+        for name, p in sorted(self.net.named_parameters(), key=lambda kv: kv[0]):
+            t = p.detach().to("cpu").contiguous()
+            h.update(name.encode())
+            h.update(str(t.dtype).encode())
+            h.update(str(tuple(t.shape)).encode())
+            h.update(t.numpy().tobytes())
+        return h.hexdigest()
+
+    def get_weights(self) -> dict[str, Any]:
+        """Policy parameters and normaliser state (CPU numpy), e.g. for an evaluation copy."""
+        return {
+            "params": {k: v.detach().cpu().numpy() for k, v in self.net.state_dict().items()},
+            "normalizer": None if self.normalizer is None else self.normalizer.state_dict(),
+        }
+
+    def set_weights(self, weights: dict[str, Any]) -> None:
+        import torch
+
+        self.net.load_state_dict({k: torch.as_tensor(v) for k, v in weights["params"].items()})
+        if self.normalizer is not None and weights.get("normalizer") is not None:
+            self.normalizer.load_state_dict(weights["normalizer"])
+
+    # -- time-sharing -------------------------------------------------------------------------------
+    def onload(self) -> None:
+        if self.device != "cpu":
+            self.net.to(self.device)
+
+    def offload(self) -> None:
+        if self.device != "cpu":
+            import torch
+
+            self.net.to("cpu")
+            torch.cuda.empty_cache()
+
+
+def _to_device(buf: Any, device: str) -> Any:
+    import torch
+
+    return replace(
+        buf,
+        **{
+            f.name: getattr(buf, f.name).to(device)
+            for f in fields(buf)
+            if isinstance(getattr(buf, f.name), torch.Tensor)
+        },
+    )

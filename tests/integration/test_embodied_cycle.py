@@ -1,0 +1,114 @@
+"""The env <-> policy cycle on Ray workers: pipelined, grouped, spread over env workers, it
+produces the same trajectories as the single-process reference ``loomrl.embodied.collect``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from loomrl import wait
+from loomrl.cycle import EnvPolicyCycle, ring_groups
+from loomrl.embodied import PPOConfig, RewardScaler, RunningMeanStd, collect, ppo_update
+from loomrl.envs.vec import EnvConfig, VecEnv
+from loomrl.policies import make_policy
+from loomrl.workers.env import EnvWorker, worker_env_config
+from loomrl.workers.policy import PolicyWorker
+
+# Short episodes so that a few steps cover terminations, time-limit truncations and resets.
+ENV = EnvConfig("InvertedPendulum-v5", num_envs=4, seed=3, max_episode_steps=7, cpu_cores=0.5)
+PPO = PPOConfig(rollout_steps=48, epochs=2, num_minibatches=4, seed=5)
+STEPS = 12
+
+
+def test_ring_groups_cut_every_worker_or_the_global_order():
+    g = ring_groups(2, 4, 2)
+    assert [[(p.worker, p.lo, p.hi) for p in parts] for parts in g] == [
+        [(0, 0, 2), (1, 0, 2)],
+        [(0, 2, 4), (1, 2, 4)],
+    ]
+    g = ring_groups(2, 2, 4)  # more groups than envs per worker: contiguous global slices
+    assert [[(p.worker, p.lo, p.hi) for p in parts] for parts in g] == [
+        [(0, 0, 1)],
+        [(0, 1, 2)],
+        [(1, 0, 1)],
+        [(1, 1, 2)],
+    ]
+
+
+def _reference(iterations: int):
+    """Single process, groups=1: the unpipelined loop, with the recipe's normaliser and update."""
+    torch.set_num_threads(1)
+    env = VecEnv(ENV)
+    policy = make_policy(env.single_observation_space, env.single_action_space, seed=PPO.seed)
+    opt = torch.optim.Adam(policy.parameters(), lr=PPO.lr, eps=PPO.adam_eps)
+    norm = RunningMeanStd(env.obs_shape)
+    scaler = RewardScaler(ENV.num_envs, PPO.gamma, PPO.reward_clip)
+    shuffle = torch.Generator().manual_seed(PPO.seed)
+    out = []
+    for _ in range(iterations):
+        buf = collect(env, policy, STEPS, groups=1, normalizer=norm, obs_clip=PPO.obs_clip)
+        scaler.update(buf.rewards.numpy(), buf.dones.numpy())
+        ppo_update(policy, opt, buf, PPO, rewards=scaler.scale(buf.rewards), generator=shuffle)
+        out.append((buf, [p.detach().clone() for p in policy.parameters()]))
+    env.close()
+    return out
+
+
+def test_pipelined_cycle_matches_the_unpipelined_reference(cluster):
+    ref = _reference(3)
+    envs = cluster.launch(
+        EnvWorker, 2, worker_env_config(ENV, 2), devices=[0, 1], num_cpus=0.5, name="env_t"
+    )
+    try:
+        sp = wait(envs.on(0).spaces())[0]
+        policy = cluster.launch(
+            PolicyWorker, 1, sp["observation_space"], sp["action_space"], ENV.num_envs, PPO,
+            ENV.seed, devices=[2], name="policy_t",
+        )
+        try:
+            cycles = [
+                EnvPolicyCycle(envs, policy, 2, groups=2, pipelined=True),  # a group per slice
+                EnvPolicyCycle(envs, policy, 2, groups=4, pipelined=True),  # one env per group
+                EnvPolicyCycle(envs, policy, 2, groups=1, pipelined=False),  # plain alternation
+            ]
+            for cycle, (want, params) in zip(cycles, ref, strict=True):
+                res = cycle.collect(STEPS)
+                got = wait(policy.rollout())[0]
+                for name, x in got.items():
+                    y = getattr(want, name)
+                    assert x.dtype == y.dtype and x.shape == y.shape, name
+                    assert torch.equal(x, y), f"{name} differs (groups={len(cycle.groups)})"
+                assert got["truncated"].any() and got["terminated"].any()
+                assert sorted(res.returns) == sorted(want.episodes.returns)
+                assert res.env_steps == STEPS * ENV.num_envs
+                wait(policy.update(1.0))
+                w = wait(policy.get_weights())[0]["params"]
+                names = [n for n, _ in make_policy(
+                    sp["observation_space"], sp["action_space"], seed=0).named_parameters()]
+                for n, p in zip(names, params, strict=True):
+                    assert np.array_equal(w[n], p.numpy()), n
+        finally:
+            policy.kill()
+    finally:
+        envs.kill()
+
+
+def test_env_worker_offsets_make_workers_one_batch(cluster):
+    envs = cluster.launch(
+        EnvWorker, 2, worker_env_config(replace(ENV, num_envs=4), 2), devices=[0, 1],
+        num_cpus=0.5, name="env_o",
+    )
+    try:
+        obs = np.concatenate(wait(envs.reset()))
+        ids = np.concatenate([r["env_ids"] for r in wait(envs.observe())])
+        ref = VecEnv(ENV)
+        assert np.array_equal(obs, ref.reset()) and ids.tolist() == [0, 1, 2, 3]
+        ref.close()
+        wait(envs.offload())
+        wait(envs.onload())
+        assert all(s["events"] == [] for s in wait(envs.pop_stats()))
+    finally:
+        envs.kill()

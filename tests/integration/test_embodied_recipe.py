@@ -1,0 +1,157 @@
+"""The embodied PPO recipe end to end (tiny settings), its plan mapping and its refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loomrl.cycle import (
+    CyclePlacement,
+    check_cores,
+    cycle_profile,
+    placement_from_plan,
+)
+from loomrl.errors import ConfigError, PlacementError
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples/ppo_inverted_pendulum.yaml"
+TINY = [
+    "run.steps=2",
+    "env.num_envs=4",
+    "env.cpu_cores=0.5",
+    "ppo.rollout_steps=64",
+    "ppo.num_minibatches=4",
+    "ppo.epochs=2",
+    "target_return=null",
+    "probe_reps=2",
+    "run.progress=false",
+]
+
+
+def _costs(env_s: float = 1e-3, pol_s: float = 1e-3) -> dict:
+    """Synthetic measurements: t = 1 ms + 0.1 ms per env for both sides."""
+    return {
+        "samples": {
+            "env": [(x, env_s + 1e-4 * x) for x in (1, 2, 4)],
+            "policy": [(x, pol_s + 1e-4 * x) for x in (1, 2, 4)],
+        },
+        "update_s": 0.5,
+    }
+
+
+def test_cli_runs_two_iterations_and_writes_the_summary(cluster, tmp_path):
+    from loomrl.cli import main as cli
+
+    out = tmp_path / "run"
+    assert cli(["run", str(EXAMPLE), *TINY, f"run.output_dir={out}"]) == 0
+    s = json.loads((out / "run_summary.json").read_text())
+    assert s["steps"] == 2 and len(s["iteration_s"]) == 2
+    assert "episode_return" in s["metrics"] and s["metrics"]["env_steps"] == 128
+    assert s["plan"]["mode"] in ("temporal", "hybrid", "spatial")
+    assert s["predicted_iteration_s"] > 0 and s["measured_iteration_s"] > 0
+    assert len(s["param_sha256"]) == 64
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [1, 2]
+    assert (out / "plan.json").exists() and (out / "profile.json").exists()
+    assert (out / "plots" / "episode_return.png").exists()
+
+
+def test_pinned_plan_file_with_too_many_env_cores_is_refused(cluster, tmp_path):
+    """4 env workers x 1 core on a node with 2 CPUs: refused before any worker starts."""
+    from loomrl.cli import main as cli
+    from loomrl.plan import cycle, fixed_plan, leaf, temporal
+
+    prof = cycle_profile(_costs(), num_envs=4, steps=16, devices=4, env_cores=1,
+                         cpu_cores_per_node=None)
+    plan = fixed_plan(prof, temporal(cycle("env", "policy", 4, used=4), leaf("actor_train", 1)), 4)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    with pytest.raises(PlacementError, match=r"4 env worker\(s\).*4 cores, but the node has 2"):
+        from loomrl.config import load_config
+        from loomrl.recipes.embodied_ppo import Config, main
+
+        main(load_config(Config, EXAMPLE, [*TINY[:-1], "env.cpu_cores=1",
+                                            f"run.placement={path}",
+                                            f"run.output_dir={tmp_path / 'r'}"]))
+    code = cli(["run", str(EXAMPLE), *TINY, "env.cpu_cores=1", f"run.placement={path}",
+                f"run.output_dir={tmp_path / 'r2'}"])
+    assert code == 2
+
+
+def test_check_cores_message_names_the_fix(cluster):
+    place = CyclePlacement((0, 1), (2,), 2, False, "hybrid")
+    check_cores(place, 1.0, cluster)  # 2 cores on a 2-CPU node: fine
+    with pytest.raises(PlacementError) as e:
+        check_cores(place, 1.5, cluster)
+    msg = str(e.value)
+    assert "env.cpu_cores=1.5" in msg and "3 cores" in msg and "has 2" in msg
+    assert "at most 1 env device" in msg
+
+
+def test_planner_keeps_env_workers_within_the_node_cores():
+    # Env is the slow side, so more env devices would help, but only 2 cores exist.
+    prof = cycle_profile(_costs(env_s=5e-3), num_envs=8, steps=16, devices=4, env_cores=1,
+                         cpu_cores_per_node=2)
+    from loomrl.plan import search_all
+
+    plans = search_all(prof)
+    for p in plans.values():
+        if p is not None:
+            assert len(placement_from_plan(p, 8).env_devices) <= 2
+    unlimited = search_all(cycle_profile(_costs(env_s=5e-3), 8, 16, 4, 1, None))["best"]
+    assert len(placement_from_plan(unlimited, 8).env_devices) == 4
+
+
+def test_plan_maps_to_devices_and_groups():
+    from loomrl.plan import load_profile, search_all
+
+    prof = load_profile(ROOT / "examples/profiles/embodied_cycle_gpu_sim.yaml", devices=2)
+    best = search_all(prof)["best"]
+    place = placement_from_plan(best, 128)
+    assert place.env_devices == (0,) and place.policy_devices == (1,)
+    assert place.groups == 2 and not place.colocated and place.mode == "hybrid"
+    temporal = search_all(prof)["temporal"]
+    place = placement_from_plan(temporal, 128)
+    assert place.colocated and place.groups == 1
+    assert set(place.policy_devices) <= set(place.env_devices)
+
+
+def test_unknown_env_id_is_a_config_error_before_workers_start(tmp_path):
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    with pytest.raises(ConfigError, match=r"env\.env_id='InvertedPendulm-v5'.*InvertedPendulum-v5"):
+        load_config(Config, EXAMPLE, ["env.env_id=InvertedPendulm-v5"])
+    cfg = load_config(Config, EXAMPLE, [f"run.output_dir={tmp_path / 'never'}"])
+    cfg.env.env_id = "NoSuchEnv-v0"
+    with pytest.raises(ConfigError, match="NoSuchEnv-v0"):
+        main(cfg)
+    assert not (tmp_path / "never").exists()
+
+
+def test_rollout_steps_must_divide_by_num_envs():
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config
+
+    with pytest.raises(ConfigError, match=r"ppo.rollout_steps=100 is not a multiple of env.num_envs=8"):
+        load_config(Config, EXAMPLE, ["ppo.rollout_steps=100"])
+
+
+@pytest.mark.slow
+def test_inverted_pendulum_reaches_950_within_10_minutes(cluster, tmp_path):
+    import time
+
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import main
+
+    from loomrl.recipes.embodied_ppo import Config
+
+    t = time.time()
+    cfg = load_config(Config, EXAMPLE, [f"run.output_dir={tmp_path}", "env.cpu_cores=0.5",
+                                        "run.progress=false"])
+    s = main(cfg)
+    took = time.time() - t
+    assert s["metrics"]["episode_return"] >= 950, s["metrics"]
+    assert took < 600, took

@@ -1,0 +1,141 @@
+"""M2Flow: one program under temporal, spatial and hybrid plans; time-sharing; pinned plans."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loomrl import Worker, wait
+from loomrl.errors import PlanError
+from loomrl.flow import Flow, _contexts, _rank_counts, _route
+from loomrl.plan import load_profile
+from loomrl.recipes.demo import DemoConfig, build, make_items
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = DemoConfig(size=64, encode_reps=2, transform_reps=3, transform_sigma=0.8, reduce_reps=1, resident_mb=8)
+
+
+def test_routing_covers_every_item_once():
+    for m in (1, 2, 3, 4, 8):
+        for n in (1, 2, 3, 4):
+            counts = _rank_counts(m, n)
+            assert sum(counts) == m
+            seen = [_route(i, m, n) for i in range(4 * m)]
+            for r in range(n):
+                for k in range(4):
+                    assert sum(1 for x in seen if x == (r, k)) == counts[r]
+
+
+@pytest.fixture(scope="module")
+def demo_profile():
+    return load_profile(ROOT / "examples/profiles/demo_matmul.yaml")
+
+
+def _run_mode(cluster, profile, mode, steps=2):
+    flow = Flow(cluster)
+    build(flow, SMALL)
+    plan = flow.plan(mode, profile=profile)
+    try:
+        outs = [flow.run(make_items(s, 8)) for s in range(steps)]
+    finally:
+        flow.shutdown()
+    return plan, outs
+
+
+def test_outputs_identical_across_plans(cluster, demo_profile):
+    results = {}
+    for mode in ("temporal", "spatial", "hybrid"):
+        plan, outs = _run_mode(cluster, demo_profile, mode)
+        assert plan.mode == mode
+        results[mode] = [o.outputs for o in outs]
+        last = outs[-1]
+        assert len(last.outputs) == 8
+        kinds = {r["kind"] for r in last.timeline}
+        ctx = _contexts(plan.tree)
+        if any(shared and not co for _, shared, co in ctx.values()):
+            assert {"onload", "offload"} <= kinds  # time-shared stages switch once per iteration
+        if mode == "spatial":
+            # Streaming: the sink starts before the first stage has finished its last micro-batch.
+            runs = [r for r in last.timeline if r["kind"] == "run"]
+            first_end = max(r["end"] for r in runs if r["component"] == "encode")
+            sink_start = min(r["start"] for r in runs if r["component"] == "reduce")
+            assert plan.num_micro_batches > 1
+            assert sink_start < first_end
+    assert results["temporal"] == results["spatial"] == results["hybrid"]
+
+
+class Hog(Worker):
+    """Holds a large buffer while onloaded."""
+
+    def __init__(self, mb: int):
+        super().__init__()
+        self.mb, self.buf = mb, None
+        self.onload()
+
+    def onload(self):
+        import numpy as np
+
+        self.buf = np.ones(self.mb * 2**20 // 8)
+
+    def offload(self):
+        self.buf = None
+
+    def step(self, items):
+        return [x + 1 for x in items]
+
+    def sink(self, items):
+        return items
+
+
+def test_time_sharing_frees_memory(cluster):
+    from loomrl.plan.plan import leaf, temporal
+    from loomrl.plan.search import fixed_plan
+
+    prof = load_profile({
+        "devices": 1, "device_memory_gb": 8, "batch": 2, "granularities": [2],
+        "components": {
+            "a": {"valid_devices": [1], "time": {"alpha": 0, "per_item": {1: 0.1}}, "memory_gb": {1: 1}},
+            "b": {"valid_devices": [1], "time": {"alpha": 0, "per_item": {1: 0.1}}, "memory_gb": {1: 1}},
+        },
+        "edges": [["a", "b"]],
+    })
+    flow = Flow(cluster)
+    a = flow.group(Hog, 400, name="a")
+    b = flow.group(Hog, 10, name="b")
+    flow.chain(a.step, b.sink)
+    plan = fixed_plan(prof, temporal(leaf("a", 1), leaf("b", 1)), 2)
+    flow.plan(plan_path := _save(plan))
+    try:
+        before = wait(a.group._call("_loom_memory"))[0]["rss_gb"]
+        res = flow.run([1, 2])
+        assert res.outputs == [2, 3]
+        after = wait(a.group._call("_loom_memory"))[0]["rss_gb"]
+        # 400 MB buffer released by offload() after a's phase.
+        assert before - after > 0.3, (before, after)
+    finally:
+        flow.shutdown()
+        Path(plan_path).unlink()
+
+
+def _save(plan) -> str:
+    import tempfile
+
+    path = tempfile.mktemp(suffix=".json")
+    plan.save(path)
+    return path
+
+
+def test_pinned_plan_that_does_not_match_is_refused(cluster, demo_profile):
+    from loomrl.plan.search import search
+
+    plan = search(demo_profile, mode="temporal")
+    flow = Flow(cluster)
+    flow.group(Hog, 1, name="other")
+    g = flow.group(Hog, 1, name="encode")
+    flow.chain(g.step)
+    with pytest.raises(PlanError, match="names component 'transform'"):
+        flow.plan(_save(plan))
+    assert all(c.group is None for c in flow.components.values())  # nothing was started
+    with pytest.raises(PlanError, match="not one of"):
+        flow.plan("sideways")
