@@ -102,27 +102,42 @@ def main(argv: list[str] | None = None) -> int:
     ok = [r for r in results if r["feasible"]]
     auto = next((r for r in ok if r["mode"] == "auto"), None)
     best = min(ok, key=lambda r: r["measured_s"]) if ok else None
-    print(f"{args.env} pixels={args.pixels} num_envs={args.num_envs} S={args.steps} "
-          f"device={args.device} load average at start {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
-    print(f"{'mode':<9}{'plan':<10}{'env dev':<9}{'pol dev':<9}{'k':>3}{'pred s/it':>11}"
-          f"{'meas s/it':>11}{'error':>8}{'env-steps/s':>13}")
+    print(
+        f"{args.env} pixels={args.pixels} num_envs={args.num_envs} S={args.steps} "
+        f"device={args.device} load average at start {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
+    )
+    print(
+        f"{'mode':<9}{'plan':<10}{'env dev':<9}{'pol dev':<9}{'k':>3}{'pred s/it':>11}"
+        f"{'meas s/it':>11}{'error':>8}{'env-steps/s':>13}"
+    )
     for r in results:
         if not r["feasible"]:
             print(f"{r['mode']:<9}infeasible: {r['reason']}")
             continue
         pl = r["placement"]
         err = (r["measured_s"] - r["predicted_s"]) / r["predicted_s"]
-        print(f"{r['mode']:<9}{r['plan_mode']:<10}{str(pl['env_devices']):<9}"
-              f"{str(pl['policy_devices']):<9}{pl['groups']:>3}{r['predicted_s']:>11.3f}"
-              f"{r['measured_s']:>11.3f}{100 * err:>+7.1f}%{r['env_steps_per_s']:>13.0f}")
+        print(
+            f"{r['mode']:<9}{r['plan_mode']:<10}{str(pl['env_devices']):<9}"
+            f"{str(pl['policy_devices']):<9}{pl['groups']:>3}{r['predicted_s']:>11.3f}"
+            f"{r['measured_s']:>11.3f}{100 * err:>+7.1f}%{r['env_steps_per_s']:>13.0f}"
+        )
     ratio = auto["measured_s"] / best["measured_s"] if auto and best else float("nan")
     auto_mode = auto["plan_mode"] if auto else "none"
     best_mode = best["plan_mode"] if best else "none"
     if args.out:
-        Path(args.out).write_text(json.dumps({
-            "args": vars(args), "load_average": load, "results": results,
-            "auto_mode": auto_mode, "best_mode": best_mode, "auto_vs_best": ratio,
-        }, indent=2))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "args": vars(args),
+                    "load_average": load,
+                    "results": results,
+                    "auto_mode": auto_mode,
+                    "best_mode": best_mode,
+                    "auto_vs_best": ratio,
+                },
+                indent=2,
+            )
+        )
     print(f"auto_mode: {auto_mode} best_mode: {best_mode} auto_vs_best: {ratio:.3f}")
     return 0 if ratio == ratio and ratio <= TOLERANCE else 1
 

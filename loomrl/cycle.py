@@ -78,9 +78,7 @@ def ring_groups(workers: int, envs_per_worker: int, k: int) -> list[list[Part]]:
         )
     if k <= envs_per_worker:
         b = np.linspace(0, envs_per_worker, k + 1).round().astype(int)
-        return [
-            [Part(w, int(b[g]), int(b[g + 1])) for w in range(workers)] for g in range(k)
-        ]
+        return [[Part(w, int(b[g]), int(b[g + 1])) for w in range(workers)] for g in range(k)]
     b = np.linspace(0, n, k + 1).round().astype(int)
     groups = []
     for g in range(k):

@@ -247,6 +247,7 @@ class Flow:
         self._id = uuid.uuid4().hex[:8]
         self._iter = 0
         self._calibrate = False
+        self.observed_edges: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------------ declaration
     def group(
@@ -494,6 +495,9 @@ class Flow:
             results: dict[str, list[dict]] = {}
             self._execute(plan.tree, "phase", specs, results)
             measured = time.time() - t0
+            # The data-flow graph as the channels saw it (producer -> consumer components).
+            for ch in chans:
+                self.observed_edges |= {e for e in ch.edges() if "driver" not in e}
         finally:
             for ch in chans:
                 ch.delete()

@@ -170,3 +170,33 @@ class Run:
     def close(self) -> None:
         self.logger.close()
         self.cluster.shutdown()
+
+
+def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
+    """Profile a recipe's flow on one iteration's items: fit report, profile file, plan per mode."""
+    from loomrl.cluster import Cluster
+    from loomrl.flow import Flow
+    from loomrl.plan.search import search_all
+    from loomrl.profiler import profile_flow
+
+    out = Path(cfg.run.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cluster = Cluster.start(num_gpus=cfg.run.num_gpus, num_devices=cfg.run.devices, log_to_driver=False)
+    try:
+        flow = Flow(cluster)
+        build(flow, cfg)
+        t = time.time()
+        prof = profile_flow(flow, sample(), micro_batch=cfg.run.micro_batch)
+        took = time.time() - t
+        import yaml
+
+        path = out / "profile.yaml"
+        path.write_text(yaml.safe_dump(prof.to_dict(), sort_keys=False))
+        lines = [f"profiled {len(flow.stages)} component(s) in {took:.1f}s -> {path}"]
+        lines += [f"  {r}" for r in getattr(prof, "fit_reports", ())]
+        for mode, plan in search_all(prof).items():
+            lines.append(f"{mode}: " + ("no feasible plan" if plan is None else f"{plan.predicted_s:.3f}s\n{plan}"))
+        lines.append(f"pin it: loomrl run CONFIG run.profile={path} placement=auto")
+        return "\n".join(lines)
+    finally:
+        cluster.shutdown()

@@ -147,7 +147,7 @@ class FitReport:
         return (
             f"{self.component}: {self.n_samples} samples, mean rel. error "
             f"{100 * self.rel_err_mean:.2f}%, max {100 * self.rel_err_max:.2f}%, "
-            f"per_item ~ n^-{self.exponent:.3f}, extrapolated to {list(self.extrapolated_devices)}"
+            f"per_item ~ n^{-self.exponent:.3f}, extrapolated to {list(self.extrapolated_devices)}"
         )
 
 

@@ -42,7 +42,9 @@ class Config:
     recipe: str = "embodied_ppo"
     env: EnvConfig = field(default_factory=EnvConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
-    policy: str = "auto"  # auto | mlp | cnn | package.module:factory (an nn.Module with act/evaluate)
+    policy: str = (
+        "auto"  # auto | mlp | cnn | package.module:factory (an nn.Module with act/evaluate)
+    )
     groups: int | None = None  # pin the ring groups k (None: the plan's)
     pipelined: bool = True  # False: wait after every env step (the unpipelined loop)
     target_return: float | None = None  # stop once the mean of the last `window` returns reaches it
@@ -88,8 +90,9 @@ def main(cfg: Config) -> dict:
     try:
         place = plan_cycle(run, cfg, S)
         envs, policy = launch(run.cluster, cfg, place)
-        cycle = EnvPolicyCycle(envs, policy, cfg.env.num_envs // len(place.env_devices),
-                               place.groups, cfg.pipelined)
+        cycle = EnvPolicyCycle(
+            envs, policy, cfg.env.num_envs // len(place.env_devices), place.groups, cfg.pipelined
+        )
         recent: deque[float] = deque(maxlen=cfg.window)
         metrics: dict[str, Any] = {}
         it = 0
@@ -101,18 +104,32 @@ def main(cfg: Config) -> dict:
             took = time.perf_counter() - t0
             run.record(it, _Iteration(took, place.predicted_s, _records(roll.wall_s, took)))
             recent.extend(roll.returns)
-            metrics = {"episode_return": statistics.fmean(recent) if recent else float("nan"),
-                       "episodes": len(roll.returns), "env_steps": (it + 1) * S * cfg.env.num_envs,
-                       "env_steps_per_s": roll.env_steps / took, "env_events": len(roll.events),
-                       "time/collect": roll.wall_s, "time/update": took - roll.wall_s, **stats}
+            metrics = {
+                "episode_return": statistics.fmean(recent) if recent else float("nan"),
+                "episodes": len(roll.returns),
+                "env_steps": (it + 1) * S * cfg.env.num_envs,
+                "env_steps_per_s": roll.env_steps / took,
+                "env_events": len(roll.events),
+                "time/collect": roll.wall_s,
+                "time/update": took - roll.wall_s,
+                **stats,
+            }
             run.logger.log(it + 1, metrics)
-            if cfg.target_return is not None and len(recent) == cfg.window \
-                    and metrics["episode_return"] >= cfg.target_return:
+            if (
+                cfg.target_return is not None
+                and len(recent) == cfg.window
+                and metrics["episode_return"] >= cfg.target_return
+            ):
                 break
         sha = wait(policy.param_sha256())[0]
         plot_run(run.dir)
-        return run.summary(it + 1, sha, metrics, placement=place.describe(), env_steps_per_s=(
-            S * cfg.env.num_envs / run.measured_iteration_s()))
+        return run.summary(
+            it + 1,
+            sha,
+            metrics,
+            placement=place.describe(),
+            env_steps_per_s=(S * cfg.env.num_envs / run.measured_iteration_s()),
+        )
     finally:
         run.close()
 
@@ -127,12 +144,27 @@ def _records(collect_s: float, total_s: float) -> list[dict[str, Any]]:
 def launch(cluster: Any, cfg: Config, place: CyclePlacement) -> tuple[Any, Any]:
     """Start one env worker per env device (reserving env.cpu_cores each) and the policy worker."""
     w = len(place.env_devices)
-    envs = cluster.launch(EnvWorker, w, worker_env_config(cfg.env, w), devices=list(place.env_devices),
-                          num_cpus=cfg.env.cpu_cores, name="env")
+    envs = cluster.launch(
+        EnvWorker,
+        w,
+        worker_env_config(cfg.env, w),
+        devices=list(place.env_devices),
+        num_cpus=cfg.env.cpu_cores,
+        name="env",
+    )
     sp = wait(envs.on(0).spaces())[0]
-    policy = cluster.launch(PolicyWorker, 1, sp["observation_space"], sp["action_space"],
-                            cfg.env.num_envs, cfg.ppo, cfg.env.seed, cfg.policy,
-                            devices=list(place.policy_devices), name="policy")
+    policy = cluster.launch(
+        PolicyWorker,
+        1,
+        sp["observation_space"],
+        sp["action_space"],
+        cfg.env.num_envs,
+        cfg.ppo,
+        cfg.env.seed,
+        cfg.policy,
+        devices=list(place.policy_devices),
+        name="policy",
+    )
     return envs, policy
 
 
@@ -179,20 +211,37 @@ def measured_profile(cluster: Any, cfg: Config, steps: int, reps: int | None = N
     n = cfg.env.num_envs
     env_devs = [0]
     pol_devs = [1 if cluster.num_devices > 1 else 0]
-    env = cluster.launch(EnvWorker, 1, cfg.env, devices=env_devs, num_cpus=cfg.env.cpu_cores,
-                         name="env_probe")
+    env = cluster.launch(
+        EnvWorker, 1, cfg.env, devices=env_devs, num_cpus=cfg.env.cpu_cores, name="env_probe"
+    )
     try:
         sp = wait(env.spaces())[0]
-        pol = cluster.launch(PolicyWorker, 1, sp["observation_space"], sp["action_space"], n,
-                             cfg.ppo, cfg.env.seed, cfg.policy, devices=pol_devs, name="policy_probe")
+        pol = cluster.launch(
+            PolicyWorker,
+            1,
+            sp["observation_space"],
+            sp["action_space"],
+            n,
+            cfg.ppo,
+            cfg.env.seed,
+            cfg.policy,
+            devices=pol_devs,
+            name="policy_probe",
+        )
         try:
             sizes = sorted({n // d for d in (1, 2, 4, 8) if n % d == 0})
-            costs = measure_costs(env, pol, n, sizes, steps,
-                                  reps or cfg.probe_reps)
+            costs = measure_costs(env, pol, n, sizes, steps, reps or cfg.probe_reps)
         finally:
             pol.kill()
     finally:
         env.kill()
     node0 = cluster.nodes[0]
-    return cycle_profile(costs, n, steps, cluster.num_devices, cfg.env.cpu_cores,
-                         int(node0.num_cpus), len(node0.devices) if len(cluster.nodes) > 1 else None)
+    return cycle_profile(
+        costs,
+        n,
+        steps,
+        cluster.num_devices,
+        cfg.env.cpu_cores,
+        int(node0.num_cpus),
+        len(node0.devices) if len(cluster.nodes) > 1 else None,
+    )

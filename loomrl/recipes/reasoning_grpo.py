@@ -8,12 +8,11 @@ The workflow is rollout.generate -> reward.score [-> reference.logprobs] -> acto
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loomrl.run import Run, RunConfig
+from loomrl.run import Run, RunConfig, profile_recipe
 from loomrl.worker import wait
 from loomrl.workers.reasoning import (
     ActorWorker,
@@ -116,5 +115,12 @@ def main(cfg: Config) -> dict:
         run.close()
 
 
-def _median(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
+def profile(cfg: Config) -> str:
+    """`loomrl profile CONFIG`: measure the components, fit, save the profile, show the plans."""
+    from loomrl.reasoning import Encoder
+
+    from loomrl.tasks import make_task
+
+    return profile_recipe(cfg, build, lambda: prompts(
+        make_task(**cfg.task.as_kwargs(cfg.run.seed)), Encoder(cfg.model.path, cfg.task.instruction),
+        0, cfg.batch))

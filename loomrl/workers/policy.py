@@ -258,9 +258,7 @@ class PolicyWorker(Worker):
         """The last rollout's buffer as a dict of CPU tensors (tests compare it to ``collect``)."""
         b = self.buffer
         return {
-            f.name: getattr(b, f.name)
-            for f in fields(b)
-            if f.name not in ("episodes", "timing")
+            f.name: getattr(b, f.name) for f in fields(b) if f.name not in ("episodes", "timing")
         }
 
     # -- learning ---------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-import pytest
 import torch
 
 from loomrl import wait
@@ -65,8 +64,15 @@ def test_pipelined_cycle_matches_the_unpipelined_reference(cluster):
     try:
         sp = wait(envs.on(0).spaces())[0]
         policy = cluster.launch(
-            PolicyWorker, 1, sp["observation_space"], sp["action_space"], ENV.num_envs, PPO,
-            ENV.seed, devices=[2], name="policy_t",
+            PolicyWorker,
+            1,
+            sp["observation_space"],
+            sp["action_space"],
+            ENV.num_envs,
+            PPO,
+            ENV.seed,
+            devices=[2],
+            name="policy_t",
         )
         try:
             cycles = [
@@ -86,8 +92,12 @@ def test_pipelined_cycle_matches_the_unpipelined_reference(cluster):
                 assert res.env_steps == STEPS * ENV.num_envs
                 wait(policy.update(1.0))
                 w = wait(policy.get_weights())[0]["params"]
-                names = [n for n, _ in make_policy(
-                    sp["observation_space"], sp["action_space"], seed=0).named_parameters()]
+                names = [
+                    n
+                    for n, _ in make_policy(
+                        sp["observation_space"], sp["action_space"], seed=0
+                    ).named_parameters()
+                ]
                 for n, p in zip(names, params, strict=True):
                     assert np.array_equal(w[n], p.numpy()), n
         finally:
@@ -98,8 +108,12 @@ def test_pipelined_cycle_matches_the_unpipelined_reference(cluster):
 
 def test_env_worker_offsets_make_workers_one_batch(cluster):
     envs = cluster.launch(
-        EnvWorker, 2, worker_env_config(replace(ENV, num_envs=4), 2), devices=[0, 1],
-        num_cpus=0.5, name="env_o",
+        EnvWorker,
+        2,
+        worker_env_config(replace(ENV, num_envs=4), 2),
+        devices=[0, 1],
+        num_cpus=0.5,
+        name="env_o",
     )
     try:
         obs = np.concatenate(wait(envs.reset()))

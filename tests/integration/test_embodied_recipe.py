@@ -63,8 +63,9 @@ def test_pinned_plan_file_with_too_many_env_cores_is_refused(cluster, tmp_path):
     from loomrl.cli import main as cli
     from loomrl.plan import cycle, fixed_plan, leaf, temporal
 
-    prof = cycle_profile(_costs(), num_envs=4, steps=16, devices=4, env_cores=1,
-                         cpu_cores_per_node=None)
+    prof = cycle_profile(
+        _costs(), num_envs=4, steps=16, devices=4, env_cores=1, cpu_cores_per_node=None
+    )
     plan = fixed_plan(prof, temporal(cycle("env", "policy", 4, used=4), leaf("actor_train", 1)), 4)
     path = tmp_path / "plan.json"
     plan.save(path)
@@ -72,11 +73,28 @@ def test_pinned_plan_file_with_too_many_env_cores_is_refused(cluster, tmp_path):
         from loomrl.config import load_config
         from loomrl.recipes.embodied_ppo import Config, main
 
-        main(load_config(Config, EXAMPLE, [*TINY[:-1], "env.cpu_cores=1",
-                                            f"run.placement={path}",
-                                            f"run.output_dir={tmp_path / 'r'}"]))
-    code = cli(["run", str(EXAMPLE), *TINY, "env.cpu_cores=1", f"run.placement={path}",
-                f"run.output_dir={tmp_path / 'r2'}"])
+        main(
+            load_config(
+                Config,
+                EXAMPLE,
+                [
+                    *TINY[:-1],
+                    "env.cpu_cores=1",
+                    f"run.placement={path}",
+                    f"run.output_dir={tmp_path / 'r'}",
+                ],
+            )
+        )
+    code = cli(
+        [
+            "run",
+            str(EXAMPLE),
+            *TINY,
+            "env.cpu_cores=1",
+            f"run.placement={path}",
+            f"run.output_dir={tmp_path / 'r2'}",
+        ]
+    )
     assert code == 2
 
 
@@ -92,8 +110,9 @@ def test_check_cores_message_names_the_fix(cluster):
 
 def test_planner_keeps_env_workers_within_the_node_cores():
     # Env is the slow side, so more env devices would help, but only 2 cores exist.
-    prof = cycle_profile(_costs(env_s=5e-3), num_envs=8, steps=16, devices=4, env_cores=1,
-                         cpu_cores_per_node=2)
+    prof = cycle_profile(
+        _costs(env_s=5e-3), num_envs=8, steps=16, devices=4, env_cores=1, cpu_cores_per_node=2
+    )
     from loomrl.plan import search_all
 
     plans = search_all(prof)
@@ -135,7 +154,9 @@ def test_rollout_steps_must_divide_by_num_envs():
     from loomrl.config import load_config
     from loomrl.recipes.embodied_ppo import Config
 
-    with pytest.raises(ConfigError, match=r"ppo.rollout_steps=100 is not a multiple of env.num_envs=8"):
+    with pytest.raises(
+        ConfigError, match=r"ppo.rollout_steps=100 is not a multiple of env.num_envs=8"
+    ):
         load_config(Config, EXAMPLE, ["ppo.rollout_steps=100"])
 
 
@@ -144,13 +165,12 @@ def test_inverted_pendulum_reaches_950_within_10_minutes(cluster, tmp_path):
     import time
 
     from loomrl.config import load_config
-    from loomrl.recipes.embodied_ppo import main
-
-    from loomrl.recipes.embodied_ppo import Config
+    from loomrl.recipes.embodied_ppo import Config, main
 
     t = time.time()
-    cfg = load_config(Config, EXAMPLE, [f"run.output_dir={tmp_path}", "env.cpu_cores=0.5",
-                                        "run.progress=false"])
+    cfg = load_config(
+        Config, EXAMPLE, [f"run.output_dir={tmp_path}", "env.cpu_cores=0.5", "run.progress=false"]
+    )
     s = main(cfg)
     took = time.time() - t
     assert s["metrics"]["episode_return"] >= 950, s["metrics"]

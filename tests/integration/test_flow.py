@@ -40,6 +40,8 @@ def _run_mode(cluster, profile, mode, steps=2):
         outs = [flow.run(make_items(s, 8)) for s in range(steps)]
     finally:
         flow.shutdown()
+    # The data-flow graph captured from the channels is the declared chain.
+    assert flow.observed_edges == set(flow.edges)
     return plan, outs
 
 
