@@ -77,6 +77,9 @@ class EngineConfig:
     generate_impl: str = "auto"
     value_head: bool = False  # True: a critic with a scalar value head
     offload_dir: str | None = None  # where CPU-only offload parks tensors (default: temp dir)
+    # CPU-only offload: "keep" leaves tensors in RAM (host memory is where offloaded state would
+    # go anyway, so this costs nothing); "disk" parks them in a file so RSS really drops.
+    cpu_offload: str = "keep"
     cache_dir: str | None = None  # converted-model cache (default ~/.cache/loomrl/models)
     num_threads: int | None = None  # torch intra-op threads on CPU (None: torch's default)
 
@@ -106,6 +109,8 @@ class EngineConfig:
             problems.append(
                 f"attn_implementation={self.attn_implementation!r}: use 'sdpa', 'eager' or 'flash_attention_2'"
             )
+        if self.cpu_offload not in ("keep", "disk"):
+            problems.append(f"cpu_offload={self.cpu_offload!r}: use 'keep' or 'disk'")
         if self.generate_impl not in ("auto", "loop", "hf", "hf_static"):
             problems.append(
                 f"generate_impl={self.generate_impl!r}: use 'auto', 'loop', 'hf' or 'hf_static'"
@@ -1084,6 +1089,8 @@ class HFEngine:
         """
         t0 = time.perf_counter()
         before = _offload.rss_bytes()
+        if self.device.type != "cuda" and self.config.cpu_offload == "keep":
+            return {"rss_before_mb": before / 2**20, "rss_after_mb": before / 2**20, "time_s": 0.0}
         if self._offloaded is not None:
             return {"rss_before_mb": before / 2**20, "rss_after_mb": before / 2**20, "time_s": 0.0}
         if self.optimizer is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import tempfile
+from typing import Any
 from dataclasses import dataclass, field
 
 import torch
@@ -51,9 +52,13 @@ class DiskStash:
 
     path: str
     slots: list[_Slot] = field(default_factory=list)
+    # The file is unlinked as soon as it is written and read back through this open handle, so a
+    # worker that dies while offloaded leaves nothing behind.
+    handle: Any = None
 
     def restore(self) -> None:
-        with open(self.path, "rb") as f:
+        f = self.handle if self.handle is not None else open(self.path, "rb")
+        with f:
             for s in self.slots:
                 t = torch.empty(s.shape, dtype=s.dtype)
                 if s.nbytes:
@@ -66,7 +71,9 @@ class DiskStash:
                         )
                 t = t.to(s.device)
                 _put(s.holder, s.key, t)
-        os.unlink(self.path)
+        if self.handle is None:
+            os.unlink(self.path)
+        self.handle = None
         self.slots = []
 
 
@@ -106,6 +113,8 @@ def stash_to_disk(
             _put(holder, key, torch.empty(0, dtype=t.dtype, device=t.device))
             del cpu, t
     release_host_memory()
+    stash.handle = open(path, "rb")
+    os.unlink(path)
     return stash
 
 

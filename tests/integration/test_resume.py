@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -15,10 +17,19 @@ def _main(config: Path, overrides: list[str]) -> dict:
     return mod.main(cfg)
 
 
-def test_resume_is_bit_identical(cluster, tmp_path):
-    common = ["placement=temporal", "seed=1", f"run.profile={ROOT / 'examples/profiles/tiny_grpo.yaml'}"]
-    straight = tmp_path / "straight"
-    _main(ROOT / "examples/tiny_grpo.yaml", [*common, "steps=4", f"output_dir={straight}"])
+COMMON = ["placement=temporal", "seed=1", f"run.profile={ROOT / 'examples/profiles/tiny_grpo.yaml'}"]
+
+
+@pytest.fixture(scope="module")
+def straight(cluster, tmp_path_factory):
+    """An uninterrupted 4-step run: the reference both tests compare with."""
+    out = tmp_path_factory.mktemp("straight")
+    _main(ROOT / "examples/tiny_grpo.yaml", [*COMMON, "steps=4", f"output_dir={out}"])
+    return out
+
+
+def test_resume_is_bit_identical(cluster, straight, tmp_path):
+    common = COMMON
     part = tmp_path / "part"
     _main(ROOT / "examples/tiny_grpo.yaml", [*common, "steps=2", f"output_dir={part}"])
     # Resume from the run directory's own config, as `loomrl resume DIR steps=4` does.
@@ -42,15 +53,13 @@ def test_half_written_checkpoint_is_never_picked(tmp_path):
     assert latest_checkpoint(tmp_path) == good
 
 
-def test_dead_worker_restarts_from_checkpoint(cluster, tmp_path):
+def test_dead_worker_restarts_from_checkpoint(cluster, straight, tmp_path):
     """A rollout worker killed at step 3 ends in an automatic restart from the step-2 checkpoint
     and the same parameters as a run that never failed."""
     from loomrl.cli import _normalise_overrides, load_recipe_config, run_with_restarts
 
-    common = ["placement=temporal", "seed=1", "steps=4", "run.checkpoint_every=2",
-              f"run.profile={ROOT / 'examples/profiles/tiny_grpo.yaml'}"]
-    clean = tmp_path / "clean"
-    _main(ROOT / "examples/tiny_grpo.yaml", [*common, f"output_dir={clean}"])
+    common = [*COMMON, "steps=4", "run.checkpoint_every=2"]
+    clean = straight
     crashy = tmp_path / "crashy"
     mod, cfg = load_recipe_config(ROOT / "examples/tiny_grpo.yaml", _normalise_overrides(
         [*common, f"output_dir={crashy}", "run.max_restarts=1", "run.kill_worker_at_step=3"]))

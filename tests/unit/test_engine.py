@@ -208,7 +208,7 @@ def test_response_mask_excludes_tokens(tiny_dir):
 
 
 def test_param_sha256_changes_after_step_and_offload_roundtrip(tiny_dir):
-    eng = HFEngine(EngineConfig(model=str(tiny_dir), lr=1e-3))
+    eng = HFEngine(EngineConfig(model=str(tiny_dir), lr=1e-3, cpu_offload="disk"))
     twin = HFEngine(EngineConfig(model=str(tiny_dir), lr=1e-3))
     h0 = eng.param_sha256()
     assert h0 == twin.param_sha256()
@@ -234,7 +234,7 @@ def test_offload_releases_rss(tmp_path):
     from loomrl.engines.offload import rss_bytes
 
     d = tiny_model(tmp_path / "mid", hidden=512, layers=4)
-    eng = HFEngine(EngineConfig(model=str(d), lr=1e-3))
+    eng = HFEngine(EngineConfig(model=str(d), lr=1e-3, cpu_offload="disk"))
     eng.train_step(_batch(eng), _sft_loss)  # creates Adam state: 3x the weights
     size = sum(p.numel() * p.element_size() for _, p in eng.named_parameters()) * 3
     before = rss_bytes()
@@ -418,3 +418,16 @@ def test_random_model_like_smollm2_shape(tmp_path):
     d = random_model_like(tmp_path / "r", "smollm2-135m")
     eng = HFEngine(EngineConfig(model=str(d), trainable=False))
     assert eng.num_parameters() == 134_515_008
+
+
+def test_cpu_offload_keep_is_a_no_op_and_leaves_no_files(tiny_dir, tmp_path):
+    eng = HFEngine(EngineConfig(model=str(tiny_dir), lr=1e-3, offload_dir=str(tmp_path)))
+    before = eng.param_sha256()
+    assert eng.offload()["time_s"] == 0.0 and not eng.offloaded
+    assert eng.param_sha256() == before
+    disk = HFEngine(EngineConfig(model=str(tiny_dir), lr=1e-3, cpu_offload="disk", offload_dir=str(tmp_path)))
+    disk.offload()
+    assert disk.offloaded
+    assert list(tmp_path.iterdir()) == []  # the stash file is unlinked while held open
+    disk.onload()
+    assert disk.param_sha256() == before

@@ -1,0 +1,87 @@
+"""The demo workflow under temporal, spatial, hybrid and auto plans: predicted vs measured.
+
+Run: python benchmarks/flow_modes.py --devices 2 --steps 4 --out flow_modes.json
+
+One profile is measured on the real workers (or read with --profile), then every mode's best plan
+runs the same items for --steps iterations. Prints per mode the planner's prediction, the measured
+median iteration time after warm-up, their relative gap, and whether auto chose the mode measured
+fastest. The last line: `auto_mode: <m> best_mode: <m> auto_vs_best: <ratio> max_gap: <x>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--profile", default=None, help="a profile file (default: measure one)")
+    p.add_argument("--size", type=int, default=384)
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+
+    from loomrl import Cluster
+    from loomrl.flow import Flow
+    from loomrl.plan import load_profile
+    from loomrl.plan.search import search_all
+    from loomrl.profiler import profile_flow
+    from loomrl.recipes.demo import DemoConfig, build, make_items
+
+    cfg = DemoConfig(size=a.size)
+    cluster = Cluster.start(num_gpus=0, num_devices=a.devices, log_to_driver=False)
+    rows = {}
+    try:
+        flow = Flow(cluster)
+        build(flow, cfg)
+        t = time.time()
+        prof = load_profile(a.profile) if a.profile else profile_flow(flow, make_items(0, a.batch))
+        prof_s = time.time() - t
+        plans = search_all(prof)
+        flow.shutdown()
+        for mode in ("temporal", "spatial", "hybrid", "best"):
+            plan = plans.get(mode)
+            if plan is None:
+                rows[mode] = {"feasible": False}
+                continue
+            f = Flow(cluster)
+            build(f, cfg)
+            path = f"/tmp/flow_modes_{mode}.json"
+            plan.save(path)
+            f.plan(path)
+            times = [f.run(make_items(s, a.batch)).measured_s for s in range(a.steps)]
+            f.shutdown()
+            meas = statistics.median(times[1:] or times)
+            rows[mode] = {"feasible": True, "mode": plan.mode, "predicted_s": plan.predicted_s,
+                          "measured_s": meas, "gap": (meas - plan.predicted_s) / plan.predicted_s,
+                          "micro_batch": plan.micro_batch, "assignment": plan.assignment()}
+    finally:
+        cluster.shutdown()
+    print(f"profile: {prof_s:.1f}s   devices: {a.devices}   batch: {a.batch}")
+    print(f"{'mode':<10}{'plan':<10}{'predicted s':>12}{'measured s':>12}{'gap':>8}")
+    for mode, r in rows.items():
+        if not r["feasible"]:
+            print(f"{mode:<10}{'-':<10}{'infeasible':>12}")
+            continue
+        print(f"{mode:<10}{r['mode']:<10}{r['predicted_s']:>12.3f}{r['measured_s']:>12.3f}{r['gap']:>+8.1%}")
+    measured = {m: r["measured_s"] for m, r in rows.items() if r["feasible"] and m != "best"}
+    best_mode = min(measured, key=measured.get)
+    auto = rows["best"]
+    ratio = auto["measured_s"] / measured[best_mode]
+    max_gap = max(abs(r["gap"]) for r in rows.values() if r["feasible"])
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump({"rows": rows, "profile_s": prof_s, "best_mode": best_mode, "auto_mode": auto["mode"],
+                       "auto_vs_best": ratio}, fh, indent=2)
+    print(f"auto_mode: {auto['mode']} best_mode: {best_mode} auto_vs_best: {ratio:.3f} max_gap: {max_gap:.3f}")
+    return 0 if ratio <= 1.05 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

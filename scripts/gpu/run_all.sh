@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# GPU experiments of loomrl, one device call: bash scripts/gpu/run_all.sh [STAGE ...]
+# Stages (default: pytest ipc grpo_cal grpo_auto trl): pytest ipc grpo_cal grpo_auto trl embodied
+# Needs (carried, ignored by git): out/gpu_wheels/ray_slim.tar.xz, out/gpu_wheels/whl/*.whl,
+# out/gpu_wheels/tok/models/smollm2-135m-instruct (tokenizer only), optionally out/gpu_wheels/emb/*.whl.
+# BUDGET (seconds, default 540) bounds the whole script; each stage gets min(its cap, what is left).
+# Results: $OUT/<stage>.json and $OUT/run_all.log.
+set -u
+OUT=${OUT:-/tmp/gpu_out}
+mkdir -p "$OUT"
+LOG=$OUT/run_all.log
+BUDGET=${BUDGET:-540}
+T0=$(date +%s)
+exec > >(tee -a "$LOG") 2>&1
+STAGES=("$@")
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(pytest ipc grpo_cal grpo_auto trl)
+
+left() { echo $((BUDGET - ($(date +%s) - T0))); }
+cap() { local l; l=$(($(left) - 15)); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+stage() { # stage NAME CAP CMD...
+    local name=$1 c; c=$(cap "$2"); shift 2
+    if [ "$c" -lt 30 ]; then echo "=== $name: SKIPPED (only $(left)s left)"; return; fi
+    echo "=== $name: start (cap ${c}s, $(left)s left) $(date +%T)"
+    local t=$(date +%s)
+    timeout -k 10 "$c" "$@"
+    echo "=== $name: rc=$? took $(($(date +%s) - t))s"
+    # A killed driver can leave its Ray processes (and their GPU memory) behind.
+    python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1
+}
+
+echo "=== setup $(date +%T)"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+DEPS=/tmp/deps
+mkdir -p $DEPS
+tar -xJf out/gpu_wheels/ray_slim.tar.xz -C $DEPS
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $DEPS \
+    out/gpu_wheels/whl/*.whl 2>&1 | tail -3
+if ls out/gpu_wheels/emb/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $DEPS \
+        out/gpu_wheels/emb/*.whl 2>&1 | tail -3
+fi
+export PYTHONPATH=$PWD:$DEPS
+export RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+export LOOMRL_CACHE=/tmp/lcache
+mkdir -p $LOOMRL_CACHE && cp -r out/gpu_wheels/tok/models $LOOMRL_CACHE/
+python3 -c "from loomrl.models import _cached_smollm2_tokenizer as t; print('smollm2 tokenizer', len(t()))" ||
+    { rm -rf $LOOMRL_CACHE/models/smollm2-135m-instruct; echo "tokenizer: using the char tokenizer"; }
+python3 -c "import ray, torch, transformers; print('ray', ray.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
+MODEL=/tmp/random-smollm2-135m-f32
+python3 -c "from loomrl.models import random_model_like as r; import time; t=time.time(); r('$MODEL', 'smollm2-135m'); print('model built', round(time.time()-t,1), 's')"
+echo "=== setup done in $(($(date +%s) - T0))s"
+
+for s in "${STAGES[@]}"; do
+    case $s in
+    pytest) stage pytest 90 python3 -m pytest -q -x -p no:cacheprovider tests/gpu -o addopts= ;;
+    ipc) stage ipc 150 python3 scripts/gpu/ipc_bench.py --model-dir $MODEL --out "$OUT/ipc.json" ;;
+    grpo_cal) stage grpo_cal 200 python3 scripts/gpu/grpo_gpu.py --mode calibrate --model-dir $MODEL \
+        --out "$OUT/grpo_calibrate.json" --timeout 190 ;;
+    grpo_auto) stage grpo_auto 220 python3 scripts/gpu/grpo_gpu.py --mode auto --model-dir $MODEL \
+        --out "$OUT/grpo_auto.json" --timeout 210 ;;
+    trl) stage trl 240 python3 benchmarks/grpo_vs_trl.py --device cuda --only trl --model $MODEL \
+        --batch 8 --group-size 8 --max-new-tokens 64 --train-micro-batch 16 --level 1 \
+        --steps 3 --warmup 1 --timeout 230 --out "$OUT/trl.json" ;;
+    trl_both) stage trl_both 400 python3 benchmarks/grpo_vs_trl.py --device cuda --only both --model $MODEL \
+        --batch 8 --group-size 8 --max-new-tokens 64 --train-micro-batch 16 --level 1 \
+        --steps 3 --warmup 1 --loomrl-plan calibrate --timeout 190 --out "$OUT/trl_both.json" ;;
+    embodied) stage embodied 200 python3 benchmarks/embodied_modes.py --out "$OUT/embodied.json" ;;
+    *) echo "unknown stage $s" ;;
+    esac
+done
+echo "=== all done in $(($(date +%s) - T0))s"
+ls -la "$OUT"
