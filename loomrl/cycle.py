@@ -42,6 +42,7 @@ __all__ = [
     "CollectResult",
     "CyclePlacement",
     "EnvPolicyCycle",
+    "best_split_plan",
     "check_cores",
     "cycle_profile",
     "measure_costs",
@@ -178,29 +179,33 @@ def measure_costs(
     steps: int,
     reps: int = 5,
 ) -> dict[str, Any]:
-    """Seconds of one ``env.step`` and one ``policy.act`` call at each group size in ``sizes``,
-    timed from the driver (so Ray's round trip, which every cycle step pays, is included), and the
+    """Seconds per ``env.step`` and per ``policy.act`` at each group size in ``sizes``, and the
     estimated seconds of one PPO update on a [steps, num_envs] rollout.
 
-    ``env`` is one env worker holding ``num_envs`` envs (rank 0 is used); ``policy`` a policy
-    worker. The probe advances the probe envs: use throw-away workers.
+    Each side is timed as ``reps`` calls chained the way the cycle chains them (every call waits
+    for the previous one's result, passed worker to worker by reference), so the per-call costs
+    include Ray's hop between calls. ``env`` is one env worker holding ``num_envs`` envs (rank 0
+    is used), ``policy`` a policy worker. The probe advances the probe envs: use throw-away
+    workers.
     """
     e, p = env.on(0), policy.on(0)
     samples: dict[str, list[tuple[int, float]]] = {ENV: [], POLICY: []}
-    wait(p.begin(1))
     for x in sorted(set(sizes)):
         actions = wait(e.sample_actions(x))[0]
-        obs = e.observe(0, x).refs[0]
-        for i in range(reps + 1):  # the first call of each size warms caches up
-            t = time.perf_counter()
-            wait(e.step([actions], 0, 0, x))
-            dt_e = time.perf_counter() - t
-            t = time.perf_counter()
-            wait(p.act(0, obs))
-            dt_p = time.perf_counter() - t
-            if i:
-                samples[ENV].append((x, dt_e))
-                samples[POLICY].append((x, dt_p))
+        reply = e.observe(0, x).refs[0]
+        wait(e.step([actions], 0, 0, x), p.probe(reply))  # warm-up
+        for side in (ENV, POLICY):
+            for _ in range(2):  # two timed chains per size and side
+                prev: list[Any] = []
+                t = time.perf_counter()
+                for _ in range(reps):
+                    if side == ENV:
+                        h = e.step([actions], 0, 0, x, *prev)
+                    else:
+                        h = p.probe(reply, *prev)
+                    prev = [h.refs[0]]
+                wait(h)
+                samples[side].append((x, (time.perf_counter() - t) / reps))
     update_s = wait(p.time_update(steps))[0]
     return {"samples": samples, "update_s": update_s, "num_envs": num_envs}
 
@@ -290,6 +295,42 @@ def check_profile(profile: Any, where: str) -> None:
                 f"`cycles: [{{members: [{ENV}, {POLICY}], steps: S}}]`"
             ]
         )
+
+
+def best_split_plan(profile: Any) -> Any:
+    """The fastest plan whose cycle runs env and policy on disjoint devices, the rest of the
+    workflow time-sharing all devices after it (a hybrid plan), or None when none fits.
+
+    The planner's own "hybrid" optimum may instead co-locate the cycle and place another
+    component beside it; a run asked for ``placement=hybrid`` wants the split cycle.
+    """
+    from loomrl.errors import PlanError
+    from loomrl.plan import cycle, fixed_plan, leaf, temporal
+
+    n = profile.devices
+    a, b = profile.components[ENV], profile.components[POLICY]
+    rest = [c for c in profile.components if c not in (ENV, POLICY)]
+    best = None
+    for na in a.valid_devices:
+        for nb in b.valid_devices:
+            if na + nb > n:
+                continue
+            for k in (k for k in range(1, profile.batch + 1) if profile.batch % k == 0):
+                tree = cycle(ENV, POLICY, n, split=(na, nb), groups=k)
+                if rest:
+                    chain = leaf(rest[-1], n)
+                    for c in reversed(rest[:-1]):
+                        chain = temporal(leaf(c, n), chain)
+                    tree = temporal(tree, chain)
+                try:
+                    plan = fixed_plan(
+                        profile, tree, max(profile.granularities), method="split-cycle"
+                    )
+                except PlanError:
+                    continue
+                if best is None or plan.predicted_s < best.predicted_s - 1e-12:
+                    best = plan
+    return best
 
 
 @dataclass(frozen=True)

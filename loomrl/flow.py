@@ -128,7 +128,7 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
                         f"{type(out).__name__}{f' of length {len(out)}' if isinstance(out, list) else ''}"
                     )
                 by_key: dict[tuple[int, int], list[tuple[int, Any]]] = {}
-                for i, o in zip(idx, out):
+                for i, o in zip(idx, out, strict=True):
                     by_key.setdefault(_route(i, spec.next_micro, spec.next_world), []).append(
                         (i, o)
                     )
@@ -286,7 +286,7 @@ class Flow:
     @property
     def edges(self) -> list[tuple[str, str]]:
         n = [s.component.name for s in self.stages]
-        return list(zip(n, n[1:]))
+        return list(zip(n, n[1:], strict=True))
 
     # ------------------------------------------------------------------ planning
     def plan(
@@ -502,7 +502,7 @@ class Flow:
             for ch in chans:
                 ch.delete()
         sink = [x for r in results[names[-1]] for x in r["sink"]]
-        pairs = sorted((i, o) for idx, outs in sink for i, o in zip(idx, _as_list(outs, len(idx))))
+        pairs = sorted((i, o) for idx, outs in sink for i, o in zip(idx, _as_list(outs, len(idx)), strict=True))
         timeline = [
             {
                 "component": c,

@@ -48,7 +48,7 @@ def evaluate(rollout: Any, task: Any, encode: Encoder, cfg: Any) -> float:
     exs = task.eval_set()[: cfg.task.eval_size]
     items = [{"question": e.question, "answer": e.answer, "prompt_ids": encode(e.question)} for e in exs]
     texts = [t for rank in wait(rollout.evaluate(items)) for t in rank]
-    scores = [1.0 if task.score(t, e).reward >= 1.0 else 0.0 for t, e in zip(texts, exs)]
+    scores = [1.0 if task.score(t, e).reward >= 1.0 else 0.0 for t, e in zip(texts, exs, strict=True)]
     return sum(scores) / max(1, len(scores))
 
 

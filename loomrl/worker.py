@@ -270,7 +270,7 @@ def wait(*handles: Handle, timeout: float | None = None) -> Any:
             except (RemoteError, WorkerDiedError):
                 _drain(pending)
                 raise
-    out = [[_get(h, r, ref) for r, ref in zip(h.ranks, h.refs)] for h in handles]
+    out = [[_get(h, r, ref) for r, ref in zip(h.ranks, h.refs, strict=True)] for h in handles]
     return out[0] if len(handles) == 1 else out
 
 
@@ -286,7 +286,7 @@ def _drain(refs: list[Any]) -> None:
 
 def _raise_if_failed(handles: Sequence[Handle], ref: Any) -> None:
     for h in handles:
-        for r, x in zip(h.ranks, h.refs):
+        for r, x in zip(h.ranks, h.refs, strict=True):
             if x == ref:
                 _get(h, r, ref)
                 return
@@ -323,7 +323,7 @@ class _GroupMethod:
             ranks = [ranks[0]]
         per_rank = _dispatch_args(self._mode, self._name, len(ranks), args, kwargs)
         refs = []
-        for (a, kw), r in zip(per_rank, ranks):
+        for (a, kw), r in zip(per_rank, ranks, strict=True):
             refs.append(getattr(g._actors[r], self._name).remote(*a, **kw))
         return Handle(g, self._name, ranks, refs)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import ctypes
 import os
 import tempfile
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 

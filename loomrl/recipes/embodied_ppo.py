@@ -22,6 +22,7 @@ from typing import Any
 from loomrl.cycle import (
     CyclePlacement,
     EnvPolicyCycle,
+    best_split_plan,
     check_cores,
     check_profile,
     cycle_profile,
@@ -187,7 +188,7 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
             profile = measured_profile(cluster, cfg, steps)
         plans = search_all(profile)
         key = "best" if rc.placement == "auto" else rc.placement
-        plan = plans[key]
+        plan = best_split_plan(profile) if key == "hybrid" else plans[key]
         if plan is None:
             modes = {k: v for k, v in plans["best"].modes.items()}  # type: ignore[union-attr]
             raise PlanError(

@@ -118,7 +118,6 @@ def main(cfg: Config) -> dict:
 def profile(cfg: Config) -> str:
     """`loomrl profile CONFIG`: measure the components, fit, save the profile, show the plans."""
     from loomrl.reasoning import Encoder
-
     from loomrl.tasks import make_task
 
     return profile_recipe(cfg, build, lambda: prompts(

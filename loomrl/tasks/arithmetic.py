@@ -12,9 +12,8 @@ problems never appear in training whatever the seed.
 
 from __future__ import annotations
 
-import re
-
 import random
+import re
 from dataclasses import dataclass, field
 from typing import ClassVar
 

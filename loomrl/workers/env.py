@@ -72,8 +72,11 @@ class EnvWorker(Worker):
             "env_steps": steps,
         }
 
-    def step(self, actions: Any, part: int | None, lo: int, hi: int) -> StepReply:
-        """Step local envs [lo, hi) with ``actions[part]`` (or ``actions`` when part is None)."""
+    def step(self, actions: Any, part: int | None, lo: int, hi: int, *after: Any) -> StepReply:
+        """Step local envs [lo, hi) with ``actions[part]`` (or ``actions`` when part is None).
+
+        ``after``: ignored; object references passed there make the call wait for other calls
+        (how ``measure_costs`` chains calls the way the cycle does)."""
         t = time.perf_counter()
         a = actions if part is None else actions[part]
         sl = slice(lo, hi)

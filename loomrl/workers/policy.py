@@ -291,6 +291,13 @@ class PolicyWorker(Worker):
         return stats
 
     # -- cost probes for the planner ----------------------------------------------------------------
+    def probe(self, reply: dict, *after: Any) -> np.ndarray:
+        """Act on one env reply without recording anything (timing); ``after`` is ignored."""
+        t0 = time.perf_counter()
+        out = self._act(reply["obs"], reply["env_ids"], reply["env_steps"])[1].numpy()
+        self.busy_s += time.perf_counter() - t0
+        return out
+
     def time_act(self, n: int, reps: int) -> float:
         """Median seconds of one act on ``n`` rows, inside the worker (nothing is recorded)."""
         import torch

@@ -374,7 +374,7 @@ def test_render_prompt_with_a_real_tokenizer():
 
 
 def test_make_task_and_protocol(tmp_path):
-    assert task_names() == ["arithmetic", "countdown", "jsonl"]
+    assert task_names() == ["arithmetic", "countdown", "digits", "jsonl"]
     t = make_task("arithmetic", level=3, seed=2)
     assert isinstance(t, ArithmeticTask) and t.level == 3 and isinstance(t, Task)
     assert isinstance(make_task("countdown", num_numbers=3), Task)
@@ -389,7 +389,7 @@ def test_make_task_unknown_name_suggests():
         ConfigError, match=r"'arithmatic' is not known \(did you mean 'arithmetic'\?\)"
     ):
         make_task("arithmatic")
-    with pytest.raises(ConfigError, match="Known tasks: arithmetic, countdown, jsonl"):
+    with pytest.raises(ConfigError, match="Known tasks: arithmetic, countdown, digits, jsonl"):
         make_task("chess")
 
 
@@ -414,3 +414,21 @@ def test_register_task():
         from loomrl import tasks
 
         tasks._REGISTRY.pop("mine-test")
+
+
+def test_digits_task_reward_is_dense():
+    t = make_task("digits", seed=0, level=1, eval_size=4)
+    ex = t.train_item(0)
+    assert t.score("1234", ex).reward == 1.0
+    assert t.score("ab12", ex).reward == 0.5
+    assert t.score("", ex).reward == 0.0
+
+
+def test_last_number_answer_format():
+    t = make_task("arithmetic", level=1, seed=0, answer_format="last_number")
+    ex = Example("What is 2 + 3?", "5", {})
+    assert t.score("2 + 3 = 5", ex).reward == 1.0
+    assert t.score("2 + 3 = 6", ex).reward == 0.0
+    assert t.score("\\boxed{5}", ex).reward == 1.0
+    strict = make_task("arithmetic", level=1, seed=0)
+    assert strict.score("2 + 3 = 5", ex).malformed
