@@ -47,6 +47,8 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
     ]
     if args.device == "cpu":
         overrides.append("run.num_gpus=0")
+    if args.devices:
+        overrides.append(f"run.devices={args.devices}")
     cfg = load_config(Config, None, overrides)
     t = time.perf_counter()
     try:
@@ -82,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minibatches", type=int, default=4)
     p.add_argument("--env-cores", type=float, default=1.0, help="env.cpu_cores per env worker")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--devices", type=int, default=None, help="CPU slots to plan over (cpu)")
     p.add_argument("--modes", default="temporal,hybrid,spatial,auto")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
@@ -89,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from loomrl.cluster import Cluster
 
-    cluster = Cluster.start(num_gpus=0 if args.device == "cpu" else None, log_to_driver=False)
+    cluster = Cluster.start(
+        num_gpus=0 if args.device == "cpu" else None,
+        num_devices=args.devices,
+        log_to_driver=False,
+    )
     load = os.getloadavg()
     results = []
     with tempfile.TemporaryDirectory() as tmp:

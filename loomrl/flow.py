@@ -224,10 +224,20 @@ class FlowResult:
     timeline: list[dict[str, Any]] = field(default_factory=list)
 
     def stage_seconds(self) -> dict[str, float]:
-        out: dict[str, float] = {}
+        """Wall time each component was busy (its ranks run side by side: spans, not sums)."""
+        spans: dict[str, list[tuple[float, float]]] = {}
         for r in self.timeline:
             if r["kind"] == "run":
-                out[r["component"]] = out.get(r["component"], 0.0) + r["end"] - r["start"]
+                spans.setdefault(r["component"], []).append((r["start"], r["end"]))
+        out = {}
+        for comp, iv in spans.items():
+            iv.sort()
+            total, (cur_s, cur_e) = 0.0, iv[0]
+            for s_, e_ in iv[1:]:
+                if s_ > cur_e:
+                    total, cur_s = total + cur_e - cur_s, s_
+                cur_e = max(cur_e, e_)
+            out[comp] = total + cur_e - cur_s
         return out
 
 
@@ -286,7 +296,7 @@ class Flow:
     @property
     def edges(self) -> list[tuple[str, str]]:
         n = [s.component.name for s in self.stages]
-        return list(zip(n, n[1:], strict=True))
+        return list(zip(n[:-1], n[1:], strict=True))
 
     # ------------------------------------------------------------------ planning
     def plan(
@@ -329,7 +339,7 @@ class Flow:
                     "other modes need measured costs to split devices; drop profile= to measure them"
                 )
             chosen = self._default_temporal(len(sample) if sample is not None else int(batch or 0))
-            self._calibrate = True
+            self._calibrate, self._calibrate_seen = True, 0
             self._launch(chosen)
             self.plan_ = chosen
             return chosen
@@ -520,9 +530,12 @@ class Flow:
         ]
         result = FlowResult([o for _, o in pairs], measured, plan.predicted_s, timeline)
         if self._calibrate and plan is self.plan_:
-            # The first iteration measured every phase: from now on the plan predicts.
-            self.plan_ = self._calibrated(plan, result)
-            self._calibrate = False
+            # The second iteration (the first is warm-up: lazy initialisation, first-call costs)
+            # measured every phase: from now on the plan predicts.
+            self._calibrate_seen += 1
+            if self._calibrate_seen >= 2:
+                self.plan_ = self._calibrated(plan, result)
+                self._calibrate = False
         return result
 
     def _execute(

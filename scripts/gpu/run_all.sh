@@ -54,13 +54,13 @@ for s in "${STAGES[@]}"; do
     case $s in
     pytest) stage pytest 90 python3 -m pytest -q -x -p no:cacheprovider tests/gpu -o addopts= ;;
     ipc) stage ipc 150 python3 scripts/gpu/ipc_bench.py --model-dir $MODEL --out "$OUT/ipc.json" ;;
-    grpo_cal) stage grpo_cal 200 python3 scripts/gpu/grpo_gpu.py --mode calibrate --model-dir $MODEL \
-        --out "$OUT/grpo_calibrate.json" --timeout 190 ;;
-    grpo_auto) stage grpo_auto 220 python3 scripts/gpu/grpo_gpu.py --mode auto --model-dir $MODEL \
-        --out "$OUT/grpo_auto.json" --timeout 210 ;;
-    trl) stage trl 240 python3 benchmarks/grpo_vs_trl.py --device cuda --only trl --model $MODEL \
+    grpo_cal) stage grpo_cal 220 python3 scripts/gpu/grpo_gpu.py --mode calibrate --model-dir $MODEL \
+        --steps ${GRPO_STEPS:-4} --out "$OUT/grpo_calibrate.json" --timeout 210 ;;
+    grpo_auto) stage grpo_auto 240 python3 scripts/gpu/grpo_gpu.py --mode auto --model-dir $MODEL \
+        --steps ${GRPO_STEPS:-4} --out "$OUT/grpo_auto.json" --timeout 230 ;;
+    trl) stage trl 200 python3 benchmarks/grpo_vs_trl.py --device cuda --only trl --model $MODEL \
         --batch 8 --group-size 8 --max-new-tokens 64 --train-micro-batch 16 --level 1 \
-        --steps 3 --warmup 1 --timeout 230 --out "$OUT/trl.json" ;;
+        --steps 3 --warmup 1 --timeout 190 --out "$OUT/trl.json" ;;
     trl_both) stage trl_both 400 python3 benchmarks/grpo_vs_trl.py --device cuda --only both --model $MODEL \
         --batch 8 --group-size 8 --max-new-tokens 64 --train-micro-batch 16 --level 1 \
         --steps 3 --warmup 1 --loomrl-plan calibrate --timeout 190 --out "$OUT/trl_both.json" ;;

@@ -58,6 +58,20 @@ def test_cli_runs_two_iterations_and_writes_the_summary(cluster, tmp_path):
     assert (out / "plots" / "episode_return.png").exists()
 
 
+def test_plan_from_a_profile_file_skips_measuring(cluster, tmp_path):
+    from loomrl.cli import main as cli
+    from loomrl.plan import load_profile, search_all
+
+    prof = ROOT / "examples/profiles/embodied_cycle_gpu_sim.yaml"
+    out = tmp_path / "run"
+    assert cli(["run", str(EXAMPLE), *TINY, f"run.profile={prof}", f"run.output_dir={out}"]) == 0
+    s = json.loads((out / "run_summary.json").read_text())
+    want = search_all(load_profile(prof, devices=cluster.num_devices))["best"]
+    assert s["plan"]["assignment"] == {k: list(v) for k, v in want.assignment().items()}
+    assert s["predicted_iteration_s"] == pytest.approx(want.predicted_s)
+    assert s["placement"]["env_devices"] == want.assignment()["env"]
+
+
 def test_pinned_plan_file_with_too_many_env_cores_is_refused(cluster, tmp_path):
     """4 env workers x 1 core on a node with 2 CPUs: refused before any worker starts."""
     from loomrl.cli import main as cli

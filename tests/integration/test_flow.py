@@ -141,3 +141,12 @@ def test_pinned_plan_that_does_not_match_is_refused(cluster, demo_profile):
     assert all(c.group is None for c in flow.components.values())  # nothing was started
     with pytest.raises(PlanError, match="not one of"):
         flow.plan("sideways")
+
+
+def test_stage_seconds_counts_overlapping_ranks_once():
+    from loomrl.flow import FlowResult
+
+    runs = [(0, 2), (1, 3), (5, 6)]
+    tl = [{"kind": "run", "component": "a", "start": s, "end": e} for s, e in runs]
+    tl.append({"kind": "onload", "component": "a", "start": 3, "end": 5})
+    assert FlowResult([], 1.0, 1.0, tl).stage_seconds() == {"a": 4.0}
