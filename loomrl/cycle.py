@@ -146,9 +146,10 @@ class EnvPolicyCycle:
                 if not self.pipelined:
                     wait(*handles)
                 cur[g] = [self._ref(h) for h in handles]
-        for g in range(len(self.groups)):
-            self.policy.close_group(*cur[g])
-        pol, env_stats = wait(self.policy.finish(), self.envs.pop_stats())
+        # Waiting on close_group too surfaces a failure anywhere in the chain (it depends on
+        # every group's last step, which depends on all before it), naming the worker that raised.
+        closes = [self.policy.close_group(*cur[g]) for g in range(len(self.groups))]
+        *_, pol, env_stats = wait(*closes, self.policy.finish(), self.envs.pop_stats())
         out = CollectResult(wall_s=time.perf_counter() - t0, steps=steps)
         out.policy_busy_s = pol[0]["policy_busy_s"]
         for s in env_stats:

@@ -245,7 +245,11 @@ class Flow:
     """The macro program: components, their data flow, the plan, and one-iteration execution."""
 
     def __init__(
-        self, cluster: Cluster, run_dir: str | Path | None = None, channel_capacity: int = 0
+        self,
+        cluster: Cluster,
+        run_dir: str | Path | None = None,
+        channel_capacity: int = 0,
+        offload: str = "auto",
     ):
         self.cluster = cluster
         self.run_dir = Path(run_dir) if run_dir else None
@@ -254,6 +258,14 @@ class Flow:
         self.plan_: Plan | None = None
         self.profile_: Any = None
         self.capacity = channel_capacity
+        if offload not in ("auto", "always", "never"):
+            raise ValueError(f"offload={offload!r}: use 'auto', 'always' or 'never'")
+        # "auto": time-shared stages offload only when their devices cannot hold them all.
+        self.offload = offload
+        if offload not in ("auto", "always", "never"):
+            raise ValueError(f"offload={offload!r}: use 'auto', 'always' or 'never'")
+        # "auto": time-shared stages offload only when their devices cannot hold them all.
+        self.offload = offload
         self._id = uuid.uuid4().hex[:8]
         self._iter = 0
         self._calibrate = False
@@ -365,6 +377,26 @@ class Flow:
         self._launch(chosen)
         self.plan_ = chosen
         return chosen
+
+    def _all_fit(self, plan: Plan) -> bool:
+        """True when every device can hold all the components placed on it at once (by the
+        profile's memory): then time-shared stages still take turns, but nobody offloads."""
+        if self.offload == "always" or self.profile_ is None:
+            return False
+        if plan.method in ("calibrate", "calibrated"):
+            return False  # memory was never measured: keep offloading, as calibrated
+        if self.offload == "never":
+            return True
+        prof = self.profile_
+        use: dict[int, float] = {}
+        for comp, devs in plan.assignment().items():
+            c = prof.components.get(comp)
+            if c is None:
+                return False
+            per_dev = c.memory_gb.get(len(devs), max(c.memory_gb.values(), default=0.0))
+            for d in devs:
+                use[d] = use.get(d, 0.0) + per_dev
+        return max(use.values(), default=0.0) <= prof.device_memory_gb
 
     def _default_temporal(self, batch: int) -> Plan:
         """Every component on all the devices it may use, one after the other, whole batch at once.
@@ -498,7 +530,7 @@ class Flow:
                     world=world[c],
                     next_micro=micro[nxt] if nxt else 0,
                     next_world=world[nxt] if nxt else 1,
-                    time_shared=ctx[c][1],
+                    time_shared=ctx[c][1] and not self._all_fit(plan),
                     lock_each=ctx[c][2],
                     t0=t0,
                 )

@@ -33,36 +33,41 @@ class _LockServer:
 
     def __init__(self) -> None:
         self.held: dict[int, list[Any]] = {}  # device -> [owner, depth]
-        self.handles: dict[str, Any] = {}  # owner -> actor handle (for liveness checks)
+        self.handles: dict[str, str] = {}  # owner -> Ray actor id (for liveness checks)
         self.cond = asyncio.Condition()
         self.grants = 0
 
     async def acquire(
-        self, owner: str, devices: list[int], handle: Any = None, timeout: float | None = None
+        self, owner: str, devices: list[int], actor_id: str | None = None, timeout: float | None = None
     ) -> int:
-        if handle is not None:
-            self.handles[owner] = handle
+        if actor_id is not None:
+            self.handles[owner] = actor_id
         deadline = None if timeout is None else time.monotonic() + timeout
         taken: list[int] = []
         try:
             for d in sorted(set(devices)):
-                async with self.cond:
-                    while d in self.held and self.held[d][0] != owner:
+                while True:
+                    async with self.cond:
+                        if d not in self.held or self.held[d][0] == owner:
+                            if d in self.held:
+                                self.held[d][1] += 1
+                            else:
+                                self.held[d] = [owner, 1]
+                            taken.append(d)
+                            break
+                        holder = self.held[d][0]
                         left = None if deadline is None else deadline - time.monotonic()
                         if left is not None and left <= 0:
-                            raise TimeoutError(
-                                f"device {d} still held by {self.held[d][0]} after {timeout}s"
-                            )
+                            raise TimeoutError(f"device {d} still held by {holder} after {timeout}s")
                         period = _LIVENESS_PERIOD_S if left is None else min(left, _LIVENESS_PERIOD_S)
                         try:
                             await asyncio.wait_for(self.cond.wait(), timeout=period)
+                            continue
                         except asyncio.TimeoutError:
-                            await self._reap(self.held[d][0])
-                    if d in self.held:
-                        self.held[d][1] += 1
-                    else:
-                        self.held[d] = [owner, 1]
-                    taken.append(d)
+                            pass
+                    # Checked without holding the condition, so holders can release meanwhile.
+                    if not await self._alive(holder):
+                        await self._drop(holder)
         except BaseException:
             await self._release(owner, taken)
             raise
@@ -83,16 +88,22 @@ class _LockServer:
                     del self.held[d]
             self.cond.notify_all()
 
-    async def _reap(self, owner: str) -> None:
-        """Free every device of ``owner`` if its process is gone (the condition is held by the caller)."""
-        handle = self.handles.get(owner)
-        if handle is None:
-            return
+    async def _alive(self, owner: str) -> bool:
+        """Ask Ray's control store (not the owner, which may be busy) whether its process lives."""
+        actor_id = self.handles.get(owner)
+        if actor_id is None:
+            return True  # the driver, or an owner we cannot check: never reaped
+        import ray._private.state as ray_state
+
+        loop = asyncio.get_running_loop()
         try:
-            await asyncio.wait_for(handle._loom_ping.remote(), timeout=5.0)
-        except asyncio.TimeoutError:
-            return  # busy, not dead
+            info = await loop.run_in_executor(None, lambda: ray_state.actors(actor_id=actor_id))
         except Exception:
+            return True
+        return (info or {}).get("State") != "DEAD"
+
+    async def _drop(self, owner: str) -> None:
+        async with self.cond:
             for d in [d for d, (o, _) in self.held.items() if o == owner]:
                 del self.held[d]
             self.handles.pop(owner, None)
@@ -124,21 +135,20 @@ class DeviceLock:
         return cls._instance
 
     @staticmethod
-    def _owner() -> tuple[str, Any]:
+    def _owner() -> tuple[str, str | None]:
         import ray
 
-        ctx = ray.get_runtime_context()
-        actor_id = ctx.get_actor_id()
+        actor_id = ray.get_runtime_context().get_actor_id()
         if actor_id:
-            return f"actor:{actor_id}", ctx.current_actor
+            return f"actor:{actor_id}", actor_id
         return f"driver:{os.getpid()}", None
 
     def acquire(self, devices: Iterable[int], owner: str | None = None, timeout: float | None = None) -> None:
         import ray
 
-        auto_owner, handle = self._owner()
+        auto_owner, actor_id = self._owner()
         try:
-            ray.get(self._actor.acquire.remote(owner or auto_owner, list(devices), handle, timeout))
+            ray.get(self._actor.acquire.remote(owner or auto_owner, list(devices), actor_id, timeout))
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, TimeoutError):
                 raise DeviceLockTimeout(f"could not lock devices {sorted(devices)}: {e.cause}") from None

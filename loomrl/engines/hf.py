@@ -538,7 +538,11 @@ class HFEngine:
         if self.fsdp:
             return "loop"  # generate() would bypass the FSDP root module's hooks
         if impl == "auto":
-            return "hf_static" if self.device.type == "cuda" else "loop"
+            if self.device.type != "cuda":
+                return "loop"
+            # The static cache takes the weights' dtype; a trainable engine keeps fp32 weights
+            # under bf16 autocast, which the static cache cannot mix: use plain generate there.
+            return "hf_static" if self.param_dtype == self.compute_dtype else "hf"
         return impl
 
     def _generate_hf(

@@ -310,7 +310,7 @@ class CriticWorker(Worker):
             "value_clip_frac": float(stats.get("value_clip_frac", 0.0)),
             "return_mean": float(masked_mean(returns, m)),
             # How much of the returns' variance the values the advantages used explain.
-            "explained_variance": 1.0 - var_e / var_r if var_r > 0 else 0.0,
+            "explained_variance": 1.0 - var_e / var_r if var_r > 1e-8 else 0.0,
         }
 
     # Weight sync (critic_train -> critic), the same verbs as actor -> rollout.

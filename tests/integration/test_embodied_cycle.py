@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 import torch
 
 from loomrl import wait
@@ -124,5 +125,38 @@ def test_env_worker_offsets_make_workers_one_batch(cluster):
         wait(envs.offload())
         wait(envs.onload())
         assert all(s["events"] == [] for s in wait(envs.pop_stats()))
+    finally:
+        envs.kill()
+
+
+def test_a_failing_env_step_surfaces_from_collect(cluster):
+    from loomrl.errors import RemoteError
+
+    envs = cluster.launch(
+        EnvWorker, 1, worker_env_config(ENV, 1), devices=[0], num_cpus=0.5, name="env_f"
+    )
+    try:
+        sp = wait(envs.spaces())[0]
+        policy = cluster.launch(
+            PolicyWorker,
+            1,
+            sp["observation_space"],
+            sp["action_space"],
+            ENV.num_envs,
+            PPO,
+            ENV.seed,
+            devices=[1],
+            name="policy_f",
+        )
+        try:
+            cycle = EnvPolicyCycle(envs, policy, ENV.num_envs, groups=2)
+            wait(envs.reset())
+            wait(envs.offload())  # stepping an offloaded VecEnv raises in the env worker
+            with pytest.raises(RemoteError, match="offloaded"):
+                cycle.collect(3)
+            wait(envs.onload())
+            assert cycle.collect(3).env_steps == 3 * ENV.num_envs
+        finally:
+            policy.kill()
     finally:
         envs.kill()

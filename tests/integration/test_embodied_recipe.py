@@ -58,6 +58,28 @@ def test_cli_runs_two_iterations_and_writes_the_summary(cluster, tmp_path):
     assert (out / "plots" / "episode_return.png").exists()
 
 
+def test_same_weights_under_every_placement(cluster, tmp_path):
+    """Co-located or split, 1 or k ring groups: the trajectories, hence the weights, are equal."""
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    out = {}
+    for placement, groups in (("temporal", None), ("hybrid", 4)):
+        extra = [
+            f"run.placement={placement}",
+            f"run.output_dir={tmp_path / placement}",
+            f"run.profile={ROOT / 'examples/profiles/embodied_pixels_cpu2.yaml'}",  # no probing
+        ]
+        if groups:
+            extra.append(f"groups={groups}")
+        out[placement] = main(load_config(Config, EXAMPLE, [*TINY, *extra]))
+    t, h = out["temporal"], out["hybrid"]
+    assert t["placement"]["colocated"] and not h["placement"]["colocated"]
+    assert h["placement"]["groups"] == 4
+    assert t["param_sha256"] == h["param_sha256"]
+    assert t["metrics"]["episode_return"] == h["metrics"]["episode_return"]
+
+
 def test_plan_from_a_profile_file_skips_measuring(cluster, tmp_path):
     from loomrl.cli import main as cli
     from loomrl.plan import load_profile, search_all
@@ -175,6 +197,7 @@ def test_rollout_steps_must_divide_by_num_envs():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(660)
 def test_inverted_pendulum_reaches_950_within_10_minutes(cluster, tmp_path):
     import time
 

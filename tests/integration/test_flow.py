@@ -33,7 +33,7 @@ def demo_profile():
 
 
 def _run_mode(cluster, profile, mode, steps=2):
-    flow = Flow(cluster)
+    flow = Flow(cluster, offload="always")
     build(flow, SMALL)
     plan = flow.plan(mode, profile=profile)
     try:
@@ -150,3 +150,14 @@ def test_stage_seconds_counts_overlapping_ranks_once():
     tl = [{"kind": "run", "component": "a", "start": s, "end": e} for s, e in runs]
     tl.append({"kind": "onload", "component": "a", "start": 3, "end": 5})
     assert FlowResult([], 1.0, 1.0, tl).stage_seconds() == {"a": 4.0}
+
+
+def test_offload_skipped_when_everything_fits(cluster, demo_profile):
+    flow = Flow(cluster)  # offload="auto": the demo's 3 x 0.4 GB fit in 6 GB per device
+    build(flow, SMALL)
+    flow.plan("temporal", profile=demo_profile)
+    try:
+        res = flow.run(make_items(0, 8))
+    finally:
+        flow.shutdown()
+    assert {r["kind"] for r in res.timeline} == {"run"}
