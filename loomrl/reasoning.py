@@ -36,6 +36,16 @@ class Encoder:
         return [int(x) for x in ids]
 
 
+def prompts(task: Any, encode: Any, step: int, batch: int) -> list[dict]:
+    """One iteration's work items: ``batch`` prompt groups, numbered within the batch."""
+    items = []
+    for i in range(batch):
+        ex = task.train_item(step * batch + i)
+        items.append({"index": i, "step": step, "question": ex.question, "answer": ex.answer,
+                      "meta": ex.meta, "prompt_ids": encode(ex.question)})
+    return items
+
+
 def sync_weights(actor: Any, rollout: Any) -> int:
     """Actor -> rollout weight push through the object store, versioned."""
     refs = wait(actor.publish_weights())[0][0]

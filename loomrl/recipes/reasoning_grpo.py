@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loomrl.reasoning import prompts
 from loomrl.run import Run, RunConfig, profile_recipe
 from loomrl.worker import wait
 from loomrl.workers.reasoning import (
@@ -50,15 +51,6 @@ class Config:
             p.append(f"model.path: {self.model.path!r} does not exist (a local Hugging Face model "
                      "directory, 'smollm2-135m-instruct' or 'tiny-llama')")
         return p
-
-
-def prompts(task: Any, tokenizer_engine: Any, step: int, batch: int) -> list[dict]:
-    items = []
-    for i in range(batch):
-        ex = task.train_item(step * batch + i)
-        items.append({"index": i, "step": step, "question": ex.question, "answer": ex.answer,
-                      "meta": ex.meta, "prompt_ids": tokenizer_engine(ex.question)})
-    return items
 
 
 def build(flow: Any, cfg: Config) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loomrl.recipes.reasoning_grpo import prompts
+from loomrl.reasoning import prompts
 from loomrl.run import Run, RunConfig
 from loomrl.worker import wait
 from loomrl.workers.critic import (

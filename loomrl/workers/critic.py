@@ -31,6 +31,7 @@ from typing import Any
 from loomrl.worker import Worker
 from loomrl.workers.reasoning import (
     ActorWorker,
+    EngineWorker,
     ModelConfig,
     SamplingConfig,
     _Resident,
@@ -213,7 +214,7 @@ def _value_engine(model: ModelConfig, critic: CriticConfig, trainable: bool, see
     )
 
 
-class CriticWorker(Worker):
+class CriticWorker(EngineWorker):
     """The value model. ``values`` is the valuation stage, ``train`` the update stage (a map that
     passes items on unchanged and runs one clipped value-loss update per PPO epoch on the whole
     batch at its last call). Build with ``trainable=False`` for the inference copy."""
@@ -233,12 +234,6 @@ class CriticWorker(Worker):
         self.eos = int(tok.eos_token_id if tok is not None and tok.eos_token_id is not None else 0)
         self.buffer: list[dict] = []
         self.last_stats: dict[str, float] = {}
-
-    def onload(self) -> None:
-        self.engine.onload()
-
-    def offload(self) -> None:
-        self.engine.offload()
 
     def values(self, items: list[dict]) -> list[dict]:
         """Add ``values``: V(s_t) for every token of every response (no gradients).

@@ -104,19 +104,25 @@ def _engine(model: ModelConfig, trainable: bool, seed: int):
     )
 
 
-class RolloutWorker(Worker):
-    def __init__(self, model: ModelConfig, sampling: SamplingConfig, seed: int = 0):
-        super().__init__()
-        self.sampling, self.seed = sampling, seed
-        self.engine = _engine(model, trainable=False, seed=seed)
-        self.step = 0
-        self.version = 0
+class EngineWorker(Worker):
+    """A worker owning one model engine: time-sharing moves that engine on and off the device."""
+
+    engine: Any
 
     def onload(self) -> None:
         self.engine.onload()
 
     def offload(self) -> None:
         self.engine.offload()
+
+
+class RolloutWorker(EngineWorker):
+    def __init__(self, model: ModelConfig, sampling: SamplingConfig, seed: int = 0):
+        super().__init__()
+        self.sampling, self.seed = sampling, seed
+        self.engine = _engine(model, trainable=False, seed=seed)
+        self.step = 0
+        self.version = 0
 
     def generate(self, items: list[dict]) -> list[dict]:
         """Sample G responses per prompt group, in chunks of ``gen_groups`` groups aligned by index."""
@@ -139,9 +145,10 @@ class RolloutWorker(Worker):
                 out.append({
                     **it,
                     "response_ids": ids,
+                    "logprobs": gen.response_logprobs[sl],
                     "texts": [self.engine.decode(r) for r in ids],
                     "gen_tokens": sum(len(r) for r in ids),
-                    "gen_s": dt * len(group) / len(chunks[c]) / max(1, len(group)) * len(group),
+                    "gen_s": dt / len(group),  # this group's share of the batched call
                     "version": self.version,
                 })
         by_index = {o["index"]: o for o in out}
@@ -200,17 +207,11 @@ class RewardWorker(Worker):
         return out
 
 
-class ReferenceWorker(Worker):
+class ReferenceWorker(EngineWorker):
     def __init__(self, model: ModelConfig, sampling: SamplingConfig, seed: int = 0):
         super().__init__()
         self.engine = _engine(model, trainable=False, seed=seed)
         self.temperature = sampling.temperature
-
-    def onload(self) -> None:
-        self.engine.onload()
-
-    def offload(self) -> None:
-        self.engine.offload()
 
     def logprobs(self, items: list[dict]) -> list[dict]:
         out = []
@@ -221,7 +222,7 @@ class ReferenceWorker(Worker):
         return out
 
 
-class ActorWorker(Worker):
+class ActorWorker(EngineWorker):
     """Trains on whole prompt groups; one optimizer step per iteration over the batch it received."""
 
     def __init__(self, model: ModelConfig, sampling: SamplingConfig, algo: AlgoConfig, seed: int = 0):
@@ -230,12 +231,6 @@ class ActorWorker(Worker):
         self.sampling, self.algo = sampling, algo
         self.buffer: list[dict] = []
         self.last_stats: dict[str, float] = {}
-
-    def onload(self) -> None:
-        self.engine.onload()
-
-    def offload(self) -> None:
-        self.engine.offload()
 
     def train(self, items: list[dict]) -> list[dict]:
         """Collect this iteration's groups; the update runs when the last micro-batch arrives."""
