@@ -573,9 +573,15 @@ def dump_yaml(cfg: Any, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
+    atomic_write_text(path, text)
+    return path
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Readers see the old file or the new one, never half of one (temp file, fsync, rename)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -583,4 +589,3 @@ def dump_yaml(cfg: Any, path: str | os.PathLike) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path

@@ -17,7 +17,6 @@ import logging
 import math
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -330,13 +329,6 @@ def _open_wandb(
 
 def _atomic_write(path: Path, text: str) -> None:
     # Readers (a dashboard, the plotter) see the old file or the new one, never half of one.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from loomrl.config import atomic_write_text
+
+    atomic_write_text(path, text)
