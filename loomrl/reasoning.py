@@ -36,6 +36,27 @@ class Encoder:
         return [int(x) for x in ids]
 
 
+PACKAGED_MODELS = ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2")
+
+
+def common_problems(cfg: Any, min_group: int) -> list[str]:
+    """Checks every reasoning recipe's config shares: batch, group size, generation chunks, model."""
+    from pathlib import Path
+
+    p = []
+    if cfg.batch < 1:
+        p.append(f"batch: must be >= 1 prompt group, got {cfg.batch}")
+    if cfg.sampling.group_size < min_group:
+        p.append(f"sampling.group_size: must be >= {min_group} responses per prompt, "
+                 f"got {cfg.sampling.group_size}")
+    if cfg.batch % cfg.sampling.gen_groups and cfg.batch > cfg.sampling.gen_groups:
+        p.append(f"batch={cfg.batch} is not a multiple of sampling.gen_groups={cfg.sampling.gen_groups}")
+    if cfg.model.path not in PACKAGED_MODELS and not Path(cfg.model.path).exists():
+        p.append(f"model.path: {cfg.model.path!r} does not exist (a local Hugging Face model "
+                 f"directory or one of {list(PACKAGED_MODELS)})")
+    return p
+
+
 def prompts(task: Any, encode: Any, step: int, batch: int) -> list[dict]:
     """One iteration's work items: ``batch`` prompt groups, numbered within the batch."""
     items = []

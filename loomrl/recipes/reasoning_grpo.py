@@ -9,10 +9,9 @@ The workflow is rollout.generate -> reward.score [-> reference.logprobs] -> acto
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from loomrl.reasoning import prompts
+from loomrl.reasoning import common_problems, prompts
 from loomrl.run import Run, RunConfig, profile_recipe
 from loomrl.worker import wait
 from loomrl.workers.reasoning import (
@@ -40,17 +39,8 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
     def validate(self) -> list[str]:
-        p = []
-        if self.batch < 1:
-            p.append(f"batch: must be >= 1 prompt group, got {self.batch}")
-        if self.sampling.group_size < 2:
-            p.append(f"sampling.group_size: GRPO needs >= 2 responses per prompt, got {self.sampling.group_size}")
-        if self.batch % self.sampling.gen_groups and self.batch > self.sampling.gen_groups:
-            p.append(f"batch={self.batch} is not a multiple of sampling.gen_groups={self.sampling.gen_groups}")
-        if self.model.path not in ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2") and not Path(self.model.path).exists():
-            p.append(f"model.path: {self.model.path!r} does not exist (a local Hugging Face model "
-                     "directory, 'smollm2-135m-instruct' or 'tiny-llama')")
-        return p
+        # GRPO normalises rewards within a group: it needs at least two responses per prompt.
+        return common_problems(self, min_group=2)
 
 
 def build(flow: Any, cfg: Config) -> dict[str, Any]:

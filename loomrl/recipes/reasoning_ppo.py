@@ -19,10 +19,9 @@ driver syncs actor -> rollout and critic_train -> critic (why the value model is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from loomrl.reasoning import prompts
+from loomrl.reasoning import common_problems, prompts
 from loomrl.run import Run, RunConfig
 from loomrl.worker import wait
 from loomrl.workers.critic import (
@@ -42,8 +41,6 @@ from loomrl.workers.reasoning import (
     TaskConfig,
 )
 
-_PACKAGED = ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2")
-
 
 @dataclass
 class Config:
@@ -59,23 +56,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
     def validate(self) -> list[str]:
-        p = []
-        if self.batch < 1:
-            p.append(f"batch: must be >= 1 prompt group, got {self.batch}")
-        if self.sampling.group_size < 1:
-            p.append(
-                f"sampling.group_size: must be >= 1 response per prompt, got {self.sampling.group_size}"
-            )
-        if self.batch % self.sampling.gen_groups and self.batch > self.sampling.gen_groups:
-            p.append(
-                f"batch={self.batch} is not a multiple of sampling.gen_groups={self.sampling.gen_groups}"
-            )
-        if self.model.path not in _PACKAGED and not Path(self.model.path).exists():
-            p.append(
-                f"model.path: {self.model.path!r} does not exist (a local Hugging Face model "
-                f"directory or one of {list(_PACKAGED)})"
-            )
-        return p
+        return common_problems(self, min_group=1)
 
 
 def build(flow: Any, cfg: Config) -> dict[str, Any]:
