@@ -25,7 +25,6 @@ This module never imports torch.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 import uuid
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loomrl.errors import PlanError
-from loomrl.worker import Handle, Worker, WorkerGroup, wait  # noqa: F401
+from loomrl.worker import Handle, Worker, WorkerGroup, wait
 
 if TYPE_CHECKING:
     from loomrl.cluster import Cluster
@@ -638,11 +637,3 @@ def _with_granularities(profile: Any, gran: list[int]) -> Any:
     import dataclasses
 
     return dataclasses.replace(profile, granularities=list(gran))
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b) if b else math.inf  # type: ignore[return-value]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from loomrl.worker import wait
@@ -114,7 +113,3 @@ def restore(run: Any, groups: dict, cfg: Any) -> int:
     wait(groups["actor"].load_state(state["actor"]))
     restore_rng(state["rng"])
     return int(state["step"])
-
-
-def median(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
