@@ -209,6 +209,7 @@ class _Broker:
         self.name, self.maxsize, self.offload = name, maxsize, offload
         self.queues: dict[Hashable, _KeyQueue] = {}
         self.closed = False
+        self.deleted = False  # set by Channel.delete before the actor is killed (kill is async)
         self.edges: dict[tuple[str, str], int] = {}
         self.producers: set[str] = set()
         self.consumers: set[str] = set()
@@ -225,7 +226,7 @@ class _Broker:
     async def put(self, key: Hashable, entries: list[tuple], timeout: float | None, src: str):
         """Append entries in order, waiting for room. Returns (status, number appended)."""
         if self.closed:
-            return "closed", 0
+            return self._closed(), 0
         q = self._queue(key)
         self.producers.add(src)
         deadline = _deadline(timeout)
@@ -238,7 +239,7 @@ class _Broker:
                             q.not_full.notify()  # a notify may have raced with the timeout
                         return "timeout", done
                 if self.closed:
-                    return "closed", done
+                    return self._closed(), done
                 q.items.append(entry)
                 q.weight += entry[0]
                 q.stats["put"] += 1
@@ -284,7 +285,7 @@ class _Broker:
                 if self.closed:
                     if taken:
                         break
-                    return "closed", []
+                    return self._closed(), []
                 if not await _wait(q.not_empty, deadline):
                     q.items.extendleft(reversed(taken))
                     q.weight += got_weight
@@ -304,10 +305,17 @@ class _Broker:
         q = self.queues.get(key)
         return len(q.items) if q else 0
 
-    async def close(self) -> None:
+    def _closed(self) -> str:
+        return "deleted" if self.deleted else "closed"
+
+    async def close(self, deleted: bool = False) -> None:
         self.closed = True
+        self.deleted = self.deleted or deleted
         for q in self.queues.values():
             async with q.lock:
+                if deleted:
+                    q.items.clear()
+                    q.weight = 0.0
                 q.not_empty.notify_all()
                 q.not_full.notify_all()
 
@@ -458,7 +466,7 @@ class Channel:
         import ray
 
         with contextlib.suppress(Exception):
-            ray.get(self._broker.close.remote())
+            ray.get(self._broker.close.remote(deleted=True))
         ray.kill(self._broker, no_restart=True)
 
     # ------------------------------------------------------------- producing
@@ -510,6 +518,8 @@ class Channel:
                 f"(maxsize={self.maxsize}, {done} of {len(entries)} items put); "
                 "consumers are slower than producers, or none is running"
             )
+        elif status == "deleted":
+            err = self._deleted_error()
         else:
             err = ChannelClosed(
                 f"channel {self.name!r} is closed; cannot put ({done} of {len(entries)} items put)"
@@ -556,6 +566,8 @@ class Channel:
         _check_timeout(timeout)
         dst = dst or current_component()
         status, got = self._call(self._broker.take.remote(key, count, weight, timeout, dst))
+        if status == "deleted":
+            raise self._deleted_error()
         if status == "closed":
             raise ChannelClosed(f"channel {self.name!r} is closed and key {key!r} is drained")
         if status == "timeout":
@@ -577,13 +589,16 @@ class Channel:
         """(producer, consumer) component pairs that actually exchanged items through this channel."""
         return self._call(self._broker.edge_set.remote())
 
+    def _deleted_error(self) -> ChannelClosed:
+        return ChannelClosed(f"channel {self.name!r} was deleted (its broker is gone)")
+
     def _call(self, ref: Any) -> Any:
         import ray
 
         try:
             return ray.get(ref)
         except ray.exceptions.RayActorError as err:
-            raise ChannelClosed(f"channel {self.name!r} was deleted (its broker is gone)") from err
+            raise self._deleted_error() from err
 
 
 def _lookup(name: str) -> Any:

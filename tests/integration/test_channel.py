@@ -307,6 +307,8 @@ def test_delete_frees_the_name(make_channel, ray_session):
     ch.delete()
     with pytest.raises(ChannelClosed, match="was deleted"):
         ch.put(2)
+    with pytest.raises(ChannelClosed, match="was deleted"):
+        ch.get(timeout=5)  # the queued item was dropped, not handed out
     deadline = time.monotonic() + 10
     while True:  # Ray frees a killed actor's name asynchronously
         try:
