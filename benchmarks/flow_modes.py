@@ -58,9 +58,15 @@ def main(argv: list[str] | None = None) -> int:
             times = [f.run(make_items(s, a.batch)).measured_s for s in range(a.steps)]
             f.shutdown()
             meas = statistics.median(times[1:] or times)
-            rows[mode] = {"feasible": True, "mode": plan.mode, "predicted_s": plan.predicted_s,
-                          "measured_s": meas, "gap": (meas - plan.predicted_s) / plan.predicted_s,
-                          "micro_batch": plan.micro_batch, "assignment": plan.assignment()}
+            rows[mode] = {
+                "feasible": True,
+                "mode": plan.mode,
+                "predicted_s": plan.predicted_s,
+                "measured_s": meas,
+                "gap": (meas - plan.predicted_s) / plan.predicted_s,
+                "micro_batch": plan.micro_batch,
+                "assignment": plan.assignment(),
+            }
     finally:
         cluster.shutdown()
     print(f"profile: {prof_s:.1f}s   devices: {a.devices}   batch: {a.batch}")
@@ -69,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         if not r["feasible"]:
             print(f"{mode:<10}{'-':<10}{'infeasible':>12}")
             continue
-        print(f"{mode:<10}{r['mode']:<10}{r['predicted_s']:>12.3f}{r['measured_s']:>12.3f}{r['gap']:>+8.1%}")
+        print(
+            f"{mode:<10}{r['mode']:<10}{r['predicted_s']:>12.3f}{r['measured_s']:>12.3f}{r['gap']:>+8.1%}"
+        )
     measured = {m: r["measured_s"] for m, r in rows.items() if r["feasible"] and m != "best"}
     best_mode = min(measured, key=measured.get)
     auto = rows["best"]
@@ -77,9 +85,20 @@ def main(argv: list[str] | None = None) -> int:
     max_gap = max(abs(r["gap"]) for r in rows.values() if r["feasible"])
     if a.out:
         with open(a.out, "w") as fh:
-            json.dump({"rows": rows, "profile_s": prof_s, "best_mode": best_mode, "auto_mode": auto["mode"],
-                       "auto_vs_best": ratio}, fh, indent=2)
-    print(f"auto_mode: {auto['mode']} best_mode: {best_mode} auto_vs_best: {ratio:.3f} max_gap: {max_gap:.3f}")
+            json.dump(
+                {
+                    "rows": rows,
+                    "profile_s": prof_s,
+                    "best_mode": best_mode,
+                    "auto_mode": auto["mode"],
+                    "auto_vs_best": ratio,
+                },
+                fh,
+                indent=2,
+            )
+    print(
+        f"auto_mode: {auto['mode']} best_mode: {best_mode} auto_vs_best: {ratio:.3f} max_gap: {max_gap:.3f}"
+    )
     return 0 if ratio <= 1.05 else 1
 
 

@@ -81,9 +81,15 @@ def run_with_restarts(mod: Any, cfg: Any) -> dict:
             restarts += 1
             out = Path(cfg.run.output_dir)
             with open(out / "restarts.jsonl", "a") as f:
-                f.write(json.dumps({"time": time.time(), "restart": restarts, "error": str(e)[:2000]}) + "\n")
-            print(f"loomrl: {e.worker} rank {e.rank} died; restarting from the last checkpoint "
-                  f"({restarts}/{cfg.run.max_restarts})", file=sys.stderr)
+                f.write(
+                    json.dumps({"time": time.time(), "restart": restarts, "error": str(e)[:2000]})
+                    + "\n"
+                )
+            print(
+                f"loomrl: {e.worker} rank {e.rank} died; restarting from the last checkpoint "
+                f"({restarts}/{cfg.run.max_restarts})",
+                file=sys.stderr,
+            )
             if hasattr(cfg, "resume"):
                 cfg = dataclasses.replace(cfg, resume=True)
 

@@ -30,7 +30,9 @@ class PlanError(LoomError, ValueError):
 class RemoteError(LoomError):
     """A worker method raised. Carries the worker's name, rank, host and the remote traceback."""
 
-    def __init__(self, worker: str, rank: int, host: str, method: str, cause: str, remote_traceback: str):
+    def __init__(
+        self, worker: str, rank: int, host: str, method: str, cause: str, remote_traceback: str
+    ):
         self.worker, self.rank, self.host, self.method = worker, rank, host, method
         self.cause, self.remote_traceback = cause, remote_traceback
         super().__init__(

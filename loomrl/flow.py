@@ -410,17 +410,31 @@ class Flow:
             raise ValueError("profile='calibrate' needs sample= or batch= to know the batch size")
         n = self.cluster.num_devices
         names = [s.component.name for s in self.stages]
-        used = {c: max(v for v in (self.components[c].valid_devices or [n]) if v <= n) for c in names}
+        used = {
+            c: max(v for v in (self.components[c].valid_devices or [n]) if v <= n) for c in names
+        }
         tree = leaf(names[-1], n, used[names[-1]])
         for c in reversed(names[:-1]):
             tree = temporal(leaf(c, n, used[c]), tree)
         stub = {
-            c: {"valid_devices": [used[c]], "time": {"alpha": 0.0, "per_item": {used[c]: 0.0}},
-                "memory_gb": {used[c]: 0.0}, "switch_s": 0.0}
+            c: {
+                "valid_devices": [used[c]],
+                "time": {"alpha": 0.0, "per_item": {used[c]: 0.0}},
+                "memory_gb": {used[c]: 0.0},
+                "switch_s": 0.0,
+            }
             for c in names
         }
-        prof = load_profile({"devices": n, "device_memory_gb": 1e9, "batch": batch,
-                             "granularities": [batch], "components": stub, "edges": self.edges})
+        prof = load_profile(
+            {
+                "devices": n,
+                "device_memory_gb": 1e9,
+                "batch": batch,
+                "granularities": [batch],
+                "components": stub,
+                "edges": self.edges,
+            }
+        )
         return fixed_plan(prof, tree, batch, method="calibrate")
 
     def _calibrated(self, plan: Plan, result: FlowResult) -> Plan:
@@ -438,10 +452,22 @@ class Flow:
             for r in sw:
                 by_rank[r["rank"]] = by_rank.get(r["rank"], 0.0) + r["end"] - r["start"]
             n = len(devs)
-            comps[name] = {"valid_devices": [n], "time": {"alpha": 0.0, "per_item": {n: span / M}},
-                           "memory_gb": {n: 0.0}, "switch_s": max(by_rank.values(), default=0.0)}
-        prof = load_profile({"devices": plan.devices, "device_memory_gb": 1e9, "batch": M,
-                             "granularities": [M], "components": comps, "edges": self.edges})
+            comps[name] = {
+                "valid_devices": [n],
+                "time": {"alpha": 0.0, "per_item": {n: span / M}},
+                "memory_gb": {n: 0.0},
+                "switch_s": max(by_rank.values(), default=0.0),
+            }
+        prof = load_profile(
+            {
+                "devices": plan.devices,
+                "device_memory_gb": 1e9,
+                "batch": M,
+                "granularities": [M],
+                "components": comps,
+                "edges": self.edges,
+            }
+        )
         self.profile_ = prof
         return fixed_plan(prof, plan.tree, M, method="calibrated")
 
@@ -472,7 +498,8 @@ class Flow:
             if comp.group is not None:
                 comp.group.kill()
             comp.group = self.cluster.launch(
-                comp.cls, comp.workers(len(devs)),
+                comp.cls,
+                comp.workers(len(devs)),
                 *comp.args,
                 devices=devs,
                 name=name,
@@ -543,7 +570,9 @@ class Flow:
             for ch in chans:
                 ch.delete()
         sink = [x for r in results[names[-1]] for x in r["sink"]]
-        pairs = sorted((i, o) for idx, outs in sink for i, o in zip(idx, _as_list(outs, len(idx)), strict=True))
+        pairs = sorted(
+            (i, o) for idx, outs in sink for i, o in zip(idx, _as_list(outs, len(idx)), strict=True)
+        )
         timeline = [
             {
                 "component": c,

@@ -38,7 +38,11 @@ class _LockServer:
         self.grants = 0
 
     async def acquire(
-        self, owner: str, devices: list[int], actor_id: str | None = None, timeout: float | None = None
+        self,
+        owner: str,
+        devices: list[int],
+        actor_id: str | None = None,
+        timeout: float | None = None,
     ) -> int:
         if actor_id is not None:
             self.handles[owner] = actor_id
@@ -58,8 +62,12 @@ class _LockServer:
                         holder = self.held[d][0]
                         left = None if deadline is None else deadline - time.monotonic()
                         if left is not None and left <= 0:
-                            raise TimeoutError(f"device {d} still held by {holder} after {timeout}s")
-                        period = _LIVENESS_PERIOD_S if left is None else min(left, _LIVENESS_PERIOD_S)
+                            raise TimeoutError(
+                                f"device {d} still held by {holder} after {timeout}s"
+                            )
+                        period = (
+                            _LIVENESS_PERIOD_S if left is None else min(left, _LIVENESS_PERIOD_S)
+                        )
                         try:
                             await asyncio.wait_for(self.cond.wait(), timeout=period)
                             continue
@@ -143,15 +151,21 @@ class DeviceLock:
             return f"actor:{actor_id}", actor_id
         return f"driver:{os.getpid()}", None
 
-    def acquire(self, devices: Iterable[int], owner: str | None = None, timeout: float | None = None) -> None:
+    def acquire(
+        self, devices: Iterable[int], owner: str | None = None, timeout: float | None = None
+    ) -> None:
         import ray
 
         auto_owner, actor_id = self._owner()
         try:
-            ray.get(self._actor.acquire.remote(owner or auto_owner, list(devices), actor_id, timeout))
+            ray.get(
+                self._actor.acquire.remote(owner or auto_owner, list(devices), actor_id, timeout)
+            )
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, TimeoutError):
-                raise DeviceLockTimeout(f"could not lock devices {sorted(devices)}: {e.cause}") from None
+                raise DeviceLockTimeout(
+                    f"could not lock devices {sorted(devices)}: {e.cause}"
+                ) from None
             raise
 
     def release(self, devices: Iterable[int], owner: str | None = None) -> None:

@@ -52,7 +52,10 @@ def _timed_call(group: Any, method: str, items: list[Any]) -> tuple[float, list[
     q, rem = divmod(len(items), n)
     bounds = [r * q + min(r, rem) for r in range(n + 1)]
     t = time.perf_counter()
-    refs = [a._loom_call.remote(method, items[bounds[r] : bounds[r + 1]]) for r, a in enumerate(group.actors)]
+    refs = [
+        a._loom_call.remote(method, items[bounds[r] : bounds[r + 1]])
+        for r, a in enumerate(group.actors)
+    ]
     res = wait(Handle(group, method, list(range(n)), refs))
     wall = time.perf_counter() - t
     outs: list[Any] = []
@@ -73,8 +76,13 @@ def measure(flow: Flow, sample: list[Any], repeats: int = 1) -> ProfileRun:
         next_items: list[Any] | None = None
         for n in _device_counts(comp.valid_devices, n_max):
             group = cluster.launch(
-                comp.cls, comp.workers(n), *comp.args, devices=list(range(n)), name=f"profile:{comp.name}",
-                num_cpus=comp.num_cpus, **comp.kwargs,
+                comp.cls,
+                comp.workers(n),
+                *comp.args,
+                devices=list(range(n)),
+                name=f"profile:{comp.name}",
+                num_cpus=comp.num_cpus,
+                **comp.kwargs,
             )
             try:
                 small = min(n, len(items))
@@ -117,7 +125,9 @@ def profile_flow(
         batch=M,
         granularities=gran,
         edges=flow.edges,
-        valid_devices={s.component.name: _valid(s.component.valid_devices, n_max) for s in flow.stages},
+        valid_devices={
+            s.component.name: _valid(s.component.valid_devices, n_max) for s in flow.stages
+        },
         switch_s=run.switch_s,
     )
     prof_seconds = run.seconds

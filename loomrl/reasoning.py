@@ -25,11 +25,17 @@ class Encoder:
         if not getattr(self.tok, "chat_template", None):
             from loomrl.errors import ConfigError
 
-            raise ConfigError([
-                "the tokenizer has no chat template: set one in the model directory "
-                "(tokenizer_config.json 'chat_template')"
-            ])
-        ids = self.tok.apply_chat_template(build_messages(question, instruction=self.instruction), add_generation_prompt=True, tokenize=True)
+            raise ConfigError(
+                [
+                    "the tokenizer has no chat template: set one in the model directory "
+                    "(tokenizer_config.json 'chat_template')"
+                ]
+            )
+        ids = self.tok.apply_chat_template(
+            build_messages(question, instruction=self.instruction),
+            add_generation_prompt=True,
+            tokenize=True,
+        )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return [int(x) for x in ids]
@@ -46,13 +52,19 @@ def common_problems(cfg: Any, min_group: int) -> list[str]:
     if cfg.batch < 1:
         p.append(f"batch: must be >= 1 prompt group, got {cfg.batch}")
     if cfg.sampling.group_size < min_group:
-        p.append(f"sampling.group_size: must be >= {min_group} responses per prompt, "
-                 f"got {cfg.sampling.group_size}")
+        p.append(
+            f"sampling.group_size: must be >= {min_group} responses per prompt, "
+            f"got {cfg.sampling.group_size}"
+        )
     if cfg.batch % cfg.sampling.gen_groups and cfg.batch > cfg.sampling.gen_groups:
-        p.append(f"batch={cfg.batch} is not a multiple of sampling.gen_groups={cfg.sampling.gen_groups}")
+        p.append(
+            f"batch={cfg.batch} is not a multiple of sampling.gen_groups={cfg.sampling.gen_groups}"
+        )
     if cfg.model.path not in PACKAGED_MODELS and not Path(cfg.model.path).exists():
-        p.append(f"model.path: {cfg.model.path!r} does not exist (a local Hugging Face model "
-                 f"directory or one of {list(PACKAGED_MODELS)})")
+        p.append(
+            f"model.path: {cfg.model.path!r} does not exist (a local Hugging Face model "
+            f"directory or one of {list(PACKAGED_MODELS)})"
+        )
     return p
 
 
@@ -61,8 +73,16 @@ def prompts(task: Any, encode: Any, step: int, batch: int) -> list[dict]:
     items = []
     for i in range(batch):
         ex = task.train_item(step * batch + i)
-        items.append({"index": i, "step": step, "question": ex.question, "answer": ex.answer,
-                      "meta": ex.meta, "prompt_ids": encode(ex.question)})
+        items.append(
+            {
+                "index": i,
+                "step": step,
+                "question": ex.question,
+                "answer": ex.answer,
+                "meta": ex.meta,
+                "prompt_ids": encode(ex.question),
+            }
+        )
     return items
 
 
@@ -76,16 +96,22 @@ def sync_weights(actor: Any, rollout: Any) -> int:
 
 def evaluate(rollout: Any, task: Any, encode: Encoder, cfg: Any) -> float:
     exs = task.eval_set()[: cfg.task.eval_size]
-    items = [{"question": e.question, "answer": e.answer, "prompt_ids": encode(e.question)} for e in exs]
+    items = [
+        {"question": e.question, "answer": e.answer, "prompt_ids": encode(e.question)} for e in exs
+    ]
     texts = [t for rank in wait(rollout.evaluate(items)) for t in rank]
-    scores = [1.0 if task.score(t, e).reward >= 1.0 else 0.0 for t, e in zip(texts, exs, strict=True)]
+    scores = [
+        1.0 if task.score(t, e).reward >= 1.0 else 0.0 for t, e in zip(texts, exs, strict=True)
+    ]
     return sum(scores) / max(1, len(scores))
 
 
 def metrics_of(result: Any) -> dict[str, float]:
     groups = [o for o in result.outputs]
     stats = groups[-1] if groups else {}
-    m: dict[str, float] = {k: float(v) for k, v in stats.items() if k != "index" and isinstance(v, (int, float))}
+    m: dict[str, float] = {
+        k: float(v) for k, v in stats.items() if k != "index" and isinstance(v, (int, float))
+    }
     m["iteration_s"] = result.measured_s
     if "gen_tokens" in m:
         m["tokens_per_s"] = m["gen_tokens"] / max(result.measured_s, 1e-9)
@@ -99,8 +125,12 @@ def save(run: Any, groups: dict, step: int) -> None:
     from loomrl.checkpoint import capture_rng, save_checkpoint
 
     state = wait(groups["actor"].save_state())[0]
-    save_checkpoint(run.dir, step, {"actor": state, "step": step, "rng": capture_rng()},
-                    keep=run.rc.keep_checkpoints)
+    save_checkpoint(
+        run.dir,
+        step,
+        {"actor": state, "step": step, "rng": capture_rng()},
+        keep=run.rc.keep_checkpoints,
+    )
 
 
 def restore(run: Any, groups: dict, cfg: Any) -> int:

@@ -37,7 +37,9 @@ class RunConfig:
     threads: int | None = None  # pin threads per worker (bit-identical results across plans)
     checkpoint_every: int = 0  # steps; 0 = only at the end
     max_restarts: int = 0  # a worker that dies restarts the run from the last complete checkpoint
-    kill_worker_at_step: int | None = None  # fault injection (tests): kill a worker once at this step
+    kill_worker_at_step: int | None = (
+        None  # fault injection (tests): kill a worker once at this step
+    )
     keep_checkpoints: int = 2
     tensorboard: bool = True
     wandb: str = "off"
@@ -181,7 +183,9 @@ def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
 
     out = Path(cfg.run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster.start(num_gpus=cfg.run.num_gpus, num_devices=cfg.run.devices, log_to_driver=False)
+    cluster = Cluster.start(
+        num_gpus=cfg.run.num_gpus, num_devices=cfg.run.devices, log_to_driver=False
+    )
     try:
         flow = Flow(cluster)
         build(flow, cfg)
@@ -195,7 +199,10 @@ def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
         lines = [f"profiled {len(flow.stages)} component(s) in {took:.1f}s -> {path}"]
         lines += [f"  {r}" for r in getattr(prof, "fit_reports", ())]
         for mode, plan in search_all(prof).items():
-            lines.append(f"{mode}: " + ("no feasible plan" if plan is None else f"{plan.predicted_s:.3f}s\n{plan}"))
+            lines.append(
+                f"{mode}: "
+                + ("no feasible plan" if plan is None else f"{plan.predicted_s:.3f}s\n{plan}")
+            )
         lines.append(f"pin it: loomrl run CONFIG run.profile={path} placement=auto")
         return "\n".join(lines)
     finally:

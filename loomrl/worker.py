@@ -86,7 +86,7 @@ class Worker:
 
     @property
     def torch_device(self) -> str:
-        """"cuda" when this process sees a real GPU, else "cpu" (logical GPUs on a CPU machine)."""
+        """Torch device name: "cuda" when this process sees a real GPU, else "cpu"."""
         if self.device_kind != "gpu":
             return "cpu"
         import torch
@@ -115,7 +115,10 @@ class Worker:
         import resource
         import sys
 
-        out = {"rss_gb": _rss_bytes() / 2**30, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+        out = {
+            "rss_gb": _rss_bytes() / 2**30,
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        }
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
             out["cuda_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
@@ -302,7 +305,9 @@ def _get(h: Handle, rank: int, ref: Any) -> Any:
         host = h.group._hosts.get(rank, "?")
         cause = e.cause if getattr(e, "cause", None) is not None else e
         tb = _ANSI.sub("", str(e))
-        err = RemoteError(h.group.name, rank, host, h.method, f"{type(cause).__name__}: {cause}", tb)
+        err = RemoteError(
+            h.group.name, rank, host, h.method, f"{type(cause).__name__}: {cause}", tb
+        )
         raise err from (cause if isinstance(cause, BaseException) else None)
     except (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError) as e:
         host = h.group._hosts.get(rank, "?")
@@ -427,7 +432,9 @@ class WorkerGroup:
             actors.append(actor)
         group = cls(worker_cls, name, actors, per_rank, {r: "?" for r in range(n)})
         # Fail at launch, with context, if a constructor raised or a process could not start.
-        infos = wait(Handle(group, "__init__", list(range(n)), [a._loom_info.remote() for a in actors]))
+        infos = wait(
+            Handle(group, "__init__", list(range(n)), [a._loom_info.remote() for a in actors])
+        )
         group._hosts = {i["rank"]: i["host"] for i in infos}
         group.infos = infos
         return group
@@ -450,7 +457,9 @@ class WorkerGroup:
         ranks = [ranks] if isinstance(ranks, int) else list(ranks)
         bad = [r for r in ranks if r not in self._ranks]
         if bad:
-            raise PlacementError(f"{self.name}: rank(s) {bad} do not exist; ranks are {self._ranks}")
+            raise PlacementError(
+                f"{self.name}: rank(s) {bad} do not exist; ranks are {self._ranks}"
+            )
         view = WorkerGroup(self.cls, self.name, self._actors, self._devices, self._hosts, ranks)
         return view
 

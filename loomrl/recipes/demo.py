@@ -142,4 +142,6 @@ def profile(cfg: Config) -> str:
     """`loomrl profile examples/demo_matmul.yaml`."""
     from loomrl.run import profile_recipe
 
-    return profile_recipe(cfg, lambda flow, c: build(flow, c.demo), lambda: make_items(0, cfg.batch, cfg.run.seed))
+    return profile_recipe(
+        cfg, lambda flow, c: build(flow, c.demo), lambda: make_items(0, cfg.batch, cfg.run.seed)
+    )

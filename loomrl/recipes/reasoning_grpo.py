@@ -47,10 +47,17 @@ def build(flow: Any, cfg: Config) -> dict[str, Any]:
     s = cfg.run.seed
     g = {
         "rollout": flow.group(RolloutWorker, cfg.model, cfg.sampling, s, name="rollout"),
-        "reward": flow.group(RewardWorker, cfg.task.as_kwargs(s), cfg.algo, cfg.sampling.group_size,
-                             name="reward", valid_devices=[1]),
-        "actor": flow.group(ActorWorker, cfg.model, cfg.sampling, cfg.algo, s, name="actor",
-                            single_process=True),
+        "reward": flow.group(
+            RewardWorker,
+            cfg.task.as_kwargs(s),
+            cfg.algo,
+            cfg.sampling.group_size,
+            name="reward",
+            valid_devices=[1],
+        ),
+        "actor": flow.group(
+            ActorWorker, cfg.model, cfg.sampling, cfg.algo, s, name="actor", single_process=True
+        ),
     }
     stages = [g["rollout"].generate, g["reward"].score]
     if cfg.algo.kl_coef > 0:
@@ -67,7 +74,10 @@ def main(cfg: Config) -> dict:
 
     run = Run(cfg, cfg.run)
     try:
-        task, encode = make_task(**cfg.task.as_kwargs(cfg.run.seed)), Encoder(cfg.model.path, cfg.task.instruction)
+        task, encode = (
+            make_task(**cfg.task.as_kwargs(cfg.run.seed)),
+            Encoder(cfg.model.path, cfg.task.instruction),
+        )
         flow = Flow(run.cluster, run.dir)
         g = build(flow, cfg)
         run.apply_plan(flow, prompts(task, encode, 0, cfg.batch))
@@ -102,6 +112,13 @@ def profile(cfg: Config) -> str:
     from loomrl.reasoning import Encoder
     from loomrl.tasks import make_task
 
-    return profile_recipe(cfg, build, lambda: prompts(
-        make_task(**cfg.task.as_kwargs(cfg.run.seed)), Encoder(cfg.model.path, cfg.task.instruction),
-        0, cfg.batch))
+    return profile_recipe(
+        cfg,
+        build,
+        lambda: prompts(
+            make_task(**cfg.task.as_kwargs(cfg.run.seed)),
+            Encoder(cfg.model.path, cfg.task.instruction),
+            0,
+            cfg.batch,
+        ),
+    )

@@ -90,7 +90,9 @@ class ArithmeticTask:
         if not 0.0 <= self.format_reward < 1.0:
             problems.append(f"format_reward={self.format_reward!r}: must be in [0, 1)")
         if self.answer_format not in ("boxed", "last_number"):
-            problems.append(f"answer_format={self.answer_format!r}: must be 'boxed' or 'last_number'")
+            problems.append(
+                f"answer_format={self.answer_format!r}: must be 'boxed' or 'last_number'"
+            )
         if problems:
             raise ConfigError(problems, source="task 'arithmetic'")
 
@@ -135,6 +137,11 @@ class ArithmeticTask:
             nums = _LAST_NUMBER.findall(response_text[-2000:])
             if nums:
                 ok = nums[-1].replace(",", "") == example.answer
-                return RewardResult(reward=1.0 if ok else 0.0, parsed=nums[-1], malformed=False,
-                                    correct=ok, reason="last_number")
+                return RewardResult(
+                    reward=1.0 if ok else 0.0,
+                    parsed=nums[-1],
+                    malformed=False,
+                    correct=ok,
+                    reason="last_number",
+                )
         return res

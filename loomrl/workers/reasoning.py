@@ -21,7 +21,8 @@ class ModelConfig:
     lr: float = 1e-6
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    train_micro_batch: int = 8  # sequences per forward/backward (memory), not the flow's micro-batch
+    # Sequences per forward/backward (bounds memory); not the flow's micro-batch.
+    train_micro_batch: int = 8
     dtype: str = "auto"
 
 
@@ -97,8 +98,13 @@ def _engine(model: ModelConfig, trainable: bool, seed: int):
 
     return HFEngine(
         EngineConfig(
-            model=model_dir(model.path), trainable=trainable, lr=model.lr, weight_decay=model.weight_decay,
-            grad_clip=model.grad_clip, micro_batch_size=model.train_micro_batch, seed=seed,
+            model=model_dir(model.path),
+            trainable=trainable,
+            lr=model.lr,
+            weight_decay=model.weight_decay,
+            grad_clip=model.grad_clip,
+            micro_batch_size=model.train_micro_batch,
+            seed=seed,
             dtype=model.dtype,
         )
     )
@@ -135,22 +141,27 @@ class RolloutWorker(EngineWorker):
             prompts = [it["prompt_ids"] for it in group for _ in range(s.group_size)]
             t = time.perf_counter()
             gen = self.engine.generate(
-                prompts, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                prompts,
+                max_new_tokens=s.max_new_tokens,
+                temperature=s.temperature,
+                top_p=s.top_p,
                 seed=hash((self.seed, it["step"], c)) & 0x7FFFFFFF,
             )
             dt = time.perf_counter() - t
             for j, it in enumerate(group):
                 sl = slice(j * s.group_size, (j + 1) * s.group_size)
                 ids = gen.response_ids[sl]
-                out.append({
-                    **it,
-                    "response_ids": ids,
-                    "logprobs": gen.response_logprobs[sl],
-                    "texts": [self.engine.decode(r) for r in ids],
-                    "gen_tokens": sum(len(r) for r in ids),
-                    "gen_s": dt / len(group),  # this group's share of the batched call
-                    "version": self.version,
-                })
+                out.append(
+                    {
+                        **it,
+                        "response_ids": ids,
+                        "logprobs": gen.response_logprobs[sl],
+                        "texts": [self.engine.decode(r) for r in ids],
+                        "gen_tokens": sum(len(r) for r in ids),
+                        "gen_s": dt / len(group),  # this group's share of the batched call
+                        "version": self.version,
+                    }
+                )
         by_index = {o["index"]: o for o in out}
         return [by_index[it["index"]] for it in items]
 
@@ -163,7 +174,9 @@ class RolloutWorker(EngineWorker):
                 chunk = examples[i : i + 16]
                 gen = self.engine.generate(
                     [e["prompt_ids"] for e in chunk],
-                    max_new_tokens=self.sampling.eval_max_new_tokens, temperature=0.0, seed=0,
+                    max_new_tokens=self.sampling.eval_max_new_tokens,
+                    temperature=0.0,
+                    seed=0,
                 )
                 texts.extend(self.engine.decode(ids) for ids in gen.response_ids)
         return texts
@@ -202,8 +215,14 @@ class RewardWorker(Worker):
                 adv = rloo_advantages(r, self.group_size)
             else:
                 adv = grpo_advantages(r, self.group_size, scale_std=self.algo.advantage == "grpo")
-            out.append({**it, "rewards": r.tolist(), "advantages": adv.tolist(),
-                        "malformed": sum(x.malformed for x in res)})
+            out.append(
+                {
+                    **it,
+                    "rewards": r.tolist(),
+                    "advantages": adv.tolist(),
+                    "malformed": sum(x.malformed for x in res),
+                }
+            )
         return out
 
 
@@ -216,8 +235,11 @@ class ReferenceWorker(EngineWorker):
     def logprobs(self, items: list[dict]) -> list[dict]:
         out = []
         for it in items:
-            lp = self.engine.logprobs([it["prompt_ids"]] * len(it["response_ids"]), it["response_ids"],
-                                      temperature=self.temperature)
+            lp = self.engine.logprobs(
+                [it["prompt_ids"]] * len(it["response_ids"]),
+                it["response_ids"],
+                temperature=self.temperature,
+            )
             out.append({**it, "ref_logprobs": [x.tolist() for x in lp]})
         return out
 
@@ -225,7 +247,9 @@ class ReferenceWorker(EngineWorker):
 class ActorWorker(EngineWorker):
     """Trains on whole prompt groups; one optimizer step per iteration over the batch it received."""
 
-    def __init__(self, model: ModelConfig, sampling: SamplingConfig, algo: AlgoConfig, seed: int = 0):
+    def __init__(
+        self, model: ModelConfig, sampling: SamplingConfig, algo: AlgoConfig, seed: int = 0
+    ):
         super().__init__()
         self.engine = _engine(model, trainable=True, seed=seed)
         self.sampling, self.algo = sampling, algo
@@ -256,8 +280,11 @@ class ActorWorker(EngineWorker):
                 adv.append(g["advantages"][j])
                 if "ref_logprobs" in g:
                     ref.append(g["ref_logprobs"][j])
-        batch: dict[str, Any] = {"prompt_ids": prompts, "response_ids": responses,
-                                 "advantages": torch.tensor(adv, dtype=torch.float32)}
+        batch: dict[str, Any] = {
+            "prompt_ids": prompts,
+            "response_ids": responses,
+            "advantages": torch.tensor(adv, dtype=torch.float32),
+        }
         if ref:
             batch["ref_logprobs"] = ref
         algo = self.algo
@@ -265,8 +292,15 @@ class ActorWorker(EngineWorker):
         def loss_fn(logp, mb):
             a = mb["advantages"].reshape(-1, 1).expand_as(logp)
             # One update per batch: the sampling policy is the current one, so old = logp.detach().
-            loss, stats = ppo_policy_loss(logp, logp.detach(), a, mb["mask"], clip_low=algo.clip_low,
-                                          clip_high=algo.clip_high, agg=algo.agg)
+            loss, stats = ppo_policy_loss(
+                logp,
+                logp.detach(),
+                a,
+                mb["mask"],
+                clip_low=algo.clip_low,
+                clip_high=algo.clip_high,
+                agg=algo.agg,
+            )
             if algo.kl_coef > 0 and "ref_logprobs" in mb:
                 kl = kl_loss(logp, mb["ref_logprobs"], mb["mask"], kind="k3", agg=algo.agg)
                 loss = loss + algo.kl_coef * kl
@@ -312,7 +346,9 @@ def _to_tensors(bucket: dict) -> dict:
     import torch
 
     # Object-store arrays are read-only views; set_weights copies them into the parameters.
-    return {k: torch.from_numpy(v.copy() if not v.flags.writeable else v) for k, v in bucket.items()}
+    return {
+        k: torch.from_numpy(v.copy() if not v.flags.writeable else v) for k, v in bucket.items()
+    }
 
 
 @dataclass

@@ -13,7 +13,9 @@ from loomrl.plan import load_profile
 from loomrl.recipes.demo import DemoConfig, build, make_items
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = DemoConfig(size=64, encode_reps=2, transform_reps=3, transform_sigma=0.8, reduce_reps=1, resident_mb=8)
+SMALL = DemoConfig(
+    size=64, encode_reps=2, transform_reps=3, transform_sigma=0.8, reduce_reps=1, resident_mb=8
+)
 
 
 def test_routing_covers_every_item_once():
@@ -94,14 +96,27 @@ def test_time_sharing_frees_memory(cluster):
     from loomrl.plan.plan import leaf, temporal
     from loomrl.plan.search import fixed_plan
 
-    prof = load_profile({
-        "devices": 1, "device_memory_gb": 8, "batch": 2, "granularities": [2],
-        "components": {
-            "a": {"valid_devices": [1], "time": {"alpha": 0, "per_item": {1: 0.1}}, "memory_gb": {1: 1}},
-            "b": {"valid_devices": [1], "time": {"alpha": 0, "per_item": {1: 0.1}}, "memory_gb": {1: 1}},
-        },
-        "edges": [["a", "b"]],
-    })
+    prof = load_profile(
+        {
+            "devices": 1,
+            "device_memory_gb": 8,
+            "batch": 2,
+            "granularities": [2],
+            "components": {
+                "a": {
+                    "valid_devices": [1],
+                    "time": {"alpha": 0, "per_item": {1: 0.1}},
+                    "memory_gb": {1: 1},
+                },
+                "b": {
+                    "valid_devices": [1],
+                    "time": {"alpha": 0, "per_item": {1: 0.1}},
+                    "memory_gb": {1: 1},
+                },
+            },
+            "edges": [["a", "b"]],
+        }
+    )
     flow = Flow(cluster)
     a = flow.group(Hog, 400, name="a")
     b = flow.group(Hog, 10, name="b")

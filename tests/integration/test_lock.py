@@ -16,7 +16,10 @@ def test_overlapping_sets_never_deadlock(cluster):
     lock = DeviceLock.get()
     rng = random.Random(0)
     rounds = 1000
-    plans = [[sorted(rng.sample(range(6), rng.randint(1, 4))) for _ in range(rounds // 4)] for _ in range(4)]
+    plans = [
+        [sorted(rng.sample(range(6), rng.randint(1, 4))) for _ in range(rounds // 4)]
+        for _ in range(4)
+    ]
     inside: dict[int, int] = {}
     guard = threading.Lock()
     errors: list[str] = []

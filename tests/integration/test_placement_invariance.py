@@ -16,10 +16,15 @@ def _run(tmp_path: Path, placement: str, steps: int = 5) -> dict:
     out = tmp_path / placement
     mod, cfg = load_recipe_config(
         ROOT / "examples/tiny_grpo.yaml",
-        _normalise_overrides([
-            f"placement={placement}", f"steps={steps}", "seed=3", f"output_dir={out}",
-            f"run.profile={ROOT / 'examples/profiles/tiny_grpo.yaml'}",
-        ]),
+        _normalise_overrides(
+            [
+                f"placement={placement}",
+                f"steps={steps}",
+                "seed=3",
+                f"output_dir={out}",
+                f"run.profile={ROOT / 'examples/profiles/tiny_grpo.yaml'}",
+            ]
+        ),
     )
     mod.main(cfg)
     return json.loads((out / "run_summary.json").read_text())

@@ -17,7 +17,11 @@ def _main(config: Path, overrides: list[str]) -> dict:
     return mod.main(cfg)
 
 
-COMMON = ["placement=temporal", "seed=1", f"run.profile={ROOT / 'examples/profiles/tiny_grpo.yaml'}"]
+COMMON = [
+    "placement=temporal",
+    "seed=1",
+    f"run.profile={ROOT / 'examples/profiles/tiny_grpo.yaml'}",
+]
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +65,12 @@ def test_dead_worker_restarts_from_checkpoint(cluster, straight, tmp_path):
     common = [*COMMON, "steps=4", "run.checkpoint_every=2"]
     clean = straight
     crashy = tmp_path / "crashy"
-    mod, cfg = load_recipe_config(ROOT / "examples/tiny_grpo.yaml", _normalise_overrides(
-        [*common, f"output_dir={crashy}", "run.max_restarts=1", "run.kill_worker_at_step=3"]))
+    mod, cfg = load_recipe_config(
+        ROOT / "examples/tiny_grpo.yaml",
+        _normalise_overrides(
+            [*common, f"output_dir={crashy}", "run.max_restarts=1", "run.kill_worker_at_step=3"]
+        ),
+    )
     run_with_restarts(mod, cfg)
     restarts = (crashy / "restarts.jsonl").read_text().splitlines()
     assert len(restarts) == 1 and "died" in restarts[0]

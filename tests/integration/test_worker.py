@@ -96,7 +96,9 @@ def test_several_workers_per_device_and_several_devices_per_worker(cluster):
 def test_remote_error_has_context(cluster):
     g = cluster.launch(Echo, 2, devices=[0, 1], name="scorer")
     try:
-        with pytest.raises(RemoteError, match=r"scorer rank \d on .+ failed in fail\(\): KeyError") as ei:
+        with pytest.raises(
+            RemoteError, match=r"scorer rank \d on .+ failed in fail\(\): KeyError"
+        ) as ei:
             wait(g.fail())
         assert "no such prompt" in ei.value.remote_traceback
         assert ei.value.method == "fail"
@@ -113,7 +115,9 @@ def test_killed_worker_is_reported_quickly(cluster):
         time.sleep(0.5)
         ray.kill(g.actors[1])
         t0 = time.monotonic()
-        with pytest.raises(WorkerDiedError, match=r"victim rank 1 on .+ died while running sleep\(\)"):
+        with pytest.raises(
+            WorkerDiedError, match=r"victim rank 1 on .+ died while running sleep\(\)"
+        ):
             wait(h)
         assert time.monotonic() - t0 < 10
         assert g.alive(timeout=2) == [True, False]

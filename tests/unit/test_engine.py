@@ -425,7 +425,9 @@ def test_cpu_offload_keep_is_a_no_op_and_leaves_no_files(tiny_dir, tmp_path):
     before = eng.param_sha256()
     assert eng.offload()["time_s"] == 0.0 and not eng.offloaded
     assert eng.param_sha256() == before
-    disk = HFEngine(EngineConfig(model=str(tiny_dir), lr=1e-3, cpu_offload="disk", offload_dir=str(tmp_path)))
+    disk = HFEngine(
+        EngineConfig(model=str(tiny_dir), lr=1e-3, cpu_offload="disk", offload_dir=str(tmp_path))
+    )
     disk.offload()
     assert disk.offloaded
     assert list(tmp_path.iterdir()) == []  # the stash file is unlinked while held open
