@@ -261,10 +261,6 @@ class Flow:
             raise ValueError(f"offload={offload!r}: use 'auto', 'always' or 'never'")
         # "auto": time-shared stages offload only when their devices cannot hold them all.
         self.offload = offload
-        if offload not in ("auto", "always", "never"):
-            raise ValueError(f"offload={offload!r}: use 'auto', 'always' or 'never'")
-        # "auto": time-shared stages offload only when their devices cannot hold them all.
-        self.offload = offload
         self._id = uuid.uuid4().hex[:8]
         self._iter = 0
         self._calibrate = False

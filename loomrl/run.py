@@ -37,9 +37,8 @@ class RunConfig:
     threads: int | None = None  # pin threads per worker (bit-identical results across plans)
     checkpoint_every: int = 0  # steps; 0 = only at the end
     max_restarts: int = 0  # a worker that dies restarts the run from the last complete checkpoint
-    kill_worker_at_step: int | None = (
-        None  # fault injection (tests): kill a worker once at this step
-    )
+    # Fault injection (tests): kill a worker once at this step.
+    kill_worker_at_step: int | None = None
     keep_checkpoints: int = 2
     tensorboard: bool = True
     wandb: str = "off"

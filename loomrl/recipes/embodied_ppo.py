@@ -43,9 +43,8 @@ class Config:
     recipe: str = "embodied_ppo"
     env: EnvConfig = field(default_factory=EnvConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
-    policy: str = (
-        "auto"  # auto | mlp | cnn | package.module:factory (an nn.Module with act/evaluate)
-    )
+    # auto | mlp | cnn | package.module:factory (an nn.Module with act/evaluate)
+    policy: str = "auto"
     groups: int | None = None  # pin the ring groups k (None: the plan's)
     pipelined: bool = True  # False: wait after every env step (the unpipelined loop)
     target_return: float | None = None  # stop once the mean of the last `window` returns reaches it
