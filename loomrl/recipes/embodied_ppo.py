@@ -31,7 +31,7 @@ from loomrl.cycle import (
 )
 from loomrl.embodied import PPOConfig
 from loomrl.envs.vec import EnvConfig, check_env_id
-from loomrl.errors import ConfigError, PlanError
+from loomrl.errors import ConfigError, PlacementError, PlanError
 from loomrl.run import Run, RunConfig
 from loomrl.worker import wait
 from loomrl.workers.env import EnvWorker, worker_env_config
@@ -50,6 +50,11 @@ class Config:
     target_return: float | None = None  # stop once the mean of the last `window` returns reaches it
     window: int = 10  # episodes in the reported episode_return
     probe_reps: int = 5  # timed calls per size when measuring costs for the planner
+    # placement=auto on measured costs: plans predicted within auto_trial_margin of the best are
+    # each timed on a short real rollout of auto_trial_steps steps, and the fastest runs
+    # (0 steps: trust the prediction alone).
+    auto_trial_steps: int = 16
+    auto_trial_margin: float = 0.5
     run: RunConfig = field(default_factory=RunConfig)
 
     def validate(self) -> list[str]:
@@ -69,6 +74,12 @@ class Config:
             p.append(f"window: must be >= 1 episode, got {self.window}")
         if self.probe_reps < 1:
             p.append(f"probe_reps: must be >= 1, got {self.probe_reps}")
+        if self.auto_trial_steps < 0:
+            p.append(
+                f"auto_trial_steps: must be >= 0 (0 disables trials), got {self.auto_trial_steps}"
+            )
+        if self.auto_trial_margin < 0:
+            p.append(f"auto_trial_margin: must be >= 0, got {self.auto_trial_margin}")
         return p
 
 
@@ -180,7 +191,8 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
     if rc.placement not in MODES:
         plan = Plan.load(rc.placement)
     else:
-        if rc.profile and rc.profile != "calibrate":
+        measured = not (rc.profile and rc.profile != "calibrate")
+        if not measured:
             profile = load_profile(rc.profile, devices=cluster.num_devices)
             check_profile(profile, f"run.profile={rc.profile}")
         else:
@@ -195,6 +207,9 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
                 f"(feasible modes and predicted s/iteration: {modes}); choose another placement"
             )
         (run.dir / "profile.json").write_text(json.dumps(profile.to_dict(), indent=2, default=str))
+        if key == "best" and measured and cfg.auto_trial_steps > 0 and cfg.groups is None:
+            others = [plans.get("temporal"), plans.get("spatial"), best_split_plan(profile)]
+            plan = choose_by_trial(run, cfg, _candidates(plan, others, cfg, cluster))
     place = placement_from_plan(plan, cfg.env.num_envs)
     if cfg.groups is not None:
         place = replace(place, groups=cfg.groups)
@@ -203,6 +218,70 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
     plan.save(run.dir / "plan.json")
     run.logger.echo(f"plan:\n{plan}\nplacement: {place.describe()}")
     return place
+
+
+def _candidates(best: Any, others: list[Any], cfg: Config, cluster: Any) -> list[Any]:
+    """The planner's best, then every other plan predicted within the margin that maps to a
+    different placement and fits the cores."""
+    out, seen = [], set()
+    for plan in [best, *others]:
+        if plan is None or plan.predicted_s > best.predicted_s * (1 + cfg.auto_trial_margin):
+            continue
+        place = placement_from_plan(plan, cfg.env.num_envs)
+        try:
+            check_cores(place, cfg.env.cpu_cores, cluster)
+        except PlacementError:
+            continue
+        key = json.dumps(place.describe(), sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(plan)
+    return out or [best]  # the best not fitting the cores is reported by check_cores
+
+
+def choose_by_trial(run: Run, cfg: Config, candidates: list[Any]) -> Any:
+    """Time a short real rollout of each candidate plan on fresh workers; return the fastest.
+
+    The model ranks plans; where its ranking is within its own error (the margin), a measurement
+    decides. Rollouts are timed after one warm-up rollout, three times each (the median), and
+    the workers are thrown away so that the run itself starts from fresh, seeded workers.
+    """
+    if len(candidates) < 2:
+        return candidates[0]
+    steps, t0, rows = cfg.auto_trial_steps, time.perf_counter(), []
+    for plan in candidates:
+        place = placement_from_plan(plan, cfg.env.num_envs)
+        envs, policy = launch(run.cluster, cfg, place)
+        try:
+            cyc = EnvPolicyCycle(
+                envs, policy, cfg.env.num_envs // len(place.env_devices), place.groups, True
+            )
+            cyc.collect(steps)
+            per_step = statistics.median(cyc.collect(steps).wall_s / steps for _ in range(3))
+        finally:
+            envs.kill()
+            policy.kill()
+        rows.append(
+            {
+                "placement": place.describe(),
+                "predicted_s": plan.predicted_s,
+                "trial_step_s": per_step,
+            }
+        )
+    pick = min(range(len(rows)), key=lambda i: rows[i]["trial_step_s"])
+    took = time.perf_counter() - t0
+    (run.dir / "auto_trials.json").write_text(
+        json.dumps({"trials": rows, "chosen": pick, "seconds": took}, indent=2)
+    )
+    timed = ", ".join(
+        f"{r['placement']['mode']}{'' if r['placement']['colocated'] else ' split'} "
+        f"k={r['placement']['groups']}: {1e3 * r['trial_step_s']:.2f} ms/step"
+        for r in rows
+    )
+    run.logger.echo(
+        f"auto: timed {len(rows)} candidate plans on {steps}-step rollouts in {took:.1f}s: {timed}"
+    )
+    return candidates[pick]
 
 
 def measured_profile(cluster: Any, cfg: Config, steps: int, reps: int | None = None) -> Any:

@@ -134,6 +134,49 @@ def test_pinned_plan_file_with_too_many_env_cores_is_refused(cluster, tmp_path):
     assert code == 2
 
 
+def test_auto_times_close_candidates_and_runs_the_fastest(cluster, tmp_path):
+    """With a wide margin both the co-located and the split plan are timed on real rollouts; the
+    run uses the one measured fastest, and says so in auto_trials.json."""
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    out = tmp_path / "auto"
+    cfg = load_config(
+        Config,
+        EXAMPLE,
+        [
+            *TINY,
+            "run.steps=1",
+            "run.placement=auto",
+            "auto_trial_steps=4",
+            "auto_trial_margin=1000",
+            f"run.output_dir={out}",
+        ],
+    )
+    s = main(cfg)
+    trials = json.loads((out / "auto_trials.json").read_text())
+    rows = trials["trials"]
+    assert len(rows) >= 2
+    assert len({json.dumps(r["placement"], sort_keys=True) for r in rows}) == len(rows)
+    assert {r["placement"]["colocated"] for r in rows} == {True, False}
+    fastest = min(rows, key=lambda r: r["trial_step_s"])
+    assert rows[trials["chosen"]] is not None and rows[trials["chosen"]] == fastest
+    assert s["placement"] == fastest["placement"]
+    assert trials["seconds"] > 0
+
+
+def test_auto_trials_are_skipped_when_disabled_or_pinned(cluster, tmp_path):
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    for extra in (["auto_trial_steps=0"], ["run.placement=temporal", "auto_trial_margin=1000"]):
+        out = tmp_path / extra[0].replace("=", "_")
+        main(load_config(Config, EXAMPLE, [*TINY, "run.steps=1", *extra, f"run.output_dir={out}"]))
+        assert not (out / "auto_trials.json").exists()
+    with pytest.raises(ConfigError, match=r"auto_trial_steps: must be >= 0"):
+        load_config(Config, EXAMPLE, ["auto_trial_steps=-1"])
+
+
 def test_check_cores_message_names_the_fix(cluster):
     place = CyclePlacement((0, 1), (2,), 2, False, "hybrid")
     check_cores(place, 1.0, cluster)  # 2 cores on a 2-CPU node: fine
