@@ -265,6 +265,12 @@ class Flow:
         self._iter = 0
         self._calibrate = False
         self.observed_edges: set[tuple[str, str]] = set()
+        # Run-time adaptation state (see adapt()).
+        self.adapt_events: list[dict[str, Any]] = []
+        self.replans = 0
+        self._detector: Any = None
+        self._measured: dict[str, list[float]] = {}
+        self._launch_s = 0.0
 
     # ------------------------------------------------------------------ declaration
     def group(
@@ -486,12 +492,22 @@ class Flow:
                 "pinned plan does not match the workflow:\n  - " + "\n  - ".join(problems)
             )
 
-    def _launch(self, plan: Plan) -> None:
-        """Start every component's group on the devices the plan gives it (replacing older groups)."""
-        assignment = plan.assignment()
-        for name, devs in assignment.items():
+    def _launch(self, plan: Plan, keep: dict[str, list[int]] | None = None) -> None:
+        """Start every component's group on the devices the plan gives it (replacing older groups).
+
+        ``keep``: the running assignment; a group already on the devices it gets keeps running,
+        and a replaced group's state moves to the new one through its ``save_state`` /
+        ``load_state`` methods when the class has both (saved on rank 0, loaded on every rank).
+        """
+        t = time.time()
+        for name, devs in plan.assignment().items():
             comp = self.components[name]
+            if keep is not None and comp.group is not None and keep.get(name) == devs:
+                continue
+            state = None
             if comp.group is not None:
+                if keep is not None and hasattr(comp.cls, "save_state"):
+                    state = wait(comp.group.on(0).save_state())[0]
                 comp.group.kill()
             comp.group = self.cluster.launch(
                 comp.cls,
@@ -502,6 +518,90 @@ class Flow:
                 num_cpus=comp.num_cpus,
                 **comp.kwargs,
             )
+            if state is not None and hasattr(comp.cls, "load_state"):
+                wait(comp.group.load_state(state))
+        self._launch_s = time.time() - t
+
+    # ------------------------------------------------------------------ adaptation
+    def adapt(
+        self, result: FlowResult, iterations_left: int, config: Any = None
+    ) -> dict[str, Any] | None:
+        """Between iterations: on persistent drift from the prediction, refresh the profile from
+        ``result``'s records, re-plan, and redeploy when it pays (``loomrl.adapt``).
+
+        Returns the event (also appended to ``adapt_events``), or None when nothing drifted.
+        """
+        from loomrl.adapt import (
+            AdaptConfig,
+            DriftDetector,
+            component_factors,
+            measured_switch_s,
+            plan_key,
+            refresh_profile,
+            worth_switching,
+        )
+        from loomrl.plan.search import fixed_plan, search_all
+
+        cfg = config or AdaptConfig()
+        plan = self.plan_
+        if plan is None or self.profile_ is None or self._calibrate or not result.predicted_s:
+            return None
+        key = plan_key(plan)
+        self._measured.setdefault(key, []).append(result.measured_s)
+        if self._detector is None or (self._detector.threshold, self._detector.window) != (
+            cfg.threshold,
+            cfg.window,
+        ):
+            self._detector = DriftDetector(cfg.threshold, cfg.window)
+        if not self._detector.observe(result.predicted_s, result.measured_s):
+            return None
+        t0 = time.time()
+        errors = list(self._detector.errors)
+        factors = component_factors(self.profile_, plan.assignment(), result.timeline)
+        prof = refresh_profile(self.profile_, factors, measured_switch_s(result.timeline))
+        # A calibrated profile knows one device count per component: recalibrate, never move.
+        calibrated = plan.method in ("calibrate", "calibrated")
+        method = "calibrated" if calibrated else "refreshed"
+        current = fixed_plan(prof, plan.tree, plan.micro_batch, method=method)
+        best = current if calibrated else search_all(prof)["best"]
+        bkey = plan_key(best)
+        tried = self._measured.get(bkey)
+        slower_before = bool(tried) and min(tried) >= min(self._measured[key])
+        event: dict[str, Any] = {
+            "errors": errors,
+            "factors": factors,
+            "predicted_s": plan.predicted_s,
+            "refreshed_s": current.predicted_s,
+            "best_s": best.predicted_s,
+            "best_mode": best.mode,
+            "action": "recalibrate",
+        }
+        if (
+            bkey != key
+            and self.replans < cfg.max_replans
+            and not slower_before
+            and worth_switching(
+                current.predicted_s, best.predicted_s, self._launch_s, iterations_left, cfg.min_gain
+            )
+        ):
+            t = time.time()
+            self._launch(best, keep=plan.assignment())
+            self.replans += 1
+            event.update(
+                action="replan",
+                stall_s=time.time() - t,
+                mode=best.mode,
+                assignment=best.assignment(),
+                micro_batch=best.micro_batch,
+            )
+            self.plan_ = best
+        else:
+            self.plan_ = current
+        self.profile_ = prof
+        self._detector.reset()
+        event["decide_s"] = time.time() - t0 - event.get("stall_s", 0.0)
+        self.adapt_events.append(event)
+        return event
 
     def shutdown(self) -> None:
         for comp in self.components.values():

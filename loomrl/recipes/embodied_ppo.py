@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from loomrl.cycle import (
+    ENV,
+    POLICY,
     CyclePlacement,
     EnvPolicyCycle,
     best_split_plan,
@@ -53,7 +55,7 @@ class Config:
     # placement=auto on measured costs: plans predicted within auto_trial_margin of the best are
     # each timed on a short real rollout of auto_trial_steps steps, and the fastest runs
     # (0 steps: trust the prediction alone).
-    auto_trial_steps: int = 16
+    auto_trial_steps: int = 32
     auto_trial_margin: float = 0.5
     run: RunConfig = field(default_factory=RunConfig)
 
@@ -209,7 +211,9 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
         (run.dir / "profile.json").write_text(json.dumps(profile.to_dict(), indent=2, default=str))
         if key == "best" and measured and cfg.auto_trial_steps > 0 and cfg.groups is None:
             others = [plans.get("temporal"), plans.get("spatial"), best_split_plan(profile)]
-            plan = choose_by_trial(run, cfg, _candidates(plan, others, cfg, cluster))
+            plan, step_s = choose_by_trial(run, cfg, _candidates(plan, others, cfg, cluster))
+            if step_s is not None:
+                plan = calibrated_by_trial(profile, plan, step_s, steps)
     place = placement_from_plan(plan, cfg.env.num_envs)
     if cfg.groups is not None:
         place = replace(place, groups=cfg.groups)
@@ -239,15 +243,16 @@ def _candidates(best: Any, others: list[Any], cfg: Config, cluster: Any) -> list
     return out or [best]  # the best not fitting the cores is reported by check_cores
 
 
-def choose_by_trial(run: Run, cfg: Config, candidates: list[Any]) -> Any:
-    """Time a short real rollout of each candidate plan on fresh workers; return the fastest.
+def choose_by_trial(run: Run, cfg: Config, candidates: list[Any]) -> tuple[Any, float | None]:
+    """Time a short real rollout of each candidate plan on fresh workers; return the fastest and
+    its measured seconds per step (None when there was nothing to compare).
 
     The model ranks plans; where its ranking is within its own error (the margin), a measurement
     decides. Rollouts are timed after one warm-up rollout, three times each (the median), and
     the workers are thrown away so that the run itself starts from fresh, seeded workers.
     """
     if len(candidates) < 2:
-        return candidates[0]
+        return candidates[0], None
     steps, t0, rows = cfg.auto_trial_steps, time.perf_counter(), []
     for plan in candidates:
         place = placement_from_plan(plan, cfg.env.num_envs)
@@ -281,7 +286,25 @@ def choose_by_trial(run: Run, cfg: Config, candidates: list[Any]) -> Any:
     run.logger.echo(
         f"auto: timed {len(rows)} candidate plans on {steps}-step rollouts in {took:.1f}s: {timed}"
     )
-    return candidates[pick]
+    return candidates[pick], rows[pick]["trial_step_s"]
+
+
+def calibrated_by_trial(profile: Any, plan: Any, step_s: float, steps: int) -> Any:
+    """``plan`` re-costed with env and policy scaled so that its cycle takes the ``step_s`` per
+    step its trial measured (the Ray hops and driver work between calls that timing each side
+    alone misses); the rest of the iteration keeps its modelled cost."""
+    from loomrl.adapt import refresh_profile
+    from loomrl.plan import fixed_plan
+
+    def cost(r: float) -> Any:
+        prof = refresh_profile(profile, {ENV: r, POLICY: r})
+        return fixed_plan(prof, plan.tree, plan.micro_batch, method="trial-calibrated")
+
+    rest = cost(0.0).predicted_s
+    cycle_s = plan.predicted_s - rest
+    if cycle_s <= 0:
+        return plan
+    return cost(step_s * steps / cycle_s)
 
 
 def measured_profile(cluster: Any, cfg: Config, steps: int, reps: int | None = None) -> Any:

@@ -165,6 +165,21 @@ def test_auto_times_close_candidates_and_runs_the_fastest(cluster, tmp_path):
     assert trials["seconds"] > 0
 
 
+def test_trial_calibration_keeps_the_update_and_matches_the_measured_cycle():
+    from loomrl.plan import search_all
+    from loomrl.recipes.embodied_ppo import calibrated_by_trial
+
+    prof = cycle_profile(
+        _costs(), num_envs=4, steps=16, devices=2, env_cores=1, cpu_cores_per_node=2
+    )
+    for plan in search_all(prof).values():
+        if plan is None:
+            continue
+        cal = calibrated_by_trial(prof, plan, step_s=0.01, steps=16)
+        assert cal.tree == plan.tree and cal.micro_batch == plan.micro_batch
+        assert cal.predicted_s == pytest.approx(0.5 + 0.01 * 16)  # update 0.5 s + 16 steps
+
+
 def test_auto_trials_are_skipped_when_disabled_or_pinned(cluster, tmp_path):
     from loomrl.config import load_config
     from loomrl.recipes.embodied_ppo import Config, main
