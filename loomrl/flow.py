@@ -379,6 +379,13 @@ class Flow:
         self.plan_ = chosen
         return chosen
 
+    def apply(self, plan: Plan) -> None:
+        """Run ``plan`` from now on, on fresh workers, with adaptation starting over."""
+        self._check_pinned(plan)
+        self._launch(plan)
+        self.plan_ = plan
+        self.adapt_events, self.replans, self._detector, self._measured = [], 0, None, {}
+
     def _all_fit(self, plan: Plan) -> bool:
         """True when every device can hold all the components placed on it at once (by the
         profile's memory): then time-shared stages still take turns, but nobody offloads."""

@@ -43,6 +43,12 @@ class RunConfig:
     tensorboard: bool = True
     wandb: str = "off"
     progress: bool = True
+    # Run-time adaptation (loomrl.adapt): when adapt_window iterations in a row miss the
+    # prediction by more than adapt_threshold, refresh the profile, re-plan, redeploy if it pays.
+    adapt: bool = False
+    adapt_threshold: float = 0.15
+    adapt_window: int = 3
+    adapt_max_replans: int = 3
 
     def validate(self) -> list[str]:
         p = []
@@ -61,7 +67,17 @@ class RunConfig:
             p.append(f"max_restarts: must be >= 0, got {self.max_restarts}")
         if self.devices is not None and self.devices < 1:
             p.append(f"devices: must be >= 1, got {self.devices}")
+        p += self.adapt_config().problems(prefix="adapt_")
         return p
+
+    def adapt_config(self) -> Any:
+        from loomrl.adapt import AdaptConfig
+
+        return AdaptConfig(
+            threshold=self.adapt_threshold,
+            window=self.adapt_window,
+            max_replans=self.adapt_max_replans,
+        )
 
 
 class Run:
@@ -87,6 +103,8 @@ class Run:
             progress=run_cfg.progress,
         )
         self.iter_times: list[float] = []
+        self.plan_start = 0  # first iteration of the current plan (it changes on a re-plan)
+        self.replans = 0
         self.plan: Any = None
         self.t_start = time.time()
 
@@ -129,6 +147,35 @@ class Run:
                 )
                 + "\n"
             )
+        if self.rc.adapt and flow is not None:
+            self._adapt(step, result, flow)
+
+    def _adapt(self, step: int, result: Any, flow: Any) -> None:
+        ev = flow.adapt(result, self.rc.steps - step - 1, self.rc.adapt_config())
+        if ev is None:
+            return
+        ev = {"step": step, **ev}
+        with open(self.dir / "adapt.jsonl", "a") as f:
+            f.write(json.dumps(ev, default=str) + "\n")
+        errs = ", ".join(f"{100 * e:+.0f}%" for e in ev["errors"])
+        if ev["action"] == "replan":
+            self.plan_start = len(self.iter_times)
+            self.replans += 1
+            self.logger.echo(
+                f"adapt: step {step}: measured off the prediction ({errs}); re-planned to "
+                f"{ev['mode']} {ev['assignment']} (predicted {ev['best_s']:.3f}s vs "
+                f"{ev['refreshed_s']:.3f}s refreshed), redeploy took {ev['stall_s']:.1f}s"
+            )
+        else:
+            self.logger.echo(
+                f"adapt: step {step}: measured off the prediction ({errs}); profile refreshed, "
+                f"plan kept (predicted {ev['refreshed_s']:.3f}s, best other {ev['best_s']:.3f}s)"
+            )
+        self.plan = flow.plan_
+        self.plan.save(self.dir / "plan.json")
+        (self.dir / "profile.json").write_text(
+            json.dumps(flow.profile_.to_dict(), indent=2, default=str)
+        )
 
     def maybe_inject_failure(self, step: int, group: Any) -> None:
         """Kill one worker process at ``run.kill_worker_at_step`` (once per run directory): lets
@@ -142,7 +189,9 @@ class Run:
         ray.kill(group.actors[0])
 
     def measured_iteration_s(self) -> float | None:
-        warm = self.iter_times[1:] or self.iter_times
+        """Median iteration time of the current plan after its first (warm-up) iteration."""
+        mine = self.iter_times[self.plan_start :]
+        warm = mine[1:] or mine or self.iter_times
         return statistics.median(warm) if warm else None
 
     def summary(
@@ -161,6 +210,7 @@ class Run:
             "predicted_iteration_s": getattr(plan, "predicted_s", None),
             "measured_iteration_s": self.measured_iteration_s(),
             "iteration_s": self.iter_times,
+            "replans": self.replans,
             "metrics": metrics,
             "wall_s": time.time() - self.t_start,
             **extra,

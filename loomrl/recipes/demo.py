@@ -26,6 +26,11 @@ class DemoConfig:
     transform_sigma: float = 0.6  # log-normal sigma of transform's per-item work (0 = constant)
     reduce_reps: int = 8
     resident_mb: int = 64  # buffer held while onloaded (freed by offload)
+    transform_devices: list[int] | None = None  # device counts transform may use (None: any)
+    # Drift (tests of run-time adaptation): from this step on, transform does drift_factor times
+    # its work; the extra products are thrown away, so outputs do not change.
+    drift_step: int | None = None
+    drift_factor: float = 1.0
 
 
 class _MatmulWorker(Worker):
@@ -74,7 +79,11 @@ class Transform(_MatmulWorker):
     def transform(self, items: list[dict]) -> list[dict]:
         out = []
         for it in items:
-            x = self._work(it["seed"] + 1, self.reps(it["seed"]))
+            reps = self.reps(it["seed"])
+            x = self._work(it["seed"] + 1, reps)
+            drift = self.cfg.drift_step is not None and it.get("step", 0) >= self.cfg.drift_step
+            if drift and self.cfg.drift_factor > 1:
+                self._work(it["seed"] + 3, round(reps * (self.cfg.drift_factor - 1)))
             out.append({**it, "transformed": float(x.abs().mean()) + it["encoded"]})
         return out
 
@@ -92,14 +101,14 @@ class Reduce(_MatmulWorker):
 def build(flow, cfg: DemoConfig):
     """Declare the three components and their chain on ``flow``."""
     enc = flow.group(Encode, cfg, name="encode")
-    tra = flow.group(Transform, cfg, name="transform")
+    tra = flow.group(Transform, cfg, name="transform", valid_devices=cfg.transform_devices)
     red = flow.group(Reduce, cfg, name="reduce")
     flow.chain(enc.encode, tra.transform, red.reduce)
     return enc, tra, red
 
 
 def make_items(step: int, batch: int, seed: int = 0) -> list[dict]:
-    return [{"seed": seed * 1_000_003 + step * 10_007 + i} for i in range(batch)]
+    return [{"seed": seed * 1_000_003 + step * 10_007 + i, "step": step} for i in range(batch)]
 
 
 @dataclass

@@ -53,9 +53,9 @@ class Config:
     window: int = 10  # episodes in the reported episode_return
     probe_reps: int = 5  # timed calls per size when measuring costs for the planner
     # placement=auto on measured costs: plans predicted within auto_trial_margin of the best are
-    # each timed on a short real rollout of auto_trial_steps steps, and the fastest runs
+    # each timed on short real rollouts (auto_trial_steps and twice that), and the fastest runs
     # (0 steps: trust the prediction alone).
-    auto_trial_steps: int = 32
+    auto_trial_steps: int = 16
     auto_trial_margin: float = 0.5
     run: RunConfig = field(default_factory=RunConfig)
 
@@ -211,9 +211,10 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
         (run.dir / "profile.json").write_text(json.dumps(profile.to_dict(), indent=2, default=str))
         if key == "best" and measured and cfg.auto_trial_steps > 0 and cfg.groups is None:
             others = [plans.get("temporal"), plans.get("spatial"), best_split_plan(profile)]
-            plan, step_s = choose_by_trial(run, cfg, _candidates(plan, others, cfg, cluster))
-            if step_s is not None:
-                plan = calibrated_by_trial(profile, plan, step_s, steps)
+            cands = _candidates(plan, others, cfg, cluster)
+            plan, rollout_s = choose_by_trial(run, cfg, cands, steps)
+            if rollout_s is not None:
+                plan = calibrated_by_trial(profile, plan, rollout_s)
     place = placement_from_plan(plan, cfg.env.num_envs)
     if cfg.groups is not None:
         place = replace(place, groups=cfg.groups)
@@ -243,17 +244,21 @@ def _candidates(best: Any, others: list[Any], cfg: Config, cluster: Any) -> list
     return out or [best]  # the best not fitting the cores is reported by check_cores
 
 
-def choose_by_trial(run: Run, cfg: Config, candidates: list[Any]) -> tuple[Any, float | None]:
-    """Time a short real rollout of each candidate plan on fresh workers; return the fastest and
-    its measured seconds per step (None when there was nothing to compare).
+def choose_by_trial(
+    run: Run, cfg: Config, candidates: list[Any], steps: int
+) -> tuple[Any, float | None]:
+    """Time short real rollouts of each candidate plan on fresh workers; return the fastest and
+    its estimated seconds for a ``steps``-step rollout (None when there was nothing to compare).
 
     The model ranks plans; where its ranking is within its own error (the margin), a measurement
-    decides. Rollouts are timed after one warm-up rollout, three times each (the median), and
-    the workers are thrown away so that the run itself starts from fresh, seeded workers.
+    decides. After a warm-up rollout, rollouts of L and 2L steps (L = auto_trial_steps, twice
+    each, medians) give a fixed cost per rollout plus a cost per step, so a trial shorter than
+    the real rollout still estimates it. The workers are thrown away: the run itself starts from
+    fresh, seeded workers.
     """
     if len(candidates) < 2:
         return candidates[0], None
-    steps, t0, rows = cfg.auto_trial_steps, time.perf_counter(), []
+    short, t0, rows = cfg.auto_trial_steps, time.perf_counter(), []
     for plan in candidates:
         place = placement_from_plan(plan, cfg.env.num_envs)
         envs, policy = launch(run.cluster, cfg, place)
@@ -261,38 +266,46 @@ def choose_by_trial(run: Run, cfg: Config, candidates: list[Any]) -> tuple[Any, 
             cyc = EnvPolicyCycle(
                 envs, policy, cfg.env.num_envs // len(place.env_devices), place.groups, True
             )
-            cyc.collect(steps)
-            per_step = statistics.median(cyc.collect(steps).wall_s / steps for _ in range(3))
+            cyc.collect(short)
+            t1, t2 = [], []
+            for _ in range(2):
+                t1.append(cyc.collect(short).wall_s)
+                t2.append(cyc.collect(2 * short).wall_s)
         finally:
             envs.kill()
             policy.kill()
+        per_step = max(0.0, (statistics.median(t2) - statistics.median(t1)) / short)
+        fixed = max(0.0, statistics.median(t1) - short * per_step)
         rows.append(
             {
                 "placement": place.describe(),
                 "predicted_s": plan.predicted_s,
                 "trial_step_s": per_step,
+                "trial_fixed_s": fixed,
+                "rollout_s": fixed + steps * per_step,
             }
         )
-    pick = min(range(len(rows)), key=lambda i: rows[i]["trial_step_s"])
+    pick = min(range(len(rows)), key=lambda i: rows[i]["rollout_s"])
     took = time.perf_counter() - t0
     (run.dir / "auto_trials.json").write_text(
         json.dumps({"trials": rows, "chosen": pick, "seconds": took}, indent=2)
     )
     timed = ", ".join(
         f"{r['placement']['mode']}{'' if r['placement']['colocated'] else ' split'} "
-        f"k={r['placement']['groups']}: {1e3 * r['trial_step_s']:.2f} ms/step"
+        f"k={r['placement']['groups']}: {r['rollout_s']:.3f}s"
         for r in rows
     )
     run.logger.echo(
-        f"auto: timed {len(rows)} candidate plans on {steps}-step rollouts in {took:.1f}s: {timed}"
+        f"auto: timed {len(rows)} candidate plans on {short}/{2 * short}-step rollouts in "
+        f"{took:.1f}s; estimated {steps}-step rollout: {timed}"
     )
-    return candidates[pick], rows[pick]["trial_step_s"]
+    return candidates[pick], rows[pick]["rollout_s"]
 
 
-def calibrated_by_trial(profile: Any, plan: Any, step_s: float, steps: int) -> Any:
-    """``plan`` re-costed with env and policy scaled so that its cycle takes the ``step_s`` per
-    step its trial measured (the Ray hops and driver work between calls that timing each side
-    alone misses); the rest of the iteration keeps its modelled cost."""
+def calibrated_by_trial(profile: Any, plan: Any, rollout_s: float) -> Any:
+    """``plan`` re-costed with env and policy scaled so that its cycle takes the ``rollout_s``
+    its trial measured (the Ray hops and driver work between calls that timing each side alone
+    misses); the rest of the iteration keeps its modelled cost."""
     from loomrl.adapt import refresh_profile
     from loomrl.plan import fixed_plan
 
@@ -304,7 +317,7 @@ def calibrated_by_trial(profile: Any, plan: Any, step_s: float, steps: int) -> A
     cycle_s = plan.predicted_s - rest
     if cycle_s <= 0:
         return plan
-    return cost(step_s * steps / cycle_s)
+    return cost(rollout_s / cycle_s)
 
 
 def measured_profile(cluster: Any, cfg: Config, steps: int, reps: int | None = None) -> Any:

@@ -191,6 +191,17 @@ class RolloutWorker(EngineWorker):
         self.version = version
         return version
 
+    def save_state(self) -> dict:
+        """Weights and version, to carry a replica to new devices when the flow re-plans."""
+        with _Resident(self.engine) as eng:
+            weights = {k: v.detach().to("cpu", copy=True) for k, v in eng.named_parameters()}
+        return {"weights": weights, "version": self.version}
+
+    def load_state(self, state: dict) -> None:
+        with _Resident(self.engine) as eng:
+            eng.set_weights(state["weights"])
+        self.version = state["version"]
+
 
 class RewardWorker(Worker):
     def __init__(self, task: dict, algo: AlgoConfig, group_size: int):

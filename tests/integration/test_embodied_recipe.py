@@ -159,7 +159,7 @@ def test_auto_times_close_candidates_and_runs_the_fastest(cluster, tmp_path):
     assert len(rows) >= 2
     assert len({json.dumps(r["placement"], sort_keys=True) for r in rows}) == len(rows)
     assert {r["placement"]["colocated"] for r in rows} == {True, False}
-    fastest = min(rows, key=lambda r: r["trial_step_s"])
+    fastest = min(rows, key=lambda r: r["rollout_s"])
     assert rows[trials["chosen"]] is not None and rows[trials["chosen"]] == fastest
     assert s["placement"] == fastest["placement"]
     assert trials["seconds"] > 0
@@ -175,7 +175,7 @@ def test_trial_calibration_keeps_the_update_and_matches_the_measured_cycle():
     for plan in search_all(prof).values():
         if plan is None:
             continue
-        cal = calibrated_by_trial(prof, plan, step_s=0.01, steps=16)
+        cal = calibrated_by_trial(prof, plan, rollout_s=0.16)
         assert cal.tree == plan.tree and cal.micro_batch == plan.micro_batch
         assert cal.predicted_s == pytest.approx(0.5 + 0.01 * 16)  # update 0.5 s + 16 steps
 
