@@ -271,6 +271,7 @@ class Flow:
         self._detector: Any = None
         self._measured: dict[str, list[float]] = {}
         self._launch_s = 0.0
+        self._fresh = False
 
     # ------------------------------------------------------------------ declaration
     def group(
@@ -366,6 +367,13 @@ class Flow:
             profile = profile_flow(self, sample, micro_batch=micro_batch, memory_gb=memory_gb)
         elif not hasattr(profile, "components"):
             profile = load_profile(profile)
+        want = len(sample) if sample is not None else batch
+        if want and profile.batch != want:
+            raise PlanError(
+                f"the profile is for batch={profile.batch} items per iteration but this run has "
+                f"{want}: set the run's batch to {profile.batch}, or profile this batch size "
+                "(loomrl profile CONFIG)"
+            )
         self.profile_ = profile
         if micro_batch is not None:
             profile = _with_granularities(profile, [micro_batch])
@@ -527,6 +535,7 @@ class Flow:
             )
             if state is not None and hasattr(comp.cls, "load_state"):
                 wait(comp.group.load_state(state))
+            self._fresh = True  # new workers: their first iteration pays first-call costs
         self._launch_s = time.time() - t
 
     # ------------------------------------------------------------------ adaptation
@@ -554,6 +563,9 @@ class Flow:
         if plan is None or self.profile_ is None or self._calibrate or not result.predicted_s:
             return None
         key = plan_key(plan)
+        if self._fresh:  # a warm-up iteration says nothing about the plan's steady state
+            self._fresh = False
+            return None
         self._measured.setdefault(key, []).append(result.measured_s)
         if self._detector is None or (self._detector.threshold, self._detector.window) != (
             cfg.threshold,

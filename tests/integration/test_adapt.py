@@ -1,0 +1,166 @@
+"""Run-time adaptation on real workers: a stale profile is noticed and refreshed without
+changing outputs; a redeploy carries worker state and keeps groups that do not move."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from loomrl import Worker, wait
+from loomrl.adapt import AdaptConfig, refresh_profile
+from loomrl.flow import Flow
+from loomrl.plan import load_profile
+from loomrl.plan.plan import leaf, spatial, temporal
+from loomrl.plan.search import fixed_plan
+from loomrl.recipes.demo import DemoConfig, build, make_items
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = DemoConfig(size=64, encode_reps=2, transform_reps=3, reduce_reps=1, resident_mb=8)
+
+
+def _steps(cluster, profile, adapt: bool, steps: int = 4):
+    flow = Flow(cluster)
+    build(flow, SMALL)
+    flow.plan("auto", profile=profile)
+    outs, events = [], []
+    try:
+        for step in range(steps):
+            res = flow.run(make_items(step, 8))
+            outs.append(res.outputs)
+            if adapt:
+                ev = flow.adapt(res, steps - step - 1, AdaptConfig(window=2))
+                if ev is not None:
+                    events.append((step, ev, res.measured_s))
+    finally:
+        flow.shutdown()
+    return outs, events
+
+
+def test_a_stale_profile_is_detected_and_refreshed_outputs_unchanged(cluster):
+    prof = load_profile(ROOT / "examples/profiles/demo_matmul.yaml")
+    # Costs from "another workload": encode 100x too cheap, transform 100x too dear.
+    stale = refresh_profile(prof, {"encode": 0.01, "transform": 100.0})
+    static, none = _steps(cluster, stale, adapt=False)
+    adaptive, events = _steps(cluster, stale, adapt=True)
+    assert none == [] and adaptive == static
+    step, ev, measured = events[0]
+    # Iteration 0 is fresh workers' warm-up; iterations 1 and 2 fill the window of 2.
+    assert step == 2
+    assert len(ev["errors"]) == 2 and all(e < -0.15 for e in ev["errors"])
+    assert ev["factors"]["encode"] > 100 * ev["factors"]["transform"]
+    assert abs(ev["refreshed_s"] - measured) < abs(ev["predicted_s"] - measured)
+    assert ev["action"] in ("replan", "recalibrate")
+
+
+class Counter(Worker):
+    def __init__(self):
+        super().__init__()
+        self.total = 0
+
+    def add(self, items):
+        self.total += len(items)
+        return items
+
+    def count(self):
+        return self.total
+
+    def save_state(self):
+        return {"total": self.total}
+
+    def load_state(self, state):
+        self.total = state["total"]
+
+
+class Sink(Worker):
+    def sink(self, items):
+        return items
+
+
+def test_redeploy_carries_state_and_keeps_groups_in_place(cluster):
+    prof = load_profile(
+        {
+            "devices": 2,
+            "device_memory_gb": 8,
+            "batch": 4,
+            "granularities": [2, 4],
+            "components": {
+                "a": {
+                    "valid_devices": [1, 2],
+                    "time": {"alpha": 0, "per_item": {1: 0.01, 2: 0.005}},
+                    "memory_gb": {1: 0.1, 2: 0.1},
+                },
+                "b": {
+                    "valid_devices": [1],
+                    "time": {"alpha": 0, "per_item": {1: 0.01}},
+                    "memory_gb": {1: 0.1},
+                },
+            },
+            "edges": [["a", "b"]],
+        }
+    )
+    flow = Flow(cluster)
+    a = flow.group(Counter, name="a")
+    b = flow.group(Sink, name="b")
+    flow.chain(a.add, b.sink)
+    first = fixed_plan(prof, spatial(leaf("a", 1), leaf("b", 1)), 2)
+    moved = fixed_plan(prof, temporal(leaf("a", 2), leaf("b", 2, used=1)), 4)
+    try:
+        flow.apply(first)
+        assert flow.run([1, 2, 3, 4]).outputs == [1, 2, 3, 4]
+        assert wait(a.count()) == [4]
+        b_actor = b.group.actors[0]
+        flow._launch(first, keep=first.assignment())  # nothing moves: nothing restarts
+        assert b.group.actors[0] is b_actor
+        flow._launch(moved, keep=first.assignment())
+        assert a.group.world_size == 2
+        assert wait(a.count()) == [4, 4]  # rank 0's state, loaded on every new rank
+        assert b.group.actors[0] is not b_actor  # b moved from device 1 to device 0
+        flow.plan_ = moved
+        assert flow.run([5, 6, 7, 8]).outputs == [5, 6, 7, 8]
+    finally:
+        flow.shutdown()
+
+
+def test_run_adapt_writes_events_and_counts_replans(cluster, tmp_path):
+    from loomrl.cli import main as cli
+
+    stale = refresh_profile(
+        load_profile(ROOT / "examples/profiles/demo_matmul.yaml"),
+        {"encode": 0.01, "transform": 100.0},
+    )
+    prof_path = tmp_path / "stale.json"
+    prof_path.write_text(json.dumps(stale.to_dict()))
+    out = tmp_path / "run"
+    args = [
+        "run",
+        str(ROOT / "examples/demo_matmul.yaml"),
+        "steps=4",
+        "batch=8",
+        f"output_dir={out}",
+        f"run.profile={prof_path}",
+        "run.adapt=true",
+        "run.adapt_window=2",
+        "run.progress=false",
+        "run.tensorboard=false",
+        "demo.size=64",
+        "demo.encode_reps=2",
+        "demo.transform_reps=3",
+        "demo.reduce_reps=1",
+    ]
+    assert cli(args) == 0
+    events = [json.loads(x) for x in (out / "adapt.jsonl").read_text().splitlines()]
+    assert events and events[0]["step"] == 2
+    s = json.loads((out / "run_summary.json").read_text())
+    assert s["replans"] == sum(e["action"] == "replan" for e in events)
+    # The summary's prediction is the refreshed one, not the stale profile's.
+    assert s["predicted_iteration_s"] == json.loads((out / "plan.json").read_text())["predicted_s"]
+    assert s["predicted_iteration_s"] != stale_prediction(stale)
+    # A profile for another batch size is refused before any worker starts.
+    rest = [a for a in args if not a.startswith(("batch=", "output_dir="))]
+    assert cli([*rest, f"output_dir={tmp_path / 'bad'}"]) == 2
+
+
+def stale_prediction(profile) -> float:
+    from loomrl.plan.search import search_all
+
+    return search_all(profile)["best"].predicted_s

@@ -1,0 +1,119 @@
+"""Run-time adaptation's pure parts: drift detection, profile refresh, the switch decision."""
+
+from __future__ import annotations
+
+import pytest
+
+from loomrl.adapt import (
+    AdaptConfig,
+    DriftDetector,
+    component_factors,
+    measured_switch_s,
+    plan_key,
+    refresh_profile,
+    worth_switching,
+)
+from loomrl.plan import load_profile
+from loomrl.plan.plan import leaf, spatial, temporal
+from loomrl.plan.search import fixed_plan
+
+PROFILE = {
+    "devices": 2,
+    "device_memory_gb": 8,
+    "batch": 4,
+    "granularities": [1, 2, 4],
+    "components": {
+        "a": {
+            "valid_devices": [1, 2],
+            "time": {"alpha": 0.1, "per_item": {1: 0.2, 2: 0.1}},
+            "memory_gb": {1: 1, 2: 1},
+            "switch_s": 0.05,
+        },
+        "b": {
+            "valid_devices": [1],
+            "time": {"alpha": 0.0, "per_item": {1: 0.5}},
+            "memory_gb": {1: 1},
+        },
+    },
+    "edges": [["a", "b"]],
+}
+
+
+def test_drift_needs_a_full_window_on_one_side():
+    d = DriftDetector(threshold=0.15, window=3)
+    assert not d.observe(1.0, 1.5)
+    assert not d.observe(1.0, 1.5)
+    assert d.observe(1.0, 1.2)  # +50%, +50%, +20%
+    d.reset()
+    for m in (1.3, 0.7, 1.3):  # deviating, but not on one side: noise, not drift
+        assert not d.observe(1.0, m)
+    assert not d.observe(1.0, 0.7)  # window now (-30%, +30%, -30%)
+    assert not d.observe(1.0, 0.7)  # (+30%, -30%, -30%)
+    assert d.observe(1.0, 0.7)  # (-30%, -30%, -30%)
+    d.reset()
+    for m in (1.1, 1.14, 1.149):  # within the threshold
+        assert not d.observe(1.0, m)
+    assert not DriftDetector().observe(None, 5.0)  # nothing predicted: nothing to judge
+
+
+def test_component_factors_compare_recorded_calls_with_the_profile():
+    prof = load_profile(PROFILE)
+    # a on 2 devices, 2 ranks, each took 2 calls of 1 item (micro-batch 2 over 2 ranks):
+    # predicted per call = alpha + items * world * per_item[2] = 0.1 + 1 * 2 * 0.1 = 0.3.
+    tl = [
+        {"component": "a", "rank": r, "kind": "run", "items": 1, "start": 0.0, "end": 0.6}
+        for r in (0, 1)
+        for _ in range(2)
+    ]
+    # b on 1 device, one call of 4 items: predicted 0 + 4 * 0.5 = 2.0; took 1.0.
+    tl.append({"component": "b", "rank": 0, "kind": "run", "items": 4, "start": 0, "end": 1.0})
+    tl.append({"component": "a", "rank": 0, "kind": "onload", "items": 0, "start": 0, "end": 0.2})
+    tl.append({"component": "a", "rank": 0, "kind": "offload", "items": 0, "start": 1, "end": 1.1})
+    tl.append({"component": "a", "rank": 1, "kind": "onload", "items": 0, "start": 0, "end": 0.1})
+    f = component_factors(prof, {"a": [0, 1], "b": [0]}, tl)
+    assert f == pytest.approx({"a": 2.0, "b": 0.5})
+    assert measured_switch_s(tl) == pytest.approx({"a": 0.3})
+    fresh = refresh_profile(prof, f, measured_switch_s(tl))
+    assert fresh.components["a"].alpha == pytest.approx(0.2)
+    assert fresh.components["a"].per_item == pytest.approx({1: 0.4, 2: 0.2})
+    assert fresh.components["a"].switch_s == pytest.approx(0.3)
+    assert fresh.components["b"].per_item == pytest.approx({1: 0.25})
+    assert prof.components["a"].alpha == 0.1  # the original is untouched
+
+
+def test_a_component_the_profile_does_not_know_is_skipped():
+    prof = load_profile(PROFILE)
+    tl = [{"component": "z", "rank": 0, "kind": "run", "items": 1, "start": 0, "end": 1}]
+    assert component_factors(prof, {"z": [0]}, tl) == {}
+    # a on 3 devices: no cost for that count, so no factor.
+    tl = [{"component": "a", "rank": 0, "kind": "run", "items": 1, "start": 0, "end": 1}]
+    assert component_factors(prof, {"a": [0, 1, 2]}, tl) == {}
+
+
+def test_switching_must_pay_for_the_stall_and_beat_the_margin():
+    assert worth_switching(1.0, 0.8, stall_s=1.0, iterations_left=10)  # saves 2 s for 1 s
+    assert not worth_switching(1.0, 0.8, stall_s=3.0, iterations_left=10)  # saves 2 s for 3 s
+    assert not worth_switching(1.0, 0.97, stall_s=0.0, iterations_left=100)  # 3% < 5%
+    assert not worth_switching(1.0, 0.5, stall_s=0.0, iterations_left=0)  # nothing left to gain
+    assert worth_switching(1.0, 0.97, stall_s=0.0, iterations_left=100, min_gain=0.01)
+
+
+def test_plan_key_ignores_the_prediction():
+    prof = load_profile(PROFILE)
+    t = fixed_plan(prof, temporal(leaf("a", 2), leaf("b", 2, used=1)), 4)
+    s = fixed_plan(prof, spatial(leaf("a", 1), leaf("b", 1)), 2)
+    fresh = refresh_profile(prof, {"a": 3.0})
+    t2 = fixed_plan(fresh, temporal(leaf("a", 2), leaf("b", 2, used=1)), 4)
+    assert t2.predicted_s != t.predicted_s and plan_key(t2) == plan_key(t)
+    assert plan_key(s) != plan_key(t)
+    assert plan_key(fixed_plan(prof, spatial(leaf("a", 1), leaf("b", 1)), 1)) != plan_key(s)
+
+
+def test_adapt_config_reports_every_problem():
+    p = AdaptConfig(threshold=0, window=0, min_gain=-1, max_replans=-1).problems("adapt_")
+    assert p == [
+        "adapt_threshold: must be > 0, got 0",
+        "adapt_window: must be >= 1 iteration, got 0",
+        "adapt_min_gain: must be >= 0, got -1",
+        "adapt_max_replans: must be >= 0, got -1",
+    ]
