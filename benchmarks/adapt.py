@@ -6,7 +6,7 @@ Run:  python benchmarks/adapt.py --scenario stale --out runs/bench_adapt_stale.j
 
 The demo workflow (encode -> transform -> reduce) on --devices CPU slots, transform limited to
 one device. Two scenarios:
-  stale  the plan comes from a stale profile (encode measured 10x cheaper and transform 10x
+  stale  the plan comes from a stale profile (encode measured 100x cheaper and transform 100x
          dearer than they are, as a profile taken on other data would be): the planner pipelines
          encode beside transform, while sharing all devices phase by phase is much faster.
   drift  the profile is right at first; from step --drift-step on transform does
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         prof = profile_flow(flow, make_items(0, args.batch, args.seed))
         prof_s = time.time() - t
         if stale:
-            prof = refresh_profile(prof, {"encode": 0.1, "transform": 10.0})
+            prof = refresh_profile(prof, {"encode": 0.01, "transform": 100.0})
         initial = search_all(prof)["best"]
         print(f"profile {prof_s:.1f}s; initial plan {initial.mode}:\n{initial}", file=sys.stderr)
         out = {}

@@ -9,7 +9,9 @@ The pieces are pure functions over profiles, plans and measured timelines (teste
    (one slow iteration, or noise around the prediction, never triggers it).
 2. ``refresh_profile``: each component's recorded busy time against what the profile predicted
    for exactly those calls gives a correction factor, applied to its whole cost curve (the items
-   changed, not the device scaling); measured offload/onload times replace ``switch_s``.
+   changed, not the device scaling); the gap a streaming component leaves between micro-batch
+   calls when it does not wait (channel hand-offs) joins its per-call cost; measured
+   offload/onload times replace ``switch_s``.
 3. ``worth_switching``: the best plan under the refreshed profile replaces the running one only
    when it is predicted at least ``min_gain`` faster and the gain over the remaining iterations
    repays the redeploy stall; a plan already measured slower is never returned to (no
@@ -28,6 +30,7 @@ from typing import Any
 __all__ = [
     "AdaptConfig",
     "DriftDetector",
+    "call_overheads",
     "component_factors",
     "measured_switch_s",
     "plan_key",
@@ -121,16 +124,66 @@ def measured_switch_s(timeline: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def call_overheads(timeline: list[dict[str, Any]]) -> dict[str, float]:
+    """Seconds a streaming component spends between consecutive micro-batch calls when it does
+    not wait: the smallest gap between one call's end and the next call's start on a rank
+    (taking the result's hand-off to the next channel and the next micro-batch from its input),
+    the median over ranks. Components called once per rank (phase by phase) have no gap."""
+    runs = _runs_by_component(timeline, "run")
+    out: dict[str, float] = {}
+    for name, recs in runs.items():
+        by_rank: dict[int, list[dict]] = {}
+        for r in recs:
+            by_rank.setdefault(r["rank"], []).append(r)
+        # Calls of other components on the same devices (a co-resident partner taking its turn)
+        # fill part of a gap: that part is their work, not this component's overhead.
+        others = [r for c, rs in runs.items() if c != name for r in rs]
+        gaps = []
+        for rs in by_rank.values():
+            rs.sort(key=lambda r: r["start"])
+            devs = set(rs[0].get("devices") or ())
+            near = [o for o in others if devs & set(o.get("devices") or ())]
+            g = [
+                b["start"] - a["end"] - _covered(near, a["end"], b["start"])
+                for a, b in zip(rs, rs[1:], strict=False)
+            ]
+            if g:
+                gaps.append(max(0.0, min(g)))
+        if gaps:
+            out[name] = statistics.median(gaps)
+    return out
+
+
+def _covered(recs: list[dict[str, Any]], lo: float, hi: float) -> float:
+    """Length of [lo, hi] covered by the union of the records' [start, end]."""
+    spans = sorted((max(lo, r["start"]), min(hi, r["end"])) for r in recs)
+    spans = [(a, b) for a, b in spans if b > a]
+    total, reach = 0.0, lo
+    for a, b in spans:
+        if b <= reach:
+            continue
+        total += b - max(a, reach)
+        reach = b
+    return total
+
+
 def refresh_profile(
-    profile: Any, factors: dict[str, float], switch_s: dict[str, float] | None = None
+    profile: Any,
+    factors: dict[str, float],
+    switch_s: dict[str, float] | None = None,
+    overhead_s: dict[str, float] | None = None,
 ) -> Any:
-    """A copy of ``profile`` with each named component's costs scaled by its factor."""
+    """A copy of ``profile`` with each named component's costs scaled by its factor, and its
+    per-call overhead (``call_overheads``) added to ``alpha``."""
     comps = dict(profile.components)
     for name, f in factors.items():
         c = comps[name]
         comps[name] = replace(
             c, alpha=c.alpha * f, per_item={n: v * f for n, v in c.per_item.items()}
         )
+    for name, extra in (overhead_s or {}).items():
+        if name in comps:
+            comps[name] = replace(comps[name], alpha=comps[name].alpha + float(extra))
     for name, s in (switch_s or {}).items():
         if name in comps:
             comps[name] = replace(comps[name], switch_s=float(s))

@@ -270,7 +270,7 @@ class Flow:
         self.replans = 0
         self._detector: Any = None
         self._measured: dict[str, list[float]] = {}
-        self._launch_s = 0.0
+        self._group_launch_s = 0.0  # seconds to (re)start one group, from the last launch
         self._fresh = False
 
     # ------------------------------------------------------------------ declaration
@@ -514,11 +514,12 @@ class Flow:
         and a replaced group's state moves to the new one through its ``save_state`` /
         ``load_state`` methods when the class has both (saved on rank 0, loaded on every rank).
         """
-        t = time.time()
+        t, started = time.time(), 0
         for name, devs in plan.assignment().items():
             comp = self.components[name]
             if keep is not None and comp.group is not None and keep.get(name) == devs:
                 continue
+            started += 1
             state = None
             if comp.group is not None:
                 if keep is not None and hasattr(comp.cls, "save_state"):
@@ -536,7 +537,8 @@ class Flow:
             if state is not None and hasattr(comp.cls, "load_state"):
                 wait(comp.group.load_state(state))
             self._fresh = True  # new workers: their first iteration pays first-call costs
-        self._launch_s = time.time() - t
+        if started:
+            self._group_launch_s = (time.time() - t) / started
 
     # ------------------------------------------------------------------ adaptation
     def adapt(
@@ -550,6 +552,7 @@ class Flow:
         from loomrl.adapt import (
             AdaptConfig,
             DriftDetector,
+            call_overheads,
             component_factors,
             measured_switch_s,
             plan_key,
@@ -577,7 +580,12 @@ class Flow:
         t0 = time.time()
         errors = list(self._detector.errors)
         factors = component_factors(self.profile_, plan.assignment(), result.timeline)
-        prof = refresh_profile(self.profile_, factors, measured_switch_s(result.timeline))
+        prof = refresh_profile(
+            self.profile_,
+            factors,
+            measured_switch_s(result.timeline),
+            call_overheads(result.timeline),
+        )
         # A calibrated profile knows one device count per component: recalibrate, never move.
         calibrated = plan.method in ("calibrate", "calibrated")
         method = "calibrated" if calibrated else "refreshed"
@@ -595,16 +603,23 @@ class Flow:
             "best_mode": best.mode,
             "action": "recalibrate",
         }
+        old_assign, new_assign = plan.assignment(), best.assignment()
+        moving = sum(old_assign.get(c) != d for c, d in new_assign.items())
+        event["stall_estimate_s"] = moving * self._group_launch_s
         if (
             bkey != key
             and self.replans < cfg.max_replans
             and not slower_before
             and worth_switching(
-                current.predicted_s, best.predicted_s, self._launch_s, iterations_left, cfg.min_gain
+                current.predicted_s,
+                best.predicted_s,
+                event["stall_estimate_s"],
+                iterations_left,
+                cfg.min_gain,
             )
         ):
             t = time.time()
-            self._launch(best, keep=plan.assignment())
+            self._launch(best, keep=old_assign)
             self.replans += 1
             event.update(
                 action="replan",

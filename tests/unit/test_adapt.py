@@ -7,6 +7,7 @@ import pytest
 from loomrl.adapt import (
     AdaptConfig,
     DriftDetector,
+    call_overheads,
     component_factors,
     measured_switch_s,
     plan_key,
@@ -79,6 +80,31 @@ def test_component_factors_compare_recorded_calls_with_the_profile():
     assert fresh.components["a"].switch_s == pytest.approx(0.3)
     assert fresh.components["b"].per_item == pytest.approx({1: 0.25})
     assert prof.components["a"].alpha == 0.1  # the original is untouched
+
+
+def test_call_overheads_take_the_smallest_gap_between_calls():
+    def run(c, rank, start, end):
+        return {"component": c, "rank": rank, "kind": "run", "items": 1, "start": start, "end": end}
+
+    tl = [
+        run("s", 0, 0.0, 1.0),
+        run("s", 0, 1.1, 2.0),  # gap 0.1
+        run("s", 0, 2.5, 3.0),  # gap 0.5: waited for input
+        run("s", 1, 0.0, 1.0),
+        run("s", 1, 1.3, 2.0),  # gap 0.3
+        run("p", 0, 0.0, 5.0),  # one call per rank: no gap
+    ]
+    assert call_overheads(tl) == pytest.approx({"s": 0.2})  # median of 0.1 and 0.3
+    # A co-resident partner on the same device alternates with "x": its turn is not overhead.
+    x = [run("x", 0, 0.0, 1.0), run("x", 0, 2.05, 3.0), run("y", 0, 1.0, 2.0)]
+    x += [run("y", 0, 3.5, 4.0), run("z", 0, -1.0, -0.5)]  # outside the gap: no effect
+    for r in x:
+        r["devices"] = [0]
+    assert call_overheads(x)["x"] == pytest.approx(0.05)
+    assert call_overheads(x)["y"] == pytest.approx(1.5 - 0.95)
+    prof = load_profile(PROFILE)
+    fresh = refresh_profile(prof, {"a": 2.0}, overhead_s={"a": 0.05})
+    assert fresh.components["a"].alpha == pytest.approx(0.1 * 2 + 0.05)
 
 
 def test_a_component_the_profile_does_not_know_is_skipped():
