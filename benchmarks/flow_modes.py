@@ -1,13 +1,13 @@
 """The demo workflow under temporal, spatial, hybrid and auto plans: predicted vs measured.
 
-Run: python benchmarks/flow_modes.py --devices 2 --steps 5 --out flow_modes.json
+Run: python benchmarks/flow_modes.py --devices 2 --steps 7 --out flow_modes.json
 
 One profile is measured on the real workers (or read with --profile), then every mode's best plan
 runs the same items for --steps iterations. Prints per mode the planner's prediction, the measured
 median iteration time after warm-up, their relative gap, and whether auto chose the mode measured
-fastest. Beside them, out of sample: the prediction from the profile refreshed with iteration 1's
-recorded component times (``loomrl.adapt.refresh_profile``, as run-time adaptation does) against
-the median of iterations 2.. . The last line: `auto_mode: <m> best_mode: <m> auto_vs_best: <ratio> max_gap: <x>`.
+fastest. Beside them, out of sample: the prediction from the profile refreshed with iterations
+1-2's recorded component times (``loomrl.adapt.refresh_profile``, as run-time adaptation does)
+against the median of iterations 3.. . The last line: `auto_mode: <m> best_mode: <m> auto_vs_best: <ratio> max_gap: <x>`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=7)
     p.add_argument("--profile", default=None, help="a profile file (default: measure one)")
     p.add_argument("--size", type=int, default=384)
     p.add_argument("--out", default=None)
@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     from loomrl.adapt import (
         call_overheads,
         component_factors,
+        mean_by_key,
         measured_switch_s,
+        phase_overheads,
         refresh_profile,
     )
     from loomrl.flow import Flow
@@ -67,17 +69,22 @@ def main(argv: list[str] | None = None) -> int:
             f.shutdown()
             times = [r.measured_s for r in results]
             meas = statistics.median(times[1:] or times)
-            # Out of sample: the profile refreshed from iteration 1's records (what run-time
-            # adaptation does), judged on iterations 2.. .
-            warm = results[1] if len(results) > 2 else results[-1]
+            # Out of sample: the profile refreshed from iterations 1-2's records (what run-time
+            # adaptation does over its window), judged on iterations 3.. .
+            warm = results[1:3] if len(results) > 3 else results[-1:]
             fresh = refresh_profile(
                 prof,
-                component_factors(prof, plan.assignment(), warm.timeline),
-                measured_switch_s(warm.timeline),
-                call_overheads(warm.timeline),
+                component_factors(prof, plan.assignment(), *[w.timeline for w in warm]),
+                mean_by_key([measured_switch_s(w.timeline) for w in warm]),
+                mean_by_key(
+                    [
+                        {**call_overheads(w.timeline), **phase_overheads(w.timeline, w.phases)}
+                        for w in warm
+                    ]
+                ),
             )
             refreshed = fixed_plan(fresh, plan.tree, plan.micro_batch).predicted_s
-            later = statistics.median(times[2:] or times)
+            later = statistics.median(times[3:] or times)
             rows[mode] = {
                 "feasible": True,
                 "mode": plan.mode,

@@ -7,8 +7,8 @@ The pieces are pure functions over profiles, plans and measured timelines (teste
 1. ``DriftDetector``: the relative error (measured - predicted) / predicted of each iteration;
    drift is declared when the last ``window`` errors all exceed ``threshold`` on the same side
    (one slow iteration, or noise around the prediction, never triggers it).
-2. ``refresh_profile``: each component's recorded busy time against what the profile predicted
-   for exactly those calls gives a correction factor, applied to its whole cost curve (the items
+2. ``refresh_profile``: each component's recorded time (per micro-batch, its slowest rank)
+   against what the profile predicted for exactly those calls gives a correction factor, applied to its whole cost curve (the items
    changed, not the device scaling); the gap a streaming component leaves between micro-batch
    calls when it does not wait (channel hand-offs) joins its per-call cost; measured
    offload/onload times replace ``switch_s``.
@@ -32,7 +32,9 @@ __all__ = [
     "DriftDetector",
     "call_overheads",
     "component_factors",
+    "mean_by_key",
     "measured_switch_s",
+    "phase_overheads",
     "plan_key",
     "refresh_profile",
     "worth_switching",
@@ -82,32 +84,42 @@ class DriftDetector:
 
 
 def _runs_by_component(timeline: list[dict[str, Any]], kind: str) -> dict[str, list[dict]]:
+    """Records of kind "run", or of the switches ("onload" / "offload"), per component."""
+    kinds = ("run",) if kind == "run" else ("onload", "offload")
     out: dict[str, list[dict]] = {}
     for r in timeline:
-        if (r["kind"] == "run") == (kind == "run"):
+        if r["kind"] in kinds:
             out.setdefault(r["component"], []).append(r)
     return out
 
 
 def component_factors(
-    profile: Any, assignment: dict[str, list[int]], timeline: list[dict[str, Any]]
+    profile: Any, assignment: dict[str, list[int]], *timelines: list[dict[str, Any]]
 ) -> dict[str, float]:
-    """measured / predicted busy seconds per component over one iteration's ``run`` records.
+    """measured / predicted seconds per component over the ``run`` records of one or more
+    iterations' timelines (several iterations average out which items each one drew).
 
-    A record is one call of one rank on ``items`` items; the component's call on the whole
-    micro-batch spans ``items * world`` items (world = its ranks), so its prediction is
-    ``alpha + items * world * per_item[n]`` with n its device count.
+    The ranks of a component process a micro-batch side by side and the next step waits for the
+    slowest, so each micro-batch counts its slowest rank's record; its prediction is the
+    profile's ``alpha + x * per_item[n]`` for the x items all ranks took (n: its devices).
     """
+    tagged = [
+        {**r, "micro_batch": (i, r.get("micro_batch", 0))}
+        for i, tl in enumerate(timelines)
+        for r in tl
+    ]
     factors: dict[str, float] = {}
-    for name, recs in _runs_by_component(timeline, "run").items():
+    for name, recs in _runs_by_component(tagged, "run").items():
         comp = profile.components.get(name)
         devs = assignment.get(name)
         if comp is None or not devs or len(devs) not in comp.per_item:
             continue
-        world = len({r["rank"] for r in recs})
         per_item = comp.per_item[len(devs)]
-        predicted = sum(comp.alpha + r["items"] * world * per_item for r in recs)
-        measured = sum(r["end"] - r["start"] for r in recs)
+        by_k: dict[Any, list[dict]] = {}
+        for r in recs:
+            by_k.setdefault(r.get("micro_batch", 0), []).append(r)
+        predicted = sum(comp.alpha + sum(r["items"] for r in rs) * per_item for rs in by_k.values())
+        measured = sum(max(r["end"] - r["start"] for r in rs) for rs in by_k.values())
         if predicted > 0 and measured > 0:
             factors[name] = measured / predicted
     return factors
@@ -152,6 +164,30 @@ def call_overheads(timeline: list[dict[str, Any]]) -> dict[str, float]:
         if gaps:
             out[name] = statistics.median(gaps)
     return out
+
+
+def phase_overheads(
+    timeline: list[dict[str, Any]], phases: dict[str, tuple[float, float]]
+) -> dict[str, float]:
+    """Per phase-context stage: the driver-side wall time of its call beyond the busiest rank's
+    recorded work and switches (dispatch, the batch's channel hand-offs, the return)."""
+    busy: dict[tuple[str, int], float] = {}
+    for r in timeline:
+        if r["kind"] in ("run", "onload", "offload"):
+            k = (r["component"], r["rank"])
+            busy[k] = busy.get(k, 0.0) + r["end"] - r["start"]
+    out = {}
+    for name, (start, end) in phases.items():
+        mine = [v for (c, _), v in busy.items() if c == name]
+        if mine:
+            out[name] = max(0.0, end - start - max(mine))
+    return out
+
+
+def mean_by_key(dicts: list[dict[str, float]]) -> dict[str, float]:
+    """Per key, the mean over the dicts that have it."""
+    keys = {k for d in dicts for k in d}
+    return {k: statistics.fmean(d[k] for d in dicts if k in d) for k in keys}
 
 
 def _covered(recs: list[dict[str, Any]], lo: float, hi: float) -> float:

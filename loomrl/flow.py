@@ -221,6 +221,9 @@ class FlowResult:
     measured_s: float
     predicted_s: float
     timeline: list[dict[str, Any]] = field(default_factory=list)
+    # Driver-side wall time of each phase-context stage call, (start, end) from the iteration's
+    # start: the call's dispatch, channel hand-offs and return around the recorded work.
+    phases: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def stage_seconds(self) -> dict[str, float]:
         """Wall time each component was busy (its ranks run side by side: spans, not sums)."""
@@ -272,6 +275,7 @@ class Flow:
         self._measured: dict[str, list[float]] = {}
         self._group_launch_s = 0.0  # seconds to (re)start one group, from the last launch
         self._fresh = False
+        self._recent: list[FlowResult] = []  # iterations of the current window (adapt)
 
     # ------------------------------------------------------------------ declaration
     def group(
@@ -393,6 +397,7 @@ class Flow:
         self._launch(plan)
         self.plan_ = plan
         self.adapt_events, self.replans, self._detector, self._measured = [], 0, None, {}
+        self._recent = []
 
     def _all_fit(self, plan: Plan) -> bool:
         """True when every device can hold all the components placed on it at once (by the
@@ -463,7 +468,11 @@ class Flow:
         comps: dict[str, Any] = {}
         for name, devs in plan.assignment().items():
             runs = [r for r in result.timeline if r["component"] == name and r["kind"] == "run"]
-            sw = [r for r in result.timeline if r["component"] == name and r["kind"] != "run"]
+            sw = [
+                r
+                for r in result.timeline
+                if r["component"] == name and r["kind"] in ("onload", "offload")
+            ]
             span = (max(r["end"] for r in runs) - min(r["start"] for r in runs)) if runs else 0.0
             by_rank: dict[int, float] = {}
             for r in sw:
@@ -554,7 +563,9 @@ class Flow:
             DriftDetector,
             call_overheads,
             component_factors,
+            mean_by_key,
             measured_switch_s,
+            phase_overheads,
             plan_key,
             refresh_profile,
             worth_switching,
@@ -570,6 +581,7 @@ class Flow:
             self._fresh = False
             return None
         self._measured.setdefault(key, []).append(result.measured_s)
+        self._recent = [*self._recent[-(cfg.window - 1) :], result] if cfg.window > 1 else [result]
         if self._detector is None or (self._detector.threshold, self._detector.window) != (
             cfg.threshold,
             cfg.window,
@@ -579,12 +591,19 @@ class Flow:
             return None
         t0 = time.time()
         errors = list(self._detector.errors)
-        factors = component_factors(self.profile_, plan.assignment(), result.timeline)
+        # The window's iterations together: one iteration's items may be unusually light or heavy.
+        recent = self._recent[-cfg.window :]
+        factors = component_factors(self.profile_, plan.assignment(), *[r.timeline for r in recent])
         prof = refresh_profile(
             self.profile_,
             factors,
-            measured_switch_s(result.timeline),
-            call_overheads(result.timeline),
+            mean_by_key([measured_switch_s(r.timeline) for r in recent]),
+            mean_by_key(
+                [
+                    {**call_overheads(r.timeline), **phase_overheads(r.timeline, r.phases)}
+                    for r in recent
+                ]
+            ),
         )
         # A calibrated profile knows one device count per component: recalibrate, never move.
         calibrated = plan.method in ("calibrate", "calibrated")
@@ -633,6 +652,7 @@ class Flow:
             self.plan_ = current
         self.profile_ = prof
         self._detector.reset()
+        self._recent = []
         event["decide_s"] = time.time() - t0 - event.get("stall_s", 0.0)
         self.adapt_events.append(event)
         return event
@@ -691,6 +711,7 @@ class Flow:
                     t0=t0,
                 )
             results: dict[str, list[dict]] = {}
+            self._phases: dict[str, tuple[float, float]] = {}
             self._execute(plan.tree, "phase", specs, results)
             measured = time.time() - t0
             # The data-flow graph as the channels saw it (producer -> consumer components).
@@ -718,7 +739,9 @@ class Flow:
             for r in rs
             for (kind, k, s, e, n) in r["records"]
         ]
-        result = FlowResult([o for _, o in pairs], measured, plan.predicted_s, timeline)
+        result = FlowResult(
+            [o for _, o in pairs], measured, plan.predicted_s, timeline, dict(self._phases)
+        )
         if self._calibrate and plan is self.plan_:
             # The second iteration (the first is warm-up: lazy initialisation, first-call costs)
             # measured every phase: from now on the plan predicts.
@@ -736,7 +759,10 @@ class Flow:
             spec = specs.get(node.component)
             if spec is None:
                 return
+            t = time.time()
             results[node.component] = wait(comp.group._call("_loom_run_stage", spec))
+            if context == "phase":
+                self._phases[node.component] = (t - spec.t0, time.time() - spec.t0)
             return
         if node.op == "cycle":
             raise PlanError("cycle nodes run through the embodied cycle runner, not flow.run()")

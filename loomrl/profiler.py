@@ -85,8 +85,10 @@ def measure(flow: Flow, sample: list[Any], repeats: int = 1) -> ProfileRun:
                 **comp.kwargs,
             )
             try:
+                # The large call takes half the sample: per-item costs vary (long tails), and a
+                # few items would misjudge their mean.
                 small = min(n, len(items))
-                large = min(len(items), max(2 * n, small + 1))
+                large = min(len(items), max(2 * n, small + 1, len(items) // 2))
                 _timed_call(group, stage.name, items[:small])  # warm-up: first-call costs
                 for x in sorted({small, large}):
                     for _ in range(repeats):

@@ -10,6 +10,7 @@ from loomrl.adapt import (
     call_overheads,
     component_factors,
     measured_switch_s,
+    phase_overheads,
     plan_key,
     refresh_profile,
     worth_switching,
@@ -60,11 +61,20 @@ def test_drift_needs_a_full_window_on_one_side():
 def test_component_factors_compare_recorded_calls_with_the_profile():
     prof = load_profile(PROFILE)
     # a on 2 devices, 2 ranks, each took 2 calls of 1 item (micro-batch 2 over 2 ranks):
-    # predicted per call = alpha + items * world * per_item[2] = 0.1 + 1 * 2 * 0.1 = 0.3.
+    # predicted per micro-batch = alpha + 2 items * per_item[2] = 0.1 + 2 * 0.1 = 0.3; measured,
+    # the slower rank: 0.6 and 0.6.
     tl = [
-        {"component": "a", "rank": r, "kind": "run", "items": 1, "start": 0.0, "end": 0.6}
+        {
+            "component": "a",
+            "rank": r,
+            "kind": "run",
+            "micro_batch": k,
+            "items": 1,
+            "start": 0.0,
+            "end": 0.6 - 0.2 * r,
+        }
         for r in (0, 1)
-        for _ in range(2)
+        for k in range(2)
     ]
     # b on 1 device, one call of 4 items: predicted 0 + 4 * 0.5 = 2.0; took 1.0.
     tl.append({"component": "b", "rank": 0, "kind": "run", "items": 4, "start": 0, "end": 1.0})
@@ -105,6 +115,18 @@ def test_call_overheads_take_the_smallest_gap_between_calls():
     prof = load_profile(PROFILE)
     fresh = refresh_profile(prof, {"a": 2.0}, overhead_s={"a": 0.05})
     assert fresh.components["a"].alpha == pytest.approx(0.1 * 2 + 0.05)
+
+
+def test_phase_overhead_is_the_call_beyond_the_busiest_rank():
+    tl = [
+        {"component": "a", "rank": 0, "kind": "onload", "start": 0.1, "end": 0.2},
+        {"component": "a", "rank": 0, "kind": "run", "start": 0.2, "end": 1.0},
+        {"component": "a", "rank": 1, "kind": "run", "start": 0.1, "end": 1.1},
+        {"component": "b", "rank": 0, "kind": "run", "start": 1.3, "end": 2.0},
+    ]
+    # a's call took 1.25 s on the driver; its busiest rank worked 1.0 s (rank 0: 0.1 + 0.8).
+    got = phase_overheads(tl, {"a": (0.0, 1.25), "b": (1.2, 1.9), "c": (2.0, 3.0)})
+    assert got == pytest.approx({"a": 0.25, "b": 0.0})  # b's record outlasts it: never < 0
 
 
 def test_a_component_the_profile_does_not_know_is_skipped():
