@@ -354,12 +354,16 @@ class ActorWorker(EngineWorker):
 
 
 def _to_tensors(bucket: dict) -> dict:
+    import warnings
+
     import torch
 
-    # Object-store arrays are read-only views; set_weights copies them into the parameters.
-    return {
-        k: torch.from_numpy(v.copy() if not v.flags.writeable else v) for k, v in bucket.items()
-    }
+    # Object-store arrays are read-only views of shared memory. set_weights only reads them
+    # (copying into the parameters), so they are wrapped without a copy of their own; torch
+    # warns about non-writable arrays, which is moot for a read.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        return {k: torch.from_numpy(v) for k, v in bucket.items()}
 
 
 @dataclass
