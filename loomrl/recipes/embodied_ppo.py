@@ -101,6 +101,11 @@ def main(cfg: Config) -> dict:
     S = cfg.ppo.rollout_steps // cfg.env.num_envs
     run = Run(cfg, cfg.run)
     try:
+        if cfg.run.adapt:
+            run.logger.echo(
+                "run.adapt: not used by the embodied recipe (its cycle is planned once, with "
+                "placement=auto timing the close candidates); ignored"
+            )
         place = plan_cycle(run, cfg, S)
         envs, policy = launch(run.cluster, cfg, place)
         cycle = EnvPolicyCycle(
