@@ -2,9 +2,10 @@
 
 A small broker actor holds only metadata (order, weights, keys, stats) and, for
 each item, either the item's few bytes (small items, inlined to save a round
-trip) or an ObjectRef. Large payloads go producer -> Ray object store (shared
-memory) -> consumer; the broker never fetches them, and numpy arrays / torch
-tensors are read on the consumer side without a copy.
+trip), the name of a shared-memory slot the producer copied it into (large host
+payloads on a one-node cluster: ``loomrl.transport._shm``), or an ObjectRef
+(Ray's object store). The broker never fetches payloads, and numpy arrays /
+torch tensors are read on the consumer side without a copy.
 
     ch = Channel.create("rollouts", maxsize=64)      # driver
     worker.run(ch)                                   # the Channel object pickles; pass it to actors
@@ -106,10 +107,15 @@ def current_component() -> str:
 #   ("i", skeleton, [bytearray, ...])        inline, small
 #   ("r", [ObjectRef])                        object store; the ref holds (skeleton, [uint8 arrays])
 #   ("c", [ObjectRef], node_id)               as "r" but with CUDA IPC handles for device buffers
-_INLINE, _REF, _IPC = "i", "r", "c"
+#   ("s", skeleton, slot name, [(offset, nbytes)], node_id)   a shared-memory slot (one node)
+_INLINE, _REF, _IPC, _SHM = "i", "r", "c", "s"
+# Host payloads from this size on go through a shared-memory slot when the channel allows it.
+SHM_BYTES = 256 * 1024
 
 
-def _encode(item: Any, offload: bool, channel: str, inline_bytes: int) -> tuple[int, tuple]:
+def _encode(
+    item: Any, offload: bool, channel: str, inline_bytes: int, shm: bool = False
+) -> tuple[int, tuple]:
     import ray
 
     try:
@@ -129,7 +135,25 @@ def _encode(item: Any, offload: bool, channel: str, inline_bytes: int) -> tuple[
     if nbytes <= inline_bytes:
         # bytearray: the consumer gets writable memory of its own.
         return nbytes, (_INLINE, skeleton, [bytearray(memoryview(b)) for b in buffers])
+    if shm and nbytes >= SHM_BYTES:
+        from loomrl.transport._shm import write_buffers
+
+        slot = write_buffers(buffers)
+        if slot is not None:
+            return nbytes, (_SHM, skeleton, slot[0], slot[1], _node_id())
     return nbytes, (_REF, [ray.put((skeleton, [as_host_array(b) for b in buffers]))])
+
+
+_node: str | None = None
+
+
+def _node_id() -> str:
+    global _node
+    if _node is None:
+        import ray
+
+        _node = ray.get_runtime_context().get_node_id()
+    return _node
 
 
 def _device_indices(buffers: list[Any]) -> tuple[int, ...]:
@@ -146,12 +170,23 @@ def _device_indices(buffers: list[Any]) -> tuple[int, ...]:
 def _decode_all(payloads: list[tuple], channel: str) -> list[Any]:
     import ray
 
-    refs = [p[1][0] for p in payloads if p[0] != _INLINE]
+    refs = [p[1][0] for p in payloads if p[0] in (_REF, _IPC)]
     fetched = iter(ray.get(refs)) if refs else iter(())
     out = []
     for p in payloads:
         if p[0] == _INLINE:
             out.append(unflatten(p[1], p[2]))
+            continue
+        if p[0] == _SHM:
+            if _node_id() != p[4]:
+                raise LoomError(
+                    f"channel {channel!r}: an item sits in shared memory of node {p[4][:12]}, but "
+                    f"this consumer runs on node {_node_id()[:12]}; create the channel with "
+                    "shared_memory=False when consumers may run on other nodes"
+                )
+            from loomrl.transport._shm import read_buffers
+
+            out.append(unflatten(p[1], read_buffers(p[2], p[3])))
             continue
         skeleton, buffers = next(fetched)
         if p[0] == _IPC:
@@ -205,8 +240,16 @@ def _deadline(timeout: float | None) -> float | None:
 class _Broker:
     """Async actor: per-key FIFOs of entries (metadata + inline bytes or a wrapped ObjectRef)."""
 
-    def __init__(self, name: str, maxsize: int, offload: bool) -> None:
+    def __init__(
+        self, name: str, maxsize: int, offload: bool, shared_memory: bool | None = None
+    ) -> None:
+        import ray
+
         self.name, self.maxsize, self.offload = name, maxsize, offload
+        # Shared-memory slots are node-local: by default only while the cluster has one node.
+        if shared_memory is None:
+            shared_memory = sum(1 for n in ray.nodes() if n.get("Alive")) == 1
+        self.shm = bool(shared_memory)
         self.queues: dict[Hashable, _KeyQueue] = {}
         self.closed = False
         self.deleted = False  # set by Channel.delete before the actor is killed (kill is async)
@@ -215,7 +258,12 @@ class _Broker:
         self.consumers: set[str] = set()
 
     def info(self) -> dict[str, Any]:
-        return {"name": self.name, "maxsize": self.maxsize, "offload": self.offload}
+        return {
+            "name": self.name,
+            "maxsize": self.maxsize,
+            "offload": self.offload,
+            "shm": self.shm,
+        }
 
     def _queue(self, key: Hashable) -> _KeyQueue:
         q = self.queues.get(key)
@@ -380,7 +428,13 @@ class Channel:
     """Handle on a named channel. Cheap to pickle: pass it to Ray actors and tasks as an argument."""
 
     def __init__(
-        self, name: str, broker: Any, offload: bool, maxsize: int, inline_bytes: int = INLINE_BYTES
+        self,
+        name: str,
+        broker: Any,
+        offload: bool,
+        maxsize: int,
+        inline_bytes: int = INLINE_BYTES,
+        shm: bool = False,
     ):
         # Use Channel.create / connect / get_or_create; this only wraps an existing broker.
         self.name = name
@@ -388,20 +442,37 @@ class Channel:
         self.offload = offload
         self._broker = broker
         self._inline_bytes = inline_bytes
+        self._shm = shm
 
     def __reduce__(self):
-        return Channel, (self.name, self._broker, self.offload, self.maxsize, self._inline_bytes)
+        return Channel, (
+            self.name,
+            self._broker,
+            self.offload,
+            self.maxsize,
+            self._inline_bytes,
+            self._shm,
+        )
 
     def __repr__(self) -> str:
         return f"Channel({self.name!r}, maxsize={self.maxsize}, offload={self.offload})"
 
     # ------------------------------------------------------------- lifecycle
     @classmethod
-    def create(cls, name: str, maxsize: int = 0, offload: bool = False) -> Channel:
+    def create(
+        cls,
+        name: str,
+        maxsize: int = 0,
+        offload: bool = False,
+        shared_memory: bool | None = None,
+    ) -> Channel:
         """Create channel ``name``. ``maxsize`` bounds each key's queue (0 = unbounded).
 
         ``offload=True`` moves GPU tensors inside items to host memory before they are put.
-        Raises ChannelExistsError when the name is taken.
+        ``shared_memory``: large host payloads travel through shared-memory slots (one copy,
+        read in place) instead of the object store; node-local, so the default (None) uses them
+        only when the Ray cluster has a single node. Raises ChannelExistsError when the name is
+        taken.
         """
         import ray
 
@@ -415,12 +486,12 @@ class Channel:
             broker = (
                 _broker_class()
                 .options(name=_ACTOR_PREFIX + name, namespace=_NAMESPACE, lifetime=None)
-                .remote(name, maxsize, offload)
+                .remote(name, maxsize, offload, shared_memory)
             )
         except ValueError as err:  # lost a race with another creator
             raise _exists(name) from err
         info = ray.get(broker.info.remote())
-        return cls(name, broker, info["offload"], info["maxsize"])
+        return cls(name, broker, info["offload"], info["maxsize"], shm=info["shm"])
 
     @classmethod
     def connect(cls, name: str, timeout: float = 0.0) -> Channel:
@@ -440,7 +511,7 @@ class Channel:
             time.sleep(delay)  # one-off setup wait, not the data path
             delay = min(delay * 2, 0.2)
         info = ray.get(broker.info.remote())
-        return cls(name, broker, info["offload"], info["maxsize"])
+        return cls(name, broker, info["offload"], info["maxsize"], shm=info["shm"])
 
     @classmethod
     def get_or_create(cls, name: str, maxsize: int = 0, offload: bool = False) -> Channel:
@@ -455,7 +526,7 @@ class Channel:
             .remote(name, maxsize, offload)
         )
         info = ray.get(broker.info.remote())
-        return cls(name, broker, info["offload"], info["maxsize"])
+        return cls(name, broker, info["offload"], info["maxsize"], shm=info["shm"])
 
     def close(self) -> None:
         """No more puts; consumers drain what is left, then get raises ChannelClosed."""
@@ -505,7 +576,7 @@ class Channel:
         src = src or current_component()
         entries = []
         for item, w in zip(items, weights, strict=True):
-            nbytes, payload = _encode(item, self.offload, self.name, self._inline_bytes)
+            nbytes, payload = _encode(item, self.offload, self.name, self._inline_bytes, self._shm)
             entries.append((w, src, nbytes, payload))
         if not entries:
             return

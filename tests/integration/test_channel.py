@@ -18,9 +18,12 @@ from loomrl.errors import ChannelClosed, ChannelTimeout
 def make_channel(ray_session):
     made = []
 
-    def make(maxsize=0, offload=False, name=None):
+    def make(maxsize=0, offload=False, name=None, shared_memory=None):
         ch = Channel.create(
-            name or f"test-{uuid.uuid4().hex[:8]}", maxsize=maxsize, offload=offload
+            name or f"test-{uuid.uuid4().hex[:8]}",
+            maxsize=maxsize,
+            offload=offload,
+            shared_memory=shared_memory,
         )
         made.append(ch)
         return ch
@@ -253,7 +256,7 @@ def test_invalid_arguments(ray_session):
 def test_large_payloads_via_object_store(make_channel):
     import torch
 
-    ch = make_channel()
+    ch = make_channel(shared_memory=False)
     big = np.random.default_rng(0).random(1 << 18)  # 2 MB
     tens = torch.randn(512, 512).to(torch.bfloat16)  # 512 KB
     ch.put({"a": big, "t": tens, "meta": {"step": 3}}, weight=2.0)
@@ -263,6 +266,66 @@ def test_large_payloads_via_object_store(make_channel):
     assert not out["a"].flags.writeable  # read in place from shared memory, not copied
     stats = ch.stats()
     assert stats["bytes_put"] == stats["bytes_got"] > big.nbytes + tens.numel() * 2
+
+
+def test_large_payloads_via_shared_memory_slots(make_channel, ray_session):
+    """A worker puts large arrays; the driver reads them in place from a shared-memory slot; the
+    slot is reused once the driver drops the item, and a held item is never overwritten."""
+    import torch
+
+    from loomrl.transport import _shm
+
+    ch = make_channel(maxsize=0)
+    assert ch._shm  # one-node cluster: on by default
+
+    @ray_session.remote(num_cpus=0)
+    class Producer:
+        def put(self, ch, n, seed):
+            rng = np.random.default_rng(seed)
+            items = [{"a": rng.random(1 << 17), "t": torch.arange(70_000) * i} for i in range(n)]
+            for it in items:
+                ch.put(it)
+            return [float(it["a"].sum()) for it in items]
+
+        def pool(self):
+            return len(_shm.pool().slots), _shm.pool().in_use()
+
+    p = Producer.remote()
+    sums = ray_session.get(p.put.remote(ch, 1, 0))
+    held = ch.get()  # the driver keeps this one
+    first = held["a"].copy()
+    assert held["a"].flags.writeable and float(held["a"].sum()) == sums[0]
+    sums = ray_session.get(p.put.remote(ch, 3, 1))
+    for i, want in enumerate(sums):
+        got = ch.get()
+        assert float(got["a"].sum()) == want and torch.equal(got["t"], torch.arange(70_000) * i)
+        del got
+    slots, in_use = ray_session.get(p.pool.remote())
+    assert in_use == 1  # only the held item's slot
+    np.testing.assert_array_equal(held["a"], first)  # not overwritten by later puts
+    del held
+    ray_session.get(p.put.remote(ch, 1, 2))
+    ch.get()
+    assert ray_session.get(p.pool.remote())[0] == slots  # reused, not grown
+    ray_session.kill(p)
+
+
+def test_shared_memory_pool_limit_falls_back_to_the_object_store(make_channel):
+    from loomrl import channel as channel_mod
+    from loomrl.transport import _shm
+
+    pool = _shm.SlotPool(limit_bytes=0)
+    assert pool.acquire(1 << 20) is None  # at its limit: callers use the object store
+    ch = make_channel()
+    old, _shm._pool = _shm._pool, pool
+    try:
+        big = np.ones(1 << 18)
+        _, payload = channel_mod._encode(big, False, ch.name, ch._inline_bytes, True)
+        assert payload[0] == channel_mod._REF
+        ch.put(big)
+        np.testing.assert_array_equal(ch.get(), big)
+    finally:
+        _shm._pool = old
 
 
 def test_channel_passed_to_ray_actor_and_edges(make_channel, ray_session):
