@@ -105,6 +105,7 @@ class Run:
         self.iter_times: list[float] = []
         self.plan_start = 0  # first iteration of the current plan (it changes on a re-plan)
         self.replans = 0
+        self.planning_s: float | None = None  # profiling + search + launch, when a flow planned
         self.plan: Any = None
         self.t_start = time.time()
 
@@ -116,6 +117,7 @@ class Run:
             self.rc.placement, sample=sample, micro_batch=self.rc.micro_batch, **kw
         )
         took = time.time() - t
+        self.planning_s = took
         self.plan.save(self.dir / "plan.json")
         if flow.profile_ is not None:
             (self.dir / "profile.json").write_text(
@@ -211,6 +213,7 @@ class Run:
             "measured_iteration_s": self.measured_iteration_s(),
             "iteration_s": self.iter_times,
             "replans": self.replans,
+            "planning_s": self.planning_s,
             "metrics": metrics,
             "wall_s": time.time() - self.t_start,
             **extra,

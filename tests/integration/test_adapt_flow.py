@@ -152,6 +152,7 @@ def test_run_adapt_writes_events_and_counts_replans(cluster, tmp_path):
     assert events and events[0]["step"] == 2
     s = json.loads((out / "run_summary.json").read_text())
     assert s["replans"] == sum(e["action"] == "replan" for e in events)
+    assert s["planning_s"] > 0  # searching and starting the workers took time, and it is said
     # The summary's prediction is the refreshed one, not the stale profile's.
     assert s["predicted_iteration_s"] == json.loads((out / "plan.json").read_text())["predicted_s"]
     assert s["predicted_iteration_s"] != stale_prediction(stale)
