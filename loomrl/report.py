@@ -479,6 +479,32 @@ def draw_measured_vs_predicted(
 # ----------------------------------------------------------------------- the command
 
 
+def format_adaptation(run_dir: Path) -> str | None:
+    """Run-time adaptation events of the run (``adapt.jsonl``), one line each; None if none."""
+    path = Path(run_dir) / "adapt.jsonl"
+    if not path.exists():
+        return None
+    lines = []
+    for raw in path.read_text().splitlines():
+        try:
+            ev = json.loads(raw)
+            errs = ", ".join(f"{100 * e:+.0f}%" for e in ev["errors"])
+            head = f"  step {ev['step']}: off the prediction by {errs}; "
+            if ev["action"] == "replan":
+                lines.append(
+                    head + f"re-planned to {ev['mode']} {ev['assignment']} micro-batch "
+                    f"{ev['micro_batch']} (predicted {ev['best_s']:.4f} s vs {ev['refreshed_s']:.4f}"
+                    f" s), redeploy {ev['stall_s']:.2f} s"
+                )
+            else:
+                lines.append(head + f"profile refreshed, plan kept (now {ev['refreshed_s']:.4f} s)")
+        except (ValueError, KeyError, TypeError):
+            lines.append("  (an unreadable line in adapt.jsonl was skipped)")
+    if not lines:
+        return None
+    return f"run-time adaptation ({len(lines)} event(s), adapt.jsonl):\n" + "\n".join(lines)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="loomrl report",
@@ -519,6 +545,10 @@ def report_main(argv: list[str]) -> int:
 
     print(format_table(run, it))
     print()
+    adapted = format_adaptation(run.run_dir)
+    if adapted:
+        print(adapted)
+        print()
     which = "median after warm-up" if args.step is None else "--step"
     fig = draw_measured_vs_predicted(
         predicted_rows(run.plan),

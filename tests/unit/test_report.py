@@ -269,3 +269,28 @@ def test_unknown_step_and_unreadable_plan_exit_2(tmp_path, capsys):
     (d / "plan.json").write_text("{not json")
     assert report_main([str(d)]) == 2
     assert "not a readable plan" in capsys.readouterr().err
+
+
+def test_report_lists_adaptation_events(tmp_path, capsys):
+    d = write_run(tmp_path / "run")
+    events = [
+        {"step": 3, "errors": [0.2, 0.3, 0.25], "action": "recalibrate", "refreshed_s": 12.0},
+        {
+            "step": 7,
+            "errors": [-0.5, -0.4, -0.45],
+            "action": "replan",
+            "mode": "hybrid",
+            "assignment": {"gen": [0], "train": [1]},
+            "micro_batch": 2,
+            "best_s": 6.0,
+            "refreshed_s": 9.0,
+            "stall_s": 1.5,
+        },
+    ]
+    (d / "adapt.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n{broken")
+    assert report_main([str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "run-time adaptation (3 event(s)" in out
+    assert "step 3: off the prediction by +20%, +30%, +25%; profile refreshed" in out
+    assert "step 7:" in out and "re-planned to hybrid" in out and "redeploy 1.50 s" in out
+    assert "unreadable line" in out
