@@ -1,4 +1,4 @@
-"""The GRPO-vs-TRL benchmark runs end to end on the tiny model and ends with its ratio line."""
+"""Benchmarks run end to end on small settings and end with their result lines (slow)."""
 
 from __future__ import annotations
 
@@ -54,3 +54,48 @@ def test_grpo_vs_trl_tiny(tmp_path):
     assert res["trl"]["gen_tokens_per_step"] <= 32
     assert res["loomrl"]["gen_tokens_per_step"] <= 32
     assert float(last.split()[1]) == pytest.approx(res["ratio"], abs=1e-3)
+
+
+def _run(args: list[str], timeout: int = 900) -> str:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    )
+    assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_adapt_benchmark_small(tmp_path):
+    out = tmp_path / "adapt.json"
+    last = _run(
+        [
+            "benchmarks/adapt.py",
+            "--scenario=stale",
+            "--size=64",
+            "--batch=8",
+            "--steps=6",
+            "--window=2",
+            f"--out={out}",
+        ]
+    )
+    assert re.fullmatch(
+        r"detection_lag: (\d+|None) redeploy_stall_s: \d+\.\d\d replans: \d+ oscillations: \d+ "
+        r"throughput_lost: -?\d+\.\d{3} adaptive_vs_static: \d+\.\d{3}",
+        last,
+    ), last
+    res = json.loads(out.read_text())
+    assert res["events"], "a profile 100x off must be noticed"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_flow_modes_benchmark_small(tmp_path):
+    out = tmp_path / "flow.json"
+    last = _run(["benchmarks/flow_modes.py", "--size=64", "--batch=8", "--steps=4", f"--out={out}"])
+    assert re.fullmatch(
+        r"auto_mode: \w+ best_mode: \w+ auto_vs_best: \d+\.\d{3} max_gap: \d+\.\d{3}", last
+    ), last
+    rows = json.loads(out.read_text())["rows"]
+    assert all("refreshed_s" in r for r in rows.values() if r["feasible"])
