@@ -99,6 +99,7 @@ class Cluster:
                     configure_logging=False,
                 )
                 owns = True
+        _sweep_channel_slots()  # slots left by workers of earlier, killed runs
         return cls(_take_inventory(num_devices), owns_ray=owns)
 
     def shutdown(self) -> None:
@@ -110,6 +111,7 @@ class Cluster:
         self._groups.clear()
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+        _sweep_channel_slots()
 
     def __enter__(self) -> Cluster:
         return self
@@ -258,6 +260,12 @@ def _split_devices(devs: list[Device], n: int, what: str) -> list[list[Device]]:
                 "can only use devices of its own node — use more workers"
             )
     return per
+
+
+def _sweep_channel_slots() -> None:
+    from loomrl.transport._shm import sweep_orphans
+
+    sweep_orphans()
 
 
 def _count_local_gpus() -> int:

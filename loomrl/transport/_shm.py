@@ -10,8 +10,10 @@ A slot's first byte says who has it: 1 from the moment the producer fills it unt
 the consumer built on it is garbage-collected, then 0 (the consumer's finalizer writes it), and
 the producer may fill it again. A slot whose item is never taken (a deleted channel) stays
 taken; the pool stops growing at its byte limit and callers then fall back to the object store.
-Segments are named per process and unlinked when the producer exits; a consumer's own mapping
-outlives the name. This module never imports torch.
+Segments are named after their creator's pid and unlinked when it exits normally; a process
+killed outright leaves them behind, so ``loomrl.Cluster`` sweeps slots of dead creators when it
+starts and shuts down (``sweep_orphans``). A consumer's own mapping outlives the name. This module
+never imports torch.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class SlotPool:
                 size = HEADER + max(MIN_SLOT, 1 << max(0, nbytes - 1).bit_length())
                 if self.total + size > self.limit or not _room_for(size):
                     return None
-                name = f"loomrl_{os.getpid()}_{uuid.uuid4().hex[:10]}"
+                name = f"{PREFIX}{os.getpid()}_{uuid.uuid4().hex[:10]}"
                 slot = shared_memory.SharedMemory(name=name, create=True, size=size)
                 self.slots.append(slot)
                 self.total += size
@@ -83,6 +85,45 @@ class SlotPool:
                 except (BufferError, FileNotFoundError):
                     pass
             self.slots, self.total = [], 0
+
+
+PREFIX = "loomrl_"
+
+
+def sweep_orphans(directory: str = "/dev/shm") -> int:
+    """Unlink slots whose creating process is gone (killed workers cannot clean up after
+    themselves: Ray stops actors with SIGKILL). Slot names carry the creator's pid. A consumer
+    that still maps such a slot keeps its memory; only the name goes. Returns how many."""
+    removed = 0
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    for name in names:
+        if not name.startswith(PREFIX):
+            continue
+        try:
+            pid = int(name[len(PREFIX) :].split("_", 1)[0])
+        except ValueError:
+            continue
+        if _alive(pid):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _room_for(size: int) -> bool:
