@@ -38,7 +38,7 @@ from pathlib import Path
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
-def run(flow, plan, cfg, args, adapt: bool) -> dict:
+def run(flow, plan, args, adapt: bool) -> dict:
     from loomrl.adapt import AdaptConfig, plan_key
     from loomrl.recipes.demo import make_items
 
@@ -116,9 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         out = {}
         for name, adapt in (("static", False), ("adaptive", True)):
             flow.profile_ = prof
-            out[name] = run(flow, initial, cfg, args, adapt)
+            out[name] = run(flow, initial, args, adapt)
         final = out["adaptive"]["final_plan"]
-        out["oracle"] = run(flow, final, cfg, args, False)
+        out["oracle"] = run(flow, final, args, False)
         flow.shutdown()
     finally:
         cluster.shutdown()

@@ -22,6 +22,7 @@ This module never imports torch or Ray.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import deque
 from dataclasses import dataclass, replace
@@ -228,8 +229,6 @@ def refresh_profile(
 
 def plan_key(plan: Any) -> str:
     """Identity of a plan's layout: tree and micro-batch size (not its prediction)."""
-    import json
-
     return json.dumps([plan.tree.to_dict(), plan.micro_batch], sort_keys=True)
 
 
@@ -244,7 +243,3 @@ def worth_switching(
     remaining iterations exceeds the redeploy stall."""
     gain = current_s - candidate_s
     return gain > min_gain * current_s and gain * max(0, iterations_left) > stall_s
-
-
-def median_or_none(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None

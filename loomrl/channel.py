@@ -130,8 +130,7 @@ def _encode(
         exported = export_buffers(
             [b if i in device else as_host_array(b) for i, b in enumerate(buffers)], device
         )
-        node = ray.get_runtime_context().get_node_id()
-        return nbytes, (_IPC, [ray.put((skeleton, exported))], node)
+        return nbytes, (_IPC, [ray.put((skeleton, exported))], _node_id())
     if nbytes <= inline_bytes:
         # bytearray: the consumer gets writable memory of its own.
         return nbytes, (_INLINE, skeleton, [bytearray(memoryview(b)) for b in buffers])
@@ -190,7 +189,7 @@ def _decode_all(payloads: list[tuple], channel: str) -> list[Any]:
             continue
         skeleton, buffers = next(fetched)
         if p[0] == _IPC:
-            here = ray.get_runtime_context().get_node_id()
+            here = _node_id()
             if here != p[2]:
                 raise LoomError(
                     f"channel {channel!r}: an item holds GPU tensors shared by CUDA IPC from node "

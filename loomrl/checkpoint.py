@@ -222,12 +222,13 @@ def _clean_stale_temp_dirs(root: Path) -> None:
     """Remove temp/aside directories left by writers that have died."""
     for p in root.iterdir():
         m = re.match(r"^\.(?:tmp|old|trash)-step-\d+-(\d+)$", p.name)
-        if m and p.is_dir() and not _pid_alive(int(m.group(1))):
+        if m and p.is_dir() and not pid_alive(int(m.group(1))):
             log.info("removing %s left by a writer (pid %s) that is gone", p, m.group(1))
             shutil.rmtree(p, ignore_errors=True)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (stale files of dead writers may go)."""
     if pid == os.getpid():
         return True
     try:

@@ -268,14 +268,17 @@ class Flow:
         self._iter = 0
         self._calibrate = False
         self.observed_edges: set[tuple[str, str]] = set()
-        # Run-time adaptation state (see adapt()).
+        self._group_launch_s = 0.0  # seconds to (re)start one group, from the last launch
+        self._fresh = False  # groups were (re)started: the next iteration is their warm-up
+        self._reset_adaptation()
+
+    def _reset_adaptation(self) -> None:
+        """Run-time adaptation state (see adapt()), empty."""
         self.adapt_events: list[dict[str, Any]] = []
         self.replans = 0
         self._detector: Any = None
-        self._measured: dict[str, list[float]] = {}
-        self._group_launch_s = 0.0  # seconds to (re)start one group, from the last launch
-        self._fresh = False
-        self._recent: list[FlowResult] = []  # iterations of the current window (adapt)
+        self._measured: dict[str, list[float]] = {}  # plan key -> measured iteration seconds
+        self._recent: list[FlowResult] = []  # iterations of the current drift window
 
     # ------------------------------------------------------------------ declaration
     def group(
@@ -396,8 +399,7 @@ class Flow:
         self._check_pinned(plan)
         self._launch(plan)
         self.plan_ = plan
-        self.adapt_events, self.replans, self._detector, self._measured = [], 0, None, {}
-        self._recent = []
+        self._reset_adaptation()
 
     def _all_fit(self, plan: Plan) -> bool:
         """True when every device can hold all the components placed on it at once (by the
@@ -581,7 +583,7 @@ class Flow:
             self._fresh = False
             return None
         self._measured.setdefault(key, []).append(result.measured_s)
-        self._recent = [*self._recent[-(cfg.window - 1) :], result] if cfg.window > 1 else [result]
+        self._recent = [*self._recent, result][-cfg.window :]
         if self._detector is None or (self._detector.threshold, self._detector.window) != (
             cfg.threshold,
             cfg.window,
@@ -592,7 +594,7 @@ class Flow:
         t0 = time.time()
         errors = list(self._detector.errors)
         # The window's iterations together: one iteration's items may be unusually light or heavy.
-        recent = self._recent[-cfg.window :]
+        recent = self._recent
         factors = component_factors(self.profile_, plan.assignment(), *[r.timeline for r in recent])
         prof = refresh_profile(
             self.profile_,
@@ -711,8 +713,8 @@ class Flow:
                     t0=t0,
                 )
             results: dict[str, list[dict]] = {}
-            self._phases: dict[str, tuple[float, float]] = {}
-            self._execute(plan.tree, "phase", specs, results)
+            phases: dict[str, tuple[float, float]] = {}
+            self._execute(plan.tree, "phase", specs, results, phases)
             measured = time.time() - t0
             # The data-flow graph as the channels saw it (producer -> consumer components).
             for ch in chans:
@@ -739,9 +741,7 @@ class Flow:
             for r in rs
             for (kind, k, s, e, n) in r["records"]
         ]
-        result = FlowResult(
-            [o for _, o in pairs], measured, plan.predicted_s, timeline, dict(self._phases)
-        )
+        result = FlowResult([o for _, o in pairs], measured, plan.predicted_s, timeline, phases)
         if self._calibrate and plan is self.plan_:
             # The second iteration (the first is warm-up: lazy initialisation, first-call costs)
             # measured every phase: from now on the plan predicts.
@@ -752,7 +752,12 @@ class Flow:
         return result
 
     def _execute(
-        self, node: Node, context: str, specs: dict[str, StageSpec], results: dict
+        self,
+        node: Node,
+        context: str,
+        specs: dict[str, StageSpec],
+        results: dict,
+        phases: dict[str, tuple[float, float]],
     ) -> None:
         if node.op == "leaf":
             comp = self.components[node.component]
@@ -762,14 +767,14 @@ class Flow:
             t = time.time()
             results[node.component] = wait(comp.group._call("_loom_run_stage", spec))
             if context == "phase":
-                self._phases[node.component] = (t - spec.t0, time.time() - spec.t0)
+                phases[node.component] = (t - spec.t0, time.time() - spec.t0)
             return
         if node.op == "cycle":
             raise PlanError("cycle nodes run through the embodied cycle runner, not flow.run()")
         a, b = node.children
         if node.op == "temporal" and context == "phase":
-            self._execute(a, "phase", specs, results)
-            self._execute(b, "phase", specs, results)
+            self._execute(a, "phase", specs, results, phases)
+            self._execute(b, "phase", specs, results, phases)
             return
         # spatial (either context) or co-resident temporal: both sides at once.
         sub = "stream"
@@ -777,7 +782,7 @@ class Flow:
 
         def side(n: Node) -> None:
             try:
-                self._execute(n, sub, specs, results)
+                self._execute(n, sub, specs, results, phases)
             except BaseException as e:  # surfaced below, in the driver thread
                 errors.append(e)
 

@@ -133,7 +133,7 @@ def save(run: Any, groups: dict, step: int) -> None:
     )
 
 
-def restore(run: Any, groups: dict, cfg: Any) -> int:
+def restore(run: Any, groups: dict) -> int:
     from loomrl.checkpoint import latest_checkpoint, load_checkpoint, restore_rng
 
     path = latest_checkpoint(run.dir)

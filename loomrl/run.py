@@ -118,11 +118,7 @@ class Run:
         )
         took = time.time() - t
         self.planning_s = took
-        self.plan.save(self.dir / "plan.json")
-        if flow.profile_ is not None:
-            (self.dir / "profile.json").write_text(
-                json.dumps(flow.profile_.to_dict(), indent=2, default=str)
-            )
+        self._save_plan(flow)
         self.logger.echo(f"plan ({took:.1f}s incl. profiling):\n{self.plan}")
         return self.plan
 
@@ -130,12 +126,7 @@ class Run:
         """Keep an iteration's measured time and timeline (for the summary and ``loomrl report``)."""
         if flow is not None and flow.plan_ is not self.plan:
             # A calibrated plan replaced the cost-free default after the first iteration.
-            self.plan = flow.plan_
-            self.plan.save(self.dir / "plan.json")
-            if flow.profile_ is not None:
-                (self.dir / "profile.json").write_text(
-                    json.dumps(flow.profile_.to_dict(), indent=2, default=str)
-                )
+            self._save_plan(flow)
         self.iter_times.append(result.measured_s)
         with open(self.dir / "timeline.jsonl", "a") as f:
             f.write(
@@ -173,11 +164,16 @@ class Run:
                 f"adapt: step {step}: measured off the prediction ({errs}); profile refreshed, "
                 f"plan kept (predicted {ev['refreshed_s']:.3f}s, best other {ev['best_s']:.3f}s)"
             )
+        self._save_plan(flow)
+
+    def _save_plan(self, flow: Any) -> None:
+        """The flow's current plan (and profile) become the run's, on disk too."""
         self.plan = flow.plan_
         self.plan.save(self.dir / "plan.json")
-        (self.dir / "profile.json").write_text(
-            json.dumps(flow.profile_.to_dict(), indent=2, default=str)
-        )
+        if flow.profile_ is not None:
+            (self.dir / "profile.json").write_text(
+                json.dumps(flow.profile_.to_dict(), indent=2, default=str)
+            )
 
     def maybe_inject_failure(self, step: int, group: Any) -> None:
         """Kill one worker process at ``run.kill_worker_at_step`` (once per run directory): lets

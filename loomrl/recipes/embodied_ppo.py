@@ -107,10 +107,7 @@ def main(cfg: Config) -> dict:
                 "placement=auto timing the close candidates); ignored"
             )
         place = plan_cycle(run, cfg, S)
-        envs, policy = launch(run.cluster, cfg, place)
-        cycle = EnvPolicyCycle(
-            envs, policy, cfg.env.num_envs // len(place.env_devices), place.groups, cfg.pipelined
-        )
+        envs, policy, cycle = start_cycle(run.cluster, cfg, place)
         recent: deque[float] = deque(maxlen=cfg.window)
         metrics: dict[str, Any] = {}
         it = 0
@@ -159,8 +156,25 @@ def _records(collect_s: float, total_s: float) -> list[dict[str, Any]]:
     ]
 
 
-def launch(cluster: Any, cfg: Config, place: CyclePlacement) -> tuple[Any, Any]:
-    """Start one env worker per env device (reserving env.cpu_cores each) and the policy worker."""
+def _launch_policy(cluster: Any, cfg: Config, envs: Any, devices: list[int], name: str) -> Any:
+    """The policy worker, shaped by the env workers' observation and action spaces."""
+    sp = wait(envs.on(0).spaces())[0]
+    return cluster.launch(
+        PolicyWorker,
+        1,
+        sp["observation_space"],
+        sp["action_space"],
+        cfg.env.num_envs,
+        cfg.ppo,
+        cfg.env.seed,
+        cfg.policy,
+        devices=devices,
+        name=name,
+    )
+
+
+def start_cycle(cluster: Any, cfg: Config, place: CyclePlacement) -> tuple[Any, Any, Any]:
+    """Env workers (one per env device, env.cpu_cores each), the policy worker and their cycle."""
     w = len(place.env_devices)
     envs = cluster.launch(
         EnvWorker,
@@ -170,20 +184,13 @@ def launch(cluster: Any, cfg: Config, place: CyclePlacement) -> tuple[Any, Any]:
         num_cpus=cfg.env.cpu_cores,
         name="env",
     )
-    sp = wait(envs.on(0).spaces())[0]
-    policy = cluster.launch(
-        PolicyWorker,
-        1,
-        sp["observation_space"],
-        sp["action_space"],
-        cfg.env.num_envs,
-        cfg.ppo,
-        cfg.env.seed,
-        cfg.policy,
-        devices=list(place.policy_devices),
-        name="policy",
-    )
-    return envs, policy
+    try:
+        policy = _launch_policy(cluster, cfg, envs, list(place.policy_devices), "policy")
+    except BaseException:
+        envs.kill()
+        raise
+    cycle = EnvPolicyCycle(envs, policy, cfg.env.num_envs // w, place.groups, cfg.pipelined)
+    return envs, policy, cycle
 
 
 MODES = ("auto", "temporal", "spatial", "hybrid")
@@ -230,9 +237,9 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
     return place
 
 
-def _candidates(best: Any, others: list[Any], cfg: Config, cluster: Any) -> list[Any]:
-    """The planner's best, then every other plan predicted within the margin that maps to a
-    different placement and fits the cores."""
+def _candidates(best: Any, others: list[Any], cfg: Config, cluster: Any) -> list[tuple]:
+    """(plan, placement) of the planner's best, then of every other plan predicted within the
+    margin that maps to a different placement and fits the cores."""
     out, seen = [], set()
     for plan in [best, *others]:
         if plan is None or plan.predicted_s > best.predicted_s * (1 + cfg.auto_trial_margin):
@@ -245,12 +252,13 @@ def _candidates(best: Any, others: list[Any], cfg: Config, cluster: Any) -> list
         key = json.dumps(place.describe(), sort_keys=True)
         if key not in seen:
             seen.add(key)
-            out.append(plan)
-    return out or [best]  # the best not fitting the cores is reported by check_cores
+            out.append((plan, place))
+    # The best not fitting the cores is reported by check_cores.
+    return out or [(best, placement_from_plan(best, cfg.env.num_envs))]
 
 
 def choose_by_trial(
-    run: Run, cfg: Config, candidates: list[Any], steps: int
+    run: Run, cfg: Config, candidates: list[tuple], steps: int
 ) -> tuple[Any, float | None]:
     """Time short real rollouts of each candidate plan on fresh workers; return the fastest and
     its estimated seconds for a ``steps``-step rollout (None when there was nothing to compare).
@@ -262,15 +270,11 @@ def choose_by_trial(
     fresh, seeded workers.
     """
     if len(candidates) < 2:
-        return candidates[0], None
+        return candidates[0][0], None
     short, t0, rows = cfg.auto_trial_steps, time.perf_counter(), []
-    for plan in candidates:
-        place = placement_from_plan(plan, cfg.env.num_envs)
-        envs, policy = launch(run.cluster, cfg, place)
+    for plan, place in candidates:
+        envs, policy, cyc = start_cycle(run.cluster, cfg, place)
         try:
-            cyc = EnvPolicyCycle(
-                envs, policy, cfg.env.num_envs // len(place.env_devices), place.groups, True
-            )
             cyc.collect(short)
             t1, t2 = [], []
             for _ in range(2):
@@ -304,7 +308,7 @@ def choose_by_trial(
         f"auto: timed {len(rows)} candidate plans on {short}/{2 * short}-step rollouts in "
         f"{took:.1f}s; estimated {steps}-step rollout: {timed}"
     )
-    return candidates[pick], rows[pick]["rollout_s"]
+    return candidates[pick][0], rows[pick]["rollout_s"]
 
 
 def calibrated_by_trial(profile: Any, plan: Any, rollout_s: float) -> Any:
@@ -335,19 +339,7 @@ def measured_profile(cluster: Any, cfg: Config, steps: int, reps: int | None = N
         EnvWorker, 1, cfg.env, devices=env_devs, num_cpus=cfg.env.cpu_cores, name="env_probe"
     )
     try:
-        sp = wait(env.spaces())[0]
-        pol = cluster.launch(
-            PolicyWorker,
-            1,
-            sp["observation_space"],
-            sp["action_space"],
-            n,
-            cfg.ppo,
-            cfg.env.seed,
-            cfg.policy,
-            devices=pol_devs,
-            name="policy_probe",
-        )
+        pol = _launch_policy(cluster, cfg, env, pol_devs, "policy_probe")
         try:
             sizes = sorted({n // d for d in (1, 2, 4, 8) if n % d == 0})
             costs = measure_costs(env, pol, n, sizes, steps, reps or cfg.probe_reps)

@@ -81,7 +81,7 @@ def main(cfg: Config) -> dict:
         flow = Flow(run.cluster, run.dir)
         g = build(flow, cfg)
         run.apply_plan(flow, prompts(task, encode, 0, cfg.batch))
-        start = restore(run, g, cfg) if cfg.resume else 0
+        start = restore(run, g) if cfg.resume else 0
         sync_weights(g["actor"], g["rollout"])
         metrics: dict[str, Any] = {"eval_accuracy": evaluate(g["rollout"], task, encode, cfg)}
         run.logger.log(start, metrics)

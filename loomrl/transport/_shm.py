@@ -39,7 +39,14 @@ _SPARE_BYTES = 1 << 30
 def _limit_bytes() -> int:
     env = os.environ.get("LOOMRL_SHM_BYTES")
     if env:
-        return int(env)
+        try:
+            return int(env)
+        except ValueError:
+            from loomrl.errors import ConfigError
+
+            raise ConfigError(
+                [f"LOOMRL_SHM_BYTES={env!r}: must be a whole number of bytes (0 turns slots off)"]
+            ) from None
     try:
         st = os.statvfs("/dev/shm")
         return min(1 << 30, st.f_bavail * st.f_frsize // 8)
@@ -94,6 +101,8 @@ def sweep_orphans(directory: str = "/dev/shm") -> int:
     """Unlink slots whose creating process is gone (killed workers cannot clean up after
     themselves: Ray stops actors with SIGKILL). Slot names carry the creator's pid. A consumer
     that still maps such a slot keeps its memory; only the name goes. Returns how many."""
+    from loomrl.checkpoint import pid_alive
+
     removed = 0
     try:
         names = os.listdir(directory)
@@ -106,7 +115,7 @@ def sweep_orphans(directory: str = "/dev/shm") -> int:
             pid = int(name[len(PREFIX) :].split("_", 1)[0])
         except ValueError:
             continue
-        if _alive(pid):
+        if pid_alive(pid):
             continue
         try:
             os.unlink(os.path.join(directory, name))
@@ -114,16 +123,6 @@ def sweep_orphans(directory: str = "/dev/shm") -> int:
         except OSError:
             pass
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _room_for(size: int) -> bool:

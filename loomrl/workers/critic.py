@@ -36,7 +36,7 @@ from loomrl.workers.reasoning import (
     SamplingConfig,
     _Resident,
     _to_tensors,
-    model_dir,
+    engine_config,
 )
 
 
@@ -197,21 +197,9 @@ def _nonempty(responses: list[list[int]], eos: int) -> list[list[int]]:
 
 
 def _value_engine(model: ModelConfig, critic: CriticConfig, trainable: bool, seed: int):
-    from loomrl.engines.hf import EngineConfig, HFValueEngine
+    from loomrl.engines.hf import HFValueEngine
 
-    return HFValueEngine(
-        EngineConfig(
-            model=model_dir(model.path),
-            trainable=trainable,
-            lr=critic.lr,
-            weight_decay=critic.weight_decay,
-            grad_clip=critic.grad_clip,
-            micro_batch_size=critic.train_micro_batch,
-            seed=seed,
-            dtype=model.dtype,
-            value_head=True,
-        )
-    )
+    return HFValueEngine(engine_config(model, trainable, seed, critic, value_head=True))
 
 
 class CriticWorker(EngineWorker):

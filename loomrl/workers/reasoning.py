@@ -93,21 +93,31 @@ class _Resident:
             self.engine.offload()
 
 
-def _engine(model: ModelConfig, trainable: bool, seed: int):
-    from loomrl.engines.hf import EngineConfig, HFEngine
+def engine_config(
+    model: ModelConfig, trainable: bool, seed: int, optim: Any = None, **extra: Any
+) -> Any:
+    """The engine settings of a worker: ``model``'s checkpoint and dtype, and the optimizer
+    settings (lr, weight_decay, grad_clip, train_micro_batch) of ``optim`` (default: ``model``)."""
+    from loomrl.engines.hf import EngineConfig
 
-    return HFEngine(
-        EngineConfig(
-            model=model_dir(model.path),
-            trainable=trainable,
-            lr=model.lr,
-            weight_decay=model.weight_decay,
-            grad_clip=model.grad_clip,
-            micro_batch_size=model.train_micro_batch,
-            seed=seed,
-            dtype=model.dtype,
-        )
+    optim = optim or model
+    return EngineConfig(
+        model=model_dir(model.path),
+        trainable=trainable,
+        lr=optim.lr,
+        weight_decay=optim.weight_decay,
+        grad_clip=optim.grad_clip,
+        micro_batch_size=optim.train_micro_batch,
+        seed=seed,
+        dtype=model.dtype,
+        **extra,
     )
+
+
+def _engine(model: ModelConfig, trainable: bool, seed: int):
+    from loomrl.engines.hf import HFEngine
+
+    return HFEngine(engine_config(model, trainable, seed))
 
 
 class EngineWorker(Worker):
