@@ -21,10 +21,11 @@ never touch the other), with the same settings:
 loomrl runs ``loomrl.recipes.reasoning_grpo`` with ``placement=temporal``: the planner profiles the
 components first (``--loomrl-plan profile``, the default) or, with ``--loomrl-plan calibrate``,
 starts from the default temporal plan and takes its costs from the warm-up iteration; profiling
-time is reported apart and is not in the per-step numbers, which come from
-``run_summary.json``'s ``iteration_s`` (one flow iteration: generate -> reward -> train). The weight
-sync after each iteration is outside ``iteration_s``; it is reported beside it
-(``s_per_step_incl_sync``, from the logged step times) since TRL has no such step.
+time is reported apart and is not in the per-step numbers. A loomrl step is one flow iteration
+(``run_summary.json``'s ``iteration_s``: generate -> reward -> train) plus the weight push to the
+rollout workers that follows it (the logged ``time/weight_sync``): TRL generates with the model it
+trains and has no such push, so loomrl's throughput counts it. ``--offload never`` keeps every
+component resident on its device (``run.offload``; default ``auto``).
 
 TRL's step time is the wall time between optimizer-step ends (generation, reward, update,
 logging); its generated tokens are counted from the completions its reward function saw.
@@ -169,6 +170,7 @@ def loomrl_config(spec: dict, model_dir: str, out_dir: str) -> dict:
             "progress": False,
             "checkpoint_every": 0,
             "keep_checkpoints": 1,
+            "offload": spec.get("offload", "auto"),
         },
     }
 
@@ -213,17 +215,13 @@ def run_loomrl_side(spec: dict) -> dict:
     ]
     steps = sorted((r for r in rows if "iteration_s" in r), key=lambda r: r["step"])
     gen_tokens = [float(r.get("gen_tokens", float("nan"))) for r in steps]
-    # Logged step k (1-based) follows flow iteration k-1, its weight sync and, for the last
-    # step only, the final evaluation; the log before step 1 follows the initial evaluation.
-    times = {r["step"]: r["time"] for r in rows}
-    sync = [
-        times[k] - times[k - 1] - iter_s[k - 1]
-        for k in range(max(2, w + 1), len(iter_s))  # skip the warm-up and the last (it evaluates)
-        if k in times and k - 1 in times
-    ]
-    s_step = median(iter_s[w:])
+    # Logged step k (1-based) follows flow iteration k-1 and its weight sync.
+    sync = [float(r.get("time/weight_sync", float("nan"))) for r in steps]
+    full = [i + s_ for i, s_ in zip(iter_s, sync, strict=False)]
+    s_iter = median(iter_s[w:])
+    s_step = median(full[w:])
     tok = median(gen_tokens[w:])
-    sync_s = median(sync)
+    sync_s = median(sync[w:])
     return {
         "phase_s": phase_seconds(out_dir / "timeline.jsonl", w),
         "name": "loomrl",
@@ -231,9 +229,11 @@ def run_loomrl_side(spec: dict) -> dict:
         "gen_tokens_per_step": tok,
         "tokens_per_s": tok / s_step if s_step and tok is not None else None,
         "iteration_s": iter_s,
+        "step_s": full,
         "gen_tokens": gen_tokens,
         "weight_sync_s": sync_s,
-        "s_per_step_incl_sync": s_step + sync_s if s_step and sync_s is not None else None,
+        "weight_sync_all_s": sync,
+        "s_per_iteration_excl_sync": s_iter,
         "plan": summary.get("plan"),
         "predicted_iteration_s": summary.get("predicted_iteration_s"),
         "reward_mean": [r.get("reward_mean") for r in steps],
@@ -432,14 +432,14 @@ def fmt(x: Any, spec: str = ".2f") -> str:
 
 
 def print_table(res: dict) -> None:
-    cols = ("side", "s/step", "gen tok/step", "gen tok/s", "s/step+sync", "steps (s)")
-    print(f"{cols[0]:<8}{cols[1]:>9}{cols[2]:>14}{cols[3]:>11}{cols[4]:>13}  {cols[5]}")
+    cols = ("side", "s/step", "gen tok/step", "gen tok/s", "sync s", "steps (s)")
+    print(f"{cols[0]:<8}{cols[1]:>9}{cols[2]:>14}{cols[3]:>11}{cols[4]:>9}  {cols[5]}")
     for name in ("loomrl", "trl"):
         r = res.get(name) or {}
-        steps = " ".join(fmt(x, ".1f") for x in r.get("iteration_s", []))
+        steps = " ".join(fmt(x, ".2f") for x in r.get("step_s", r.get("iteration_s", [])))
         print(
             f"{name:<8}{fmt(r.get('s_per_step')):>9}{fmt(r.get('gen_tokens_per_step'), '.0f'):>14}"
-            f"{fmt(r.get('tokens_per_s'), '.1f'):>11}{fmt(r.get('s_per_step_incl_sync')):>13}  {steps}"
+            f"{fmt(r.get('tokens_per_s'), '.1f'):>11}{fmt(r.get('weight_sync_s'), '.3f'):>9}  {steps}"
         )
     lo = res.get("loomrl") or {}
     if lo:
@@ -489,6 +489,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="profile: loomrl profiles the components, then plans (time reported apart); "
         "calibrate: no profiling, the warm-up iteration measures the costs",
     )
+    p.add_argument(
+        "--offload",
+        choices=("auto", "never", "always"),
+        default="auto",
+        help="loomrl's run.offload for time-shared stages",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--only", choices=("both", "loomrl", "trl"), default="both")
@@ -537,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
             "level": a.level,
             "instruction": a.instruction,
             "loomrl_plan": a.loomrl_plan,
+            "offload": a.offload,
             "seed": a.seed,
             "device": a.device,
             "workdir": work,

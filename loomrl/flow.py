@@ -404,12 +404,10 @@ class Flow:
     def _all_fit(self, plan: Plan) -> bool:
         """True when every device can hold all the components placed on it at once (by the
         profile's memory): then time-shared stages still take turns, but nobody offloads."""
-        if self.offload == "always" or self.profile_ is None:
-            return False
-        if plan.method in ("calibrate", "calibrated"):
+        if self.offload != "auto":
+            return self.offload == "never"
+        if self.profile_ is None or plan.method in ("calibrate", "calibrated"):
             return False  # memory was never measured: keep offloading, as calibrated
-        if self.offload == "never":
-            return True
         prof = self.profile_
         use: dict[int, float] = {}
         for comp, devs in plan.assignment().items():

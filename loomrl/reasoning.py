@@ -86,12 +86,17 @@ def prompts(task: Any, encode: Any, step: int, batch: int) -> list[dict]:
     return items
 
 
-def sync_weights(actor: Any, rollout: Any) -> int:
-    """Actor -> rollout weight push through the object store, versioned."""
-    refs = wait(actor.publish_weights())[0][0]
-    version = wait(actor.version())[0]
-    wait(rollout.load_weights(refs, version))
-    return version
+def weight_sync(source: Any, *sinks: Any, cfg: Any = None) -> Any:
+    """The trainer -> users weight push (``loomrl.weights.WeightSync``: CUDA IPC, shared memory,
+    NCCL or Gloo per receiving rank), with the run's bucket size and route."""
+    from loomrl.weights import WeightSync
+
+    return WeightSync(
+        source,
+        *sinks,
+        bucket_mb=getattr(cfg, "weight_bucket_mb", 256),
+        path=getattr(cfg, "weight_path", "auto"),
+    )
 
 
 def evaluate(rollout: Any, task: Any, encode: Encoder, cfg: Any) -> float:
@@ -106,7 +111,7 @@ def evaluate(rollout: Any, task: Any, encode: Encoder, cfg: Any) -> float:
     return sum(scores) / max(1, len(scores))
 
 
-def metrics_of(result: Any) -> dict[str, float]:
+def metrics_of(result: Any, *syncs: Any) -> dict[str, float]:
     groups = [o for o in result.outputs]
     stats = groups[-1] if groups else {}
     m: dict[str, float] = {
@@ -118,6 +123,9 @@ def metrics_of(result: Any) -> dict[str, float]:
     m["predicted_s"] = result.predicted_s
     for comp, secs in result.stage_seconds().items():
         m[f"time/{comp}"] = secs
+    done = [s.last for s in syncs if s.last is not None]
+    if done:
+        m["time/weight_sync"] = sum(r.seconds for r in done)
     return m
 
 

@@ -49,6 +49,14 @@ class RunConfig:
     adapt_threshold: float = 0.15
     adapt_window: int = 3
     adapt_max_replans: int = 3
+    # Trainer -> rollout weight sync (loomrl.weights): bucket size, and the route ("auto" picks
+    # CUDA IPC / shared memory / NCCL / Gloo per receiving rank; naming one forces it).
+    weight_bucket_mb: float = 256
+    weight_path: str = "auto"
+    # Time-shared stages: "auto" offloads only when a device cannot hold everything placed on
+    # it (by the profile's memory; a calibrated plan measured none, so it offloads), "never"
+    # keeps every component resident, "always" offloads between phases.
+    offload: str = "auto"
 
     def validate(self) -> list[str]:
         p = []
@@ -68,6 +76,14 @@ class RunConfig:
         if self.devices is not None and self.devices < 1:
             p.append(f"devices: must be >= 1, got {self.devices}")
         p += self.adapt_config().problems(prefix="adapt_")
+        from loomrl.weights import PATHS
+
+        if self.weight_path not in PATHS:
+            p.append(f"weight_path: {self.weight_path!r} is not one of {list(PATHS)}")
+        if self.offload not in ("auto", "always", "never"):
+            p.append(f"offload: {self.offload!r} is not one of 'auto', 'always', 'never'")
+        if not self.weight_bucket_mb > 0:
+            p.append(f"weight_bucket_mb: must be > 0, got {self.weight_bucket_mb}")
         return p
 
     def adapt_config(self) -> Any:

@@ -128,7 +128,7 @@ def main(cfg: Config) -> dict:
 
     run = Run(cfg, cfg.run)
     try:
-        flow = Flow(run.cluster, run.dir)
+        flow = Flow(run.cluster, run.dir, offload=cfg.run.offload)
         build(flow, cfg.demo)
         run.apply_plan(flow, make_items(0, cfg.batch, cfg.run.seed))
         digest = hashlib.sha256()

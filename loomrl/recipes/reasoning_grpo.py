@@ -69,7 +69,7 @@ def build(flow: Any, cfg: Config) -> dict[str, Any]:
 
 def main(cfg: Config) -> dict:
     from loomrl.flow import Flow
-    from loomrl.reasoning import Encoder, evaluate, metrics_of, restore, save, sync_weights
+    from loomrl.reasoning import Encoder, evaluate, metrics_of, restore, save, weight_sync
     from loomrl.tasks import make_task
 
     run = Run(cfg, cfg.run)
@@ -78,19 +78,20 @@ def main(cfg: Config) -> dict:
             make_task(**cfg.task.as_kwargs(cfg.run.seed)),
             Encoder(cfg.model.path, cfg.task.instruction),
         )
-        flow = Flow(run.cluster, run.dir)
+        flow = Flow(run.cluster, run.dir, offload=cfg.run.offload)
         g = build(flow, cfg)
         run.apply_plan(flow, prompts(task, encode, 0, cfg.batch))
         start = restore(run, g) if cfg.resume else 0
-        sync_weights(g["actor"], g["rollout"])
+        sync = weight_sync(g["actor"], g["rollout"], cfg=cfg.run)
+        sync()
         metrics: dict[str, Any] = {"eval_accuracy": evaluate(g["rollout"], task, encode, cfg)}
         run.logger.log(start, metrics)
         for step in range(start, cfg.run.steps):
             run.maybe_inject_failure(step, g["rollout"].group)
             result = flow.run(prompts(task, encode, step, cfg.batch))
-            sync_weights(g["actor"], g["rollout"])
+            sync()
             run.record(step, result, flow)
-            metrics = metrics_of(result)
+            metrics = metrics_of(result, sync)
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.run.steps:
                 metrics["eval_accuracy"] = evaluate(g["rollout"], task, encode, cfg)
             run.logger.log(step + 1, metrics)

@@ -103,34 +103,33 @@ def build(flow: Any, cfg: Config) -> dict[str, Any]:
     return g
 
 
-def sync_models(g: dict[str, Any]) -> None:
-    from loomrl.reasoning import sync_weights
-
-    sync_weights(g["actor"], g["rollout"])
-    sync_weights(g["critic_train"], g["critic"])
-
-
 def main(cfg: Config) -> dict:
     from loomrl.flow import Flow
-    from loomrl.reasoning import Encoder, evaluate, metrics_of
+    from loomrl.reasoning import Encoder, evaluate, metrics_of, weight_sync
     from loomrl.tasks import make_task
 
     run = Run(cfg, cfg.run)
     try:
         task = make_task(**cfg.task.as_kwargs(cfg.run.seed))
         encode = Encoder(cfg.model.path, cfg.task.instruction)
-        flow = Flow(run.cluster, run.dir)
+        flow = Flow(run.cluster, run.dir, offload=cfg.run.offload)
         g = build(flow, cfg)
         run.apply_plan(flow, prompts(task, encode, 0, cfg.batch))
         start = restore(run, g) if cfg.resume else 0
-        sync_models(g)
+        syncs = [
+            weight_sync(g["actor"], g["rollout"], cfg=cfg.run),
+            weight_sync(g["critic_train"], g["critic"], cfg=cfg.run),
+        ]
+        for sync in syncs:
+            sync()
         metrics: dict[str, Any] = {"eval_accuracy": evaluate(g["rollout"], task, encode, cfg)}
         run.logger.log(start, metrics)
         for step in range(start, cfg.run.steps):
             result = flow.run(prompts(task, encode, step, cfg.batch))
-            sync_models(g)
+            for sync in syncs:
+                sync()
             run.record(step, result, flow)
-            metrics = metrics_of(result)
+            metrics = metrics_of(result, *syncs)
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.run.steps:
                 metrics["eval_accuracy"] = evaluate(g["rollout"], task, encode, cfg)
             run.logger.log(step + 1, metrics)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from loomrl.weights import WeightSink, WeightSource
 from loomrl.worker import Worker
 from loomrl.workers.reasoning import (
     ActorWorker,
@@ -35,7 +36,6 @@ from loomrl.workers.reasoning import (
     ModelConfig,
     SamplingConfig,
     _Resident,
-    _to_tensors,
     engine_config,
 )
 
@@ -202,7 +202,7 @@ def _value_engine(model: ModelConfig, critic: CriticConfig, trainable: bool, see
     return HFValueEngine(engine_config(model, trainable, seed, critic, value_head=True))
 
 
-class CriticWorker(EngineWorker):
+class CriticWorker(EngineWorker, WeightSource, WeightSink):
     """The value model. ``values`` is the valuation stage, ``train`` the update stage (a map that
     passes items on unchanged and runs one clipped value-loss update per PPO epoch on the whole
     batch at its last call). Build with ``trainable=False`` for the inference copy."""
@@ -295,23 +295,6 @@ class CriticWorker(EngineWorker):
             # How much of the returns' variance the values the advantages used explain.
             "explained_variance": 1.0 - var_e / var_r if var_r > 1e-8 else 0.0,
         }
-
-    # Weight sync (critic_train -> critic), the same verbs as actor -> rollout.
-    def publish_weights(self, bucket_mb: float = 128) -> list:
-        import ray
-
-        with _Resident(self.engine) as eng:
-            buckets = eng.get_weights_buckets(bucket_mb, device="cpu")
-            return [[ray.put({k: v.numpy() for k, v in b.items()}) for b in buckets]]
-
-    def load_weights(self, refs: list, version: int) -> int:
-        import ray
-
-        with _Resident(self.engine) as eng:
-            for ref in refs:
-                eng.set_weights(_to_tensors(ray.get(ref)))
-            eng.version = version
-        return version
 
     def version(self) -> int:
         return self.engine.version

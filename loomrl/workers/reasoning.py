@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from loomrl.weights import WeightSink, WeightSource
 from loomrl.worker import Worker, dispatch
 
 
@@ -132,13 +133,12 @@ class EngineWorker(Worker):
         self.engine.offload()
 
 
-class RolloutWorker(EngineWorker):
+class RolloutWorker(EngineWorker, WeightSink):
     def __init__(self, model: ModelConfig, sampling: SamplingConfig, seed: int = 0):
         super().__init__()
         self.sampling, self.seed = sampling, seed
         self.engine = _engine(model, trainable=False, seed=seed)
         self.step = 0
-        self.version = 0
 
     def generate(self, items: list[dict]) -> list[dict]:
         """Sample G responses per prompt group, in chunks of ``gen_groups`` groups aligned by index."""
@@ -169,7 +169,7 @@ class RolloutWorker(EngineWorker):
                         "texts": [self.engine.decode(r) for r in ids],
                         "gen_tokens": sum(len(r) for r in ids),
                         "gen_s": dt / len(group),  # this group's share of the batched call
-                        "version": self.version,
+                        "version": self.engine.version,
                     }
                 )
         by_index = {o["index"]: o for o in out}
@@ -191,26 +191,15 @@ class RolloutWorker(EngineWorker):
                 texts.extend(self.engine.decode(ids) for ids in gen.response_ids)
         return texts
 
-    def load_weights(self, refs: list, version: int) -> int:
-        """Apply every bucket, then bump the version: generation never sees half an update."""
-        import ray
-
-        with _Resident(self.engine):
-            for ref in refs:
-                self.engine.set_weights(_to_tensors(ray.get(ref)))
-        self.version = version
-        return version
-
     def save_state(self) -> dict:
         """Weights and version, to carry a replica to new devices when the flow re-plans."""
         with _Resident(self.engine) as eng:
             weights = {k: v.detach().to("cpu", copy=True) for k, v in eng.named_parameters()}
-        return {"weights": weights, "version": self.version}
+        return {"weights": weights, "version": self.engine.version}
 
     def load_state(self, state: dict) -> None:
         with _Resident(self.engine) as eng:
-            eng.set_weights(state["weights"])
-        self.version = state["version"]
+            eng.set_weights(state["weights"], version=state["version"])
 
 
 class RewardWorker(Worker):
@@ -265,7 +254,7 @@ class ReferenceWorker(EngineWorker):
         return out
 
 
-class ActorWorker(EngineWorker):
+class ActorWorker(EngineWorker, WeightSource):
     """Trains on whole prompt groups; one optimizer step per iteration over the batch it received."""
 
     def __init__(
@@ -336,14 +325,6 @@ class ActorWorker(EngineWorker):
         stats["malformed"] = float(sum(g["malformed"] for g in groups))
         return stats
 
-    def publish_weights(self, bucket_mb: float = 128) -> list:
-        """Put the weights in the object store by buckets; consumers read them without a copy."""
-        import ray
-
-        with _Resident(self.engine) as eng:
-            buckets = eng.get_weights_buckets(bucket_mb, device="cpu")
-            return [[ray.put({k: v.numpy() for k, v in b.items()}) for b in buckets]]
-
     def param_sha256(self) -> str:
         with _Resident(self.engine) as eng:
             return eng.param_sha256()
@@ -361,19 +342,6 @@ class ActorWorker(EngineWorker):
     def load_state(self, state: dict) -> None:
         with _Resident(self.engine) as eng:
             eng.load_state_dict(state)
-
-
-def _to_tensors(bucket: dict) -> dict:
-    import warnings
-
-    import torch
-
-    # Object-store arrays are read-only views of shared memory. set_weights only reads them
-    # (copying into the parameters), so they are wrapped without a copy of their own; torch
-    # warns about non-writable arrays, which is moot for a read.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*not writable.*")
-        return {k: torch.from_numpy(v) for k, v in bucket.items()}
 
 
 @dataclass

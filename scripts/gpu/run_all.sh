@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # GPU experiments of loomrl, one device call: bash scripts/gpu/run_all.sh [STAGE ...]
-# Stages (default: pytest ipc grpo_cal grpo_auto trl): pytest ipc grpo_cal grpo_auto trl embodied
+# Stages (default: pytest ipc grpo_cal grpo_auto trl): pytest ipc grpo_cal grpo_auto trl trl_both
+#   wsync (weight-sync routes, 135M + 0.5B shapes) trl135 trl05 (GRPO vs TRL on GPU 0 alone,
+#   calibrated temporal plan, everything resident) embodied embodied_px (pixels, MuJoCo EGL)
 # Needs (carried, ignored by git): out/gpu_wheels/ray_slim.tar.xz, out/gpu_wheels/whl/*.whl,
-# out/gpu_wheels/tok/models/smollm2-135m-instruct (tokenizer only), optionally out/gpu_wheels/emb/*.whl.
+# out/gpu_wheels/tok/models/smollm2-135m-instruct (tokenizer only), optionally out/gpu_wheels/emb/*.whl
+# and .gl/*.deb (GL loaders for rendering).
 # BUDGET (seconds, default 540) bounds the whole script; each stage gets min(its cap, what is left).
 # Results: $OUT/<stage>.json and $OUT/run_all.log.
 set -u
@@ -30,6 +33,13 @@ stage() { # stage NAME CAP CMD...
 
 echo "=== setup $(date +%T)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+if ls .gl/*.deb >/dev/null 2>&1; then
+    for f in .gl/*.deb; do dpkg -x "$f" /; done
+    ldconfig
+    export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+    export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+fi
+export MUJOCO_GL=egl
 DEPS=/tmp/deps
 mkdir -p $DEPS
 tar -xJf out/gpu_wheels/ray_slim.tar.xz -C $DEPS
@@ -47,7 +57,8 @@ python3 -c "from loomrl.models import _cached_smollm2_tokenizer as t; print('smo
     { rm -rf $LOOMRL_CACHE/models/smollm2-135m-instruct; echo "tokenizer: using the char tokenizer"; }
 python3 -c "import ray, torch, transformers; print('ray', ray.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
 MODEL=/tmp/random-smollm2-135m-f32
-python3 -c "from loomrl.models import random_model_like as r; import time; t=time.time(); r('$MODEL', 'smollm2-135m'); print('model built', round(time.time()-t,1), 's')"
+MODEL05=/tmp/random-0.5b-f32
+python3 -c "from loomrl.models import random_model_like as r; import time; t=time.time(); r('$MODEL', 'smollm2-135m'); r('$MODEL05', '0.5b'); print('models built', round(time.time()-t,1), 's')"
 echo "=== setup done in $(($(date +%s) - T0))s"
 
 for s in "${STAGES[@]}"; do
@@ -65,6 +76,16 @@ for s in "${STAGES[@]}"; do
         --batch 8 --group-size 8 --max-new-tokens 64 --train-micro-batch 16 --level 1 \
         --steps 3 --warmup 1 --loomrl-plan calibrate --timeout 190 --out "$OUT/trl_both.json" ;;
     embodied) stage embodied 200 python3 benchmarks/embodied_modes.py --out "$OUT/embodied.json" ;;
+    wsync) stage wsync 150 python3 scripts/gpu/weight_sync_bench.py --model-dir $MODEL --model-dir $MODEL05 \
+        --out "$OUT/weight_sync.json" ;;
+    trl135) stage trl135 330 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/grpo_vs_trl.py --device cuda --only both \
+        --model $MODEL --batch 8 --group-size 8 --max-new-tokens 64 --train-micro-batch 16 --level 1 \
+        --steps 3 --warmup 1 --loomrl-plan calibrate --offload never --timeout 200 --out "$OUT/trl135.json" ;;
+    trl05) stage trl05 360 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/grpo_vs_trl.py --device cuda --only both \
+        --model $MODEL05 --batch 8 --group-size 8 --max-new-tokens 64 --train-micro-batch 16 --level 1 \
+        --steps 3 --warmup 1 --loomrl-plan calibrate --offload never --timeout 220 --out "$OUT/trl05.json" ;;
+    embodied_px) stage embodied_px 280 python3 benchmarks/embodied_modes.py --device cuda --pixels \
+        --image-size 64 --num-envs 16 --steps 32 --iterations 4 --env-cores 4 --out "$OUT/embodied_px.json" ;;
     *) echo "unknown stage $s" ;;
     esac
 done

@@ -1,0 +1,141 @@
+"""Trainer -> users weight sync between worker processes on CPU: shared memory and Gloo routes,
+dtype casts, versions, several receiving ranks, bad routes refused."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import loomrl
+from loomrl import wait
+from loomrl.weights import WeightSink, WeightSource, WeightSync
+
+
+class _Engine:
+    """The engine interface weight sync needs: named parameters, a version, set_weights."""
+
+    def __init__(self, seed: int, dtype: str):
+        import torch
+
+        torch.manual_seed(seed)
+        self.net = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.Linear(48, 3)).to(
+            getattr(torch, dtype)
+        )
+        self.device = torch.device("cpu")
+        self.version = 0
+
+    def named_parameters(self):
+        return self.net.named_parameters()
+
+    def set_weights(self, named):
+        import torch
+
+        params = dict(self.net.named_parameters())
+        with torch.no_grad():
+            for name, t in named:
+                params[name].copy_(t)
+
+
+class Trainer(loomrl.Worker, WeightSource):
+    def __init__(self, seed: int = 0, dtype: str = "float32"):
+        super().__init__()
+        self.engine = _Engine(seed, dtype)
+
+    def step(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            for p in self.engine.net.parameters():
+                p.add_(0.125)
+        self.engine.version += 1
+
+    def params(self) -> dict:
+        return {k: v.detach().float().clone() for k, v in self.engine.named_parameters()}
+
+
+class User(loomrl.Worker, WeightSink):
+    def __init__(self, seed: int = 1, dtype: str = "float32"):
+        super().__init__()
+        self.engine = _Engine(seed, dtype)
+
+    def params(self) -> dict:
+        return {k: v.detach().float().clone() for k, v in self.engine.named_parameters()}
+
+    def segments(self) -> int:
+        return len([n for n in os.listdir("/dev/shm") if n.startswith("loomrl_")])
+
+
+def _same(a: dict, b: dict, cast=None) -> bool:
+    import torch
+
+    return all(torch.equal(cast(a[k]) if cast else a[k], b[k]) for k in a)
+
+
+@pytest.fixture
+def pair(cluster):
+    made = []
+
+    def make(n_users=1, user_dtype="float32"):
+        t = cluster.launch(Trainer, 1, devices=[0], name="w_trainer")
+        u = cluster.launch(User, n_users, 1, user_dtype, devices=[1], name="w_user")
+        made.extend([t, u])
+        return t, u
+
+    yield make
+    for g in made:
+        g.kill()
+
+
+def test_shared_memory_sync_to_every_rank_then_versions(pair):
+    trainer, users = pair(n_users=2)
+    sync = WeightSync(trainer, users, bucket_mb=0.004)  # several buckets
+    wait(trainer.step())
+    assert sync() == 1
+    assert sync.last.routes == {"shared_memory": [0, 1]} and sync.last.skipped == 0
+    want = wait(trainer.params())[0]
+    for got in wait(users.params()):
+        assert _same(want, got)
+    assert [ep["version"] for ep in wait(users.weights_endpoint())] == [1, 1]
+    # Already current: nothing moves.
+    sync()
+    assert sync.last.skipped == 2 and sync.last.routes == {}
+    # The trainer reuses its segment: repeated syncs do not pile segments up.
+    before = wait(users.on(0).segments())[0]
+    for _ in range(3):
+        wait(trainer.step())
+        sync()
+    assert wait(users.on(0).segments())[0] == before
+    want = wait(trainer.params())[0]
+    assert all(_same(want, got) for got in wait(users.params()))
+
+
+def test_cast_to_the_users_dtype(pair):
+    import torch
+
+    trainer, users = pair(user_dtype="bfloat16")
+    wait(trainer.step())
+    WeightSync(trainer, users)()
+    want = wait(trainer.params())[0]
+    got = wait(users.params())[0]
+    assert _same(want, got, cast=lambda t: t.to(torch.bfloat16).float())
+
+
+def test_gloo_route_sends_every_bucket(pair):
+    trainer, users = pair(n_users=2)
+    sync = WeightSync(trainer, users, bucket_mb=0.004, path="gloo")
+    for _ in range(2):  # the second sync reuses the cached pair groups
+        wait(trainer.step())
+        sync()
+        assert sync.last.routes == {"gloo": [0, 1]}
+        want = wait(trainer.params())[0]
+        assert all(_same(want, got) for got in wait(users.params()))
+
+
+def test_forcing_cuda_ipc_without_a_gpu_is_a_clear_error(pair):
+    trainer, users = pair()
+    wait(trainer.step())
+    with pytest.raises(loomrl.RemoteError, match="cuda_ipc needs the trainer's weights on a GPU"):
+        WeightSync(trainer, users, path="cuda_ipc")()
+    with pytest.raises(ValueError, match="path='fast'"):
+        WeightSync(trainer, users, path="fast")
