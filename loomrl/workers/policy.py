@@ -352,8 +352,14 @@ class PolicyWorker(Worker):
             last_value=torch.zeros(N, device=self.device),
             episodes=EpisodeStats(),
         )
+        one_epoch = replace(self.ppo, epochs=1, target_kl=None)
+        if self.device != "cpu":
+            # The first backward on a GPU loads kernels and tunes convolutions (about a second
+            # for the pixel CNN), a cost the run pays once, not per update: keep it out.
+            ppo_update(net, opt, buf, one_epoch)
+            torch.cuda.synchronize()
         t = time.perf_counter()
-        ppo_update(net, opt, buf, replace(self.ppo, epochs=1, target_kl=None))
+        ppo_update(net, opt, buf, one_epoch)
         if self.device != "cpu":
             torch.cuda.synchronize()
         return (time.perf_counter() - t) * self.ppo.epochs

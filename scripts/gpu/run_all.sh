@@ -84,8 +84,8 @@ for s in "${STAGES[@]}"; do
     trl05) stage trl05 360 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/grpo_vs_trl.py --device cuda --only both \
         --model $MODEL05 --batch 8 --group-size 8 --max-new-tokens 64 --train-micro-batch 16 --level 1 \
         --steps 3 --warmup 1 --loomrl-plan calibrate --offload never --timeout 220 --out "$OUT/trl05.json" ;;
-    embodied_px) stage embodied_px 280 python3 benchmarks/embodied_modes.py --device cuda --pixels \
-        --image-size 64 --num-envs 16 --steps 32 --iterations 4 --env-cores 4 --out "$OUT/embodied_px.json" ;;
+    embodied_px) stage embodied_px ${EMB_CAP:-280} python3 benchmarks/embodied_modes.py --device cuda --pixels \
+        --image-size 64 --num-envs 16 --steps 32 --iterations ${EMB_ITERS:-4} --rounds ${EMB_ROUNDS:-1} --env-cores 4 --out "$OUT/embodied_px.json" ;;
     *) echo "unknown stage $s" ;;
     esac
 done
