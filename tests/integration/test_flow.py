@@ -176,3 +176,19 @@ def test_offload_skipped_when_everything_fits(cluster, demo_profile):
     finally:
         flow.shutdown()
     assert {r["kind"] for r in res.timeline} == {"run"}
+
+
+@pytest.mark.parametrize("offload, switches", [("auto", True), ("never", False)])
+def test_calibrated_plan_offloads_unless_told_never(cluster, offload, switches):
+    # A calibrated plan never measured memory: "auto" keeps time-sharing with offloads,
+    # "never" (run.offload) keeps every component resident.
+    flow = Flow(cluster, offload=offload)
+    build(flow, SMALL)
+    flow.plan("temporal", profile="calibrate", batch=8)
+    try:
+        res = flow.run(make_items(0, 8))
+    finally:
+        flow.shutdown()
+    kinds = {r["kind"] for r in res.timeline}
+    assert ({"onload", "offload"} <= kinds) is switches
+    assert "run" in kinds

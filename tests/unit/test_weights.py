@@ -82,3 +82,16 @@ def test_routes_follow_where_processes_and_weights_are():
     assert route(host, _ep(pid=2), force="gloo") is Path.GLOO
     with pytest.raises(ValueError, match="path='ipc'"):
         route(host, _ep(pid=2), force="ipc")
+
+
+def test_run_config_checks_weight_sync_and_offload_settings():
+    from loomrl.run import RunConfig
+
+    p = RunConfig(weight_path="ipc", weight_bucket_mb=0, offload="sometimes").validate()
+    assert "offload: 'sometimes' is not one of 'auto', 'always', 'never'" in p
+    assert (
+        "weight_path: 'ipc' is not one of ['auto', 'shared_memory', 'cuda_ipc', 'nccl', 'gloo']"
+        in p
+    )
+    assert "weight_bucket_mb: must be > 0, got 0" in p
+    assert RunConfig().validate() == []
