@@ -16,7 +16,10 @@ never touch the other), with the same settings:
                   advantages, clip 0.2 / 0.28, token-mean loss, no gradient checkpointing
   also equal      learning rate, beta (KL coefficient; 0 = no reference model), temperature,
                   training micro-batch (--train-micro-batch sequences per forward/backward)
-  precision       fp32 on CPU; on CUDA fp32 weights with bf16 autocast on both sides
+  precision       --precision auto: fp32 on CPU; on CUDA fp32 weights with bf16 autocast on both
+                  sides (loomrl's rollout engine, an inference copy, holds bf16 weights).
+                  --precision bf16 applies the CUDA scheme on CPU too (TRL: bf16=True, CPU
+                  autocast), --precision fp32 keeps everything fp32 everywhere
 
 loomrl runs ``loomrl.recipes.reasoning_grpo`` with ``placement=temporal``: the planner profiles the
 components first (``--loomrl-plan profile``, the default) or, with ``--loomrl-plan calibrate``,
@@ -137,6 +140,9 @@ def loomrl_config(spec: dict, model_dir: str, out_dir: str) -> dict:
         "eval_every": 0,
         "model": {
             "path": model_dir,
+            "dtype": {"auto": "auto", "bf16": "bfloat16", "fp32": "float32"}[
+                spec.get("precision", "auto")
+            ],
             "lr": spec["lr"],
             "grad_clip": 1.0,
             "train_micro_batch": spec["train_micro_batch"],
@@ -327,7 +333,7 @@ def run_trl_side(spec: dict) -> dict:
         top_k=0,
         use_vllm=False,
         gradient_checkpointing=False,  # loomrl does not checkpoint either
-        bf16=cuda,
+        bf16=spec.get("precision", "auto") == "bf16" or (cuda and spec.get("precision") != "fp32"),
         use_cpu=not cuda,
         model_init_kwargs={"dtype": "float32"},
         shuffle_dataset=False,  # same prompt order as loomrl
@@ -495,6 +501,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="auto",
         help="loomrl's run.offload for time-shared stages",
     )
+    p.add_argument(
+        "--precision",
+        choices=("auto", "bf16", "fp32"),
+        default="auto",
+        help="auto: fp32 on CPU, bf16 autocast on CUDA; bf16 / fp32: that on both devices",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--only", choices=("both", "loomrl", "trl"), default="both")
@@ -544,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
             "instruction": a.instruction,
             "loomrl_plan": a.loomrl_plan,
             "offload": a.offload,
+            "precision": a.precision,
             "seed": a.seed,
             "device": a.device,
             "workdir": work,
@@ -584,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.out).write_text(json.dumps(res, indent=2, default=str) + "\n")
     print(
         f"model {a.model}, {a.batch} prompts x {a.group_size} responses, <= {a.max_new_tokens} new tokens, "
-        f"{a.warmup} warm-up + {a.steps} measured steps, device {a.device}"
+        f"{a.warmup} warm-up + {a.steps} measured steps, device {a.device}, precision {a.precision}"
     )
     print(f"uptime at start: {res['uptime_start']}")
     print(f"uptime at end:   {res['uptime_end']}")
