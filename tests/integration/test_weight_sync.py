@@ -139,3 +139,23 @@ def test_forcing_cuda_ipc_without_a_gpu_is_a_clear_error(pair):
         WeightSync(trainer, users, path="cuda_ipc")()
     with pytest.raises(ValueError, match="path='fast'"):
         WeightSync(trainer, users, path="fast")
+
+
+class DyingUser(User):
+    def apply_weights(self, named):
+        os._exit(1)  # the receiver's process dies in the middle of a push
+
+
+@pytest.mark.parametrize("path", ["shared_memory", "gloo"])
+def test_a_receiver_that_dies_mid_push_is_reported_and_the_trainer_goes_on(cluster, path):
+    trainer = cluster.launch(Trainer, 1, devices=[0], name="w_trainer_d")
+    user = cluster.launch(DyingUser, 1, devices=[1], name="w_dying")
+    try:
+        wait(trainer.step())
+        with pytest.raises(loomrl.WorkerDiedError, match="w_dying"):
+            WeightSync(trainer, user, bucket_mb=0.004, path=path, timeout=30)()
+        # The trainer is not left blocked in a send to the dead peer.
+        wait(trainer.step(), timeout=30)
+    finally:
+        trainer.kill()
+        user.kill()
