@@ -106,31 +106,55 @@ def _dtype_name(dtype: Any) -> str:
 # --------------------------------------------------------------------------- routes (pure)
 def route(source: dict, sink: dict, force: str = "auto") -> Path:
     """The transport for one receiving rank. ``source``/``sink`` are ``weights_endpoint()``
-    answers: node, pid, gpu (physical id or None), and the source's ``location`` ("cpu"/"cuda")."""
+    answers: node, pid, gpu (physical id or None), and the source's ``location`` ("cpu"/"cuda").
+    A forced route that cannot work between the two is refused here, before anything moves."""
     if force not in PATHS:
         raise ValueError(f"path={force!r}: use one of {list(PATHS)}")
-    if force != "auto":
-        return Path(force)
-    src = Endpoint(source["node"], source["pid"], source["gpu"])
-    dst = Endpoint(sink["node"], sink["pid"], sink["gpu"])
-    path = select_path(src, dst, source["location"])
-    # Two actors never share a process; a same-process pair is a bug upstream, not a fast path.
-    return Path.SHARED_MEMORY if path is Path.LOCAL else path
+    same_node = source["node"] == sink["node"]
+    if force == "auto":
+        src = Endpoint(source["node"], source["pid"], source["gpu"])
+        dst = Endpoint(sink["node"], sink["pid"], sink["gpu"])
+        path = select_path(src, dst, source["location"])
+        # Two actors never share a process; a same-process pair is a bug upstream.
+        return Path.SHARED_MEMORY if path is Path.LOCAL else path
+    why = None
+    if force == "shared_memory" and not same_node:
+        why = "the receiver runs on another node (use 'gloo' or 'nccl')"
+    elif force in ("cuda_ipc", "nccl") and source["location"] != "cuda":
+        why = "the trainer's weights are not on a GPU now (offloaded, or a CPU trainer)"
+    elif force == "cuda_ipc" and (not same_node or sink["gpu"] != source["gpu"]):
+        why = "the receiver is not on the trainer's GPU (use 'nccl' between GPUs)"
+    elif force == "nccl" and sink["gpu"] is None:
+        why = "the receiver has no GPU (use 'shared_memory' or 'gloo')"
+    if why:
+        raise ValueError(f"weight sync path={force!r} cannot reach this receiver: {why}")
+    return Path(force)
 
 
-def _endpoint(device: Any, dtype: Any) -> dict:
+def _engine_endpoint(engine: Any) -> dict:
+    """Where this worker's engine is: node, pid, physical GPU, whether its weights sit on the GPU
+    now, their version, and their dtypes (what a receiver wants to be sent)."""
     import torch
 
+    device = getattr(engine, "device", None)
     gpu = None
     if device is not None and device.type == "cuda":
         gpu = str(torch.cuda.get_device_properties(device).uuid)
     here = Endpoint.here(gpu)
+    offloaded = getattr(engine, "_offloaded", None) is not None
+    # Offloaded parameters keep their dtype (host copies or empty placeholders).
+    dtypes = {n: _dtype_name(p.dtype) for n, p in engine.named_parameters()}
+    kinds = sorted(set(dtypes.values()))
     return {
         "node": here.node_id,
         "pid": here.pid,
         "gpu": gpu,
-        "device": str(device) if device is not None else "cpu",
-        "dtype": _dtype_name(dtype) if dtype is not None else None,
+        "location": "cuda" if gpu is not None and not offloaded else "cpu",
+        "version": int(engine.version),
+        "me": _me(),
+        # One dtype for every tensor (the usual case), else the per-tensor map.
+        "dtype": kinds[0] if len(kinds) == 1 else "mixed",
+        "dtypes": None if len(kinds) == 1 else dtypes,
     }
 
 
@@ -163,7 +187,9 @@ class _KV:
 
 
 class ActorRendezvous:
-    """``transport.Rendezvous`` over one named Ray actor shared by the whole job."""
+    """``transport.Rendezvous`` over one named Ray actor shared by the whole job. ``WeightSync``
+    creates it from the driver first, so that the driver owns it: a worker that dies or is
+    replaced when the flow re-plans does not take it down."""
 
     NAME = "loomrl_rendezvous"
 
@@ -172,7 +198,7 @@ class ActorRendezvous:
 
         self.actor = (
             ray.remote(_KV)
-            .options(name=self.NAME, get_if_exists=True, num_cpus=0, max_concurrency=64)
+            .options(name=self.NAME, get_if_exists=True, num_cpus=0, max_concurrency=10_000)
             .remote()
         )
 
@@ -212,47 +238,54 @@ def _me() -> str:
 
 
 # --------------------------------------------------------------------------- worker mixins
-class WeightSource:
-    """Mixin for the worker that owns the trained weights (rank 0 sends; under FSDP every rank
-    takes part in gathering full tensors). Override ``weights_for_sync`` for non-engine models."""
-
+class _WeightPeer:
     engine: Any
+
+    def weights_endpoint(self) -> dict:
+        return _engine_endpoint(self.engine)
+
+    def weights_drop_links(self) -> int:
+        """Forget this process's cached pair groups (after a failed transfer: a group whose
+        peer died or whose stream holds an unfinished send must not be reused)."""
+        dropped = 0
+        for key in [k for k in _links if k[0] == _me()]:
+            link = _links.pop(key)
+            for pg, _rank, _store in link.groups._groups.values():
+                with contextlib.suppress(Exception):
+                    pg.abort()
+            dropped += 1
+        return dropped
+
+
+class WeightSource(_WeightPeer):
+    """Mixin for the worker that owns the trained weights (rank 0 sends; under FSDP every rank
+    takes part in gathering each full tensor, one bucket at a time). Override
+    ``weights_for_sync`` for models that are not an engine."""
+
     _w_shm: Any = None
     _w_keep: list | None = None
 
     @contextlib.contextmanager
-    def weights_for_sync(self) -> Iterator[tuple[Iterable[tuple[str, Any]], int, Any]]:
-        """Yield (named full tensors, version, device they are on) for packing."""
+    def weights_for_sync(self) -> Iterator[tuple[dict[str, Any], int, Any]]:
+        """Yield ({name: parameter}, version, device they are on) for packing."""
         eng = self.engine
-        state = getattr(eng, "_offloaded", None)
-        if state == "host" and not getattr(eng, "fsdp", False):
+        if getattr(eng, "_offloaded", None) == "host" and not getattr(eng, "fsdp", False):
             # Offloaded to host memory between phases: pack from there, no onload needed.
-            yield eng.named_parameters(), eng.version, None
+            yield dict(eng.named_parameters()), eng.version, None
             return
         with _resident(eng):
-            yield eng.named_parameters(), eng.version, eng.device
+            yield dict(eng.named_parameters()), eng.version, eng.device
 
-    def weights_endpoint(self) -> dict:
-        eng = self.engine
-        off = getattr(eng, "_offloaded", None) is not None
-        dev = None if off else getattr(eng, "device", None)
-        ep = _endpoint(getattr(eng, "device", None), None)
-        ep["location"] = "cuda" if dev is not None and dev.type == "cuda" else "cpu"
-        ep["version"] = int(eng.version)
-        ep["me"] = _me()
-        return ep
-
-    def weights_publish(self, kind: str, dtype: str | None, bucket_mb: float) -> dict | None:
+    def weights_publish(self, kind: str, want: Any, bucket_mb: float) -> dict | None:
         """Pack for CUDA IPC (handles) or shared memory (one segment); rank 0 returns the
         descriptor receivers load from, other ranks (FSDP) only take part in the gathers."""
         import torch
 
-        rank0 = getattr(self, "rank", 0) == 0
         self.weights_release()
-        with self.weights_for_sync() as (named, version, device):
-            tensors = {n: _full(p) for n, p in named}
-            buckets = _buckets(tensors, dtype, bucket_mb)
-            if not rank0:
+        with self.weights_for_sync() as (params, version, device):
+            buckets = _layout(params, want, bucket_mb)
+            if getattr(self, "rank", 0) != 0:
+                _gather_only(params, buckets)
                 return None
             if kind == Path.CUDA_IPC.value:
                 if device is None or device.type != "cuda":
@@ -262,10 +295,11 @@ class WeightSource:
                 flats = []
                 for b in buckets:
                     flat = torch.empty(bucket_nbytes(b), dtype=torch.uint8, device=device)
-                    pack(tensors, b, flat)
+                    _pack_params(params, b, flat)
                     flats.append(flat)
                 torch.cuda.synchronize(device)
-                self._w_keep = flats  # alive until the receivers have copied (weights_release)
+                # One packed copy stays on the GPU until the receivers have copied from it.
+                self._w_keep = flats
                 handles = export_buffers(flats, list(range(len(flats))))
                 return {"kind": kind, "version": version, "buckets": buckets, "handles": handles}
             total = sum(-(-bucket_nbytes(b) // ALIGN) * ALIGN for b in buckets)
@@ -274,7 +308,7 @@ class WeightSource:
             offsets, pos = [], 0
             for b in buckets:
                 n = bucket_nbytes(b)
-                pack(tensors, b, base[pos : pos + n])
+                _pack_params(params, b, base[pos : pos + n])
                 offsets.append(pos)
                 pos += -(-n // ALIGN) * ALIGN
             if device is not None and device.type == "cuda":
@@ -289,34 +323,38 @@ class WeightSource:
             }
 
     def weights_send(
-        self, peers: list[str], backend: str, dtype: str | None, bucket_mb: float, timeout: float
+        self, peers: list[str], backend: str, want: Any, bucket_mb: float, timeout: float
     ) -> int:
         """Send every bucket to every peer over NCCL/Gloo pair groups; returns bytes sent."""
         import torch
 
-        rank0 = getattr(self, "rank", 0) == 0
         sent = 0
-        with self.weights_for_sync() as (named, version, device):
-            tensors = {n: _full(p) for n, p in named}
-            if not rank0:
+        with self.weights_for_sync() as (params, version, device):
+            buckets = _layout(params, want, bucket_mb)
+            if getattr(self, "rank", 0) != 0:
+                _gather_only(params, buckets)
                 return 0
-            stage = device if backend == "nccl" else torch.device("cpu")
             if backend == "nccl" and (device is None or device.type != "cuda"):
                 raise LoomError("weight sync: nccl needs the trainer's weights on a GPU")
-            buckets = _buckets(tensors, dtype, bucket_mb)
+            stage = device if backend == "nccl" else torch.device("cpu")
             link = _link(str(device) if backend == "nccl" else None, timeout)
             for peer in peers:
                 link.send({"version": version, "count": len(buckets)}, peer, backend)
             for b in buckets:
                 flat = torch.empty(bucket_nbytes(b), dtype=torch.uint8, device=stage)
-                pack(tensors, b, flat)
+                _pack_params(params, b, flat)
                 for peer in peers:
                     sent += link.send({"bucket": b, "flat": flat}, peer, backend)
         return sent
 
     def weights_release(self) -> None:
         """Drop the GPU buckets shared by CUDA IPC (the segment is kept for the next sync)."""
-        self._w_keep = None
+        held, self._w_keep = self._w_keep, None
+        if held:
+            import torch
+
+            del held
+            torch.cuda.empty_cache()  # hand the packed copy back to the GPU, not the cache
 
     def _w_segment(self, nbytes: int) -> Any:
         from multiprocessing import shared_memory
@@ -328,6 +366,14 @@ class WeightSource:
             return seg
         if seg is not None:
             _close_segment(seg)
+            self._w_shm = None
+        free = _shm_free_bytes()
+        if free is not None and free < nbytes + _SHM_SPARE:
+            raise LoomError(
+                f"weight sync: the weights take {nbytes / 2**20:.0f} MB but /dev/shm has "
+                f"{free / 2**20:.0f} MB free; give the machine/container more shared memory "
+                "(e.g. docker --shm-size) or set run.weight_path=gloo"
+            )
         name = f"{PREFIX}{os.getpid()}_w{uuid.uuid4().hex[:8]}"
         seg = shared_memory.SharedMemory(name=name, create=True, size=max(nbytes, 1))
         import atexit
@@ -337,53 +383,44 @@ class WeightSource:
         return seg
 
 
-class WeightSink:
+class WeightSink(_WeightPeer):
     """Mixin for workers that use the trainer's weights. Override ``apply_weights`` for
     non-engine models; ``self.engine.version`` is the weights' version in use."""
-
-    engine: Any
 
     def apply_weights(self, named: Iterable[tuple[str, Any]]) -> None:
         with _resident(self.engine) as eng:
             eng.set_weights(named)
 
-    def weights_endpoint(self) -> dict:
-        eng = self.engine
-        # Offloaded parameters keep their dtype (host copies or empty placeholders).
-        dtype = next((p.dtype for _, p in eng.named_parameters()), None)
-        ep = _endpoint(getattr(eng, "device", None), dtype)
-        ep["version"] = int(eng.version)
-        ep["me"] = _me()
-        return ep
-
     def weights_load(self, desc: dict) -> int:
         """Apply a CUDA IPC or shared-memory descriptor: every bucket, then the version."""
         import torch
 
-        if desc["kind"] == Path.CUDA_IPC.value:
-            from loomrl.transport import import_buffers
+        # An offloaded receiver comes on once for the whole push, not once per bucket.
+        with _resident(self.engine):
+            if desc["kind"] == Path.CUDA_IPC.value:
+                from loomrl.transport import import_buffers
 
-            flats = import_buffers(desc["handles"])
-            for flat, b in zip(flats, desc["buckets"], strict=True):
-                self.apply_weights(unpack(flat, b))
-            torch.cuda.synchronize()
-            del flats
-        else:
-            from multiprocessing import resource_tracker, shared_memory
+                flats = import_buffers(desc["handles"])
+                for flat, b in zip(flats, desc["buckets"], strict=True):
+                    self.apply_weights(unpack(flat, b))
+                torch.cuda.synchronize()
+                del flats
+            else:
+                from multiprocessing import resource_tracker, shared_memory
 
-            seg = shared_memory.SharedMemory(name=desc["segment"])
-            with contextlib.suppress(Exception):
-                # Only the creator may unlink: do not let this process's tracker do it at exit.
-                resource_tracker.unregister(seg._name, "shared_memory")  # type: ignore[attr-defined]
-            try:
-                base = torch.frombuffer(seg.buf, dtype=torch.uint8)
-                for off, b in zip(desc["offsets"], desc["buckets"], strict=True):
-                    self.apply_weights(unpack(base[off : off + bucket_nbytes(b)], b))
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
-                del base
-            finally:
-                _close_segment(seg, unlink=False)
+                seg = shared_memory.SharedMemory(name=desc["segment"])
+                with contextlib.suppress(Exception):
+                    # Only the creator may unlink: keep this process's tracker from doing it.
+                    resource_tracker.unregister(seg._name, "shared_memory")  # type: ignore[attr-defined]
+                try:
+                    base = torch.frombuffer(seg.buf, dtype=torch.uint8)
+                    for off, b in zip(desc["offsets"], desc["buckets"], strict=True):
+                        self.apply_weights(unpack(base[off : off + bucket_nbytes(b)], b))
+                    if torch.cuda.is_available():
+                        torch.cuda.synchronize()
+                    del base
+                finally:
+                    _close_segment(seg, unlink=False)
         self.engine.version = int(desc["version"])
         return self.engine.version
 
@@ -393,10 +430,11 @@ class WeightSink:
         if backend == "nccl":
             device = str(getattr(self.engine, "device", "cuda"))
         link = _link(device, timeout)
-        head = link.recv(peer, backend)
-        for _ in range(int(head["count"])):
-            msg = link.recv(peer, backend)
-            self.apply_weights(unpack(_as_tensor(msg["flat"]), msg["bucket"]))
+        with _resident(self.engine):
+            head = link.recv(peer, backend)
+            for _ in range(int(head["count"])):
+                msg = link.recv(peer, backend)
+                self.apply_weights(unpack(_as_tensor(msg["flat"]), msg["bucket"]))
         self.engine.version = int(head["version"])
         return self.engine.version
 
@@ -432,6 +470,7 @@ class WeightSync:
         self.source, self.sinks = source, sinks
         self.bucket_mb, self.path, self.timeout = bucket_mb, path, timeout
         self.last: SyncReport | None = None
+        self._rendezvous: ActorRendezvous | None = None
 
     def __call__(self) -> int:
         from loomrl.worker import wait
@@ -439,10 +478,9 @@ class WeightSync:
         t0 = time.perf_counter()
         src = _group(self.source)
         sinks = [_group(s) for s in self.sinks]
-        src_eps = wait(src.weights_endpoint())
-        head = src_eps[0]
+        head = wait(src.weights_endpoint())[0]
         version = head["version"]
-        by_route: dict[tuple[Path, str | None], list[tuple[Any, int, dict]]] = {}
+        by_route: dict[tuple, list[tuple[Any, int, dict]]] = {}
         skipped = 0
         for g in sinks:
             for r, ep in zip(g._ranks, wait(g.weights_endpoint()), strict=True):
@@ -450,27 +488,51 @@ class WeightSync:
                     skipped += 1
                     continue
                 p = route(head, ep, self.path)
-                by_route.setdefault((p, ep["dtype"]), []).append((g, r, ep))
+                # Receivers wanting the same dtypes share one packing; mixed ones get their own.
+                want = ep["dtype"] if ep["dtypes"] is None else ep["dtypes"]
+                key = (p, want if isinstance(want, str) else (g.name, r))
+                by_route.setdefault(key, []).append((g, r, ep))
         routes: dict[str, list[int]] = {}
-        for (p, dtype), targets in by_route.items():
+        for (p, _), targets in by_route.items():
             routes.setdefault(p.value, []).extend(r for _, r, _ in targets)
+            ep0 = targets[0][2]
+            want = ep0["dtype"] if ep0["dtypes"] is None else ep0["dtypes"]
             if p in (Path.CUDA_IPC, Path.SHARED_MEMORY):
-                desc = wait(src.weights_publish(p.value, dtype, self.bucket_mb))[0]
+                desc = wait(src.weights_publish(p.value, want, self.bucket_mb))[0]
                 try:
                     wait(*[g.on([r]).weights_load(desc) for g, r, _ in targets])
                 finally:
                     wait(src.weights_release())
-            else:
-                backend = "nccl" if p is Path.NCCL else "gloo"
-                peers = [ep["me"] for _, _, ep in targets]
-                send = src.weights_send(peers, backend, dtype, self.bucket_mb, self.timeout)
-                recvs = [
-                    g.on([r]).weights_recv(head["me"], backend, self.timeout)
-                    for g, r, _ in targets
-                ]
+                continue
+            if self._rendezvous is None:
+                self._rendezvous = ActorRendezvous()  # owned by the driver: outlives workers
+            backend = "nccl" if p is Path.NCCL else "gloo"
+            peers = [ep["me"] for _, _, ep in targets]
+            send = src.weights_send(peers, backend, want, self.bucket_mb, self.timeout)
+            recvs = [
+                g.on([r]).weights_recv(head["me"], backend, self.timeout) for g, r, _ in targets
+            ]
+            try:
                 wait(send, *recvs)
+            except BaseException:
+                _forget_links([src, *(g.on([r]) for g, r, _ in targets)])
+                raise
         self.last = SyncReport(version, time.perf_counter() - t0, routes, skipped)
         return version
+
+
+def _forget_links(groups: list[Any]) -> None:
+    """Best effort, after a failed collective push: live peers drop their pair groups so the
+    next push builds fresh ones (dead peers need nothing)."""
+    import ray
+
+    refs = []
+    for g in groups:
+        for a in g.actors:
+            with contextlib.suppress(Exception):
+                refs.append(a.weights_drop_links.remote())
+    with contextlib.suppress(Exception):
+        ray.wait(refs, num_returns=len(refs), timeout=10)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -479,15 +541,41 @@ def _group(g: Any) -> Any:
     return g.group if hasattr(g, "_comp") else g
 
 
-def _buckets(tensors: dict[str, Any], dtype: str | None, bucket_mb: float) -> list[list[Slot]]:
-    """The bucket layout of ``tensors`` cast to ``dtype`` (None: keep each tensor's own)."""
+def _layout(params: dict[str, Any], want: Any, bucket_mb: float) -> list[list[Slot]]:
+    """Buckets for ``params`` cast to ``want`` (a dtype name, a {name: dtype} map, or None to
+    keep each tensor's own). Shapes are the full ones (a sharded parameter's global shape), so
+    nothing is gathered to plan."""
     import torch
 
     specs = []
-    for n, t in tensors.items():
-        dt = dtype or _dtype_name(t.dtype)
-        specs.append((n, tuple(t.shape), dt, t.numel() * getattr(torch, dt).itemsize))
+    for n, p in params.items():
+        dt = want.get(n) if isinstance(want, dict) else want
+        dt = dt or _dtype_name(p.dtype)
+        specs.append((n, tuple(p.shape), dt, p.numel() * getattr(torch, dt).itemsize))
     return plan_buckets(specs, int(bucket_mb * 2**20))
+
+
+def _pack_params(params: dict[str, Any], bucket: list[Slot], flat: Any) -> None:
+    """Gather (when sharded) and pack one bucket: at most one bucket's full tensors at a time."""
+    pack({s.name: _full(params[s.name]) for s in bucket}, bucket, flat)
+
+
+def _gather_only(params: dict[str, Any], buckets: list[list[Slot]]) -> None:
+    """Non-zero FSDP ranks: take part in every gather, in rank 0's order, and keep nothing."""
+    for b in buckets:
+        for s in b:
+            _full(params[s.name])
+
+
+_SHM_SPARE = 64 << 20
+
+
+def _shm_free_bytes() -> int | None:
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def _full(p: Any) -> Any:

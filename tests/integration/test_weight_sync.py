@@ -132,11 +132,14 @@ def test_gloo_route_sends_every_bucket(pair):
         assert all(_same(want, got) for got in wait(users.params()))
 
 
-def test_forcing_cuda_ipc_without_a_gpu_is_a_clear_error(pair):
+def test_forced_routes_that_cannot_work_are_refused_before_anything_moves(pair):
     trainer, users = pair()
     wait(trainer.step())
-    with pytest.raises(loomrl.RemoteError, match="cuda_ipc needs the trainer's weights on a GPU"):
+    with pytest.raises(ValueError, match="path='cuda_ipc' cannot reach this receiver: the trainer"):
         WeightSync(trainer, users, path="cuda_ipc")()
+    with pytest.raises(ValueError, match="path='nccl' cannot reach"):
+        WeightSync(trainer, users, path="nccl")()
+    assert [ep["version"] for ep in wait(users.weights_endpoint())] == [0]
     with pytest.raises(ValueError, match="path='fast'"):
         WeightSync(trainer, users, path="fast")
 
@@ -156,6 +159,36 @@ def test_a_receiver_that_dies_mid_push_is_reported_and_the_trainer_goes_on(clust
             WeightSync(trainer, user, bucket_mb=0.004, path=path, timeout=30)()
         # The trainer is not left blocked in a send to the dead peer.
         wait(trainer.step(), timeout=30)
+    finally:
+        trainer.kill()
+        user.kill()
+
+
+class MixedUser(User):
+    """A receiver that keeps one module in float32 among bfloat16 ones."""
+
+    def __init__(self):
+        super().__init__(1, "bfloat16")
+        self.engine.net[1].float()
+
+    def raw(self) -> dict:
+        return {k: v.detach().clone() for k, v in self.engine.named_parameters()}
+
+
+def test_each_tensor_travels_in_the_receivers_dtype_for_it(cluster):
+    import torch
+
+    trainer = cluster.launch(Trainer, 1, devices=[0], name="w_trainer_m")
+    user = cluster.launch(MixedUser, 1, devices=[1], name="w_mixed")
+    try:
+        wait(trainer.step())
+        ep = wait(user.weights_endpoint())[0]
+        assert ep["dtype"] == "mixed" and ep["dtypes"]["1.weight"] == "float32"
+        WeightSync(trainer, user)()
+        want, got = wait(trainer.params())[0], wait(user.raw())[0]
+        assert got["1.weight"].dtype == torch.float32
+        assert torch.equal(got["1.weight"], want["1.weight"])  # not rounded through bf16
+        assert torch.equal(got["0.weight"], want["0.weight"].to(torch.bfloat16))
     finally:
         trainer.kill()
         user.kill()

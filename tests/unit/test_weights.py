@@ -80,8 +80,19 @@ def test_routes_follow_where_processes_and_weights_are():
     # A receiver without a GPU gets GPU weights staged through host memory.
     assert route(on_gpu, _ep(pid=2)) is Path.SHARED_MEMORY
     assert route(host, _ep(pid=2), force="gloo") is Path.GLOO
+    assert route(on_gpu, _ep(pid=2, gpu="GPU-b"), force="shared_memory") is Path.SHARED_MEMORY
     with pytest.raises(ValueError, match="path='ipc'"):
         route(host, _ep(pid=2), force="ipc")
+    # Forced routes that cannot work between the two are refused with the reason.
+    bad = [
+        (host, _ep(node="n2", pid=2), "shared_memory", "another node"),
+        (offloaded, _ep(pid=2, gpu="GPU-a"), "cuda_ipc", "not on a GPU now"),
+        (on_gpu, _ep(pid=2, gpu="GPU-b"), "cuda_ipc", "not on the trainer's GPU"),
+        (on_gpu, _ep(pid=2), "nccl", "has no GPU"),
+    ]
+    for src, dst, force, why in bad:
+        with pytest.raises(ValueError, match=why):
+            route(src, dst, force=force)
 
 
 def test_run_config_checks_weight_sync_and_offload_settings():
