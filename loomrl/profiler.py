@@ -2,7 +2,8 @@
 
 For every stage of the chain, in data-flow order, the profiler starts the component's workers on
 the smallest and largest device counts it may use, times a warm-up call and calls on two item
-counts, times one offload + onload (the switch a time-shared stage pays), and reads peak memory
+counts (one item per device, and up to half the sample but at most a few items per device, so
+that profiling does not grow with the batch), times one offload + onload (the switch a time-shared stage pays), and reads peak memory
 (CUDA peak on GPU, RSS on CPU). The outputs of one stage are the inputs of the next, so every stage
 sees real data. ``loomrl.plan.profile.fit_profile`` turns the samples into the planner's profile;
 the fit's error and the profiling time are reported beside it.
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
     from loomrl.flow import Flow
 
 log = logging.getLogger(__name__)
+
+# Items per device of the profiler's large call, at most (and at most half the sample).
+FEW_PER_DEVICE = 4
 
 
 @dataclass
@@ -85,10 +89,13 @@ def measure(flow: Flow, sample: list[Any], repeats: int = 1) -> ProfileRun:
                 **comp.kwargs,
             )
             try:
-                # The large call takes half the sample: per-item costs vary (long tails), and a
-                # few items would misjudge their mean.
+                # The large call takes half the sample, up to a few items per device: per-item
+                # costs vary (long tails) and a handful would misjudge their mean, but the cost
+                # of profiling must not grow with the batch (the run refreshes the profile from
+                # its own iterations when they disagree).
                 small = min(n, len(items))
-                large = min(len(items), max(2 * n, small + 1, len(items) // 2))
+                few = min(len(items) // 2, FEW_PER_DEVICE * n)
+                large = min(len(items), max(2 * n, small + 1, few))
                 _timed_call(group, stage.name, items[:small])  # warm-up: first-call costs
                 for x in sorted({small, large}):
                     for _ in range(repeats):
