@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from loomrl.errors import LoomError
+from loomrl.errors import LoomError, WorkerDiedError
 from loomrl.transport._path import Endpoint, Path, select_path
 
 ALIGN = 64  # bucket offsets: any dtype's view of the flat bytes is aligned
@@ -514,11 +514,26 @@ class WeightSync:
             ]
             try:
                 wait(send, *recvs)
-            except BaseException:
+            except BaseException as err:
                 _forget_links([src, *(g.on([r]) for g, r, _ in targets)])
+                # A dead receiver also breaks the sender's connection, and either failure may
+                # arrive first: name the dead receiver, the cause, whichever it was.
+                dead = _dead_receiver(targets)
+                if dead is not None and not isinstance(err, WorkerDiedError):
+                    raise dead from err
                 raise
         self.last = SyncReport(version, time.perf_counter() - t0, routes, skipped)
         return version
+
+
+def _dead_receiver(targets: list[tuple[Any, int, dict]]) -> WorkerDiedError | None:
+    for g, r, _ in targets:
+        with contextlib.suppress(Exception):
+            if not g.on([r]).alive(timeout=5)[0]:
+                return WorkerDiedError(
+                    g.name, r, g._hosts.get(r, "?"), "weights_recv", "during a weight push"
+                )
+    return None
 
 
 def _forget_links(groups: list[Any]) -> None:
