@@ -273,7 +273,7 @@ class WeightSource(_WeightPeer):
             # Offloaded to host memory between phases: pack from there, no onload needed.
             yield dict(eng.named_parameters()), eng.version, None
             return
-        with _resident(eng):
+        with resident(eng):
             yield dict(eng.named_parameters()), eng.version, eng.device
 
     def weights_publish(self, kind: str, want: Any, bucket_mb: float) -> dict | None:
@@ -367,7 +367,9 @@ class WeightSource(_WeightPeer):
         if seg is not None:
             _close_segment(seg)
             self._w_shm = None
-        free = _shm_free_bytes()
+        from loomrl.transport._shm import free_bytes
+
+        free = free_bytes()
         if free is not None and free < nbytes + _SHM_SPARE:
             raise LoomError(
                 f"weight sync: the weights take {nbytes / 2**20:.0f} MB but /dev/shm has "
@@ -388,7 +390,7 @@ class WeightSink(_WeightPeer):
     non-engine models; ``self.engine.version`` is the weights' version in use."""
 
     def apply_weights(self, named: Iterable[tuple[str, Any]]) -> None:
-        with _resident(self.engine) as eng:
+        with resident(self.engine) as eng:
             eng.set_weights(named)
 
     def weights_load(self, desc: dict) -> int:
@@ -396,7 +398,7 @@ class WeightSink(_WeightPeer):
         import torch
 
         # An offloaded receiver comes on once for the whole push, not once per bucket.
-        with _resident(self.engine):
+        with resident(self.engine):
             if desc["kind"] == Path.CUDA_IPC.value:
                 from loomrl.transport import import_buffers
 
@@ -430,7 +432,7 @@ class WeightSink(_WeightPeer):
         if backend == "nccl":
             device = str(getattr(self.engine, "device", "cuda"))
         link = _link(device, timeout)
-        with _resident(self.engine):
+        with resident(self.engine):
             head = link.recv(peer, backend)
             for _ in range(int(head["count"])):
                 msg = link.recv(peer, backend)
@@ -480,7 +482,7 @@ class WeightSync:
         sinks = [_group(s) for s in self.sinks]
         head = wait(src.weights_endpoint())[0]
         version = head["version"]
-        by_route: dict[tuple, list[tuple[Any, int, dict]]] = {}
+        by_route: dict[tuple, tuple[Any, list[tuple[Any, int, dict]]]] = {}
         skipped = 0
         for g in sinks:
             for r, ep in zip(g._ranks, wait(g.weights_endpoint()), strict=True):
@@ -491,12 +493,10 @@ class WeightSync:
                 # Receivers wanting the same dtypes share one packing; mixed ones get their own.
                 want = ep["dtype"] if ep["dtypes"] is None else ep["dtypes"]
                 key = (p, want if isinstance(want, str) else (g.name, r))
-                by_route.setdefault(key, []).append((g, r, ep))
+                by_route.setdefault(key, (want, []))[1].append((g, r, ep))
         routes: dict[str, list[int]] = {}
-        for (p, _), targets in by_route.items():
+        for (p, _), (want, targets) in by_route.items():
             routes.setdefault(p.value, []).extend(r for _, r, _ in targets)
-            ep0 = targets[0][2]
-            want = ep0["dtype"] if ep0["dtypes"] is None else ep0["dtypes"]
             if p in (Path.CUDA_IPC, Path.SHARED_MEMORY):
                 desc = wait(src.weights_publish(p.value, want, self.bucket_mb))[0]
                 try:
@@ -582,15 +582,7 @@ def _gather_only(params: dict[str, Any], buckets: list[list[Slot]]) -> None:
             _full(params[s.name])
 
 
-_SHM_SPARE = 64 << 20
-
-
-def _shm_free_bytes() -> int | None:
-    try:
-        st = os.statvfs("/dev/shm")
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
+_SHM_SPARE = 64 << 20  # left free in /dev/shm beside the weights segment
 
 
 def _full(p: Any) -> Any:
@@ -605,8 +597,9 @@ def _as_tensor(x: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _resident(engine: Any) -> Iterator[Any]:
-    """Onload an offloaded engine for the duration of the block, and put it back."""
+def resident(engine: Any) -> Iterator[Any]:
+    """Onload an offloaded engine for the duration of a call made between phases (weight sync,
+    evaluation, checkpoint), and put it back the way it was."""
     was_off = bool(getattr(engine, "offloaded", False))
     if was_off:
         engine.onload()

@@ -125,12 +125,18 @@ def sweep_orphans(directory: str = "/dev/shm") -> int:
     return removed
 
 
-def _room_for(size: int) -> bool:
+def free_bytes() -> int | None:
+    """Free bytes in /dev/shm (None where it cannot be read)."""
     try:
         st = os.statvfs("/dev/shm")
     except OSError:
-        return False
-    return st.f_bavail * st.f_frsize >= size + _SPARE_BYTES
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _room_for(size: int) -> bool:
+    free = free_bytes()
+    return free is not None and free >= size + _SPARE_BYTES
 
 
 _pool: SlotPool | None = None

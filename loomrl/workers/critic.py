@@ -28,14 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from loomrl.weights import WeightSink, WeightSource
+from loomrl.weights import WeightSink, WeightSource, resident
 from loomrl.worker import Worker
 from loomrl.workers.reasoning import (
     ActorWorker,
     EngineWorker,
     ModelConfig,
     SamplingConfig,
-    _Resident,
     engine_config,
 )
 
@@ -229,7 +228,7 @@ class CriticWorker(EngineWorker, WeightSource, WeightSink):
         One forward per prompt group, never across groups: a group's values then do not depend
         on which groups share its micro-batch, so every plan computes the same numbers."""
         out = []
-        with _Resident(self.engine) as eng:
+        with resident(self.engine) as eng:
             for it in items:
                 rs = _nonempty(it["response_ids"], self.eos)
                 vals = eng.values([it["prompt_ids"]] * len(rs), rs)
@@ -279,7 +278,7 @@ class CriticWorker(EngineWorker, WeightSource, WeightSink):
                     stats["value_clip_frac"] = float(masked_mean(out, m))
             return loss, stats
 
-        with _Resident(self.engine) as eng:
+        with resident(self.engine) as eng:
             for _ in range(self.ppo.ppo_epochs):
                 stats = eng.train_step(batch, loss_fn)
         returns, m = _dense(ret)
@@ -300,18 +299,18 @@ class CriticWorker(EngineWorker, WeightSource, WeightSink):
         return self.engine.version
 
     def param_sha256(self) -> str:
-        with _Resident(self.engine) as eng:
+        with resident(self.engine) as eng:
             return eng.param_sha256()
 
     def save_state(self) -> dict:
         import copy
 
-        with _Resident(self.engine) as eng:
+        with resident(self.engine) as eng:
             # Copy before leaving: offload frees the storage the live state dict points to.
             return copy.deepcopy(eng.state_dict())
 
     def load_state(self, state: dict) -> None:
-        with _Resident(self.engine) as eng:
+        with resident(self.engine) as eng:
             eng.load_state_dict(state)
 
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from loomrl.weights import WeightSink, WeightSource
+from loomrl.weights import WeightSink, WeightSource, resident
 from loomrl.worker import Worker, dispatch
 
 
@@ -74,24 +74,6 @@ def model_dir(path: str) -> str:
                 shutil.rmtree(tmp, ignore_errors=True)
         return str(d)
     return path
-
-
-class _Resident:
-    """Onload an offloaded engine for the duration of a call made between phases (weight sync,
-    evaluation, checkpoint), and put it back the way it was."""
-
-    def __init__(self, engine: Any):
-        self.engine = engine
-
-    def __enter__(self) -> Any:
-        self.was_off = bool(getattr(self.engine, "offloaded", False))
-        if self.was_off:
-            self.engine.onload()
-        return self.engine
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.was_off:
-            self.engine.offload()
 
 
 def engine_config(
@@ -179,7 +161,7 @@ class RolloutWorker(EngineWorker, WeightSink):
     def evaluate(self, examples: list[dict]) -> list[str]:
         """Greedy responses to held-out prompts (the driver scores them with the task)."""
         texts: list[str] = []
-        with _Resident(self.engine):
+        with resident(self.engine):
             for i in range(0, len(examples), 16):
                 chunk = examples[i : i + 16]
                 gen = self.engine.generate(
@@ -193,12 +175,12 @@ class RolloutWorker(EngineWorker, WeightSink):
 
     def save_state(self) -> dict:
         """Weights and version, to carry a replica to new devices when the flow re-plans."""
-        with _Resident(self.engine) as eng:
+        with resident(self.engine) as eng:
             weights = {k: v.detach().to("cpu", copy=True) for k, v in eng.named_parameters()}
         return {"weights": weights, "version": self.engine.version}
 
     def load_state(self, state: dict) -> None:
-        with _Resident(self.engine) as eng:
+        with resident(self.engine) as eng:
             eng.set_weights(state["weights"], version=state["version"])
 
 
@@ -326,7 +308,7 @@ class ActorWorker(EngineWorker, WeightSource):
         return stats
 
     def param_sha256(self) -> str:
-        with _Resident(self.engine) as eng:
+        with resident(self.engine) as eng:
             return eng.param_sha256()
 
     def version(self) -> int:
@@ -335,12 +317,12 @@ class ActorWorker(EngineWorker, WeightSource):
     def save_state(self) -> dict:
         import copy
 
-        with _Resident(self.engine) as eng:
+        with resident(self.engine) as eng:
             # Copy before leaving: offload frees the storage the live state dict points to.
             return copy.deepcopy(eng.state_dict())
 
     def load_state(self, state: dict) -> None:
-        with _Resident(self.engine) as eng:
+        with resident(self.engine) as eng:
             eng.load_state_dict(state)
 
 
