@@ -132,6 +132,14 @@ class Cluster:
     def device_kind(self) -> str:
         return self.devices[0].kind if self.devices else "cpu"
 
+    @property
+    def has_cuda(self) -> bool:
+        """Devices are real CUDA GPUs (not logical ones on a CPU machine, as in placement tests)."""
+        if self.device_kind != "gpu":
+            return False
+        per_node = max(len([d for d in self.devices if d.node == n.index]) for n in self.nodes)
+        return _count_local_gpus() >= per_node
+
     def inventory(self) -> dict[str, Any]:
         return {
             "nodes": [
@@ -208,6 +216,13 @@ class Cluster:
             raise PlacementError(f"n={n!r}: the number of workers must be a positive integer")
         devs = self.resolve_devices(devices)
         per_rank = _split_devices(devs, n, cls.__name__)
+        if n > 1 and self.has_cuda:
+            # Ranks on several GPUs may form a process group (loomrl.distributed): the driver
+            # creates the rendezvous actor first so that it owns it (a replaced group cannot
+            # take it down).
+            from loomrl.weights import ActorRendezvous
+
+            ActorRendezvous()
         cpu_need: dict[int, float] = {}
         for ds in per_rank:
             cpu_need[ds[0].node] = cpu_need.get(ds[0].node, 0.0) + num_cpus

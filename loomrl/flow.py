@@ -168,11 +168,19 @@ class Component:
     kwargs: dict
     valid_devices: list[int] | None = None
     num_cpus: float = 0.0
-    single_process: bool = False  # one worker holding all its devices (a trainer without DDP)
+    # True: one worker holding all its devices (a trainer without DDP). "cpu": one worker on CPU
+    # devices, one per GPU on real GPUs (a trainer that shards over its ranks, e.g. FSDP2).
+    single_process: bool | str = False
     group: WorkerGroup | None = None
 
-    def workers(self, n_devices: int) -> int:
-        return 1 if self.single_process else n_devices
+    def workers(self, n_devices: int, cuda: bool = False) -> int:
+        if self.single_process is True or (self.single_process == "cpu" and not cuda):
+            return 1
+        return n_devices
+
+    def coupled(self, n_devices: int, cuda: bool) -> bool:
+        """Its ranks work together (collectives): one rank alone cannot run a call."""
+        return self.single_process == "cpu" and cuda and n_devices > 1
 
 
 class _Method:
@@ -270,6 +278,7 @@ class Flow:
         self.observed_edges: set[tuple[str, str]] = set()
         self._group_launch_s = 0.0  # seconds to (re)start one group, from the last launch
         self._fresh = False  # groups were (re)started: the next iteration is their warm-up
+        self._profiled: dict[str, list[int]] | None = None  # groups the profiler left running
         self._reset_adaptation()
 
     def _reset_adaptation(self) -> None:
@@ -288,10 +297,15 @@ class Flow:
         name: str | None = None,
         valid_devices: list[int] | None = None,
         num_cpus: float = 0.0,
-        single_process: bool = False,
+        single_process: bool | str = False,
         **kwargs: Any,
     ) -> FlowGroup:
         name = name or cls.__name__
+        if single_process not in (True, False, "cpu"):
+            raise ValueError(
+                f"single_process={single_process!r}: use True, False or 'cpu' (one process on "
+                "CPU devices, one per GPU on GPUs)"
+            )
         if name in self.components:
             raise ValueError(
                 f"component name {name!r} is used twice; pass name= to tell them apart"
@@ -390,9 +404,18 @@ class Flow:
             from loomrl.plan.search import search
 
             chosen = search(profile, mode=str(placement))  # raises PlanError naming the constraint
-        self._launch(chosen)
+        self._launch_planned(chosen)
         self.plan_ = chosen
         return chosen
+
+    def adopt_profiled(self, assignment: dict[str, list[int]]) -> None:
+        """The profiler left these groups running, warm and in their initial state: the next plan
+        keeps each one that it places on the same devices instead of starting it again."""
+        self._profiled = dict(assignment)
+
+    def _launch_planned(self, plan: Plan) -> None:
+        keep, self._profiled = self._profiled, None
+        self._launch(plan, keep=keep, carry_state=False)
 
     def apply(self, plan: Plan) -> None:
         """Run ``plan`` from now on, on fresh workers, with adaptation starting over."""
@@ -516,12 +539,15 @@ class Flow:
                 "pinned plan does not match the workflow:\n  - " + "\n  - ".join(problems)
             )
 
-    def _launch(self, plan: Plan, keep: dict[str, list[int]] | None = None) -> None:
+    def _launch(
+        self, plan: Plan, keep: dict[str, list[int]] | None = None, carry_state: bool = True
+    ) -> None:
         """Start every component's group on the devices the plan gives it (replacing older groups).
 
         ``keep``: the running assignment; a group already on the devices it gets keeps running,
-        and a replaced group's state moves to the new one through its ``save_state`` /
-        ``load_state`` methods when the class has both (saved on rank 0, loaded on every rank).
+        and (``carry_state``) a replaced group's state moves to the new one through its
+        ``save_state`` / ``load_state`` methods when the class has both (saved on rank 0, loaded
+        on every rank).
         """
         t, started = time.time(), 0
         for name, devs in plan.assignment().items():
@@ -531,12 +557,13 @@ class Flow:
             started += 1
             state = None
             if comp.group is not None:
-                if keep is not None and hasattr(comp.cls, "save_state"):
-                    state = wait(comp.group.on(0).save_state())[0]
+                if keep is not None and carry_state and hasattr(comp.cls, "save_state"):
+                    # Every rank: a sharded trainer gathers its full state collectively.
+                    state = wait(comp.group._call("save_state"))[0]
                 comp.group.kill()
             comp.group = self.cluster.launch(
                 comp.cls,
-                comp.workers(len(devs)),
+                comp.workers(len(devs), self.cluster.has_cuda),
                 *comp.args,
                 devices=devs,
                 name=name,

@@ -1,12 +1,20 @@
 """Automatic profiling: measure each component of a flow on the real workers, fit a profile.
 
 For every stage of the chain, in data-flow order, the profiler starts the component's workers on
-the smallest and largest device counts it may use, times a warm-up call and calls on two item
-counts (one item per device, and up to half the sample but at most a few items per device, so
-that profiling does not grow with the batch), times one offload + onload (the switch a time-shared stage pays), and reads peak memory
-(CUDA peak on GPU, RSS on CPU). The outputs of one stage are the inputs of the next, so every stage
-sees real data. ``loomrl.plan.profile.fit_profile`` turns the samples into the planner's profile;
-the fit's error and the profiling time are reported beside it.
+the largest device count it may use (the run's own workers: a plan that keeps them there runs on
+them, already warm), times a warm-up call, then calls on two item counts (one item per device, and
+up to half the sample but at most a few items per device, so that profiling does not grow with
+the batch) on all those devices and on one of them, times one offload + onload (the switch a time-shared stage
+pays), and reads peak memory (CUDA peak on GPU, RSS on CPU). The one-device share is a single rank
+of a data-parallel group, or, for a single-process CPU worker, the same process limited to one
+thread; a single-process GPU worker, or ranks that shard a model together, start again on one. The outputs of one stage
+are the inputs of the next, so every stage sees real data.
+
+Profiling calls change worker state (an actor trains): a class with ``save_state`` /
+``load_state`` is snapshotted before the calls and restored after, a class that declares
+``stateless = True`` needs nothing, and any other class is not reused (its profiling workers
+stop; the run starts fresh ones). ``loomrl.plan.profile.fit_profile`` turns the samples into the
+planner's profile; the fit's error and where the profiling time went are reported beside it.
 
 Times are wall-clock seconds seen by the driver, so they include what a real iteration pays
 (dispatch, transfers). This module never imports torch.
@@ -16,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loomrl.worker import Handle, wait
@@ -35,6 +43,10 @@ class ProfileRun:
     samples: list[tuple[str, int, float, float, float]]
     switch_s: dict[str, float]
     seconds: float
+    # Where the time went: starting workers, their first (warm-up) calls, the timed calls, and
+    # snapshots/restores/switch timing. Start + warm-up of reused workers is paid by any run.
+    split_s: dict[str, float] = field(default_factory=dict)
+    reused: dict[str, list[int]] = field(default_factory=dict)  # component -> devices kept
 
 
 def _device_counts(valid: list[int] | None, n_max: int) -> list[int]:
@@ -68,49 +80,142 @@ def _timed_call(group: Any, method: str, items: list[Any]) -> tuple[float, list[
     return wall, outs
 
 
-def measure(flow: Flow, sample: list[Any], repeats: int = 1) -> ProfileRun:
+def call_sizes(n: int, available: int) -> tuple[int, int]:
+    """(small, large) item counts of the timed calls on ``n`` devices.
+
+    small: one item per device. large: half the sample, but at most FEW_PER_DEVICE items per
+    device and at least two per device (and small+1): per-item costs vary (long tails) and a
+    handful would misjudge their mean, but the calls must not grow with the batch (the run
+    refreshes the profile from its own iterations when they disagree).
+    """
+    small = min(n, available)
+    few = min(available // 2, FEW_PER_DEVICE * n)
+    return small, min(available, max(2 * n, small + 1, few))
+
+
+def _reusable(cls: type) -> str:
+    """'snapshot' (save_state/load_state), 'stateless' (declared), or '' (start fresh for the run)."""
+    if callable(getattr(cls, "save_state", None)) and callable(getattr(cls, "load_state", None)):
+        return "snapshot"
+    return "stateless" if getattr(cls, "stateless", False) else ""
+
+
+def measure(flow: Flow, sample: list[Any], repeats: int = 1, reuse: bool = True) -> ProfileRun:
     cluster = flow.cluster
     n_max = cluster.num_devices
     samples: list[tuple[str, int, float, float, float]] = []
     switch: dict[str, float] = {}
+    split = {"launch": 0.0, "warmup": 0.0, "calls": 0.0, "state": 0.0}
+    reused: dict[str, list[int]] = {}
     t_start = time.perf_counter()
     items = list(sample)
+
+    def launch(comp: Any, n: int) -> Any:
+        t = time.perf_counter()
+        g = cluster.launch(
+            comp.cls,
+            comp.workers(n, cluster.has_cuda),
+            *comp.args,
+            devices=list(range(n)),
+            name=comp.name,
+            num_cpus=comp.num_cpus,
+            **comp.kwargs,
+        )
+        wait(g._call("_loom_ping"))
+        split["launch"] += time.perf_counter() - t
+        return g
+
+    def warm(group: Any, method: str) -> None:
+        t = time.perf_counter()
+        _timed_call(group, method, items[: min(group.world_size, len(items))])
+        split["warmup"] += time.perf_counter() - t
+
     for stage in flow.stages:
         comp = stage.component
-        next_items: list[Any] | None = None
-        for n in _device_counts(comp.valid_devices, n_max):
-            group = cluster.launch(
-                comp.cls,
-                comp.workers(n),
-                *comp.args,
-                devices=list(range(n)),
-                name=f"profile:{comp.name}",
-                num_cpus=comp.num_cpus,
-                **comp.kwargs,
-            )
-            try:
-                # The large call takes half the sample, up to a few items per device: per-item
-                # costs vary (long tails) and a handful would misjudge their mean, but the cost
-                # of profiling must not grow with the batch (the run refreshes the profile from
-                # its own iterations when they disagree).
-                small = min(n, len(items))
-                few = min(len(items) // 2, FEW_PER_DEVICE * n)
-                large = min(len(items), max(2 * n, small + 1, few))
-                _timed_call(group, stage.name, items[:small])  # warm-up: first-call costs
-                for x in sorted({small, large}):
-                    for _ in range(repeats):
-                        wall, outs = _timed_call(group, stage.name, items[:x])
-                        mem = wait(group._call("_loom_memory"))
-                        peak = max(m.get("cuda_peak_gb", m["peak_rss_gb"]) for m in mem)
-                        samples.append((comp.name, n, float(x), wall, peak))
-                        if next_items is None or len(outs) > len(next_items):
-                            next_items = outs
-                if comp.name not in switch:
-                    switch[comp.name] = max(wait(group.on(0)._call("_loom_switch")))
-            finally:
-                group.kill()
-        items = next_items or items
-    return ProfileRun(samples, switch, time.perf_counter() - t_start)
+        outputs: dict[int, Any] = {}
+        counts = _device_counts(comp.valid_devices, n_max)
+        if not counts:
+            continue
+        top = max(counts)
+        mode = _reusable(comp.cls) if reuse else ""
+        group = launch(comp, top)
+        state = None
+        try:
+            if mode == "snapshot":  # before any call: the warm-up changes state too
+                t = time.perf_counter()
+                state = wait(group._call("save_state"))  # every rank its own
+                split["state"] += time.perf_counter() - t
+            warm(group, stage.name)
+            on_cuda = any("cuda_peak_gb" in m for m in wait(group._call("_loom_memory")))
+            # All devices first: the one-device calls take more items per rank, and peak RSS
+            # only grows, so each device count's peak is read after its own calls.
+            for n in sorted(counts, reverse=True):
+                extra = None
+                threads = None
+                if n == top:
+                    target = group
+                elif comp.coupled(top, cluster.has_cuda):
+                    target = extra = launch(comp, n)  # its ranks run collectives together
+                    warm(extra, stage.name)
+                elif not comp.single_process:
+                    target = group.on(0)  # one rank of a data-parallel group: one device's share
+                elif not on_cuda:
+                    target = group
+                    threads = wait(group._call("_loom_threads", n))[0]
+                else:
+                    target = extra = launch(comp, n)
+                    warm(extra, stage.name)
+                try:
+                    small, large = call_sizes(n, len(items))
+                    t_calls = time.perf_counter()
+                    for x in sorted({small, large}):
+                        for _ in range(repeats):
+                            # The same first items at every size and device count: their
+                            # costs differ (long tails), and comparing calls on different items
+                            # would read that difference as scaling.
+                            idx = list(range(x))
+                            wall, outs = _timed_call(target, stage.name, items[:x])
+                            mem = wait(target._call("_loom_memory"))
+                            peak = max(m.get("cuda_peak_gb", m["peak_rss_gb"]) for m in mem)
+                            samples.append((comp.name, n, float(x), wall, peak))
+                            if len(outs) == len(idx):  # a stage may merge items: keep one
+                                outputs.update(zip(idx, outs, strict=True))
+                    split["calls"] += time.perf_counter() - t_calls
+                finally:
+                    if threads is not None:
+                        wait(group._call("_loom_threads", threads))
+                    if extra is not None:
+                        extra.kill()
+            missing = [i for i in range(len(items)) if i not in outputs]
+            if outputs and missing:
+                # Untimed: the next stage needs the whole sample (its calls take up to half of
+                # it), not just the items this stage's calls happened to cover.
+                t = time.perf_counter()
+                _, outs = _timed_call(group, stage.name, [items[i] for i in missing])
+                if len(outs) == len(missing):
+                    outputs.update(zip(missing, outs, strict=True))
+                split["chain"] = split.get("chain", 0.0) + time.perf_counter() - t
+            t = time.perf_counter()
+            # Median of three: a single offload + onload swings with page faults and the allocator.
+            sw = sorted(max(wait(group.on(0)._call("_loom_switch"))) for _ in range(3))
+            switch[comp.name] = sw[1]
+            if state is not None:
+                wait(
+                    *[group.on(r)._call("load_state", st) for r, st in enumerate(state)]
+                )
+            split["state"] += time.perf_counter() - t
+        except BaseException:
+            group.kill()
+            raise
+        if mode:
+            if comp.group is not None:
+                comp.group.kill()
+            comp.group = group
+            reused[comp.name] = list(range(top))
+        else:
+            group.kill()
+        items = [outputs[i] for i in sorted(outputs)] or items
+    return ProfileRun(samples, switch, time.perf_counter() - t_start, split, reused)
 
 
 def profile_flow(
@@ -139,9 +244,14 @@ def profile_flow(
         },
         switch_s=run.switch_s,
     )
-    prof_seconds = run.seconds
-    log.info("profiled %d component(s) in %.1fs", len(flow.stages), prof_seconds)
+    log.info(
+        "profiled %d component(s) in %.1fs (%s)",
+        len(flow.stages),
+        run.seconds,
+        ", ".join(f"{k} {v:.1f}s" for k, v in run.split_s.items()),
+    )
     flow.profile_run = run
+    flow.adopt_profiled(run.reused)
     return prof
 
 

@@ -21,6 +21,7 @@ import os
 import re
 import socket
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,10 @@ class Worker:
     device_kind: str = "cpu"
     name: str = "worker"
     group_name: str = "worker"
+    launch_id: str = ""
+    # True when calls leave nothing behind that changes later results: the profiler's workers
+    # then become the run's. Stateful classes get the same by defining save_state / load_state.
+    stateless: bool = False
 
     def __init__(self) -> None:
         self._loaded = True
@@ -127,6 +132,16 @@ class Worker:
                 torch.cuda.reset_peak_memory_stats()
         return out
 
+    def _loom_threads(self, n: int) -> int:
+        """Compute threads of this process (the profiler times a single-process CPU worker's
+        one-device share with one thread); returns the previous count. LOOMRL_THREADS wins."""
+        import sys
+
+        torch = sys.modules.get("torch")
+        before = torch.get_num_threads() if torch is not None else len(self.devices) or 1
+        _set_threads(int(os.environ.get("LOOMRL_THREADS") or n))
+        return before
+
     def _loom_call(self, method: str, items: list[Any]) -> tuple[float, Any]:
         """Time one stage call in the worker (used by the profiler)."""
         t = time.perf_counter()
@@ -166,6 +181,7 @@ def _setup_worker(obj: Worker, ctx: dict[str, Any]) -> None:
     obj.devices = tuple(ctx["devices"])
     obj.device_kind = ctx["device_kind"]
     obj.group_name = ctx["group"]
+    obj.launch_id = ctx.get("launch", "")
     obj.name = f"{ctx['group']}[{ctx['rank']}]"
 
 
@@ -411,6 +427,7 @@ class WorkerGroup:
         remote_cls = ray.remote(_hosted_class(worker_cls))
         actors = []
         n = len(per_rank)
+        launch_id = uuid.uuid4().hex  # tells this launch's ranks from a replaced group's
         for r, ds in enumerate(per_rank):
             node = cluster.nodes[ds[0].node]
             ctx = {
@@ -420,6 +437,7 @@ class WorkerGroup:
                 "device_kind": ds[0].kind,
                 "visible": ",".join(str(d.local) for d in ds),
                 "group": name,
+                "launch": launch_id,
                 "env": env,
             }
             actor = remote_cls.options(

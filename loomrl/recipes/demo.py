@@ -35,6 +35,7 @@ class DemoConfig:
 
 class _MatmulWorker(Worker):
     reps_attr = "encode_reps"
+    stateless = True  # every result depends only on its item's seed
 
     def __init__(self, cfg: DemoConfig):
         super().__init__()

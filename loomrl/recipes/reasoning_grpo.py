@@ -56,7 +56,7 @@ def build(flow: Any, cfg: Config) -> dict[str, Any]:
             valid_devices=[1],
         ),
         "actor": flow.group(
-            ActorWorker, cfg.model, cfg.sampling, cfg.algo, s, name="actor", single_process=True
+            ActorWorker, cfg.model, cfg.sampling, cfg.algo, s, name="actor", single_process="cpu"
         ),
     }
     stages = [g["rollout"].generate, g["reward"].score]

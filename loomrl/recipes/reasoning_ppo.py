@@ -86,7 +86,7 @@ def build(flow: Any, cfg: Config) -> dict[str, Any]:
             single_process=True,
         ),
         "actor": flow.group(
-            PPOActorWorker, cfg.model, cfg.sampling, cfg.ppo, s, name="actor", single_process=True
+            PPOActorWorker, cfg.model, cfg.sampling, cfg.ppo, s, name="actor", single_process="cpu"
         ),
     }
     stages = [g["rollout"].generate, g["reward"].score]

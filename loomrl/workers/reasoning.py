@@ -185,6 +185,7 @@ class RolloutWorker(EngineWorker, WeightSink):
 
 
 class RewardWorker(Worker):
+    stateless = True  # scores depend only on the texts and answers
     def __init__(self, task: dict, algo: AlgoConfig, group_size: int):
         super().__init__()
         from loomrl.tasks import make_task
@@ -243,6 +244,9 @@ class ActorWorker(EngineWorker, WeightSource):
         self, model: ModelConfig, sampling: SamplingConfig, algo: AlgoConfig, seed: int = 0
     ):
         super().__init__()
+        from loomrl.distributed import join_process_group
+
+        join_process_group(self)  # several GPU ranks: the engine shards with FSDP2 over them
         self.engine = _engine(model, trainable=True, seed=seed)
         self.sampling, self.algo = sampling, algo
         self.buffer: list[dict] = []

@@ -63,7 +63,7 @@ echo "=== setup done in $(($(date +%s) - T0))s"
 
 for s in "${STAGES[@]}"; do
     case $s in
-    pytest) stage pytest 90 python3 -m pytest -q -x -p no:cacheprovider tests/gpu -o addopts= ;;
+    pytest) stage pytest ${PYTEST_CAP:-240} python3 -m pytest -q -x -p no:cacheprovider tests/gpu -o addopts= ;;
     ipc) stage ipc 150 python3 scripts/gpu/ipc_bench.py --model-dir $MODEL --out "$OUT/ipc.json" ;;
     grpo_cal) stage grpo_cal 220 python3 scripts/gpu/grpo_gpu.py --mode calibrate --model-dir $MODEL \
         --steps ${GRPO_STEPS:-4} --out "$OUT/grpo_calibrate.json" --timeout 210 ;;
@@ -85,7 +85,7 @@ for s in "${STAGES[@]}"; do
         --model $MODEL05 --batch 8 --group-size 8 --max-new-tokens 64 --train-micro-batch 16 --level 1 \
         --steps 3 --warmup 1 --loomrl-plan calibrate --offload never --timeout 220 --out "$OUT/trl05.json" ;;
     embodied_px) stage embodied_px ${EMB_CAP:-280} python3 benchmarks/embodied_modes.py --device cuda --pixels \
-        --image-size 64 --num-envs 16 --steps 32 --iterations ${EMB_ITERS:-4} --rounds ${EMB_ROUNDS:-1} --env-cores 4 --out "$OUT/embodied_px.json" ;;
+        --image-size 64 --num-envs ${EMB_ENVS:-16} --steps ${EMB_STEPS:-32} --iterations ${EMB_ITERS:-4} --rounds ${EMB_ROUNDS:-1} --env-cores 4 --out "$OUT/embodied_px.json" ;;
     *) echo "unknown stage $s" ;;
     esac
 done
