@@ -125,6 +125,9 @@ def move_to(
     for holder, key in targets:
         t = _get(holder, key)
         moved = t.detach().to(device, non_blocking=True)
-        if pin and moved.device.type == "cpu" and torch.cuda.is_available():
+        # Pinned host memory makes the way back faster; a DTensor (FSDP2 optimizer state) has no
+        # pinning rule, so its shard stays in pageable memory.
+        pinnable = not hasattr(moved, "to_local")
+        if pin and pinnable and moved.device.type == "cpu" and torch.cuda.is_available():
             moved = moved.pin_memory()
         _put(holder, key, moved)
