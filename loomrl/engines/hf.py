@@ -480,7 +480,12 @@ class HFEngine:
     ) -> GenerationOutput:
         dev = self.device
         gen = torch.Generator(device=dev).manual_seed(int(seed))
-        ids, mask, pos = left_pad(prompts, self.pad_id, dev)
+        # Prompt groups (GRPO samples G responses per prompt) repeat each prompt: prefill every
+        # distinct prompt once, then give each row a copy of its prompt's KV cache and logits.
+        first: dict[tuple[int, ...], int] = {}
+        source = [first.setdefault(tuple(p), len(first)) for p in prompts]
+        distinct = [list(k) for k in first]
+        ids, mask, pos = left_pad(distinct, self.pad_id, dev)
         n = len(prompts)
         responses: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] = [[] for _ in range(n)]
@@ -496,6 +501,10 @@ class HFEngine:
         )
         cache = _cache_of(out)
         logits = out.logits[:, -1, :]
+        if len(distinct) < n:
+            rows = torch.tensor(source, device=dev)
+            cache.batch_select_indices(rows)
+            logits, mask, pos = logits[rows], mask[rows], pos[rows]
         next_pos = pos[:, -1] + 1
         for step in range(max_new):
             tokens, lp = sample_tokens(logits, temperature, top_p, top_k, gen)

@@ -75,5 +75,19 @@ def sample_tokens(
     scaled = x / temperature if temperature != 1.0 else x
     filtered = filter_logits(scaled, top_p=top_p, top_k=top_k)
     probs = torch.softmax(filtered, dim=-1)
-    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    tokens = inverse_cdf_sample(probs, generator)
     return tokens, token_logprobs(scaled, tokens)
+
+
+def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row of ``probs`` [B, V]: the first token whose cumulative probability exceeds
+    a uniform number. Same distribution as ``torch.multinomial(probs, 1)``, which on CPU draws V
+    exponentials per row (a third of the decode step of a 49k-vocabulary model on two cores);
+    this draws one uniform per row. A token of probability 0 is never picked: the cumulative sum
+    does not rise there. Float64 sums keep the rounding far below any token's probability."""
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand(
+        (probs.shape[0], 1), generator=generator, device=probs.device, dtype=torch.float64
+    )
+    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
+    return idx.clamp_(max=probs.shape[-1] - 1)

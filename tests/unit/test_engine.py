@@ -131,6 +131,22 @@ def test_generate_logprobs_match_recomputation(engine, temperature, top_p):
         assert torch.allclose(got, torch.tensor(want), atol=1e-4)
 
 
+def test_repeated_prompts_share_one_prefill_and_stay_correct(engine):
+    a, b, c = _prompts(engine)
+    group = [a, b, a, c, a, b]  # prompt groups repeat prompts; each is prefilled once
+    greedy = engine.generate(group, max_new_tokens=8, temperature=0.0, seed=0)
+    alone = engine.generate([a, b, c], max_new_tokens=8, temperature=0.0, seed=0)
+    want = {0: alone.response_ids[0], 1: alone.response_ids[1], 3: alone.response_ids[2]}
+    for row, src in enumerate([0, 1, 0, 3, 0, 1]):
+        assert greedy.response_ids[row] == want[src]
+    # Sampled rows of one prompt differ, and every row's log-probs are its own.
+    out = engine.generate(group, max_new_tokens=12, temperature=1.0, seed=3)
+    assert len({tuple(out.response_ids[i]) for i in (0, 2, 4)}) > 1
+    recomputed = engine.logprobs(group, out.response_ids, micro_batch_size=3)
+    for got, want_lp in zip(recomputed, out.response_logprobs, strict=True):
+        assert torch.allclose(got, torch.tensor(want_lp), atol=1e-4)
+
+
 def test_hf_generate_path_matches_loop_when_greedy(tiny_dir):
     eng = HFEngine(EngineConfig(model=str(tiny_dir), trainable=False, generate_impl="hf"))
     loop = HFEngine(EngineConfig(model=str(tiny_dir), trainable=False, generate_impl="loop"))
