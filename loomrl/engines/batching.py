@@ -82,6 +82,7 @@ def plan_micro_batches(
     lengths: Sequence[int],
     micro_batch_size: int | None = None,
     micro_batch_tokens: int | None = None,
+    groups: Sequence[Any] | None = None,
 ) -> list[list[int]]:
     """Group sample indices into micro-batches of similar length to reduce padding.
 
@@ -89,17 +90,26 @@ def plan_micro_batches(
     and cut greedily: a micro-batch closes when it holds ``micro_batch_size`` rows, or when
     adding a row would make rows * longest_length exceed ``micro_batch_tokens``. A single row
     longer than the token budget still forms its own micro-batch.
+
+    ``groups`` (e.g. each row's prompt): when some rows share a group, rows are ordered by
+    group first (in order of first appearance), then by length, so that rows sharing a prompt
+    land in the same micro-batch and the prompt is computed once for them.
     """
     if micro_batch_size is not None and micro_batch_size < 1:
         raise ConfigError(f"micro_batch_size={micro_batch_size} must be >= 1")
     if micro_batch_tokens is not None and micro_batch_tokens < 1:
         raise ConfigError(f"micro_batch_tokens={micro_batch_tokens} must be >= 1")
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    first: dict[Any, int] = {}
+    rank = [first.setdefault(g, len(first)) for g in groups] if groups is not None else []
+    if groups is not None and len(first) < len(lengths):
+        order = sorted(range(len(lengths)), key=lambda i: (rank[i], -lengths[i], i))
+    else:
+        order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     plan: list[list[int]] = []
     current: list[int] = []
     for i in order:
         if current:
-            longest = lengths[current[0]]
+            longest = max(lengths[current[0]], lengths[i])
             full = micro_batch_size is not None and len(current) >= micro_batch_size
             over = (
                 micro_batch_tokens is not None and (len(current) + 1) * longest > micro_batch_tokens

@@ -69,6 +69,8 @@ class EngineConfig:
     loss_scale: str = "tokens"  # how micro-batch losses combine: "tokens" | "sequences" | "sum"
     seed: int = 0
     gradient_checkpointing: bool = False
+    # Rows that share a prompt (a prompt group's responses) compute it once when scored/trained.
+    share_prompts: bool = True
     compile: bool = False  # torch.compile the forward (pays off on GPU with stable shapes)
     attn_implementation: str = "sdpa"  # "sdpa" | "eager" | "flash_attention_2"
     # "auto": "hf_static" on a single GPU, else "loop". "loop": own KV-cache loop (fastest on
@@ -154,15 +156,45 @@ class _Net(nn.Module):
     def forward(self, mode: str, **kw):
         if mode == "lm":
             return self.lm(**kw)
+        if mode == "shared":
+            return self._head(self._shared_prefix_hidden(**kw))
         # mode "response": hidden states at the positions that predict each response token.
         hidden = self.lm.get_decoder()(
             input_ids=kw["input_ids"], attention_mask=kw["attention_mask"], use_cache=False
         ).last_hidden_state  # [b, L, H]
         gather = kw["gather"]  # [b, T]
         h = hidden.gather(1, gather.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # [b, T, H]
+        return self._head(h)
+
+    def _head(self, h):
         if self.value_head is not None:
             return self.value_head(h).squeeze(-1)  # [b, T]
         return self.lm.get_output_embeddings()(h)  # [b, T, V]
+
+    def _shared_prefix_hidden(self, prompt_ids, prompt_mask, prompt_pos, rows, resp_ids, mask, resp_pos):
+        """Hidden states predicting each response token when rows share prompts.
+
+        The distinct prompts (left-padded, [k, P]) go through the decoder once; their KV cache
+        is copied to the b rows that use them (``rows``: row -> prompt, differentiable, so the
+        gradients of all rows flow back into the shared prompt pass); the right-padded
+        responses ([b, R]) then attend to it. Position t of the result predicts response token t:
+        the prompt's last state for t = 0, the response's state t - 1 after that.
+        """
+        dec = self.lm.get_decoder()
+        first = dec(
+            input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_pos, use_cache=True
+        )
+        cache = _cache_of(first)
+        cache.batch_select_indices(rows)
+        last = first.last_hidden_state[:, -1:, :].index_select(0, rows)  # [b, 1, H]
+        second = dec(
+            input_ids=resp_ids,
+            attention_mask=mask,
+            position_ids=resp_pos,
+            use_cache=True,
+            **{_cache_kwarg(dec): cache},
+        )
+        return torch.cat([last, second.last_hidden_state[:, :-1, :]], dim=1)  # [b, R, H]
 
 
 def _fsdp_wanted(device: torch.device) -> bool:
@@ -603,12 +635,63 @@ class HFEngine:
     # ------------------------------------------------------------------ scoring
 
     def _response_forward(self, prompts, responses, temperature: float, want_entropy: bool):
-        """Forward one micro-batch. Returns (output [b, T], entropy [b, T] | None, mask [b, T])."""
+        """Forward one micro-batch. Returns (output [b, T], entropy [b, T] | None, mask [b, T]).
+
+        Rows that share a prompt (the G responses of a prompt group) pass that prompt through
+        the model once (``_Net._shared_prefix_hidden``): with a prompt of P tokens and responses
+        of R, a group of G rows costs P + G*R token positions instead of G*(P + R).
+        """
+        first: dict[tuple[int, ...], int] = {}
+        source = [first.setdefault(tuple(p), len(first)) for p in prompts]
+        t_max = max((len(r) for r in responses), default=0)
+        shared = (
+            self.config.share_prompts
+            and len(first) < len(prompts)
+            and t_max > 0
+            and not self.fsdp  # one root forward with two decoder passes: kept off under FSDP
+            and not self.config.gradient_checkpointing
+        )
+        if shared:
+            return self._shared_response_forward(
+                [list(k) for k in first], source, responses, temperature, want_entropy
+            )
         ids, mask, gather, resp, rmask = pack_prompt_response(
             prompts, responses, self.pad_id, self.device
         )
         with self._autocast():
             out = self._forward("response", input_ids=ids, attention_mask=mask, gather=gather)
+        if self.net.value_head is not None:
+            return out.float(), None, rmask
+        logp = token_logprobs(out, resp, temperature)
+        ent = entropy_from_logits(out, temperature) if want_entropy else None
+        return logp, ent, rmask
+
+    def _shared_response_forward(self, distinct, source, responses, temperature, want_entropy):
+        dev = self.device
+        p_ids, p_mask, p_pos = left_pad(distinct, self.pad_id, dev)
+        rows = torch.tensor(source, device=dev)
+        b, t_max = len(responses), max(len(r) for r in responses)
+        resp = torch.full((b, t_max), self.pad_id, dtype=torch.long)
+        rmask = torch.zeros((b, t_max), dtype=torch.float32)
+        for i, r in enumerate(responses):
+            if r:
+                resp[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.long)
+                rmask[i, : len(r)] = 1.0
+        resp, rmask = resp.to(dev), rmask.to(dev)
+        plen = torch.tensor([len(distinct[k]) for k in source], device=dev)
+        r_pos = plen.unsqueeze(1) + torch.arange(t_max, device=dev).unsqueeze(0)
+        mask = torch.cat([p_mask.index_select(0, rows), rmask.long()], dim=1)
+        with self._autocast():
+            out = self._forward(
+                "shared",
+                prompt_ids=p_ids,
+                prompt_mask=p_mask,
+                prompt_pos=p_pos,
+                rows=rows,
+                resp_ids=resp,
+                mask=mask,
+                resp_pos=r_pos,
+            )
         if self.net.value_head is not None:
             return out.float(), None, rmask
         logp = token_logprobs(out, resp, temperature)
@@ -623,11 +706,12 @@ class HFEngine:
                 f"{len(prompt_ids)} prompts but {len(response_ids)} responses; they must pair up"
             )
         lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids, strict=True)]
+        groups = [tuple(p) for p in prompt_ids]
         if micro_batch_size is not None:
-            plan = plan_micro_batches(lengths, micro_batch_size)
+            plan = plan_micro_batches(lengths, micro_batch_size, groups=groups)
         else:
             plan = plan_micro_batches(
-                lengths, self.config.micro_batch_size, self.config.micro_batch_tokens
+                lengths, self.config.micro_batch_size, self.config.micro_batch_tokens, groups
             )
         outs: list[torch.Tensor | None] = [None] * len(prompt_ids)
         ents: list[torch.Tensor | None] = [None] * len(prompt_ids)
@@ -742,7 +826,9 @@ class HFEngine:
                 self.config.micro_batch_size,
                 self.config.micro_batch_tokens,
             )
-        plan = plan_micro_batches(lengths, micro_batch_size, micro_batch_tokens)
+        plan = plan_micro_batches(
+            lengths, micro_batch_size, micro_batch_tokens, groups=[tuple(p) for p in prompts]
+        )
 
         # Token counts per row under the loss mask, for the batch-wide normalisation.
         row_tokens = []

@@ -180,6 +180,66 @@ def test_logprobs_entropy_and_ordering(engine):
         ).all()
 
 
+def _grouped_batch(eng, group=3):
+    g = torch.Generator().manual_seed(5)
+    prompts = [p for p in _prompts(eng) for _ in range(group)]
+    lens = torch.randint(1, 9, (len(prompts),), generator=g).tolist()
+    responses = [torch.randint(3, 100, (n,), generator=g).tolist() for n in lens]
+    adv = torch.randn(len(prompts), generator=g)
+    return {"prompt_ids": prompts, "response_ids": responses, "advantages": adv}
+
+
+def _pg(logp, mb):
+    a = mb["advantages"].reshape(-1, 1).expand_as(logp)
+    return -(logp * a * mb["mask"]).sum() / mb["mask"].sum(), {}
+
+
+def _value_mse(v, mb):
+    return (((v - 1.0) ** 2) * mb["mask"]).sum() / mb["mask"].sum(), {}
+
+
+@pytest.mark.parametrize("value", [False, True])
+def test_shared_prompts_score_and_train_like_separate_rows(tiny_dir, value):
+    """A prompt shared by several rows is computed once (one pass, its KV cache copied to the
+    rows): log-probs / values, the loss and the updated weights match the row-by-row path."""
+    cls = HFValueEngine if value else HFEngine
+    engines = [
+        cls(EngineConfig(model=str(tiny_dir), lr=1e-2, seed=0, share_prompts=s))
+        for s in (True, False)
+    ]
+    batch = _grouped_batch(engines[0])
+    for mbs in (4, 9):
+        score = [
+            (e.values if value else e.logprobs)(batch["prompt_ids"], batch["response_ids"], mbs)
+            for e in engines
+        ]
+        for a, b in zip(*score, strict=True):
+            assert torch.allclose(a, b, atol=1e-5)
+    loss = _value_mse if value else _pg
+    stats = [e.train_step(batch, loss, micro_batch_size=4) for e in engines]
+    assert stats[0]["loss"] == pytest.approx(stats[1]["loss"], rel=1e-5)
+    assert stats[0]["grad_norm"] == pytest.approx(stats[1]["grad_norm"], rel=1e-4)
+    # Gradients, not updated weights: Adam's first step is lr * sign(grad) wherever a gradient
+    # is near zero, so rounding-level differences there would look like large ones.
+    for (n, a), (_, b) in zip(
+        engines[0].named_parameters(), engines[1].named_parameters(), strict=True
+    ):
+        assert (a.grad is None) == (b.grad is None), n
+        if a.grad is not None:
+            assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-4), n
+
+
+def test_micro_batches_keep_a_prompt_group_together():
+    from loomrl.engines.batching import plan_micro_batches
+
+    lengths = [5, 9, 7, 6, 8, 4]
+    groups = ["a", "b", "a", "b", "a", "b"]
+    plan = plan_micro_batches(lengths, micro_batch_size=3, groups=groups)
+    assert plan == [[4, 2, 0], [1, 3, 5]]
+    # Without repeats the plan is the plain longest-first one.
+    assert plan_micro_batches(lengths, 3, groups=list("abcdef")) == plan_micro_batches(lengths, 3)
+
+
 def test_train_step_decreases_loss(tiny_dir):
     eng = HFEngine(EngineConfig(model=str(tiny_dir), lr=1e-2, seed=0))
     batch = _batch(eng)
