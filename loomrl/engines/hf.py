@@ -362,7 +362,15 @@ class HFEngine:
         groups = [{"params": decay, "weight_decay": c.weight_decay}]
         if no_decay:
             groups.append({"params": no_decay, "weight_decay": 0.0})
-        return torch.optim.AdamW(groups, lr=c.lr, betas=tuple(c.betas), eps=c.eps)
+        kw = {"lr": c.lr, "betas": tuple(c.betas), "eps": c.eps}
+        if not self.fsdp:
+            # One fused kernel over all parameters: on CPU the default per-tensor loop took
+            # ~0.9 s per step for 135M parameters on two cores, the fused one ~0.2 s.
+            try:
+                return torch.optim.AdamW(groups, fused=True, **kw)
+            except (RuntimeError, TypeError, ValueError):  # older torch, or a device without it
+                pass
+        return torch.optim.AdamW(groups, **kw)
 
     def _apply_fsdp(self) -> None:
         """Shard every decoder layer, then the root, over the default process group (FSDP2)."""
