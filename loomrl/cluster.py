@@ -14,6 +14,7 @@ This module never imports torch.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -132,7 +133,7 @@ class Cluster:
     def device_kind(self) -> str:
         return self.devices[0].kind if self.devices else "cpu"
 
-    @property
+    @functools.cached_property
     def has_cuda(self) -> bool:
         """Devices are real CUDA GPUs (not logical ones on a CPU machine, as in placement tests)."""
         if self.device_kind != "gpu":

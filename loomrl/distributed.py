@@ -27,7 +27,7 @@ def join_process_group(worker: Any, backend: str | None = None, timeout: float =
     import torch
     import torch.distributed as dist
 
-    from loomrl.transport._collective import _local_ip
+    from loomrl.transport._collective import open_store
     from loomrl.weights import ActorRendezvous
 
     if worker.world_size <= 1:
@@ -44,19 +44,15 @@ def join_process_group(worker: Any, backend: str | None = None, timeout: float =
     cuda = torch.cuda.is_available()
     backend = backend or ("nccl" if cuda else "gloo")
     key = f"loomrl/dp/{worker.group_name}/{worker.launch_id}"
-    td = datetime.timedelta(seconds=timeout)
-    rendezvous = ActorRendezvous()
-    if worker.rank == 0:
-        host = _local_ip()
-        store = dist.TCPStore(host, 0, worker.world_size, True, td, wait_for_workers=False)
-        rendezvous.publish(key, f"{host}:{store.port}")
-    else:
-        host, port = rendezvous.lookup(key, timeout).rsplit(":", 1)
-        store = dist.TCPStore(host, int(port), worker.world_size, False, td)
+    store = open_store(ActorRendezvous(), key, worker.rank, worker.world_size, timeout)
     if cuda:
         torch.cuda.set_device(0)  # each rank sees only its own GPU
     dist.init_process_group(
-        backend, store=store, rank=worker.rank, world_size=worker.world_size, timeout=td
+        backend,
+        store=store,
+        rank=worker.rank,
+        world_size=worker.world_size,
+        timeout=datetime.timedelta(seconds=timeout),
     )
     worker._loom_store = store  # the store must outlive the group
     return True

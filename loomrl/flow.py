@@ -178,10 +178,6 @@ class Component:
             return 1
         return n_devices
 
-    def coupled(self, n_devices: int, cuda: bool) -> bool:
-        """Its ranks work together (collectives): one rank alone cannot run a call."""
-        return self.single_process == "cpu" and cuda and n_devices > 1
-
 
 class _Method:
     """``flow_group.method``: a stage reference in ``flow.chain``, and a group call after planning."""
@@ -546,8 +542,8 @@ class Flow:
 
         ``keep``: the running assignment; a group already on the devices it gets keeps running,
         and (``carry_state``) a replaced group's state moves to the new one through its
-        ``save_state`` / ``load_state`` methods when the class has both (saved on rank 0, loaded
-        on every rank).
+        ``save_state`` / ``load_state`` methods when the class has both (saved by every rank,
+        since a sharded trainer gathers it collectively; rank 0's copy is loaded on every rank).
         """
         t, started = time.time(), 0
         for name, devs in plan.assignment().items():
@@ -558,7 +554,6 @@ class Flow:
             state = None
             if comp.group is not None:
                 if keep is not None and carry_state and hasattr(comp.cls, "save_state"):
-                    # Every rank: a sharded trainer gathers its full state collectively.
                     state = wait(comp.group._call("save_state"))[0]
                 comp.group.kill()
             comp.group = self.cluster.launch(

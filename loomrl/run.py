@@ -238,17 +238,6 @@ class Run:
         self.cluster.shutdown()
 
 
-def profiling_split(run: Any) -> str:
-    """'starting workers 1.2s, warm-up 0.8s, timed calls 0.5s, state 0.1s' of a ProfileRun."""
-    names = {
-        "launch": "starting workers",
-        "warmup": "warm-up",
-        "calls": "timed calls",
-        "chain": "completing inputs of the next stage",
-    }
-    return ", ".join(f"{names.get(k, k)} {v:.1f}s" for k, v in run.split_s.items())
-
-
 def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
     """Profile a recipe's flow on one iteration's items: fit report, profile file, plan per mode."""
     from loomrl.cluster import Cluster
@@ -272,7 +261,7 @@ def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
         path = out / "profile.yaml"
         path.write_text(yaml.safe_dump(prof.to_dict(), sort_keys=False))
         lines = [f"profiled {len(flow.stages)} component(s) in {took:.1f}s -> {path}"]
-        lines += [f"  time: {profiling_split(flow.profile_run)}"]
+        lines += [f"  time: {flow.profile_run.describe()}"]
         lines += [f"  {r}" for r in getattr(prof, "fit_reports", ())]
         for mode, plan in search_all(prof).items():
             lines.append(

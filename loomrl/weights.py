@@ -178,9 +178,7 @@ class _KV:
 
         async with self.changed:
             try:
-                await asyncio.wait_for(
-                    self.changed.wait_for(lambda: key in self.values), timeout
-                )
+                await asyncio.wait_for(self.changed.wait_for(lambda: key in self.values), timeout)
             except asyncio.TimeoutError:
                 return None
             return self.values[key]

@@ -32,6 +32,25 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device=None, width: int
     return ids.to(device), mask.to(device), pos.to(device)
 
 
+def distinct_rows(seqs: Sequence[Sequence[int]]) -> tuple[list[list[int]], list[int]]:
+    """(the distinct sequences in order of first appearance, each row's index among them)."""
+    first: dict[tuple[int, ...], int] = {}
+    source = [first.setdefault(tuple(s), len(first)) for s in seqs]
+    return [list(k) for k in first], source
+
+
+def right_pad(seqs: Sequence[Sequence[int]], pad_id: int, device=None):
+    """Right-pad token lists to the longest: (ids [b, T] int64, mask [b, T] float32)."""
+    width = max((len(s) for s in seqs), default=0)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.float32)
+    for i, s in enumerate(seqs):
+        if len(s):
+            ids[i, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+            mask[i, : len(s)] = 1.0
+    return ids.to(device), mask.to(device)
+
+
 def pack_prompt_response(
     prompt_ids: Sequence[Sequence[int]],
     response_ids: Sequence[Sequence[int]],
@@ -51,27 +70,15 @@ def pack_prompt_response(
                 f"prompt_ids[{i}] is empty; every prompt needs at least one token (e.g. BOS) "
                 "so that the first response token has a position to be predicted from"
             )
-    b = len(prompt_ids)
-    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids, strict=True)]
-    width = max(lengths)
-    t_max = max((len(r) for r in response_ids), default=0)
-    ids = torch.full((b, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((b, width), dtype=torch.long)
-    gather = torch.zeros((b, t_max), dtype=torch.long)
-    resp = torch.full((b, t_max), pad_id, dtype=torch.long)
-    rmask = torch.zeros((b, t_max), dtype=torch.float32)
+    rows = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids, strict=True)]
+    ids, mask = right_pad(rows, pad_id)
+    resp, rmask = right_pad(response_ids, pad_id)
+    gather = torch.zeros(resp.shape, dtype=torch.long)
     for i, (p, r) in enumerate(zip(prompt_ids, response_ids, strict=True)):
-        row = list(p) + list(r)
-        ids[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
-        mask[i, : len(row)] = 1
-        n = len(r)
-        if n:
-            resp[i, :n] = torch.as_tensor(list(r), dtype=torch.long)
-            rmask[i, :n] = 1.0
-            gather[i, :n] = torch.arange(len(p) - 1, len(p) - 1 + n)
+        gather[i, : len(r)] = torch.arange(len(p) - 1, len(p) - 1 + len(r))
     return (
         ids.to(device),
-        mask.to(device),
+        mask.long().to(device),
         gather.to(device),
         resp.to(device),
         rmask.to(device),
@@ -82,7 +89,7 @@ def plan_micro_batches(
     lengths: Sequence[int],
     micro_batch_size: int | None = None,
     micro_batch_tokens: int | None = None,
-    groups: Sequence[Any] | None = None,
+    groups: Sequence[Sequence[Any]] | None = None,
 ) -> list[list[int]]:
     """Group sample indices into micro-batches of similar length to reduce padding.
 
@@ -99,9 +106,8 @@ def plan_micro_batches(
         raise ConfigError(f"micro_batch_size={micro_batch_size} must be >= 1")
     if micro_batch_tokens is not None and micro_batch_tokens < 1:
         raise ConfigError(f"micro_batch_tokens={micro_batch_tokens} must be >= 1")
-    first: dict[Any, int] = {}
-    rank = [first.setdefault(g, len(first)) for g in groups] if groups is not None else []
-    if groups is not None and len(first) < len(lengths):
+    distinct, rank = distinct_rows(groups) if groups is not None else ([], [])
+    if groups is not None and len(distinct) < len(lengths):
         order = sorted(range(len(lengths)), key=lambda i: (rank[i], -lengths[i], i))
     else:
         order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))

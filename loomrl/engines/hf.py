@@ -33,7 +33,14 @@ import torch
 from torch import nn
 
 from loomrl.engines import offload as _offload
-from loomrl.engines.batching import left_pad, pack_prompt_response, plan_micro_batches, slice_batch
+from loomrl.engines.batching import (
+    distinct_rows,
+    left_pad,
+    pack_prompt_response,
+    plan_micro_batches,
+    right_pad,
+    slice_batch,
+)
 from loomrl.engines.sampling import entropy_from_logits, sample_tokens, token_logprobs
 from loomrl.errors import ConfigError, LoomError
 
@@ -176,7 +183,9 @@ class _Net(nn.Module):
             return self.value_head(h).squeeze(-1)  # [b, T]
         return self.lm.get_output_embeddings()(h)  # [b, T, V]
 
-    def _shared_prefix_hidden(self, prompt_ids, prompt_mask, prompt_pos, rows, resp_ids, mask, resp_pos):
+    def _shared_prefix_hidden(
+        self, prompt_ids, prompt_mask, prompt_pos, rows, resp_ids, mask, resp_pos
+    ):
         """Hidden states predicting each response token when rows share prompts.
 
         The distinct prompts (left-padded, [k, P]) go through the decoder once; their KV cache
@@ -187,7 +196,10 @@ class _Net(nn.Module):
         """
         dec = self.lm.get_decoder()
         first = dec(
-            input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_pos, use_cache=True
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            position_ids=prompt_pos,
+            use_cache=True,
         )
         cache = _cache_of(first)
         cache.batch_select_indices(rows)
@@ -528,9 +540,7 @@ class HFEngine:
         gen = torch.Generator(device=dev).manual_seed(int(seed))
         # Prompt groups (GRPO samples G responses per prompt) repeat each prompt: prefill every
         # distinct prompt once, then give each row a copy of its prompt's KV cache and logits.
-        first: dict[tuple[int, ...], int] = {}
-        source = [first.setdefault(tuple(p), len(first)) for p in prompts]
-        distinct = [list(k) for k in first]
+        distinct, source = distinct_rows(prompts)
         ids, mask, pos = left_pad(distinct, self.pad_id, dev)
         n = len(prompts)
         responses: list[list[int]] = [[] for _ in range(n)]
@@ -655,46 +665,38 @@ class HFEngine:
         the model once (``_Net._shared_prefix_hidden``): with a prompt of P tokens and responses
         of R, a group of G rows costs P + G*R token positions instead of G*(P + R).
         """
-        first: dict[tuple[int, ...], int] = {}
-        source = [first.setdefault(tuple(p), len(first)) for p in prompts]
-        t_max = max((len(r) for r in responses), default=0)
+        distinct, source = distinct_rows(prompts)
         share = self.config.share_prompts
         shared = (
             (share if share is not None else self.device.type == "cpu")
-            and len(first) < len(prompts)
-            and t_max > 0
+            and len(distinct) < len(prompts)
+            and any(len(r) for r in responses)
             and not self.fsdp  # one root forward with two decoder passes: kept off under FSDP
             and not self.config.gradient_checkpointing
         )
         if shared:
-            return self._shared_response_forward(
-                [list(k) for k in first], source, responses, temperature, want_entropy
+            out, resp, rmask = self._shared_forward(distinct, source, responses)
+        else:
+            ids, mask, gather, resp, rmask = pack_prompt_response(
+                prompts, responses, self.pad_id, self.device
             )
-        ids, mask, gather, resp, rmask = pack_prompt_response(
-            prompts, responses, self.pad_id, self.device
-        )
-        with self._autocast():
-            out = self._forward("response", input_ids=ids, attention_mask=mask, gather=gather)
+            with self._autocast():
+                out = self._forward("response", input_ids=ids, attention_mask=mask, gather=gather)
         if self.net.value_head is not None:
             return out.float(), None, rmask
         logp = token_logprobs(out, resp, temperature)
         ent = entropy_from_logits(out, temperature) if want_entropy else None
         return logp, ent, rmask
 
-    def _shared_response_forward(self, distinct, source, responses, temperature, want_entropy):
+    def _shared_forward(self, distinct, source, responses):
+        """Outputs [b, T] of rows sharing prompts (``_Net._shared_prefix_hidden``), the right-
+        padded responses and their mask."""
         dev = self.device
         p_ids, p_mask, p_pos = left_pad(distinct, self.pad_id, dev)
         rows = torch.tensor(source, device=dev)
-        b, t_max = len(responses), max(len(r) for r in responses)
-        resp = torch.full((b, t_max), self.pad_id, dtype=torch.long)
-        rmask = torch.zeros((b, t_max), dtype=torch.float32)
-        for i, r in enumerate(responses):
-            if r:
-                resp[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.long)
-                rmask[i, : len(r)] = 1.0
-        resp, rmask = resp.to(dev), rmask.to(dev)
+        resp, rmask = right_pad(responses, self.pad_id, dev)
         plen = torch.tensor([len(distinct[k]) for k in source], device=dev)
-        r_pos = plen.unsqueeze(1) + torch.arange(t_max, device=dev).unsqueeze(0)
+        r_pos = plen.unsqueeze(1) + torch.arange(resp.shape[1], device=dev).unsqueeze(0)
         mask = torch.cat([p_mask.index_select(0, rows), rmask.long()], dim=1)
         with self._autocast():
             out = self._forward(
@@ -707,11 +709,7 @@ class HFEngine:
                 mask=mask,
                 resp_pos=r_pos,
             )
-        if self.net.value_head is not None:
-            return out.float(), None, rmask
-        logp = token_logprobs(out, resp, temperature)
-        ent = entropy_from_logits(out, temperature) if want_entropy else None
-        return logp, ent, rmask
+        return out, resp, rmask
 
     @torch.no_grad()
     def _score(self, prompt_ids, response_ids, micro_batch_size, temperature, entropy):
@@ -721,12 +719,11 @@ class HFEngine:
                 f"{len(prompt_ids)} prompts but {len(response_ids)} responses; they must pair up"
             )
         lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids, strict=True)]
-        groups = [tuple(p) for p in prompt_ids]
         if micro_batch_size is not None:
-            plan = plan_micro_batches(lengths, micro_batch_size, groups=groups)
+            plan = plan_micro_batches(lengths, micro_batch_size, groups=prompt_ids)
         else:
             plan = plan_micro_batches(
-                lengths, self.config.micro_batch_size, self.config.micro_batch_tokens, groups
+                lengths, self.config.micro_batch_size, self.config.micro_batch_tokens, prompt_ids
             )
         outs: list[torch.Tensor | None] = [None] * len(prompt_ids)
         ents: list[torch.Tensor | None] = [None] * len(prompt_ids)
@@ -841,9 +838,7 @@ class HFEngine:
                 self.config.micro_batch_size,
                 self.config.micro_batch_tokens,
             )
-        plan = plan_micro_batches(
-            lengths, micro_batch_size, micro_batch_tokens, groups=[tuple(p) for p in prompts]
-        )
+        plan = plan_micro_batches(lengths, micro_batch_size, micro_batch_tokens, groups=prompts)
 
         # Token counts per row under the loss mask, for the batch-wide normalisation.
         row_tokens = []

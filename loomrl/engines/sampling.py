@@ -79,7 +79,9 @@ def sample_tokens(
     return tokens, token_logprobs(scaled, tokens)
 
 
-def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def inverse_cdf_sample(
+    probs: torch.Tensor, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """One draw per row of ``probs`` [B, V]: the first token whose cumulative probability exceeds
     a uniform number. Same distribution as ``torch.multinomial(probs, 1)``, which on CPU draws V
     exponentials per row (a third of the decode step of a 49k-vocabulary model on two cores);

@@ -56,6 +56,21 @@ def _local_ip() -> str:
     return socket.gethostbyname(socket.gethostname())
 
 
+def open_store(rendezvous: Rendezvous, key: str, rank: int, world_size: int, timeout: float):
+    """A TCPStore shared by ``world_size`` processes: rank 0 opens it on a free port and
+    publishes ``host:port`` under ``key``; the others look it up and connect."""
+    import torch.distributed as dist
+
+    td = datetime.timedelta(seconds=timeout)
+    if rank == 0:
+        host = _local_ip()
+        store = dist.TCPStore(host, 0, world_size, True, td, wait_for_workers=False)
+        rendezvous.publish(key, f"{host}:{store.port}")
+        return store
+    host, port = rendezvous.lookup(key, timeout).rsplit(":", 1)
+    return dist.TCPStore(host, int(port), world_size, False, td)
+
+
 class PairGroups:
     """Two-rank process groups between this process (``me``) and each peer, per backend, cached."""
 
@@ -92,13 +107,7 @@ class PairGroups:
         rank = 0 if self.me == lo else 1
         key = f"loomrl/pair/{backend}/{lo}/{hi}"
         td = datetime.timedelta(seconds=self.timeout)
-        if rank == 0:
-            host = _local_ip()
-            store = dist.TCPStore(host, 0, 2, True, td, wait_for_workers=False)
-            self.rendezvous.publish(key, f"{host}:{store.port}")
-        else:
-            host, port = self.rendezvous.lookup(key, self.timeout).rsplit(":", 1)
-            store = dist.TCPStore(host, int(port), 2, False, td)
+        store = open_store(self.rendezvous, key, rank, 2, self.timeout)
         if backend == "gloo":
             pg = dist.ProcessGroupGloo(store, rank, 2, td)
         else:  # pragma: no cover - needs two GPUs

@@ -186,6 +186,7 @@ class RolloutWorker(EngineWorker, WeightSink):
 
 class RewardWorker(Worker):
     stateless = True  # scores depend only on the texts and answers
+
     def __init__(self, task: dict, algo: AlgoConfig, group_size: int):
         super().__init__()
         from loomrl.tasks import make_task

@@ -75,8 +75,12 @@ def _batch(vocab: int) -> dict:
     rng = random.Random(0)
     n = 8
     return {
-        "prompt_ids": [[rng.randrange(3, vocab) for _ in range(rng.randint(3, 9))] for _ in range(n)],
-        "response_ids": [[rng.randrange(3, vocab) for _ in range(rng.randint(2, 7))] for _ in range(n)],
+        "prompt_ids": [
+            [rng.randrange(3, vocab) for _ in range(rng.randint(3, 9))] for _ in range(n)
+        ],
+        "response_ids": [
+            [rng.randrange(3, vocab) for _ in range(rng.randint(2, 7))] for _ in range(n)
+        ],
         "advantages": [rng.uniform(-1, 1) for _ in range(n)],
     }
 
@@ -113,8 +117,15 @@ def test_grpo_recipe_shards_its_actor_over_two_gpus(tmp_path):
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "loomrl.cli", "run", str(root / "examples/tiny_grpo.yaml"),
-        "placement=temporal", "steps=2", f"output_dir={out}", "run.profile=calibrate",
+        sys.executable,
+        "-m",
+        "loomrl.cli",
+        "run",
+        str(root / "examples/tiny_grpo.yaml"),
+        "placement=temporal",
+        "steps=2",
+        f"output_dir={out}",
+        "run.profile=calibrate",
     ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

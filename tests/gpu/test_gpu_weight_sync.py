@@ -18,9 +18,9 @@ class _Engine:
 
         torch.manual_seed(seed)
         self.device = torch.device("cuda")
-        self.net = torch.nn.Sequential(
-            torch.nn.Linear(512, 1024), torch.nn.Linear(1024, 1000)
-        ).to(self.device, getattr(torch, dtype))
+        self.net = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.Linear(1024, 1000)).to(
+            self.device, getattr(torch, dtype)
+        )
         self.version = 0
 
     def named_parameters(self):

@@ -116,6 +116,10 @@ def test_one_device_share_of_a_single_process_worker(cluster, tmp_path):
     assert {("tally", 1), ("tally", 4), ("emit", 4)} <= counts
     # On CPU the one-device share is the same process with one thread: the profiler starts one
     # tally process (on 4 devices); another exists only if the plan moved tally elsewhere.
-    born = sorted(p.name.rsplit("-", 1)[0] for p in tmp_path.iterdir() if p.name.startswith("tally-"))
+    born = sorted(
+        p.name.rsplit("-", 1)[0] for p in tmp_path.iterdir() if p.name.startswith("tally-")
+    )
     moved = plan.assignment()["tally"] != [0, 1, 2, 3]
-    assert born == sorted(["tally-4"] + ([f"tally-{len(plan.assignment()['tally'])}"] if moved else []))
+    assert born == sorted(
+        ["tally-4"] + ([f"tally-{len(plan.assignment()['tally'])}"] if moved else [])
+    )

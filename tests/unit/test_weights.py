@@ -28,7 +28,11 @@ def test_buckets_respect_the_limit_keep_order_and_align():
 
 
 def test_an_oversized_tensor_gets_a_bucket_of_its_own():
-    specs = [("small", (1,), "float32", 4), ("big", (1000,), "float32", 4000), ("tail", (1,), "float32", 4)]
+    specs = [
+        ("small", (1,), "float32", 4),
+        ("big", (1000,), "float32", 4000),
+        ("tail", (1,), "float32", 4),
+    ]
     buckets = plan_buckets(specs, 100)
     assert [[s.name for s in b] for b in buckets] == [["small"], ["big"], ["tail"]]
     with pytest.raises(ValueError, match="bucket_bytes"):
@@ -45,9 +49,17 @@ def test_pack_unpack_round_trip_with_cast(dtype):
         "empty": torch.zeros(0, 4),
         "ids": torch.arange(6, dtype=torch.int64).reshape(2, 3),
     }
-    cast = {k: (v.to(getattr(torch, dtype)) if dtype and v.is_floating_point() else v) for k, v in tensors.items()}
+    cast = {
+        k: (v.to(getattr(torch, dtype)) if dtype and v.is_floating_point() else v)
+        for k, v in tensors.items()
+    }
     specs = [
-        (n, tuple(t.shape), str(cast[n].dtype).removeprefix("torch."), cast[n].numel() * cast[n].element_size())
+        (
+            n,
+            tuple(t.shape),
+            str(cast[n].dtype).removeprefix("torch."),
+            cast[n].numel() * cast[n].element_size(),
+        )
         for n, t in tensors.items()
     ]
     got = {}
