@@ -25,6 +25,7 @@ This module never imports torch.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from loomrl.plan.plan import Node, Plan
 
 PLACEMENTS = ("auto", "temporal", "spatial", "hybrid")
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,6 +277,7 @@ class Flow:
         self._group_launch_s = 0.0  # seconds to (re)start one group, from the last launch
         self._fresh = False  # groups were (re)started: the next iteration is their warm-up
         self._profiled: dict[str, list[int]] | None = None  # groups the profiler left running
+        self.profile_run: Any = None  # the last profiling's record (loomrl.profiler.ProfileRun)
         self._reset_adaptation()
 
     def _reset_adaptation(self) -> None:
@@ -339,6 +342,7 @@ class Flow:
         profile: Any = None,
         micro_batch: int | None = None,
         memory_gb: float | None = None,
+        profile_budget: float | None = None,
     ) -> Plan:
         """Choose and apply a plan. ``placement``: auto | temporal | spatial | hybrid | a plan file.
 
@@ -352,6 +356,7 @@ class Flow:
         if not self.stages:
             raise ValueError("declare the data flow with flow.chain(...) before flow.plan()")
         pinned: Plan | None = None
+        profiled = False
         if str(placement) not in PLACEMENTS:
             path = Path(placement)
             if not path.exists():
@@ -381,7 +386,16 @@ class Flow:
                 )
             from loomrl.profiler import profile_flow
 
-            profile = profile_flow(self, sample, micro_batch=micro_batch, memory_gb=memory_gb)
+            from loomrl.profiler import DEFAULT_BUDGET
+
+            profile = profile_flow(
+                self,
+                sample,
+                micro_batch=micro_batch,
+                memory_gb=memory_gb,
+                budget=profile_budget or DEFAULT_BUDGET,
+            )
+            profiled = True
         elif not hasattr(profile, "components"):
             profile = load_profile(profile)
         want = len(sample) if sample is not None else batch
@@ -400,6 +414,9 @@ class Flow:
             from loomrl.plan.search import search
 
             chosen = search(profile, mode=str(placement))  # raises PlanError naming the constraint
+        if profiled and self.profile_run is not None:
+            self.profile_run.keep(chosen.assignment())
+            log.info("profiling: %s", self.profile_run.describe(chosen.predicted_s))
         self._launch_planned(chosen)
         self.plan_ = chosen
         return chosen

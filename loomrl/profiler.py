@@ -2,20 +2,23 @@
 
 For every stage of the chain, in data-flow order, the profiler starts the component's workers on
 the largest device count it may use (the run's own workers: a plan that keeps them there runs on
-them, already warm), times a warm-up call, then calls on two item counts (one item per device,
-and up to half the sample but at most a few items per device, so that profiling does not grow
-with the batch) on all those devices and on one of them, times one offload + onload (the switch
-a time-shared stage pays), and reads peak memory (CUDA peak on GPU, RSS on CPU). The one-device
-share is a single rank of a data-parallel group, or, for a single-process CPU worker, the same
-process limited to one thread; a single-process GPU worker, or ranks that shard a model
-together, start again on one device. The outputs of one stage are the inputs of the next, so
-every stage sees real data.
+them, already warm), times a warm-up call, then two calls on all those devices: one item per
+device, then a few items per device, as many as the budget allows (default: the timed calls may
+cost 10% of what the component's share of one iteration is estimated to cost from the first
+call, but at least two items per device, so that the fixed cost per call can be told from the
+cost per item). Each rank of a data-parallel group times its own share, which is a one-device
+sample for free; a single-process CPU worker is timed with one thread, and a single-process GPU
+worker, or ranks that shard a model together, start again on one device. One offload + onload
+is timed (the switch a time-shared stage pays) and peak memory is read (CUDA peak on GPU, RSS on
+CPU). The outputs of one stage are the inputs of the next, so every stage sees real data.
 
 Profiling calls change worker state (an actor trains): a class with ``save_state`` /
-``load_state`` is snapshotted before the calls and restored after, a class that declares
-``stateless = True`` needs nothing, and any other class is not reused (its profiling workers
-stop; the run starts fresh ones). ``loomrl.plan.profile.fit_profile`` turns the samples into the
-planner's profile; the fit's error and where the profiling time went are reported beside it.
+``load_state`` is snapshotted in the worker before the calls and restored after, a class that
+declares ``stateless = True`` needs nothing, and any other class is not reused (its profiling
+workers stop; the run starts fresh ones). ``loomrl.plan.profile.fit_profile`` turns the samples
+into the planner's profile; the fit's error and where the profiling time went are reported
+beside it, with the overhead (what the run does not reuse) as a share of the chosen plan's
+predicted iteration.
 
 Times are wall-clock seconds seen by the driver, so they include what a real iteration pays
 (dispatch, transfers). This module never imports torch.
@@ -35,23 +38,66 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Items per device of the profiler's large call, at most (and at most half the sample).
+# Items per device of the profiler's second call, at most.
 FEW_PER_DEVICE = 4
+# The timed calls of a component may cost this share of its estimated part of one iteration.
+DEFAULT_BUDGET = 0.10
+Sample = tuple[str, int, float, float, float]
 
 
 @dataclass
 class ProfileRun:
-    samples: list[tuple[str, int, float, float, float]]
+    samples: list[Sample]
     switch_s: dict[str, float]
     seconds: float
-    # Where the time went: starting workers, their first (warm-up) calls, the timed calls, and
-    # snapshots/restores/switch timing. Start + warm-up of reused workers is paid by any run.
+    # Where the time went: starting workers, their first (warm-up) calls, the timed calls,
+    # snapshots/restores/switch timing, completing the next stage's inputs, and workers the run
+    # does not keep. Start + warm-up of kept workers is paid by any run.
     split_s: dict[str, float] = field(default_factory=dict)
     reused: dict[str, list[int]] = field(default_factory=dict)  # component -> devices kept
+    budget: float = DEFAULT_BUDGET
+    start_s: dict[str, list[float]] = field(default_factory=dict)  # [launch, warm-up] s
+    # Long tails of data-parallel components: spread of one item's cost over its mean.
+    item_cv: dict[str, float] = field(default_factory=dict)
 
-    def describe(self) -> str:
-        """'starting workers 1.2s, warm-up 0.8s, timed calls 0.5s, state 0.1s, ...'."""
-        return ", ".join(f"{_SPLIT_NAMES.get(k, k)} {v:.1f}s" for k, v in self.split_s.items())
+    def keep(self, assignment: dict[str, list[int]]) -> None:
+        """The plan keeps a profiled group only where it places the component on the same
+        devices; the others' start and warm-up count as profiling overhead."""
+        for name in list(self.reused):
+            if assignment.get(name) != self.reused[name]:
+                del self.reused[name]
+                if name in self.start_s:
+                    _discard(self.split_s, self.start_s.pop(name))
+
+    @property
+    def overhead_s(self) -> float:
+        """Seconds a run that did not profile would not have spent (its own workers still start
+        and take their first call): timed calls, state, inputs of the next stage, workers
+        thrown away."""
+        return sum(v for k, v in self.split_s.items() if k not in ("launch", "warmup"))
+
+    def describe(self, iteration_s: float | None = None) -> str:
+        """'starting workers 1.2s, warm-up 0.8s, timed calls 0.5s, ...; overhead 0.6s = 5% of
+        one iteration (0.60 / 12.0s predicted)'."""
+        text = ", ".join(f"{_SPLIT_NAMES.get(k, k)} {v:.1f}s" for k, v in self.split_s.items())
+        if iteration_s:
+            text += (
+                f"; overhead {self.overhead_s:.1f}s = {100 * self.overhead_s / iteration_s:.0f}%"
+                f" of one iteration ({iteration_s:.2f}s predicted; budget"
+                f" {100 * self.budget:.0f}% per component)"
+            )
+        return text
+
+    def summary(self, iteration_s: float | None) -> dict[str, Any]:
+        """The profiling record of ``run_summary.json``."""
+        return {
+            "seconds": self.seconds,
+            "overhead_s": self.overhead_s,
+            "overhead_fraction": self.overhead_s / iteration_s if iteration_s else None,
+            "budget": self.budget,
+            "split_s": dict(self.split_s),
+            "samples": len(self.samples),
+        }
 
 
 _SPLIT_NAMES = {
@@ -59,6 +105,7 @@ _SPLIT_NAMES = {
     "warmup": "warm-up",
     "calls": "timed calls",
     "chain": "completing inputs of the next stage",
+    "discarded": "workers not kept",
 }
 
 
@@ -75,35 +122,84 @@ def _valid(valid: list[int] | None, n_max: int) -> list[int]:
     return list(range(1, n_max + 1))
 
 
-def _timed_call(group: Any, method: str, items: list[Any]) -> tuple[float, list[Any]]:
-    """Split ``items`` contiguously over the ranks, run them at once, return (wall s, outputs)."""
+@dataclass
+class _Call:
+    wall: float
+    outputs: list[Any]
+    rank_s: list[float]  # each rank's own time in the method
+    rank_items: list[int]  # items each rank got
+    peaks: list[float]  # each rank's peak memory after the call (GB)
+
+
+def _timed_call(group: Any, method: str, items: list[Any]) -> _Call:
+    """Deal ``items`` to the ranks in turn (rank r gets items r, r + n, ...), run them at once,
+    time the whole and each rank; outputs come back in item order.
+
+    Dealt, not cut in blocks: a rank's share on x items then holds its share on fewer, so two
+    calls of one rank differ by the items added, not by different items (long tails).
+    """
     n = group.world_size
-    q, rem = divmod(len(items), n)
-    bounds = [r * q + min(r, rem) for r in range(n + 1)]
+    shares = [items[r::n] for r in range(n)]
     t = time.perf_counter()
-    refs = [
-        a._loom_call.remote(method, items[bounds[r] : bounds[r + 1]])
-        for r, a in enumerate(group.actors)
-    ]
+    refs = [a._loom_call.remote(method, shares[r]) for r, a in enumerate(group.actors)]
     res = wait(Handle(group, method, list(range(n)), refs))
     wall = time.perf_counter() - t
+    per_rank = [o if isinstance(o, list) else [o] for _, o in res]
     outs: list[Any] = []
-    for _, o in res:
-        outs.extend(o if isinstance(o, list) else [o])
-    return wall, outs
+    if all(len(o) == len(sh) for o, sh in zip(per_rank, shares, strict=True)):
+        for j in range(len(items)):
+            outs.append(per_rank[j % n][j // n])
+    else:  # a merging stage: one output per rank, or any number
+        for o in per_rank:
+            outs.extend(o)
+    mem = wait(group._call("_loom_memory"))
+    return _Call(
+        wall,
+        outs,
+        [float(s) for s, _ in res],
+        [len(sh) for sh in shares],
+        [m.get("cuda_peak_gb", m["peak_rss_gb"]) for m in mem],
+    )
 
 
-def call_sizes(n: int, available: int) -> tuple[int, int]:
-    """(small, large) item counts of the timed calls on ``n`` devices.
+def second_call_items(n: int, available: int, per_item_s: float, budget_s: float) -> int:
+    """Items of the second timed call on ``n`` devices (the first has one item per device).
 
-    small: one item per device. large: half the sample, but at most FEW_PER_DEVICE items per
-    device and at least two per device (and small+1): per-item costs vary (long tails) and a
-    handful would misjudge their mean, but the calls must not grow with the batch (the run
-    refreshes the profile from its own iterations when they disagree).
+    At least two items per device (a second size separates the fixed cost of a call from the
+    cost per item; items vary, so more of them give a better mean), at most FEW_PER_DEVICE, and
+    no more than the budget left affords at ``per_item_s`` per item and device. Fewer than two
+    items per device available: the whole sample.
     """
-    small = min(n, available)
-    few = min(available // 2, FEW_PER_DEVICE * n)
-    return small, min(available, max(2 * n, small + 1, few))
+    most = min(FEW_PER_DEVICE, available // max(n, 1))
+    if most < 2:
+        return available
+    afford = int(budget_s / per_item_s) if per_item_s > 0 else most
+    return n * max(2, min(most, afford))
+
+
+def item_cv(calls: list[tuple[list[float], list[int]]]) -> float:
+    """Spread of one item's cost relative to its mean, from calls' per-rank (seconds, items).
+
+    A rank's time on ``k`` items varies across ranks like a sum of ``k`` item costs (variance
+    ``k * sigma^2``); calls where the busy ranks got the same count are pooled (degrees of
+    freedom weighted) and divided by the mean cost per item. 0 when nothing varies or fewer than
+    two ranks ever worked at once.
+    """
+    num = den = total_s = total_items = 0.0
+    for secs, items in calls:
+        busy = [(s, k) for s, k in zip(secs, items, strict=True) if k]
+        if len(busy) < 2 or len({k for _, k in busy}) != 1:
+            continue
+        k = busy[0][1]
+        ts = [s for s, _ in busy]
+        mean = sum(ts) / len(ts)
+        num += sum((t - mean) ** 2 for t in ts) / k  # (R - 1) * sample variance / k
+        den += len(ts) - 1
+        total_s += sum(ts)
+        total_items += k * len(ts)
+    if not den or not total_s:
+        return 0.0
+    return (num / den) ** 0.5 / (total_s / total_items)
 
 
 def _reusable(cls: type) -> str:
@@ -113,17 +209,29 @@ def _reusable(cls: type) -> str:
     return "stateless" if getattr(cls, "stateless", False) else ""
 
 
-def measure(flow: Flow, sample: list[Any], repeats: int = 1, reuse: bool = True) -> ProfileRun:
+def measure(
+    flow: Flow,
+    sample: list[Any],
+    repeats: int = 1,
+    reuse: bool = True,
+    budget: float = DEFAULT_BUDGET,
+) -> ProfileRun:
     cluster = flow.cluster
     n_max = cluster.num_devices
-    samples: list[tuple[str, int, float, float, float]] = []
+    samples: list[Sample] = []
     switch: dict[str, float] = {}
     split = {"launch": 0.0, "warmup": 0.0, "calls": 0.0, "state": 0.0}
     reused: dict[str, list[int]] = {}
+    start_s: dict[str, list[float]] = {}  # component -> [launch s, warm-up s] of its group
+    spread: dict[str, list[tuple[list[float], list[int]]]] = {}  # per-rank times of calls
     t_start = time.perf_counter()
+    M = len(sample)
     items = list(sample)
 
-    def launch(comp: Any, n: int) -> Any:
+    def add(key: str, t: float) -> None:
+        split[key] = split.get(key, 0.0) + time.perf_counter() - t
+
+    def launch(comp: Any, n: int, key: str = "launch") -> Any:
         t = time.perf_counter()
         g = cluster.launch(
             comp.cls,
@@ -135,15 +243,19 @@ def measure(flow: Flow, sample: list[Any], repeats: int = 1, reuse: bool = True)
             **comp.kwargs,
         )
         wait(g._call("_loom_ping"))
-        split["launch"] += time.perf_counter() - t
+        add(key, t)
+        if key == "launch":
+            start_s[comp.name] = [time.perf_counter() - t, 0.0]
         return g
 
-    def warm(group: Any, method: str) -> None:
+    def warm(group: Any, method: str, key: str = "warmup") -> None:
         t = time.perf_counter()
         _timed_call(group, method, items[: min(group.world_size, len(items))])
-        split["warmup"] += time.perf_counter() - t
+        add(key, t)
+        if key == "warmup":
+            start_s[group.name][1] = time.perf_counter() - t
 
-    for stage in flow.stages:
+    for i, stage in enumerate(flow.stages):
         comp = stage.component
         outputs: dict[int, Any] = {}
         counts = _device_counts(comp.valid_devices, n_max)
@@ -152,65 +264,103 @@ def measure(flow: Flow, sample: list[Any], repeats: int = 1, reuse: bool = True)
         top = max(counts)
         mode = _reusable(comp.cls) if reuse else ""
         group = launch(comp, top)
-        state = None
+        saved = False
         try:
             if mode == "snapshot":  # before any call: the warm-up changes state too
                 t = time.perf_counter()
-                state = wait(group._call("save_state"))  # every rank its own
-                split["state"] += time.perf_counter() - t
+                wait(group._call("_loom_snapshot"))  # every rank its own, kept in the worker
+                saved = True
+                add("state", t)
             warm(group, stage.name)
             on_cuda = any("cuda_peak_gb" in m for m in wait(group._call("_loom_memory")))
-            # All devices first: the one-device calls take more items per rank, and peak RSS
-            # only grows, so each device count's peak is read after its own calls.
-            for n in sorted(counts, reverse=True):
-                extra = None
-                threads = None
-                if n == top:
-                    target = group
-                elif not comp.single_process:
-                    target = group.on(0)  # one rank of a data-parallel group: one device's share
+            # One rank per device, each on its own items: a rank's time is a one-device sample.
+            per_rank = (
+                not comp.single_process
+                and group.world_size == top
+                and top > 1
+                and 1 in _valid(comp.valid_devices, n_max)
+            )
+
+            def timed(target: Any, n: int, x: int, ranks_too: bool = False) -> float:
+                """Time ``target`` on the first ``x`` items; record the samples; return wall s."""
+                walls = []
+                for _ in range(repeats):
+                    # The same first items at every size and device count: their costs differ
+                    # (long tails), and calls on different items would read that as scaling.
+                    c = _timed_call(target, stage.name, items[:x])
+                    walls.append(c.wall)
+                    wall = c.wall
+                    if ranks_too:
+                        dispatch = max(c.wall - max(c.rank_s), 0.0)
+                        # A run's call gives each rank many items, whose sums vary far less
+                        # than those of a profiling call's few: the slowest rank of a few-item
+                        # call would read that variation (long tails) as cost. The ranks' mean.
+                        busy = [s for s, k in zip(c.rank_s, c.rank_items, strict=True) if k]
+                        wall = sum(busy) / len(busy) + dispatch
+                    samples.append((comp.name, n, float(x), wall, max(c.peaks)))
+                    if ranks_too:
+                        spread.setdefault(comp.name, []).append((c.rank_s, c.rank_items))
+                        for s, k, pk in zip(c.rank_s, c.rank_items, c.peaks, strict=True):
+                            if k:
+                                samples.append((comp.name, 1, float(k), s + dispatch, pk))
+                    if len(c.outputs) == x:  # a stage may merge items: keep one per item
+                        outputs.update(enumerate(c.outputs))
+                return min(walls)
+
+            t_calls = time.perf_counter()
+            x1 = min(top, len(items))
+            first = timed(group, top, x1, per_rank)
+            # The component's share of one iteration on all its devices, from the first call
+            # (one item per device): the budget of its timed calls is a fraction of it.
+            allowed = budget * first * max(M / max(x1, 1), 1.0)
+            separate = [n for n in counts if n < top and not (n == 1 and per_rank)]
+            left = allowed - first * (1 + len(separate))
+            x2 = second_call_items(top, len(items), first, left)
+            if x2 > x1:
+                timed(group, top, x2, per_rank)
+            add("calls", t_calls)
+            for n in separate:
+                extra = threads = None
+                if not comp.single_process:
+                    target = group.on(list(range(n)))  # n ranks of a data-parallel group
                 elif not on_cuda:
                     target = group
                     threads = wait(group._call("_loom_threads", n))[0]
                 else:  # one GPU process, or GPU ranks that shard a model (collectives together)
-                    target = extra = launch(comp, n)
-                    warm(extra, stage.name)
+                    target = extra = launch(comp, n, key="discarded")
+                    warm(extra, stage.name, key="discarded")
                 try:
-                    small, large = call_sizes(n, len(items))
-                    t_calls = time.perf_counter()
-                    for x in sorted({small, large}):
-                        for _ in range(repeats):
-                            # The same first items at every size and device count: their
-                            # costs differ (long tails), and comparing calls on different items
-                            # would read that difference as scaling.
-                            wall, outs = _timed_call(target, stage.name, items[:x])
-                            mem = wait(target._call("_loom_memory"))
-                            peak = max(m.get("cuda_peak_gb", m["peak_rss_gb"]) for m in mem)
-                            samples.append((comp.name, n, float(x), wall, peak))
-                            if len(outs) == x:  # a stage may merge items: keep one per item
-                                outputs.update(enumerate(outs))
-                    split["calls"] += time.perf_counter() - t_calls
+                    t = time.perf_counter()
+                    # One size: the fixed cost per call is shared with the calls above.
+                    timed(target, n, min(n, len(items)))
+                    add("calls", t)
                 finally:
                     if threads is not None:
                         wait(group._call("_loom_threads", threads))
                     if extra is not None:
                         extra.kill()
-            missing = [i for i in range(len(items)) if i not in outputs]
-            if outputs and missing:
-                # Untimed: the next stage needs the whole sample (its calls take up to half of
-                # it), not just the items this stage's calls happened to cover.
-                t = time.perf_counter()
-                _, outs = _timed_call(group, stage.name, [items[i] for i in missing])
-                if len(outs) == len(missing):
-                    outputs.update(zip(missing, outs, strict=True))
-                split["chain"] = split.get("chain", 0.0) + time.perf_counter() - t
+            covered = 0
+            while covered in outputs:
+                covered += 1
+            if outputs and i + 1 < len(flow.stages):
+                nxt = flow.stages[i + 1].component
+                top_next = max(_device_counts(nxt.valid_devices, n_max) or [1])
+                # Two items per device: the next stage's smallest second call.
+                need = min(len(items), 2 * top_next)
+                if covered < need:
+                    # Untimed: the next stage's calls need this many of its inputs.
+                    t = time.perf_counter()
+                    c = _timed_call(group, stage.name, items[covered:need])
+                    if len(c.outputs) == need - covered:
+                        outputs.update(zip(range(covered, need), c.outputs, strict=True))
+                        covered = need
+                    add("chain", t)
             t = time.perf_counter()
             # Median of three: a single offload + onload swings with page faults and the allocator.
-            sw = sorted(max(wait(group.on(0)._call("_loom_switch"))) for _ in range(3))
-            switch[comp.name] = sw[1]
-            if state is not None:
-                wait(*[group.on(r)._call("load_state", st) for r, st in enumerate(state)])
-            split["state"] += time.perf_counter() - t
+            switch[comp.name] = wait(group.on(0)._call("_loom_switch", 3))[0]
+            if saved:
+                wait(group._call("_loom_restore"))
+            add("state", t)
         except BaseException:
             group.kill()
             raise
@@ -221,8 +371,26 @@ def measure(flow: Flow, sample: list[Any], repeats: int = 1, reuse: bool = True)
             reused[comp.name] = list(range(top))
         else:
             group.kill()
-        items = [outputs[i] for i in sorted(outputs)] or items
-    return ProfileRun(samples, switch, time.perf_counter() - t_start, split, reused)
+            _discard(split, start_s.pop(comp.name))
+        items = [outputs[j] for j in range(covered)] or items
+    return ProfileRun(
+        samples,
+        switch,
+        time.perf_counter() - t_start,
+        split,
+        reused,
+        budget,
+        start_s,
+        {name: item_cv(calls) for name, calls in spread.items()},
+    )
+
+
+def _discard(split: dict[str, float], start: list[float]) -> None:
+    """A profiled group the run does not keep: its start and warm-up were profiling overhead."""
+    launch, warmup = start
+    split["launch"] -= launch
+    split["warmup"] -= warmup
+    split["discarded"] = split.get("discarded", 0.0) + launch + warmup
 
 
 def profile_flow(
@@ -231,11 +399,16 @@ def profile_flow(
     micro_batch: int | None = None,
     memory_gb: float | None = None,
     repeats: int = 1,
+    budget: float = DEFAULT_BUDGET,
 ) -> Any:
-    """Measure, fit and return a WorkloadProfile for ``flow``'s chain on ``len(sample)`` items."""
+    """Measure, fit and return a WorkloadProfile for ``flow``'s chain on ``len(sample)`` items.
+
+    ``budget``: the timed calls of each component may cost this share of its estimated part of
+    one iteration (at least two calls on all its devices are made whatever the budget).
+    """
     from loomrl.plan.profile import fit_profile
 
-    run = measure(flow, sample, repeats=repeats)
+    run = measure(flow, sample, repeats=repeats, budget=budget)
     M = len(sample)
     n_max = flow.cluster.num_devices
     gran = [micro_batch] if micro_batch else [d for d in range(1, M + 1) if M % d == 0]
@@ -250,10 +423,9 @@ def profile_flow(
             s.component.name: _valid(s.component.valid_devices, n_max) for s in flow.stages
         },
         switch_s=run.switch_s,
+        item_cv=run.item_cv,
     )
-    log.info(
-        "profiled %d component(s) in %.1fs (%s)", len(flow.stages), run.seconds, run.describe()
-    )
+    log.info("profiled %d component(s) in %.1fs", len(flow.stages), run.seconds)
     flow.profile_run = run
     flow.adopt_profiled(run.reused)
     return prof

@@ -34,6 +34,9 @@ class RunConfig:
     # A workload profile file to plan from instead of profiling, or "calibrate" (temporal only:
     # start from the cost-free default plan and take its costs from the first iteration).
     profile: str | None = None
+    # Profiling's timed calls may cost this share of each component's part of one iteration
+    # (two calls on all its devices are made whatever the budget).
+    profile_budget: float = 0.1
     threads: int | None = None  # pin threads per worker (bit-identical results across plans)
     checkpoint_every: int = 0  # steps; 0 = only at the end
     max_restarts: int = 0  # a worker that dies restarts the run from the last complete checkpoint
@@ -71,6 +74,11 @@ class RunConfig:
             p.append(f"wandb: expected 'off', 'offline' or 'online', got {self.wandb!r}")
         if self.profile not in (None, "calibrate") and not Path(self.profile).exists():
             p.append(f"profile: no such file {self.profile!r}")
+        if not self.profile_budget > 0:
+            p.append(
+                f"profile_budget: must be > 0 (a share of one iteration, e.g. 0.1), got "
+                f"{self.profile_budget}"
+            )
         if self.max_restarts < 0:
             p.append(f"max_restarts: must be >= 0, got {self.max_restarts}")
         if self.devices is not None and self.devices < 1:
@@ -122,6 +130,7 @@ class Run:
         self.plan_start = 0  # first iteration of the current plan (it changes on a re-plan)
         self.replans = 0
         self.planning_s: float | None = None  # profiling + search + launch, when a flow planned
+        self.profiling: dict[str, Any] | None = None  # loomrl.profiler.ProfileRun.summary()
         self.plan: Any = None
         self.t_start = time.time()
 
@@ -129,6 +138,8 @@ class Run:
         t = time.time()
         if self.rc.profile:
             kw.setdefault("profile", self.rc.profile)
+        kw.setdefault("profile_budget", self.rc.profile_budget)
+        flow.profile_run = None
         self.plan = flow.plan(
             self.rc.placement, sample=sample, micro_batch=self.rc.micro_batch, **kw
         )
@@ -136,6 +147,9 @@ class Run:
         self.planning_s = took
         self._save_plan(flow)
         self.logger.echo(f"plan ({took:.1f}s incl. profiling):\n{self.plan}")
+        if flow.profile_run is not None:
+            self.profiling = flow.profile_run.summary(self.plan.predicted_s)
+            self.logger.echo(f"profiling: {flow.profile_run.describe(self.plan.predicted_s)}")
         return self.plan
 
     def record(self, step: int, result: Any, flow: Any = None) -> None:
@@ -226,6 +240,7 @@ class Run:
             "iteration_s": self.iter_times,
             "replans": self.replans,
             "planning_s": self.planning_s,
+            "profiling": self.profiling,
             "metrics": metrics,
             "wall_s": time.time() - self.t_start,
             **extra,
@@ -254,16 +269,23 @@ def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
         flow = Flow(cluster)
         build(flow, cfg)
         t = time.time()
-        prof = profile_flow(flow, sample(), micro_batch=cfg.run.micro_batch)
+        prof = profile_flow(
+            flow, sample(), micro_batch=cfg.run.micro_batch, budget=cfg.run.profile_budget
+        )
         took = time.time() - t
         import yaml
 
         path = out / "profile.yaml"
         path.write_text(yaml.safe_dump(prof.to_dict(), sort_keys=False))
+        plans = search_all(prof)
+        best = plans.get("best")
+        if best is not None:
+            flow.profile_run.keep(best.assignment())
         lines = [f"profiled {len(flow.stages)} component(s) in {took:.1f}s -> {path}"]
-        lines += [f"  time: {flow.profile_run.describe()}"]
+        desc = flow.profile_run.describe(best.predicted_s if best is not None else None)
+        lines += [f"  time: {desc}"]
         lines += [f"  {r}" for r in getattr(prof, "fit_reports", ())]
-        for mode, plan in search_all(prof).items():
+        for mode, plan in plans.items():
             lines.append(
                 f"{mode}: "
                 + ("no feasible plan" if plan is None else f"{plan.predicted_s:.3f}s\n{plan}")

@@ -148,12 +148,28 @@ class Worker:
         out = getattr(self, method)(items)
         return time.perf_counter() - t, out
 
-    def _loom_switch(self) -> float:
-        """Time one offload + onload (what a time-shared stage pays per iteration)."""
-        t = time.perf_counter()
-        self.offload()
-        self.onload()
-        return time.perf_counter() - t
+    def _loom_snapshot(self) -> None:
+        """Keep a copy of this rank's ``save_state()`` here (the profiler restores it after its
+        calls): no state crosses to the driver. Deep-copied, since a state may share storage
+        with the live object."""
+        import copy
+
+        self._loom_saved = copy.deepcopy(self.save_state())
+
+    def _loom_restore(self) -> None:
+        saved, self._loom_saved = self._loom_saved, None
+        self.load_state(saved)
+
+    def _loom_switch(self, repeats: int = 1) -> float:
+        """Time offload + onload (what a time-shared stage pays per iteration): the median of
+        ``repeats`` (one pair swings with page faults and the allocator)."""
+        times = []
+        for _ in range(max(repeats, 1)):
+            t = time.perf_counter()
+            self.offload()
+            self.onload()
+            times.append(time.perf_counter() - t)
+        return sorted(times)[len(times) // 2]
 
 
 def _rss_bytes() -> int:

@@ -4,17 +4,26 @@ A profile says, for every component, how long one call on ``x`` items takes with
 ``n`` devices (``t(n, x) = alpha + x * per_item[n]``), how much memory it keeps
 resident per device, what an offload+onload costs, and (optionally) how many CPU
 cores it needs. This module knows nothing about plans; it never imports torch.
+
+Beyond the baseline, ``time.item_cv`` (optional, default 0: the baseline exactly)
+models long-tailed items of a data-parallel component: with one rank per device,
+a call waits for the slowest rank, whose share of ``x / n`` items exceeds the mean
+by about ``item_cv * sqrt(x / n) * e(n)`` item costs, ``e(k)`` being the expected
+largest of ``k`` standard normal draws. Few items per rank straggle much, many
+hardly at all.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import math
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -52,12 +61,26 @@ class ComponentProfile:
     switch_s: float = 0.0
     cpu_cores: dict[int, int] | None = None
 
+    item_cv: float = 0.0  # coefficient of variation of one item's cost (long tails)
+
     def time(self, n: int, items: float) -> float:
         """Seconds for one call on ``items`` items with ``n`` devices."""
-        return self.alpha + items * self.per_item[n]
+        t = self.alpha + items * self.per_item[n]
+        if self.item_cv and n > 1 and items > 0:
+            ranks = min(n, max(1, round(items)))
+            t += self.item_cv * self.per_item[n] * math.sqrt(items * n) * expected_max_normal(ranks)
+        return t
 
     def cores(self, n: int) -> int:
         return 0 if self.cpu_cores is None else int(self.cpu_cores[n])
+
+
+@functools.lru_cache(maxsize=4096)
+def expected_max_normal(k: int) -> float:
+    """E[max of k independent standard normals] (Blom's approximation; 0 for k = 1)."""
+    if k <= 1:
+        return 0.0
+    return NormalDist().inv_cdf((k - 0.375) / (k + 0.25))
 
 
 @dataclass(frozen=True)
@@ -124,6 +147,8 @@ class WorkloadProfile:
                 "memory_gb": dict(c.memory_gb),
                 "switch_s": c.switch_s,
             }
+            if c.item_cv:
+                d["time"]["item_cv"] = c.item_cv
             if c.cpu_cores is not None:
                 d["cpu_cores"] = dict(c.cpu_cores)
             out["components"][name] = d
@@ -165,7 +190,7 @@ _TOP_KEYS = {
     "devices_per_node",
 }
 _COMPONENT_KEYS = {"valid_devices", "time", "memory_gb", "switch_s", "cpu_cores", "samples"}
-_TIME_KEYS = {"alpha", "per_item"}
+_TIME_KEYS = {"alpha", "per_item", "item_cv"}
 _CYCLE_KEYS = {"members", "steps"}
 
 
@@ -383,6 +408,13 @@ def _build_component(
         problems.append(f"{where}.time.alpha must be a non-negative number, got {alpha!r}")
         alpha = 0.0
     per_item = _int_map(time_raw.get("per_item"), f"{where}.time.per_item", problems) or {}
+    item_cv = time_raw.get("item_cv", 0.0)
+    if not isinstance(item_cv, (int, float)) or isinstance(item_cv, bool) or item_cv < 0:
+        problems.append(
+            f"{where}.time.item_cv must be a non-negative number (spread of one item's cost "
+            f"relative to its mean; 0 = none), got {item_cv!r}"
+        )
+        item_cv = 0.0
     mem_raw = craw.get("memory_gb", 0.0)
     if isinstance(mem_raw, (int, float)) and not isinstance(mem_raw, bool):
         memory = {n: float(mem_raw) for n in valid_t}
@@ -443,6 +475,7 @@ def _build_component(
             memory_gb={n: float(memory[n]) for n in valid_t},
             switch_s=float(switch),
             cpu_cores=None if cores is None else {n: int(cores.get(n, 0)) for n in valid_t},
+            item_cv=float(item_cv),
         ),
         report,
     )
@@ -460,6 +493,7 @@ def fit_component(
     valid_devices: Sequence[int] | None = None,
     switch_s: float = 0.0,
     cpu_cores: dict[int, int] | None = None,
+    item_cv: float = 0.0,
 ) -> tuple[ComponentProfile, FitReport]:
     """Fit ``t(n, x) = alpha + x * per_item[n]`` and ``memory(n) = a + b / n`` to samples.
 
@@ -545,6 +579,7 @@ def fit_component(
         memory_gb=memory,
         switch_s=float(switch_s),
         cpu_cores=None if cpu_cores is None else {n: int(cpu_cores[n]) for n in valid},
+        item_cv=float(item_cv),
     )
     return comp, report
 
@@ -562,6 +597,7 @@ def fit_profile(
     cpu_cores: Mapping[str, dict[int, int]] | None = None,
     cpu_cores_per_node: int | None = None,
     devices_per_node: int | None = None,
+    item_cv: Mapping[str, float] | None = None,
 ) -> WorkloadProfile:
     """Fit every component found in ``samples`` and assemble a validated profile."""
     by_comp: dict[str, list[Sample]] = {}
@@ -591,6 +627,7 @@ def fit_profile(
             valid_devices=vd,
             switch_s=(switch_s or {}).get(name, 0.0),
             cpu_cores=(cpu_cores or {}).get(name),
+            item_cv=(item_cv or {}).get(name, 0.0),
         )
         reports.append(rep)
         raw["components"][name] = WorkloadProfile(1, 1, 1, (1,), {name: comp}).to_dict()[

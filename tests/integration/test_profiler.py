@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from loomrl import Worker
 from loomrl.flow import Flow
-from loomrl.profiler import call_sizes
+from loomrl.profiler import FEW_PER_DEVICE, ProfileRun, item_cv, second_call_items
 
 
 def _born(folder: str, name: str, devices: tuple) -> None:
@@ -50,6 +52,9 @@ class Emit(Worker):
     def emit(self, items: list[dict]) -> list[tuple]:
         return [(it["i"], it["before"], it["pid"], os.getpid()) for it in items]
 
+    def emit_first(self, items: list[dict]) -> list[dict]:
+        return [dict(it) for it in items]
+
 
 def _flow(cluster, folder, cls, **kw):
     flow = Flow(cluster)
@@ -59,13 +64,45 @@ def _flow(cluster, folder, cls, **kw):
     return flow
 
 
-def test_call_sizes_stay_small_as_the_batch_grows():
-    assert call_sizes(1, 16) == (1, 4)
-    assert call_sizes(2, 16) == (2, 8)
-    assert call_sizes(2, 4096) == (2, 8)  # bounded: at most FEW_PER_DEVICE per device
-    assert call_sizes(4, 4) == (4, 4)
-    small, large = call_sizes(1, 2)
-    assert small < large <= 2
+def test_second_call_follows_the_budget_between_two_and_a_few_items_per_device():
+    # Budget for 1.5 more item-times: still two per device (the fixed cost needs two sizes).
+    assert second_call_items(4, 16, per_item_s=1.0, budget_s=1.5) == 8
+    # A large budget stops at FEW_PER_DEVICE: calls do not grow with the batch.
+    assert second_call_items(2, 4096, per_item_s=1.0, budget_s=1e6) == 2 * FEW_PER_DEVICE
+    assert second_call_items(2, 4096, per_item_s=1.0, budget_s=3.2) == 6
+    # Fewer than two items per device: the whole sample (one size more than the first call).
+    assert second_call_items(4, 6, per_item_s=1.0, budget_s=0.0) == 6
+    assert second_call_items(1, 2, per_item_s=1.0, budget_s=0.0) == 2
+
+
+def test_item_cv_reads_the_spread_of_item_costs_from_rank_times():
+    assert item_cv([([1.0, 1.0, 1.0], [2, 2, 2])]) == 0.0
+    # One item per rank costing 1 or 3 (mean 2): squared deviations 4 + 2 over 3 + 1 degrees
+    # of freedom (pooled sample variance), over the mean cost per item.
+    got = item_cv([([1.0, 3.0, 1.0, 3.0], [1, 1, 1, 1]), ([3.0, 1.0], [1, 1])])
+    assert got == pytest.approx((6 / 4) ** 0.5 / 2)
+    # Two items per rank: a share's variance is twice an item's.
+    assert item_cv([([2.0, 6.0], [2, 2])]) == pytest.approx((8 / 2) ** 0.5 / 2)
+    # Shares of unequal size, or a single busy rank, say nothing about the spread.
+    assert item_cv([([1.0, 5.0], [1, 2]), ([4.0, 0.0], [3, 0])]) == 0.0
+
+
+def test_overhead_counts_what_the_run_does_not_reuse():
+    run = ProfileRun(
+        samples=[],
+        switch_s={},
+        seconds=10.0,
+        split_s={"launch": 3.0, "warmup": 2.0, "calls": 1.0, "state": 0.5},
+        reused={"a": [0, 1], "b": [0, 1]},
+        start_s={"a": [1.0, 0.5], "b": [2.0, 1.5]},
+    )
+    assert run.overhead_s == 1.5
+    run.keep({"a": [0, 1], "b": [1]})  # b moves: its profiled group is not the run's
+    assert run.reused == {"a": [0, 1]}
+    assert run.split_s["discarded"] == 3.5 and run.split_s["launch"] == 1.0
+    assert run.overhead_s == 5.0
+    assert run.summary(50.0)["overhead_fraction"] == 0.1
+    assert "10% of one iteration" in run.describe(50.0)
 
 
 def test_profiled_workers_run_the_plan_with_their_state_restored(cluster, tmp_path):
@@ -89,6 +126,31 @@ def test_profiled_workers_run_the_plan_with_their_state_restored(cluster, tmp_pa
     assert {o[1] for o in out} == {0}
     split = flow.profile_run.split_s
     assert {"launch", "warmup", "calls", "state"} <= set(split) and split["calls"] > 0
+
+
+def test_each_rank_of_a_data_parallel_group_is_a_one_device_sample(cluster, tmp_path):
+    flow = Flow(cluster)
+    e = flow.group(Emit, str(tmp_path), name="emit")
+    t = flow.group(Tally, str(tmp_path), name="tally", single_process=True, valid_devices=[4])
+    flow.chain(e.emit_first, t.count)
+    items = [{"i": i} for i in range(64)]
+    try:
+        flow.plan("temporal", sample=items)
+    finally:
+        flow.shutdown()
+    run = flow.profile_run
+    emit = [s for s in run.samples if s[0] == "emit"]
+    # Two calls on four devices (one, then two items per device: the budget of 10% of 16
+    # item-times allows no more), and each rank's share of both as a one-device sample.
+    assert sorted((n, x) for _, n, x, *_ in emit if n == 4) == [(4, 4.0), (4, 8.0)]
+    assert sorted(x for _, n, x, *_ in emit if n == 1) == [1.0] * 4 + [2.0] * 4
+    # No one-device rank was started or called on its own: every emit sample came from 2 calls.
+    assert {n for _, n, *_ in emit} == {1, 4}
+    born = [p.name for p in tmp_path.iterdir() if p.name.startswith("emit-")]
+    assert len(born) == 4, born
+    # The next stage got the inputs it needed (two items per device), not the whole sample.
+    tally = [s for s in run.samples if s[0] == "tally"]
+    assert max(x for _, _, x, *_ in tally) == 8.0
 
 
 def test_a_stateful_class_without_snapshots_gets_fresh_workers(cluster, tmp_path):

@@ -126,3 +126,38 @@ def test_fit_profile_builds_a_valid_profile():
     assert set(p.components) == {"a", "b"}
     assert p.components["b"].time(2, 3) == pytest.approx(0.2 + 3.0)
     assert len(p.fit_reports) == 2
+
+
+def test_item_cv_adds_the_slowest_ranks_excess_and_zero_is_the_baseline():
+    raw = base()
+    raw["components"]["a"]["time"]["item_cv"] = 0.5
+    prof = load_profile(raw)
+    a, b = prof.components["a"], prof.components["b"]
+    assert b.time(2, 8) == 0.0 + 8 * 0.5  # no item_cv: the baseline formula exactly
+    assert a.time(1, 8) == 1.0 + 8 * 2.0  # one device: no other rank to wait for
+    # Two ranks of 4 items: the slower exceeds the mean by cv * sqrt(4) * e(2) item costs.
+    from loomrl.plan.profile import expected_max_normal
+
+    excess = 0.5 * 1.0 * (8 * 2) ** 0.5 * expected_max_normal(2)
+    assert a.time(2, 8) == pytest.approx(1.0 + 8 * 1.0 + excess)
+    # The excess shrinks relative to the work as shares grow.
+    rel = [(a.time(2, x) - 1.0) / (x * 1.0) - 1 for x in (2, 8, 64)]
+    assert rel[0] > rel[1] > rel[2] > 0
+    assert load_profile(prof.to_dict()).components["a"].item_cv == 0.5
+    assert "item_cv" not in prof.to_dict()["components"]["b"]["time"]
+
+
+def test_expected_max_normal_matches_known_values():
+    from loomrl.plan.profile import expected_max_normal
+
+    assert expected_max_normal(1) == 0.0
+    # Exact: 0.5642 (k=2), 1.0294 (k=4), 1.5388 (k=10); Blom's approximation is within 0.03.
+    for k, exact in ((2, 0.5642), (4, 1.0294), (10, 1.5388)):
+        assert abs(expected_max_normal(k) - exact) < 0.03
+
+
+def test_negative_item_cv_is_refused_with_the_key():
+    raw = base()
+    raw["components"]["a"]["time"]["item_cv"] = -1
+    with pytest.raises(ConfigError, match=r"components\.a\.time\.item_cv"):
+        load_profile(raw)
