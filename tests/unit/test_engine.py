@@ -62,6 +62,19 @@ def _pg_loss_seq_mean(logp, mb):
     return per_seq.mean(), {}
 
 
+def _grads_at_step(eng) -> dict:
+    """Filled with each parameter's gradient as the optimizer steps (train_step clears them)."""
+    seen: dict = {}
+    step = eng.optimizer.step
+
+    def record(*args, **kwargs):
+        seen.update({n: p.grad.clone() for n, p in eng.named_parameters() if p.grad is not None})
+        return step(*args, **kwargs)
+
+    eng.optimizer.step = record
+    return seen
+
+
 def _batch(eng, n=4, seed=0):
     g = torch.Generator().manual_seed(seed)
     vocab = eng.model.config.vocab_size
@@ -216,17 +229,15 @@ def test_shared_prompts_score_and_train_like_separate_rows(tiny_dir, value):
         for a, b in zip(*score, strict=True):
             assert torch.allclose(a, b, atol=1e-5)
     loss = _value_mse if value else _pg
+    grads = [_grads_at_step(e) for e in engines]
     stats = [e.train_step(batch, loss, micro_batch_size=4) for e in engines]
     assert stats[0]["loss"] == pytest.approx(stats[1]["loss"], rel=1e-5)
     assert stats[0]["grad_norm"] == pytest.approx(stats[1]["grad_norm"], rel=1e-4)
     # Gradients, not updated weights: Adam's first step is lr * sign(grad) wherever a gradient
     # is near zero, so rounding-level differences there would look like large ones.
-    for (n, a), (_, b) in zip(
-        engines[0].named_parameters(), engines[1].named_parameters(), strict=True
-    ):
-        assert (a.grad is None) == (b.grad is None), n
-        if a.grad is not None:
-            assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-4), n
+    assert grads[0] and grads[0].keys() == grads[1].keys()
+    for n, a in grads[0].items():
+        assert torch.allclose(a, grads[1][n], atol=1e-6, rtol=1e-4), n
 
 
 def test_micro_batches_keep_a_prompt_group_together():
@@ -254,17 +265,21 @@ def test_train_step_decreases_loss(tiny_dir):
 @pytest.mark.parametrize("scale", ["tokens", "sequences"])
 def test_micro_batch_split_invariance(tiny_dir, scale):
     batch = None
-    hashes, params = [], []
+    hashes, grads = [], []
     for split in ({"micro_batch_size": 1}, {"micro_batch_size": 4}, {"micro_batch_tokens": 24}):
         eng = HFEngine(EngineConfig(model=str(tiny_dir), lr=1e-4, grad_clip=None, loss_scale=scale))
         batch = batch or _batch(eng)
         loss_fn = _pg_loss if scale == "tokens" else _pg_loss_seq_mean
+        grads.append(_grads_at_step(eng))
         stats = eng.train_step(batch, loss_fn, **split)
-        params.append({k: v.detach().clone() for k, v in eng.named_parameters()})
         hashes.append((stats["loss"], stats["grad_norm"]))
-    for other in params[1:]:
-        for name, value in params[0].items():
-            assert torch.allclose(value, other[name], atol=1e-6, rtol=0), name
+    # The accumulated gradients, not the updated weights: Adam's first step is lr * sign(grad)
+    # wherever a gradient is near zero, so summation-order rounding there moves a weight by up
+    # to lr (seen: 9.6e-7 at lr 1e-4 with torch 2.13), which says nothing about the split.
+    assert grads[0] and all(g.keys() == grads[0].keys() for g in grads)
+    for other in grads[1:]:
+        for name, value in grads[0].items():
+            assert torch.allclose(value, other[name], atol=1e-6, rtol=1e-4), name
     assert hashes[0][0] == pytest.approx(hashes[1][0], rel=1e-5)
     assert hashes[0][1] == pytest.approx(hashes[2][1], rel=1e-5)
 
