@@ -6,11 +6,13 @@
 Runs ``loomrl.recipes.embodied_ppo`` with placement temporal (env and policy co-located,
 alternating), hybrid (env and policy on disjoint devices, k ring groups, training time-shared),
 spatial (when the device count allows one), and auto (the planner picks from costs the recipe
-measures itself). For each: the plan (env devices | policy devices | k), the planner's predicted
+measures itself). For each: the plan (env devices, or "host" for env workers on host cores beside
+the accelerators, x the number of env workers | policy devices | k), the planner's predicted
 seconds per iteration, the measured median after warm-up, and env-steps/s. Exits 1 when the
 plan auto chose is more than 5% slower than the best measured plan (runs of the same placement,
 e.g. auto and the mode it picked, are pooled: they ran one plan). The last line reads
-``auto_mode: <mode> best_mode: <mode> auto_vs_best: <ratio>``.
+``auto_mode: <mode> best_mode: <mode> auto_vs_best: <ratio>``; the line before it, when both
+ran, ``hybrid_vs_temporal`` (temporal's measured s/it over hybrid's).
 """
 
 from __future__ import annotations
@@ -60,14 +62,22 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
     took = time.perf_counter() - t
     iters = s["iteration_s"]
     measured = s["measured_iteration_s"]
+    # The env <-> policy cycle alone (the part a plan can overlap), per iteration.
+    collect = []
+    for line in (out_dir / placement / "timeline.jsonl").read_text().splitlines():
+        recs = json.loads(line)["records"]
+        collect += [r["end"] - r["start"] for r in recs if r["component"] == "env<->policy"]
+    prof = out_dir / placement / "profile.json"  # the fitted costs the plan was chosen from
     return {
         "mode": placement,
         "feasible": True,
+        "profile": json.loads(prof.read_text())["components"] if prof.exists() else None,
         "plan_mode": s["plan"]["mode"],
         "placement": s["placement"],
         "predicted_s": s["predicted_iteration_s"],
         "measured_s": measured,
         "iteration_s": iters,
+        "collect_s": collect,
         "env_steps_per_s": args.steps * args.num_envs / measured,
         "episode_return": s["metrics"].get("episode_return"),
         "wall_s": took,
@@ -82,6 +92,8 @@ def _merge(rs: list[dict]) -> dict:
     warm = [t for r in ok for t in (r["iteration_s"][1:] or r["iteration_s"])]
     out = dict(ok[-1])
     out["measured_s"] = statistics.median(warm)
+    cyc = [t for r in ok for t in (r["collect_s"][1:] or r["collect_s"])]
+    out["collect_median_s"] = statistics.median(cyc) if cyc else None
     out["predicted_s"] = statistics.median(r["predicted_s"] for r in ok)
     out["env_steps_per_s"] = ok[0]["env_steps_per_s"] * ok[0]["measured_s"] / out["measured_s"]
     out["rounds"] = rs
@@ -89,9 +101,15 @@ def _merge(rs: list[dict]) -> dict:
     return out
 
 
+def _env_where(pl: dict) -> str:
+    """Env devices, or 'host' for env workers on host cores beside the policy; 'xW' workers."""
+    where = str(pl["env_devices"]) if pl["env_devices"] else "host"
+    return f"{where}x{pl.get('env_workers', len(pl['env_devices']))}"
+
+
 def _placement_key(pl: dict) -> str:
     where = "co-located" if pl["colocated"] else "split"
-    return f"env {pl['env_devices']} policy {pl['policy_devices']} k={pl['groups']} {where}"
+    return f"env {_env_where(pl)} policy {pl['policy_devices']} k={pl['groups']} {where}"
 
 
 def _pooled_by_placement(runs: dict[str, list[dict]]) -> dict[str, float]:
@@ -151,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         f"device={args.device} load average at start {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
     )
     print(
-        f"{'mode':<9}{'plan':<10}{'env dev':<9}{'pol dev':<9}{'k':>3}{'pred s/it':>11}"
-        f"{'meas s/it':>11}{'error':>8}{'env-steps/s':>13}"
+        f"{'mode':<9}{'plan':<10}{'env':<11}{'pol dev':<9}{'k':>3}{'pred s/it':>11}"
+        f"{'meas s/it':>11}{'error':>8}{'env-steps/s':>13}{'cycle s':>9}"
     )
     for r in results:
         if not r["feasible"]:
@@ -161,9 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         pl = r["placement"]
         err = (r["measured_s"] - r["predicted_s"]) / r["predicted_s"]
         print(
-            f"{r['mode']:<9}{r['plan_mode']:<10}{str(pl['env_devices']):<9}"
+            f"{r['mode']:<9}{r['plan_mode']:<10}{_env_where(pl):<11}"
             f"{str(pl['policy_devices']):<9}{pl['groups']:>3}{r['predicted_s']:>11.3f}"
             f"{r['measured_s']:>11.3f}{100 * err:>+7.1f}%{r['env_steps_per_s']:>13.0f}"
+            f"{r.get('collect_median_s') or float('nan'):>9.3f}"
         )
     # Runs with the same placement ran the same plan: their iterations are pooled, so that the
     # verdict compares plans, not the machine's drift between two runs of one plan.
@@ -178,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         ratio = float("nan")
+    by_mode = {r["mode"]: r for r in ok}
+    if "temporal" in by_mode and "hybrid" in by_mode:
+        speedup = by_mode["temporal"]["measured_s"] / by_mode["hybrid"]["measured_s"]
+        print(f"hybrid_vs_temporal (temporal s/it / hybrid s/it): {speedup:.3f}")
     auto_mode = auto["plan_mode"] if auto else "none"
     best_mode = best["plan_mode"] if best else "none"
     if args.out:

@@ -19,8 +19,15 @@ steps its share of each group in parallel, matching the cost model's ``t_env(n_e
 sizes that matter and one PPO minibatch; ``cycle_profile`` turns them into a workload profile
 with the declared cycle ``env <-> policy`` (S steps) and a training component ``actor_train``;
 ``loomrl.plan`` chooses co-located vs split and k; ``placement_from_plan`` maps the plan to env
-devices (one env worker per device), the policy's device and k; ``check_cores`` refuses a
-placement whose env workers reserve more CPU cores than a node has.
+workers, the policy's device and k; ``check_cores`` refuses a placement whose env workers reserve
+more CPU cores than a node has.
+
+**Where env workers run.** Where the devices are CPU slots, env on n devices is n env workers,
+one per slot. Beside accelerators a simulator computes on host cores whatever device it is
+"on", so ``cycle_profile(host_env_workers=W)`` models env as W workers on host cores at every
+device count, including 0: the planner may then split the cycle as env on host cores | policy
+on the accelerators, which pipelines env and policy on one GPU. ``host_env_workers`` gives the
+W a node's cores afford.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ __all__ = [
     "best_split_plan",
     "check_cores",
     "cycle_profile",
+    "host_env_workers",
     "measure_costs",
     "placement_from_plan",
     "ring_groups",
@@ -185,30 +193,44 @@ def measure_costs(
 
     Each side is timed as ``reps`` calls chained the way the cycle chains them (every call waits
     for the previous one's result, passed worker to worker by reference), so the per-call costs
-    include Ray's hop between calls. ``env`` is one env worker holding ``num_envs`` envs (rank 0
-    is used), ``policy`` a policy worker. The probe advances the probe envs: use throw-away
-    workers.
+    include Ray's hop between calls. ``env`` holds W >= 1 env workers of ``num_envs`` envs each;
+    a group of x envs is stepped as x / W envs on every worker at once, each step waiting for
+    all of the previous one (as the cycle does), so the samples carry whatever W simulators
+    running side by side cost each other (shared renderer, memory bandwidth); sizes W does not
+    divide are skipped. ``policy`` is a policy worker. The probe advances the probe envs: use
+    throw-away workers.
     """
-    e, p = env.on(0), policy.on(0)
+    import ray
+
+    w = env.world_size
+    ranks, p = [env.on(r) for r in range(w)], policy.on(0)
     samples: dict[str, list[tuple[int, float]]] = {ENV: [], POLICY: []}
-    for x in sorted(set(sizes)):
-        actions = wait(e.sample_actions(x))[0]
-        reply = e.observe(0, x).refs[0]
-        wait(e.step([actions], 0, 0, x), p.probe(reply))  # warm-up
+    for x in sorted(x for x in set(sizes) if x % w == 0):
+        per = x // w
+        actions = [wait(r.sample_actions(per))[0] for r in ranks]
+        # The policy acts on all x rows at once, gathered from every worker once and stored.
+        parts = [wait(r.observe(0, per))[0] for r in ranks]
+        reply = ray.put({k: np.concatenate([q[k] for q in parts]) for k in parts[0]})
+
+        def env_step(after: list[Handle], per: int = per, actions: list = actions) -> list[Handle]:
+            prev = _refs(after)
+            return [r.step([a], 0, 0, per, *prev) for r, a in zip(ranks, actions, strict=True)]
+
+        wait(*env_step([]), p.probe(reply))  # warm-up
         for side in (ENV, POLICY):
             for _ in range(3):  # the median of three chains shrugs off one stalled chain
-                prev: list[Any] = []
+                last: list[Handle] = []
                 t = time.perf_counter()
                 for _ in range(reps):
-                    if side == ENV:
-                        h = e.step([actions], 0, 0, x, *prev)
-                    else:
-                        h = p.probe(reply, *prev)
-                    prev = [h.refs[0]]
-                wait(h)
+                    last = env_step(last) if side == ENV else [p.probe(reply, *_refs(last))]
+                wait(*last)
                 samples[side].append((x, (time.perf_counter() - t) / reps))
     update_s = wait(p.time_update(steps))[0]
-    return {"samples": samples, "update_s": update_s, "num_envs": num_envs}
+    return {"samples": samples, "update_s": update_s, "num_envs": num_envs, "env_workers": w}
+
+
+def _refs(handles: list[Handle]) -> list[Any]:
+    return [h.refs[0] for h in handles]
 
 
 def _fit_line(pts: list[tuple[int, float]]) -> tuple[float, float]:
@@ -228,6 +250,13 @@ def _fit_line(pts: list[tuple[int, float]]) -> tuple[float, float]:
     return float(alpha), float(per)
 
 
+def host_env_workers(num_envs: int, env_cores: float, node_cores: float) -> int:
+    """Env workers on host cores: the largest divisor of ``num_envs`` whose workers, at
+    ``env_cores`` each, fit in ``node_cores`` (at least 1; check_cores refuses what does not fit)."""
+    fit = [w for w in range(1, num_envs + 1) if num_envs % w == 0 and w * env_cores <= node_cores]
+    return max(fit, default=1)
+
+
 def cycle_profile(
     costs: dict[str, Any],
     num_envs: int,
@@ -236,6 +265,7 @@ def cycle_profile(
     env_cores: float,
     cpu_cores_per_node: int | None,
     devices_per_node: int | None = None,
+    host_env_workers: int | None = None,
 ) -> Any:
     """A workload profile of env <-> policy (S = ``steps``) followed by ``actor_train``.
 
@@ -243,12 +273,22 @@ def cycle_profile(
     per-env cost divides by n; the policy is one process, so more devices do not speed it up
     (co-locating it with n env workers is still allowed). Env workers reserve
     ``ceil(n * env_cores)`` cores, which the planner keeps within ``cpu_cores_per_node``.
+    With ``host_env_workers=W`` (accelerators: env computes on host cores) env is W workers at
+    every device count from 0 (host cores only, beside the policy's devices) to ``devices``.
+    Env samples taken with ``costs["env_workers"]`` workers side by side already carry that
+    parallelism: per-env costs divide by workers / that.
     """
     from loomrl.plan import load_profile
 
     a_e, p_e = _fit_line(costs["samples"][ENV])
     a_p, p_p = _fit_line(costs["samples"][POLICY])
     valid = [n for n in range(1, devices + 1) if num_envs % n == 0]
+    if host_env_workers is None:
+        env_valid, workers = valid, {n: n for n in valid}
+    else:
+        env_valid = [0, *range(1, devices + 1)]
+        workers = {n: host_env_workers for n in env_valid}
+    probed = costs.get("env_workers", 1)
     tiny = 0.01  # GB: memory is not what limits a CPU simulator or a small policy
     raw: dict[str, Any] = {
         "devices": devices,
@@ -257,16 +297,19 @@ def cycle_profile(
         "granularities": [num_envs],
         "components": {
             ENV: {
-                "valid_devices": valid,
-                "time": {"alpha": a_e, "per_item": {n: p_e / n for n in valid}},
+                "valid_devices": env_valid,
+                "time": {
+                    "alpha": a_e,
+                    "per_item": {n: p_e * probed / workers[n] for n in env_valid},
+                },
                 "memory_gb": tiny,
-                "cpu_cores": {n: int(math.ceil(n * env_cores - 1e-9)) for n in valid},
+                "cpu_cores": {n: int(math.ceil(workers[n] * env_cores - 1e-9)) for n in env_valid},
             },
             POLICY: {
-                "valid_devices": valid,
-                "time": {"alpha": a_p, "per_item": {n: p_p for n in valid}},
+                "valid_devices": valid if host_env_workers is None else list(range(1, devices + 1)),
+                "time": {"alpha": a_p, "per_item": {n: p_p for n in range(1, devices + 1)}},
                 "memory_gb": tiny,
-                "cpu_cores": {n: 0 for n in valid},
+                "cpu_cores": 0,
             },
             TRAIN: {
                 "valid_devices": [1],
@@ -336,7 +379,8 @@ def best_split_plan(profile: Any) -> Any:
 
 @dataclass(frozen=True)
 class CyclePlacement:
-    """Where the cycle runs: one env worker per env device, the policy on one device, k groups."""
+    """Where the cycle runs: env workers (one per env device, or ``env_workers`` on host cores
+    beside the devices), the policy on one device, k groups."""
 
     env_devices: tuple[int, ...]
     policy_devices: tuple[int, ...]
@@ -344,10 +388,23 @@ class CyclePlacement:
     colocated: bool
     mode: str
     predicted_s: float | None = None
+    env_workers: int = 0  # 0: one per env device
+
+    @property
+    def workers(self) -> int:
+        return self.env_workers or len(self.env_devices)
+
+    @property
+    def launch_devices(self) -> tuple[int, ...]:
+        """Devices the env workers are started on (host-core workers go beside the policy)."""
+        if self.env_workers:
+            return (self.env_devices or self.policy_devices)[:1]
+        return self.env_devices
 
     def describe(self) -> dict[str, Any]:
         return {
             "env_devices": list(self.env_devices),
+            "env_workers": self.workers,
             "policy_devices": list(self.policy_devices),
             "groups": self.groups,
             "colocated": self.colocated,
@@ -355,8 +412,14 @@ class CyclePlacement:
         }
 
 
-def placement_from_plan(plan: Any, num_envs: int) -> CyclePlacement:
-    """Map a plan with a cycle node ``env<->policy`` to devices and k."""
+def placement_from_plan(
+    plan: Any, num_envs: int, host_env_workers: int | None = None
+) -> CyclePlacement:
+    """Map a plan with a cycle node ``env<->policy`` to workers, devices and k.
+
+    ``host_env_workers``: env workers on host cores (what ``cycle_profile`` modelled with it);
+    None: one env worker per env device, and a plan with env on host cores is refused.
+    """
     cyc = [x for x in plan.tree.leaves() if x.op == "cycle" and set(x.members) == {ENV, POLICY}]
     if not cyc:
         raise PlacementError(
@@ -366,13 +429,34 @@ def placement_from_plan(plan: Any, num_envs: int) -> CyclePlacement:
     node = cyc[0]
     md = node.member_devices()
     env_devs, pol_devs = tuple(md[ENV]), tuple(md[POLICY][:1])
+    k = 1 if node.split is None else node.groups
+    if host_env_workers is not None:
+        if num_envs % host_env_workers:
+            raise PlacementError(
+                f"{host_env_workers} env workers do not divide env.num_envs={num_envs}; use a "
+                f"num_envs that is a multiple of {host_env_workers}"
+            )
+        return CyclePlacement(
+            env_devs,
+            pol_devs,
+            min(k, num_envs),
+            node.split is None,
+            plan.mode,
+            getattr(plan, "predicted_s", None),
+            env_workers=host_env_workers,
+        )
+    if not env_devs:
+        raise PlacementError(
+            f"the plan runs {ENV!r} on host CPU cores beside the devices, which this cluster's "
+            f"profile did not model (its env workers run one per device); plan with "
+            f"placement=auto on this cluster, or pin a plan that gives {ENV!r} devices"
+        )
     if num_envs % len(env_devs):
         raise PlacementError(
             f"the plan runs {ENV!r} on {len(env_devs)} devices (one env worker each), which does "
             f"not divide env.num_envs={num_envs}; use a num_envs that is a multiple of "
             f"{len(env_devs)}, or a plan with a divisor of {num_envs} env devices"
         )
-    k = 1 if node.split is None else node.groups
     k = min(k, num_envs)
     return CyclePlacement(
         env_devs, pol_devs, k, node.split is None, plan.mode, getattr(plan, "predicted_s", None)
@@ -382,7 +466,10 @@ def placement_from_plan(plan: Any, num_envs: int) -> CyclePlacement:
 def check_cores(placement: CyclePlacement, env_cores: float, cluster: Any) -> None:
     """Refuse a placement whose env workers reserve more CPU cores than their node has."""
     per_node: dict[int, list[int]] = {}
-    for d in placement.env_devices:
+    if placement.env_workers:  # all on the node of their launch device
+        d = placement.launch_devices[0]
+        per_node[cluster.devices[d].node] = [d] * placement.env_workers
+    for d in () if placement.env_workers else placement.env_devices:
         per_node.setdefault(cluster.devices[d].node, []).append(d)
     for node_idx, devs in per_node.items():
         need = len(devs) * env_cores
@@ -390,8 +477,9 @@ def check_cores(placement: CyclePlacement, env_cores: float, cluster: Any) -> No
         if need > have + 1e-9:
             fit = int(have // env_cores)
             raise PlacementError(
-                f"the plan puts {len(devs)} env worker(s) on node {node_idx} (devices {devs}), each "
-                f"reserving env.cpu_cores={env_cores:g} CPU core(s): {need:g} cores, but the node "
-                f"has {have:g}. Lower env.cpu_cores, or use a plan with at most {fit} env "
-                f"device(s) on that node (placement=auto plans within the cores)"
+                f"the plan puts {len(devs)} env worker(s) on node {node_idx} (devices "
+                f"{sorted(set(devs))}), each reserving env.cpu_cores={env_cores:g} CPU core(s): "
+                f"{need:g} cores, but the node has {have:g}. Lower env.cpu_cores, or use a plan "
+                f"with at most {fit} env worker(s) on that node (placement=auto plans within "
+                f"the cores)"
             )

@@ -89,10 +89,14 @@ def cycle_time(
 def cycle_options(
     a: ComponentProfile, b: ComponentProfile, steps: int, n: int, items: int
 ) -> list[Option]:
-    """Co-located on a common valid count, or split over n_a + n_b <= n with k | items groups."""
+    """Co-located on a common valid count, or split over n_a + n_b <= n with k | items groups.
+
+    A member with 0 among its valid counts may run on host cores beside the other's devices
+    (n_a = 0 or n_b = 0); its memory is host memory and counts against no device.
+    """
     out: list[Option] = []
     for v in a.valid_devices:
-        if v <= n and v in b.memory_gb:
+        if 1 <= v <= n and v in b.memory_gb:
             spec = ("coloc", v)
             out.append(
                 Option(
@@ -108,20 +112,14 @@ def cycle_options(
     groups = [k for k in range(1, items + 1) if items % k == 0]
     for na in a.valid_devices:
         for nb in b.valid_devices:
-            if na + nb > n:
+            if na + nb > n or na + nb == 0:
                 continue
+            mem = max(a.memory_gb[na] if na else 0.0, b.memory_gb[nb] if nb else 0.0)
             for k in groups:
                 spec = ("split", na, nb, k)
                 cores = max(a.cores(na), b.cores(nb)) if k == 1 else a.cores(na) + b.cores(nb)
                 out.append(
-                    Option(
-                        cycle_time(a, b, steps, items, spec),
-                        max(a.memory_gb[na], b.memory_gb[nb]),
-                        cores,
-                        na + nb,
-                        KIND_S,
-                        spec,
-                    )
+                    Option(cycle_time(a, b, steps, items, spec), mem, cores, na + nb, KIND_S, spec)
                 )
     return out
 

@@ -144,6 +144,8 @@ class Node:
 
 
 def _rng(start: int, n: int) -> str:
+    if n == 0:
+        return "host CPU cores"
     return f"[{start}]" if n == 1 else f"[{start}..{start + n - 1}]"
 
 

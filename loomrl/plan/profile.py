@@ -50,7 +50,9 @@ class ComponentProfile:
     """Cost model of one component.
 
     ``per_item``, ``memory_gb`` and ``cpu_cores`` are keyed by device count and
-    cover every entry of ``valid_devices``.
+    cover every entry of ``valid_devices``. A device count of 0 means the component runs on
+    host CPU cores alone (a simulator beside accelerators); only a cycle member may have it,
+    and its ``memory_gb[0]`` is host memory, which no device's budget carries.
     """
 
     name: str
@@ -353,6 +355,13 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
                     f"component {v!r} is in cycles[{seen[v]}] and cycles[{i}]; a component may join one cycle"
                 )
             seen[v] = i
+    for name, comp in components.items():
+        if 0 in comp.valid_devices and name not in seen:
+            problems.append(
+                f"components.{name}.valid_devices has 0 (host CPU cores only), which only a cycle "
+                f"member may have (a cycle split can run one side beside the other's devices); "
+                f"drop 0 or declare the cycle under 'cycles'"
+            )
 
     if not problems:
         from loomrl.plan.graph import undeclared_cycles
@@ -391,10 +400,11 @@ def _build_component(
         not isinstance(valid, Sequence)
         or isinstance(valid, str)
         or not valid
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in valid)
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in valid)
     ):
         problems.append(
-            f"{where}.valid_devices must be a non-empty list of positive integers, got {valid!r}"
+            f"{where}.valid_devices must be a non-empty list of device counts >= 1 (0: host "
+            f"CPU cores only, for cycle members), got {valid!r}"
         )
         return None, None
     valid_t = tuple(sorted(set(valid)))

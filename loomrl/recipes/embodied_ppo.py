@@ -28,6 +28,7 @@ from loomrl.cycle import (
     check_cores,
     check_profile,
     cycle_profile,
+    host_env_workers,
     measure_costs,
     placement_from_plan,
 )
@@ -174,13 +175,13 @@ def _launch_policy(cluster: Any, cfg: Config, envs: Any, devices: list[int], nam
 
 
 def start_cycle(cluster: Any, cfg: Config, place: CyclePlacement) -> tuple[Any, Any, Any]:
-    """Env workers (one per env device, env.cpu_cores each), the policy worker and their cycle."""
-    w = len(place.env_devices)
+    """Env workers (env.cpu_cores each), the policy worker and their cycle."""
+    w = place.workers
     envs = cluster.launch(
         EnvWorker,
         w,
         worker_env_config(cfg.env, w),
-        devices=list(place.env_devices),
+        devices=list(place.launch_devices),
         num_cpus=cfg.env.cpu_cores,
         name="env",
     )
@@ -194,6 +195,13 @@ def start_cycle(cluster: Any, cfg: Config, place: CyclePlacement) -> tuple[Any, 
 
 
 MODES = ("auto", "temporal", "spatial", "hybrid")
+
+
+def host_workers(cluster: Any, cfg: Config) -> int | None:
+    """Env workers on host cores beside accelerators (None where devices are CPU slots)."""
+    if not cluster.has_cuda:
+        return None
+    return host_env_workers(cfg.env.num_envs, cfg.env.cpu_cores, cluster.nodes[0].num_cpus)
 
 
 def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
@@ -227,7 +235,7 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
             plan, rollout_s = choose_by_trial(run, cfg, cands, steps)
             if rollout_s is not None:
                 plan = calibrated_by_trial(profile, plan, rollout_s)
-    place = placement_from_plan(plan, cfg.env.num_envs)
+    place = placement_from_plan(plan, cfg.env.num_envs, host_workers(cluster, cfg))
     if cfg.groups is not None:
         place = replace(place, groups=cfg.groups)
     check_cores(place, cfg.env.cpu_cores, cluster)
@@ -244,7 +252,7 @@ def _candidates(best: Any, others: list[Any], cfg: Config, cluster: Any) -> list
     for plan in [best, *others]:
         if plan is None or plan.predicted_s > best.predicted_s * (1 + cfg.auto_trial_margin):
             continue
-        place = placement_from_plan(plan, cfg.env.num_envs)
+        place = placement_from_plan(plan, cfg.env.num_envs, host_workers(cluster, cfg))
         try:
             check_cores(place, cfg.env.cpu_cores, cluster)
         except PlacementError:
@@ -254,7 +262,7 @@ def _candidates(best: Any, others: list[Any], cfg: Config, cluster: Any) -> list
             seen.add(key)
             out.append((plan, place))
     # The best not fitting the cores is reported by check_cores.
-    return out or [(best, placement_from_plan(best, cfg.env.num_envs))]
+    return out or [(best, placement_from_plan(best, cfg.env.num_envs, host_workers(cluster, cfg)))]
 
 
 def choose_by_trial(
@@ -331,17 +339,24 @@ def calibrated_by_trial(profile: Any, plan: Any, rollout_s: float) -> Any:
 
 def measured_profile(cluster: Any, cfg: Config, steps: int, reps: int | None = None) -> Any:
     """Time env.step / policy.act at the group sizes the planner weighs on throw-away workers
-    (one env worker with every env, the policy on another device when there is one) and fit."""
+    (one env worker with every env, or the host-core env workers side by side; the policy on
+    another device when there is one) and fit."""
     n = cfg.env.num_envs
     env_devs = [0]
     pol_devs = [1 if cluster.num_devices > 1 else 0]
+    w = host_workers(cluster, cfg) or 1
     env = cluster.launch(
-        EnvWorker, 1, cfg.env, devices=env_devs, num_cpus=cfg.env.cpu_cores, name="env_probe"
+        EnvWorker,
+        w,
+        worker_env_config(cfg.env, w),
+        devices=env_devs,
+        num_cpus=cfg.env.cpu_cores,
+        name="env_probe",
     )
     try:
         pol = _launch_policy(cluster, cfg, env, pol_devs, "policy_probe")
         try:
-            sizes = sorted({n // d for d in (1, 2, 4, 8) if n % d == 0})
+            sizes = sorted({n // d for d in (1, 2, 4, 8) if n % d == 0 and (n // d) % w == 0})
             costs = measure_costs(env, pol, n, sizes, steps, reps or cfg.probe_reps)
         finally:
             pol.kill()
@@ -356,4 +371,5 @@ def measured_profile(cluster: Any, cfg: Config, steps: int, reps: int | None = N
         cfg.env.cpu_cores,
         int(node0.num_cpus),
         len(node0.devices) if len(cluster.nodes) > 1 else None,
+        host_workers(cluster, cfg),
     )

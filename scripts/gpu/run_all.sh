@@ -3,6 +3,7 @@
 # Stages (default: pytest ipc grpo_cal grpo_auto trl): pytest ipc grpo_cal grpo_auto trl trl_both
 #   wsync (weight-sync routes, 135M + 0.5B shapes) trl135 trl05 (GRPO vs TRL on GPU 0 alone,
 #   calibrated temporal plan, everything resident) embodied embodied_px (pixels, MuJoCo EGL)
+#   embodied_sweep (pixels at several num_envs:S, EMB_SWEEP="16:32 32:32 64:16"; SKIP_MODELS=1)
 # Needs (carried, ignored by git): out/gpu_wheels/ray_slim.tar.xz, out/gpu_wheels/whl/*.whl,
 # out/gpu_wheels/tok/models/smollm2-135m-instruct (tokenizer only), optionally out/gpu_wheels/emb/*.whl
 # and .gl/*.deb (GL loaders for rendering).
@@ -58,7 +59,8 @@ python3 -c "from loomrl.models import _cached_smollm2_tokenizer as t; print('smo
 python3 -c "import ray, torch, transformers; print('ray', ray.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
 MODEL=/tmp/random-smollm2-135m-f32
 MODEL05=/tmp/random-0.5b-f32
-python3 -c "from loomrl.models import random_model_like as r; import time; t=time.time(); r('$MODEL', 'smollm2-135m'); r('$MODEL05', '0.5b'); print('models built', round(time.time()-t,1), 's')"
+[ -n "${SKIP_MODELS:-}" ] ||  # embodied stages need no language model
+    python3 -c "from loomrl.models import random_model_like as r; import time; t=time.time(); r('$MODEL', 'smollm2-135m'); r('$MODEL05', '0.5b'); print('models built', round(time.time()-t,1), 's')"
 echo "=== setup done in $(($(date +%s) - T0))s"
 
 for s in "${STAGES[@]}"; do
@@ -86,6 +88,13 @@ for s in "${STAGES[@]}"; do
         --steps 3 --warmup 1 --loomrl-plan calibrate --offload never --timeout 220 --out "$OUT/trl05.json" ;;
     embodied_px) stage embodied_px ${EMB_CAP:-280} python3 benchmarks/embodied_modes.py --device cuda --pixels \
         --image-size 64 --num-envs ${EMB_ENVS:-16} --steps ${EMB_STEPS:-32} --iterations ${EMB_ITERS:-4} --rounds ${EMB_ROUNDS:-1} --env-cores 4 --out "$OUT/embodied_px.json" ;;
+    embodied_sweep) for c in ${EMB_SWEEP:-16:32 32:32 64:16}; do  # num_envs:S per config
+        e=${c%%:*}; st=${c##*:}
+        stage "embodied_px_e${e}_s${st}" ${EMB_CAP:-170} python3 benchmarks/embodied_modes.py --device cuda \
+            --pixels --image-size 64 --num-envs "$e" --steps "$st" --iterations ${EMB_ITERS:-4} --rounds 1 \
+            --modes ${EMB_MODES:-temporal,hybrid,auto} --epochs ${EMB_EPOCHS:-2} --env-cores 4 \
+            --out "$OUT/embodied_px_e${e}_s${st}.json"
+    done ;;
     *) echo "unknown stage $s" ;;
     esac
 done

@@ -199,7 +199,7 @@ def test_check_cores_message_names_the_fix(cluster):
         check_cores(place, 1.5, cluster)
     msg = str(e.value)
     assert "env.cpu_cores=1.5" in msg and "3 cores" in msg and "has 2" in msg
-    assert "at most 1 env device" in msg
+    assert "at most 1 env worker" in msg
 
 
 def test_planner_keeps_env_workers_within_the_node_cores():
@@ -215,6 +215,52 @@ def test_planner_keeps_env_workers_within_the_node_cores():
             assert len(placement_from_plan(p, 8).env_devices) <= 2
     unlimited = search_all(cycle_profile(_costs(env_s=5e-3), 8, 16, 4, 1, None))["best"]
     assert len(placement_from_plan(unlimited, 8).env_devices) == 4
+
+
+def test_host_core_env_pipelines_beside_one_accelerator(cluster):
+    # Beside accelerators env computes on host cores: with one device, hybrid is env on 4 host
+    # workers | policy on device 0, and temporal keeps the same 4 workers, alternating.
+    from loomrl.plan import exhaustive, search_all
+
+    prof = cycle_profile(_costs(), 16, 32, 1, 0.5, 2, host_env_workers=4)
+    assert prof.components["env"].valid_devices == (0, 1)
+    plans = search_all(prof)
+    best, temporal = plans["best"], plans["temporal"]
+    assert best.mode == "hybrid" and best.assignment()["env"] == []
+    assert best.predicted_s == pytest.approx(exhaustive(prof).predicted_s)
+    assert best.predicted_s < temporal.predicted_s
+    place = placement_from_plan(best, 16, host_env_workers=4)
+    assert (place.workers, place.launch_devices, place.policy_devices) == (4, (0,), (0,))
+    assert place.groups >= 2 and not place.colocated
+    assert placement_from_plan(temporal, 16, host_env_workers=4).workers == 4
+    check_cores(place, 0.5, cluster)  # 4 x 0.5 cores on a 2-core node
+    with pytest.raises(PlacementError, match=r"4 env worker\(s\).*at most 2 env worker"):
+        check_cores(place, 1.0, cluster)
+    with pytest.raises(PlacementError, match="host CPU cores"):
+        placement_from_plan(best, 16)  # a profile without host-core workers cannot place it
+
+
+def test_host_only_device_count_is_for_cycle_members():
+    from loomrl.plan import load_profile
+
+    raw = {
+        "devices": 1,
+        "device_memory_gb": 10,
+        "batch": 4,
+        "components": {
+            "a": {"valid_devices": [0, 1], "time": {"per_item": {0: 1.0, 1: 1.0}}},
+            "b": {"valid_devices": [1], "time": {"per_item": {1: 1.0}}},
+        },
+        "edges": [["a", "b"]],
+    }
+    with pytest.raises(ConfigError, match=r"components\.a\.valid_devices has 0"):
+        load_profile(raw)
+    raw["edges"].append(["b", "a"])
+    raw["cycles"] = [{"members": ["a", "b"], "steps": 2}]
+    assert load_profile(raw).components["a"].valid_devices == (0, 1)
+    raw["components"]["b"]["valid_devices"] = [-1]
+    with pytest.raises(ConfigError, match=r"device counts >= 1 \(0: host"):
+        load_profile(raw)
 
 
 def test_plan_maps_to_devices_and_groups():
