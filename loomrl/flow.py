@@ -384,9 +384,7 @@ class Flow:
                 raise ValueError(
                     f"placement={placement!r} needs sample= (items of one iteration) to profile"
                 )
-            from loomrl.profiler import profile_flow
-
-            from loomrl.profiler import DEFAULT_BUDGET
+            from loomrl.profiler import DEFAULT_BUDGET, profile_flow
 
             profile = profile_flow(
                 self,

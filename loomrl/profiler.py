@@ -162,6 +162,53 @@ def _timed_call(group: Any, method: str, items: list[Any]) -> _Call:
     )
 
 
+@dataclass
+class _Recorder:
+    """The samples of one profiling, and each data-parallel call's per-rank times."""
+
+    component: str = ""
+    repeats: int = 1
+    samples: list[Sample] = field(default_factory=list)
+    spread: dict[str, list[tuple[list[float], list[int]]]] = field(default_factory=dict)
+
+    def timed(
+        self,
+        target: Any,
+        method: str,
+        items: list[Any],
+        n: int,
+        lo: int,
+        hi: int,
+        ranks_too: bool,
+        outputs: dict[int, Any],
+    ) -> float:
+        """Time ``target`` on ``items[lo:hi]``, record the samples (and, ``ranks_too``, each
+        rank's share as a one-device sample), keep the outputs; the best wall s."""
+        name, walls, x = self.component, [], hi - lo
+        for _ in range(self.repeats):
+            # The same first items at every size and device count: their costs differ (long
+            # tails), and calls on different items would read that difference as scaling.
+            c = _timed_call(target, method, items[lo:hi])
+            walls.append(c.wall)
+            wall = c.wall
+            if ranks_too:
+                dispatch = max(c.wall - max(c.rank_s), 0.0)
+                # A run's call gives each rank many items, whose sums vary far less than those of
+                # a profiling call's few: the slowest rank of a few-item call would read that
+                # variation (long tails) as cost. The ranks' mean; item_cv models the rest.
+                busy = [s for s, k in zip(c.rank_s, c.rank_items, strict=True) if k]
+                wall = sum(busy) / len(busy) + dispatch
+            self.samples.append((name, n, float(x), wall, max(c.peaks)))
+            if ranks_too:
+                self.spread.setdefault(name, []).append((c.rank_s, c.rank_items))
+                for s, k, pk in zip(c.rank_s, c.rank_items, c.peaks, strict=True):
+                    if k:
+                        self.samples.append((name, 1, float(k), s + dispatch, pk))
+            if len(c.outputs) == x:  # a stage may merge items: keep one per item
+                outputs.update(zip(range(lo, hi), c.outputs, strict=True))
+        return min(walls)
+
+
 def second_call_items(n: int, available: int, per_item_s: float, budget_s: float) -> int:
     """Items of the second timed call on ``n`` devices (the first has one item per device).
 
@@ -218,12 +265,11 @@ def measure(
 ) -> ProfileRun:
     cluster = flow.cluster
     n_max = cluster.num_devices
-    samples: list[Sample] = []
+    rec = _Recorder(repeats=repeats)
     switch: dict[str, float] = {}
     split = {"launch": 0.0, "warmup": 0.0, "calls": 0.0, "state": 0.0}
     reused: dict[str, list[int]] = {}
     start_s: dict[str, list[float]] = {}  # component -> [launch s, warm-up s] of its group
-    spread: dict[str, list[tuple[list[float], list[int]]]] = {}  # per-rank times of calls
     t_start = time.perf_counter()
     M = len(sample)
     items = list(sample)
@@ -257,6 +303,7 @@ def measure(
 
     for i, stage in enumerate(flow.stages):
         comp = stage.component
+        rec.component = comp.name
         outputs: dict[int, Any] = {}
         counts = _device_counts(comp.valid_devices, n_max)
         if not counts:
@@ -281,43 +328,24 @@ def measure(
                 and 1 in _valid(comp.valid_devices, n_max)
             )
 
-            def timed(target: Any, n: int, x: int, ranks_too: bool = False) -> float:
-                """Time ``target`` on the first ``x`` items; record the samples; return wall s."""
-                walls = []
-                for _ in range(repeats):
-                    # The same first items at every size and device count: their costs differ
-                    # (long tails), and calls on different items would read that as scaling.
-                    c = _timed_call(target, stage.name, items[:x])
-                    walls.append(c.wall)
-                    wall = c.wall
-                    if ranks_too:
-                        dispatch = max(c.wall - max(c.rank_s), 0.0)
-                        # A run's call gives each rank many items, whose sums vary far less
-                        # than those of a profiling call's few: the slowest rank of a few-item
-                        # call would read that variation (long tails) as cost. The ranks' mean.
-                        busy = [s for s, k in zip(c.rank_s, c.rank_items, strict=True) if k]
-                        wall = sum(busy) / len(busy) + dispatch
-                    samples.append((comp.name, n, float(x), wall, max(c.peaks)))
-                    if ranks_too:
-                        spread.setdefault(comp.name, []).append((c.rank_s, c.rank_items))
-                        for s, k, pk in zip(c.rank_s, c.rank_items, c.peaks, strict=True):
-                            if k:
-                                samples.append((comp.name, 1, float(k), s + dispatch, pk))
-                    if len(c.outputs) == x:  # a stage may merge items: keep one per item
-                        outputs.update(enumerate(c.outputs))
-                return min(walls)
-
             t_calls = time.perf_counter()
             x1 = min(top, len(items))
-            first = timed(group, top, x1, per_rank)
+            first = rec.timed(group, stage.name, items, top, 0, x1, per_rank, outputs)
             # The component's share of one iteration on all its devices, from the first call
             # (one item per device): the budget of its timed calls is a fraction of it.
             allowed = budget * first * max(M / max(x1, 1), 1.0)
             separate = [n for n in counts if n < top and not (n == 1 and per_rank)]
-            left = allowed - first * (1 + len(separate))
-            x2 = second_call_items(top, len(items), first, left)
+            # Each separate device count takes two calls too (about 1 + 2 first-call times).
+            left = allowed - first * (1 + 3 * len(separate))
+            # The added items are timed twice (alone, then with the first): two item-times each.
+            x2 = second_call_items(top, len(items), 2 * first, left)
             if x2 > x1:
-                timed(group, top, x2, per_rank)
+                # The added items alone, then all together: two calls that split a set of items
+                # and one call on all of them differ by one fixed cost per call exactly, whatever
+                # the items cost; otherwise a long tail among few items reads as fixed cost.
+                # Items are dealt to ranks, so each rank's shares split the same way.
+                rec.timed(group, stage.name, items, top, x1, x2, per_rank, outputs)
+                rec.timed(group, stage.name, items, top, 0, x2, per_rank, outputs)
             add("calls", t_calls)
             for n in separate:
                 extra = threads = None
@@ -331,8 +359,14 @@ def measure(
                     warm(extra, stage.name, key="discarded")
                 try:
                     t = time.perf_counter()
-                    # One size: the fixed cost per call is shared with the calls above.
-                    timed(target, n, min(n, len(items)))
+                    # Two sizes here as well: a fixed cost per call that depends on the device
+                    # count (an optimizer step on fewer threads) would otherwise be read as
+                    # cost per item.
+                    y1 = min(n, len(items))
+                    one = rec.timed(target, stage.name, items, n, 0, y1, False, outputs)
+                    y2 = second_call_items(n, len(items), one, left)
+                    if y2 > y1:
+                        rec.timed(target, stage.name, items, n, 0, y2, False, outputs)
                     add("calls", t)
                 finally:
                     if threads is not None:
@@ -374,14 +408,14 @@ def measure(
             _discard(split, start_s.pop(comp.name))
         items = [outputs[j] for j in range(covered)] or items
     return ProfileRun(
-        samples,
+        rec.samples,
         switch,
         time.perf_counter() - t_start,
         split,
         reused,
         budget,
         start_s,
-        {name: item_cv(calls) for name, calls in spread.items()},
+        {name: item_cv(calls) for name, calls in rec.spread.items()},
     )
 
 

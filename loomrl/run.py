@@ -276,7 +276,11 @@ def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
         import yaml
 
         path = out / "profile.yaml"
-        path.write_text(yaml.safe_dump(prof.to_dict(), sort_keys=False))
+        raw = prof.to_dict()
+        for name, n, x, secs, peak in flow.profile_run.samples:  # what the fit was made from
+            rows = raw["components"].get(name, {}).setdefault("samples", [])
+            rows.append([n, x, round(secs, 6), round(peak, 4)])
+        path.write_text(yaml.safe_dump(raw, sort_keys=False, default_flow_style=None))
         plans = search_all(prof)
         best = plans.get("best")
         if best is not None:

@@ -83,8 +83,15 @@ class BenchRollout(RolloutWorker):
 
 
 def time_route(actor, rollout, route: str, bucket_mb: float, reps: int) -> dict:
-    sync = None if route == "object_store" else WeightSync(
-        actor, rollout, bucket_mb=bucket_mb, path="auto" if route in ("cuda_ipc", "nccl") else route
+    sync = (
+        None
+        if route == "object_store"
+        else WeightSync(
+            actor,
+            rollout,
+            bucket_mb=bucket_mb,
+            path="auto" if route in ("cuda_ipc", "nccl") else route,
+        )
     )
     secs, seen = [], set()
     for i in range(reps + 1):

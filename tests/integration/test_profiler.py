@@ -9,7 +9,7 @@ import pytest
 
 from loomrl import Worker
 from loomrl.flow import Flow
-from loomrl.profiler import FEW_PER_DEVICE, ProfileRun, item_cv, second_call_items
+from loomrl.profiler import FEW_PER_DEVICE, ProfileRun, item_cv, measure, second_call_items
 
 
 def _born(folder: str, name: str, devices: tuple) -> None:
@@ -135,16 +135,16 @@ def test_each_rank_of_a_data_parallel_group_is_a_one_device_sample(cluster, tmp_
     flow.chain(e.emit_first, t.count)
     items = [{"i": i} for i in range(64)]
     try:
-        flow.plan("temporal", sample=items)
+        run = measure(flow, items)  # the profiling alone: a plan may start other groups
     finally:
         flow.shutdown()
-    run = flow.profile_run
     emit = [s for s in run.samples if s[0] == "emit"]
-    # Two calls on four devices (one, then two items per device: the budget of 10% of 16
-    # item-times allows no more), and each rank's share of both as a one-device sample.
-    assert sorted((n, x) for _, n, x, *_ in emit if n == 4) == [(4, 4.0), (4, 8.0)]
-    assert sorted(x for _, n, x, *_ in emit if n == 1) == [1.0] * 4 + [2.0] * 4
-    # No one-device rank was started or called on its own: every emit sample came from 2 calls.
+    # Calls on four devices: one item per device, the next item per device alone, both
+    # together (the budget of 10% of 16 item-times allows no more), and each rank's share of
+    # each as a one-device sample.
+    assert sorted((n, x) for _, n, x, *_ in emit if n == 4) == [(4, 4.0), (4, 4.0), (4, 8.0)]
+    assert sorted(x for _, n, x, *_ in emit if n == 1) == [1.0] * 8 + [2.0] * 4
+    # No one-device rank was started or called on its own: every emit sample came from 3 calls.
     assert {n for _, n, *_ in emit} == {1, 4}
     born = [p.name for p in tmp_path.iterdir() if p.name.startswith("emit-")]
     assert len(born) == 4, born
@@ -185,3 +185,26 @@ def test_one_device_share_of_a_single_process_worker(cluster, tmp_path):
     assert born == sorted(
         ["tally-4"] + ([f"tally-{len(plan.assignment()['tally'])}"] if moved else [])
     )
+
+
+def test_an_auto_run_records_its_profiling_in_the_summary(cluster, tmp_path):
+    import json
+
+    from loomrl.cli import _normalise_overrides, load_recipe_config
+
+    root = Path(__file__).resolve().parents[2]
+    mod, cfg = load_recipe_config(
+        root / "examples/demo_matmul.yaml",
+        _normalise_overrides(
+            ["placement=auto", "steps=2", "batch=8", "demo.size=96", f"output_dir={tmp_path}"]
+        ),
+    )
+    mod.main(cfg)
+    s = json.loads((tmp_path / "run_summary.json").read_text())
+    prof = s["profiling"]
+    assert prof["budget"] == 0.1 and prof["samples"] > 0
+    assert 0 < prof["overhead_s"] <= prof["seconds"] <= s["planning_s"]
+    assert prof["overhead_fraction"] == pytest.approx(
+        prof["overhead_s"] / s["predicted_iteration_s"]
+    )
+    assert {"launch", "warmup", "calls", "state"} <= set(prof["split_s"])

@@ -390,3 +390,11 @@ def test_load_config_requires_a_dataclass():
     with pytest.raises(TypeError, match="needs a dataclass type"):
         load_config(dict, {})
     assert dataclasses.is_dataclass(load_config(Required, {"name": "n"}))
+
+
+def test_profile_budget_must_be_positive():
+    from loomrl.run import RunConfig
+
+    problems = RunConfig(profile_budget=0).validate()
+    assert any(p.startswith("profile_budget: must be > 0") and "got 0" in p for p in problems)
+    assert RunConfig(profile_budget=0.25).validate() == []
