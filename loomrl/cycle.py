@@ -54,11 +54,13 @@ __all__ = [
     "cycle_profile",
     "host_env_workers",
     "measure_costs",
+    "overlap_slowdown",
     "placement_from_plan",
     "ring_groups",
 ]
 
 ENV, POLICY, TRAIN = "env", "policy", "actor_train"  # component names in cycle profiles
+BOTH = "both"  # measure_costs: env and policy chains timed running at once
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,14 +199,15 @@ def measure_costs(
     a group of x envs is stepped as x / W envs on every worker at once, each step waiting for
     all of the previous one (as the cycle does), so the samples carry whatever W simulators
     running side by side cost each other (shared renderer, memory bandwidth); sizes W does not
-    divide are skipped. ``policy`` is a policy worker. The probe advances the probe envs: use
-    throw-away workers.
+    divide are skipped. ``policy`` is a policy worker. ``samples["both"]`` times the two chains
+    running at once (as the sides of a split cycle overlap): its ratio to the slower side alone
+    is the overlap slowdown. The probe advances the probe envs: use throw-away workers.
     """
     import ray
 
     w = env.world_size
     ranks, p = [env.on(r) for r in range(w)], policy.on(0)
-    samples: dict[str, list[tuple[int, float]]] = {ENV: [], POLICY: []}
+    samples: dict[str, list[tuple[int, float]]] = {ENV: [], POLICY: [], BOTH: []}
     for x in sorted(x for x in set(sizes) if x % w == 0):
         per = x // w
         actions = [wait(r.sample_actions(per))[0] for r in ranks]
@@ -217,16 +220,35 @@ def measure_costs(
             return [r.step([a], 0, 0, per, *prev) for r, a in zip(ranks, actions, strict=True)]
 
         wait(*env_step([]), p.probe(reply))  # warm-up
-        for side in (ENV, POLICY):
+        for side in (ENV, POLICY, BOTH):
             for _ in range(3):  # the median of three chains shrugs off one stalled chain
-                last: list[Handle] = []
+                last_e: list[Handle] = []
+                last_p: list[Handle] = []
                 t = time.perf_counter()
                 for _ in range(reps):
-                    last = env_step(last) if side == ENV else [p.probe(reply, *_refs(last))]
-                wait(*last)
+                    if side != POLICY:
+                        last_e = env_step(last_e)
+                    if side != ENV:
+                        last_p = [p.probe(reply, *_refs(last_p))]
+                wait(*last_e, *last_p)
                 samples[side].append((x, (time.perf_counter() - t) / reps))
     update_s = wait(p.time_update(steps))[0]
     return {"samples": samples, "update_s": update_s, "num_envs": num_envs, "env_workers": w}
+
+
+def overlap_slowdown(samples: dict[str, list[tuple[int, float]]]) -> float:
+    """Median over sizes of (both chains at once) / (the slower chain alone), at least 1; 1 when
+    nothing was timed at once. Pure: samples are (size, seconds per call) rows."""
+
+    def medians(rows: list[tuple[int, float]]) -> dict[int, float]:
+        by: dict[int, list[float]] = {}
+        for x, t in rows:
+            by.setdefault(x, []).append(t)
+        return {x: float(np.median(v)) for x, v in by.items()}
+
+    both, env, pol = (medians(samples.get(k, [])) for k in (BOTH, ENV, POLICY))
+    ratios = [both[x] / max(env[x], pol[x]) for x in both if x in env and x in pol]
+    return max(1.0, float(np.median(ratios))) if ratios else 1.0
 
 
 def _refs(handles: list[Handle]) -> list[Any]:
@@ -282,6 +304,7 @@ def cycle_profile(
 
     a_e, p_e = _fit_line(costs["samples"][ENV])
     a_p, p_p = _fit_line(costs["samples"][POLICY])
+    slowdown = overlap_slowdown(costs["samples"])
     valid = [n for n in range(1, devices + 1) if num_envs % n == 0]
     if host_env_workers is None:
         env_valid, workers = valid, {n: n for n in valid}
@@ -319,7 +342,7 @@ def cycle_profile(
             },
         },
         "edges": [[ENV, POLICY], [POLICY, ENV], [POLICY, TRAIN]],
-        "cycles": [{"members": [ENV, POLICY], "steps": steps}],
+        "cycles": [{"members": [ENV, POLICY], "steps": steps, "overlap_slowdown": slowdown}],
     }
     if cpu_cores_per_node is not None:
         raw["cpu_cores_per_node"] = int(cpu_cores_per_node)

@@ -74,8 +74,10 @@ def cycle_time(
     steps: int,
     items: int,
     spec: tuple,
+    slowdown: float = 1.0,
 ) -> float:
-    """Iteration time of the 2-cycle a <-> b on ``items`` items (PLANNER.md's baseline model)."""
+    """Iteration time of the 2-cycle a <-> b on ``items`` items (PLANNER.md's baseline model);
+    ``slowdown`` stretches both sides' calls where they overlap (split, k >= 2)."""
     if spec[0] == "coloc":
         n = spec[1]
         return steps * (a.time(n, items) + b.time(n, items))
@@ -83,11 +85,16 @@ def cycle_time(
     if k == 1:
         return steps * (a.time(na, items) + b.time(nb, items))
     ta, tb = a.time(na, items / k), b.time(nb, items / k)
-    return steps * k * max(ta, tb) + min(ta, tb)
+    return slowdown * (steps * k * max(ta, tb) + min(ta, tb))
 
 
 def cycle_options(
-    a: ComponentProfile, b: ComponentProfile, steps: int, n: int, items: int
+    a: ComponentProfile,
+    b: ComponentProfile,
+    steps: int,
+    n: int,
+    items: int,
+    slowdown: float = 1.0,
 ) -> list[Option]:
     """Co-located on a common valid count, or split over n_a + n_b <= n with k | items groups.
 
@@ -119,7 +126,14 @@ def cycle_options(
                 spec = ("split", na, nb, k)
                 cores = max(a.cores(na), b.cores(nb)) if k == 1 else a.cores(na) + b.cores(nb)
                 out.append(
-                    Option(cycle_time(a, b, steps, items, spec), mem, cores, na + nb, KIND_S, spec)
+                    Option(
+                        cycle_time(a, b, steps, items, spec, slowdown),
+                        mem,
+                        cores,
+                        na + nb,
+                        KIND_S,
+                        spec,
+                    )
                 )
     return out
 
@@ -130,7 +144,7 @@ def node_options(profile: WorkloadProfile, name: str, n: int, items: int) -> lis
         return leaf_options(profile.components[name], n, items)
     cyc = _cycle_by_name(profile, name)
     a, b = (profile.components[x] for x in cyc.members)
-    return cycle_options(a, b, cyc.steps, n, items)
+    return cycle_options(a, b, cyc.steps, n, items, cyc.overlap_slowdown)
 
 
 def _cycle_by_name(profile: WorkloadProfile, name: str) -> CycleSpec:

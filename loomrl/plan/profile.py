@@ -87,10 +87,16 @@ def expected_max_normal(k: int) -> float:
 
 @dataclass(frozen=True)
 class CycleSpec:
-    """A 2-cycle ``members[0] <-> members[1]`` run for ``steps`` steps per iteration."""
+    """A 2-cycle ``members[0] <-> members[1]`` run for ``steps`` steps per iteration.
+
+    ``overlap_slowdown`` (>= 1): how much longer each side's call takes while the other side
+    runs beside it, as in a split cycle with k >= 2 ring groups (a shared renderer, host cores
+    or memory bandwidth); 1 = the sides do not slow each other (the baseline model).
+    """
 
     members: tuple[str, str]
     steps: int
+    overlap_slowdown: float = 1.0
 
     @property
     def name(self) -> str:
@@ -136,7 +142,14 @@ class WorkloadProfile:
             "granularities": list(self.granularities),
             "components": {},
             "edges": [list(e) for e in self.edges],
-            "cycles": [{"members": list(c.members), "steps": c.steps} for c in self.cycles],
+            "cycles": [
+                {
+                    "members": list(c.members),
+                    "steps": c.steps,
+                    **({"overlap_slowdown": c.overlap_slowdown} if c.overlap_slowdown != 1 else {}),
+                }
+                for c in self.cycles
+            ],
         }
         if self.cpu_cores_per_node is not None:
             out["cpu_cores_per_node"] = self.cpu_cores_per_node
@@ -193,7 +206,7 @@ _TOP_KEYS = {
 }
 _COMPONENT_KEYS = {"valid_devices", "time", "memory_gb", "switch_s", "cpu_cores", "samples"}
 _TIME_KEYS = {"alpha", "per_item", "item_cv"}
-_CYCLE_KEYS = {"members", "steps"}
+_CYCLE_KEYS = {"members", "steps", "overlap_slowdown"}
 
 
 def _unknown(keys: Iterable[str], known: set[str], where: str, problems: list[str]) -> None:
@@ -345,8 +358,15 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
             if v not in names:
                 problems.append(f"cycles[{i}].members names unknown component {v!r}")
         steps = _positive_int(c.get("steps"), f"cycles[{i}].steps", problems)
+        slow = c.get("overlap_slowdown", 1.0)
+        if isinstance(slow, bool) or not isinstance(slow, (int, float)) or not slow >= 1:
+            problems.append(
+                f"cycles[{i}].overlap_slowdown must be a number >= 1 (how much longer a side's "
+                f"call takes while the other runs beside it; 1 = not at all), got {slow!r}"
+            )
+            slow = 1.0
         if steps and all(v in names for v in members):
-            cycles.append(CycleSpec((str(members[0]), str(members[1])), steps))
+            cycles.append(CycleSpec((str(members[0]), str(members[1])), steps, float(slow)))
     seen: dict[str, int] = {}
     for i, c in enumerate(cycles):
         for v in c.members:

@@ -91,12 +91,13 @@ class _Sim:
                 t += da + db
             return t - t0
         _, na, nb, k = spec
+        c = cyc.overlap_slowdown
         free_a = free_b = t0
         done_b = [t0] * k
         for s in range(cyc.steps):
             for g in range(k):
-                da = self.draw((id(node), j, s, g, "a"), a.time(na, items / k))
-                db = self.draw((id(node), j, s, g, "b"), b.time(nb, items / k))
+                da = self.draw((id(node), j, s, g, "a"), c * a.time(na, items / k))
+                db = self.draw((id(node), j, s, g, "b"), c * b.time(nb, items / k))
                 sa = max(free_a, done_b[g])
                 free_a = sa + da
                 sb = max(free_b, free_a)

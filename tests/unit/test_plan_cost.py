@@ -200,3 +200,41 @@ def test_memory_error_names_component_and_constraint():
     raw["components"]["A"]["time"]["per_item"] = {4: 1}
     with pytest.raises(PlanError, match="needs at least 4 devices"):
         search(load_profile(raw))
+
+
+def test_overlap_slowdown_stretches_only_overlapping_ring_groups():
+    from loomrl.errors import ConfigError
+    from loomrl.plan import exhaustive, layout, simulate
+
+    raw = two(
+        edges=[["A", "B"], ["B", "A"]],
+        cycles=[{"members": ["A", "B"], "steps": 2, "overlap_slowdown": 1.5}],
+    ).to_dict()
+    p = load_profile(raw)
+    assert p.to_dict()["cycles"][0]["overlap_slowdown"] == 1.5
+    # Co-located and k = 1 alternate: nothing overlaps, nothing is stretched.
+    assert evaluate(cycle("A", "B", 2), p, 4).predicted_s == pytest.approx(14)
+    assert evaluate(cycle("A", "B", 2, split=(1, 1), groups=1), p, 4).predicted_s == pytest.approx(
+        26
+    )
+    # k = 2: 1.5 * (2 * 2 * 5 + 2) = 33 (22 without the slowdown), now worse than k = 1.
+    ring = cycle("A", "B", 2, split=(1, 1), groups=2)
+    assert evaluate(ring, p, 4).predicted_s == pytest.approx(33)
+    assert simulate(layout(ring), p, micro_batch=4).times[0] == pytest.approx(33)
+    assert search(p).predicted_s == pytest.approx(exhaustive(p).predicted_s)
+    raw["cycles"][0]["overlap_slowdown"] = 0.5
+    with pytest.raises(ConfigError, match=r"cycles\[0\]\.overlap_slowdown must be a number >= 1"):
+        load_profile(raw)
+
+
+def test_overlap_slowdown_from_probe_samples():
+    from loomrl.cycle import overlap_slowdown
+
+    env = [(4, 0.010), (4, 0.012), (8, 0.020)]
+    pol = [(4, 0.008), (8, 0.010)]
+    # both / slower side: 4 -> 0.0165 / 0.011 = 1.5, 8 -> 0.024 / 0.020 = 1.2; median 1.35
+    both = [(4, 0.0165), (8, 0.024)]
+    assert overlap_slowdown({"env": env, "policy": pol, "both": both}) == pytest.approx(1.35)
+    # Overlap never makes a side faster than alone; no overlap samples: 1.
+    assert overlap_slowdown({"env": env, "policy": pol, "both": [(4, 0.005)]}) == 1.0
+    assert overlap_slowdown({"env": env, "policy": pol}) == 1.0
