@@ -189,13 +189,17 @@ def measure_costs(
     sizes: list[int],
     steps: int,
     reps: int = 5,
+    min_chain_s: float = 0.1,
 ) -> dict[str, Any]:
     """Seconds per ``env.step`` and per ``policy.act`` at each group size in ``sizes``, and the
     estimated seconds of one PPO update on a [steps, num_envs] rollout.
 
     Each side is timed as ``reps`` calls chained the way the cycle chains them (every call waits
     for the previous one's result, passed worker to worker by reference), so the per-call costs
-    include Ray's hop between calls. ``env`` holds W >= 1 env workers of ``num_envs`` envs each;
+    include Ray's hop between calls. A chain holds at least ``reps`` calls and, for calls of a
+    few milliseconds, as many more (up to 16x) as ``min_chain_s`` of chain needs: five such calls
+    measured mostly scheduling jitter (the fitted policy cost varied by 20-65% between probes).
+    ``env`` holds W >= 1 env workers of ``num_envs`` envs each;
     a group of x envs is stepped as x / W envs on every worker at once, each step waiting for
     all of the previous one (as the cycle does), so the samples carry whatever W simulators
     running side by side cost each other (shared renderer, memory bandwidth); sizes W does not
@@ -219,19 +223,25 @@ def measure_costs(
             prev = _refs(after)
             return [r.step([a], 0, 0, per, *prev) for r, a in zip(ranks, actions, strict=True)]
 
+        def chain(side: str, n: int, reply: Any = reply) -> float:
+            """Seconds per call of a chain of n calls of ``side`` (ENV, POLICY or BOTH at once)."""
+            last_e: list[Handle] = []
+            last_p: list[Handle] = []
+            t = time.perf_counter()
+            for _ in range(n):
+                if side != POLICY:
+                    last_e = env_step(last_e)
+                if side != ENV:
+                    last_p = [p.probe(reply, *_refs(last_p))]
+            wait(*last_e, *last_p)
+            return (time.perf_counter() - t) / n
+
         wait(*env_step([]), p.probe(reply))  # warm-up
         for side in (ENV, POLICY, BOTH):
+            per_call = chain(side, reps)  # also sizes the timed chains
+            n = min(16 * reps, max(reps, math.ceil(min_chain_s / max(per_call, 1e-6))))
             for _ in range(3):  # the median of three chains shrugs off one stalled chain
-                last_e: list[Handle] = []
-                last_p: list[Handle] = []
-                t = time.perf_counter()
-                for _ in range(reps):
-                    if side != POLICY:
-                        last_e = env_step(last_e)
-                    if side != ENV:
-                        last_p = [p.probe(reply, *_refs(last_p))]
-                wait(*last_e, *last_p)
-                samples[side].append((x, (time.perf_counter() - t) / reps))
+                samples[side].append((x, chain(side, n)))
     update_s = wait(p.time_update(steps))[0]
     return {"samples": samples, "update_s": update_s, "num_envs": num_envs, "env_workers": w}
 
