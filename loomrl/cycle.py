@@ -462,47 +462,42 @@ def placement_from_plan(
     node = cyc[0]
     md = node.member_devices()
     env_devs, pol_devs = tuple(md[ENV]), tuple(md[POLICY][:1])
-    k = 1 if node.split is None else node.groups
     if host_env_workers is not None:
         if num_envs % host_env_workers:
             raise PlacementError(
                 f"{host_env_workers} env workers do not divide env.num_envs={num_envs}; use a "
                 f"num_envs that is a multiple of {host_env_workers}"
             )
-        return CyclePlacement(
-            env_devs,
-            pol_devs,
-            min(k, num_envs),
-            node.split is None,
-            plan.mode,
-            getattr(plan, "predicted_s", None),
-            env_workers=host_env_workers,
-        )
-    if not env_devs:
+    elif not env_devs:
         raise PlacementError(
             f"the plan runs {ENV!r} on host CPU cores beside the devices, which this cluster's "
             f"profile did not model (its env workers run one per device); plan with "
             f"placement=auto on this cluster, or pin a plan that gives {ENV!r} devices"
         )
-    if num_envs % len(env_devs):
+    elif num_envs % len(env_devs):
         raise PlacementError(
             f"the plan runs {ENV!r} on {len(env_devs)} devices (one env worker each), which does "
             f"not divide env.num_envs={num_envs}; use a num_envs that is a multiple of "
             f"{len(env_devs)}, or a plan with a divisor of {num_envs} env devices"
         )
-    k = min(k, num_envs)
+    k = min(1 if node.split is None else node.groups, num_envs)
     return CyclePlacement(
-        env_devs, pol_devs, k, node.split is None, plan.mode, getattr(plan, "predicted_s", None)
+        env_devs,
+        pol_devs,
+        k,
+        node.split is None,
+        plan.mode,
+        getattr(plan, "predicted_s", None),
+        env_workers=host_env_workers or 0,
     )
 
 
 def check_cores(placement: CyclePlacement, env_cores: float, cluster: Any) -> None:
     """Refuse a placement whose env workers reserve more CPU cores than their node has."""
+    # One launch device per env worker (host-core workers all start beside the policy).
+    devices = placement.launch_devices * (placement.env_workers or 1)
     per_node: dict[int, list[int]] = {}
-    if placement.env_workers:  # all on the node of their launch device
-        d = placement.launch_devices[0]
-        per_node[cluster.devices[d].node] = [d] * placement.env_workers
-    for d in () if placement.env_workers else placement.env_devices:
+    for d in devices:
         per_node.setdefault(cluster.devices[d].node, []).append(d)
     for node_idx, devs in per_node.items():
         need = len(devs) * env_cores

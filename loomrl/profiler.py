@@ -35,6 +35,7 @@ from loomrl.worker import Handle, wait
 
 if TYPE_CHECKING:
     from loomrl.flow import Flow
+    from loomrl.plan.profile import Sample
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,6 @@ log = logging.getLogger(__name__)
 FEW_PER_DEVICE = 4
 # The timed calls of a component may cost this share of its estimated part of one iteration.
 DEFAULT_BUDGET = 0.10
-Sample = tuple[str, int, float, float, float]
 
 
 @dataclass

@@ -209,6 +209,7 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
     from loomrl.plan import Plan, load_profile, search_all
 
     rc, cluster = cfg.run, run.cluster
+    hw = host_workers(cluster, cfg)
     profile = None
     if rc.placement not in MODES:
         plan = Plan.load(rc.placement)
@@ -218,7 +219,7 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
             profile = load_profile(rc.profile, devices=cluster.num_devices)
             check_profile(profile, f"run.profile={rc.profile}")
         else:
-            profile = measured_profile(cluster, cfg, steps)
+            profile = measured_profile(cluster, cfg, steps, hw)
         plans = search_all(profile)
         key = "best" if rc.placement == "auto" else rc.placement
         plan = best_split_plan(profile) if key == "hybrid" else plans[key]
@@ -231,11 +232,11 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
         (run.dir / "profile.json").write_text(json.dumps(profile.to_dict(), indent=2, default=str))
         if key == "best" and measured and cfg.auto_trial_steps > 0 and cfg.groups is None:
             others = [plans.get("temporal"), plans.get("spatial"), best_split_plan(profile)]
-            cands = _candidates(plan, others, cfg, cluster)
+            cands = _candidates(plan, others, cfg, cluster, hw)
             plan, rollout_s = choose_by_trial(run, cfg, cands, steps)
             if rollout_s is not None:
                 plan = calibrated_by_trial(profile, plan, rollout_s)
-    place = placement_from_plan(plan, cfg.env.num_envs, host_workers(cluster, cfg))
+    place = placement_from_plan(plan, cfg.env.num_envs, hw)
     if cfg.groups is not None:
         place = replace(place, groups=cfg.groups)
     check_cores(place, cfg.env.cpu_cores, cluster)
@@ -245,14 +246,16 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
     return place
 
 
-def _candidates(best: Any, others: list[Any], cfg: Config, cluster: Any) -> list[tuple]:
+def _candidates(
+    best: Any, others: list[Any], cfg: Config, cluster: Any, hw: int | None
+) -> list[tuple]:
     """(plan, placement) of the planner's best, then of every other plan predicted within the
     margin that maps to a different placement and fits the cores."""
     out, seen = [], set()
     for plan in [best, *others]:
         if plan is None or plan.predicted_s > best.predicted_s * (1 + cfg.auto_trial_margin):
             continue
-        place = placement_from_plan(plan, cfg.env.num_envs, host_workers(cluster, cfg))
+        place = placement_from_plan(plan, cfg.env.num_envs, hw)
         try:
             check_cores(place, cfg.env.cpu_cores, cluster)
         except PlacementError:
@@ -262,7 +265,7 @@ def _candidates(best: Any, others: list[Any], cfg: Config, cluster: Any) -> list
             seen.add(key)
             out.append((plan, place))
     # The best not fitting the cores is reported by check_cores.
-    return out or [(best, placement_from_plan(best, cfg.env.num_envs, host_workers(cluster, cfg)))]
+    return out or [(best, placement_from_plan(best, cfg.env.num_envs, hw))]
 
 
 def choose_by_trial(
@@ -337,14 +340,16 @@ def calibrated_by_trial(profile: Any, plan: Any, rollout_s: float) -> Any:
     return cost(rollout_s / cycle_s)
 
 
-def measured_profile(cluster: Any, cfg: Config, steps: int, reps: int | None = None) -> Any:
+def measured_profile(
+    cluster: Any, cfg: Config, steps: int, hw: int | None, reps: int | None = None
+) -> Any:
     """Time env.step / policy.act at the group sizes the planner weighs on throw-away workers
-    (one env worker with every env, or the host-core env workers side by side; the policy on
-    another device when there is one) and fit."""
+    (one env worker with every env, or the ``hw`` host-core env workers side by side; the policy
+    on another device when there is one) and fit."""
     n = cfg.env.num_envs
     env_devs = [0]
     pol_devs = [1 if cluster.num_devices > 1 else 0]
-    w = host_workers(cluster, cfg) or 1
+    w = hw or 1
     env = cluster.launch(
         EnvWorker,
         w,
@@ -371,5 +376,5 @@ def measured_profile(cluster: Any, cfg: Config, steps: int, reps: int | None = N
         cfg.env.cpu_cores,
         int(node0.num_cpus),
         len(node0.devices) if len(cluster.nodes) > 1 else None,
-        host_workers(cluster, cfg),
+        hw,
     )
