@@ -26,6 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=7)
     p.add_argument("--profile", default=None, help="a profile file (default: measure one)")
     p.add_argument("--size", type=int, default=384)
+    p.add_argument(
+        "--items",
+        choices=("fresh", "fixed"),
+        default="fresh",
+        help="fresh: new items each iteration (their total work varies, like new prompts); "
+        "fixed: iteration 0's items every time, so the gap is the planner's alone",
+    )
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
 
@@ -65,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
             path = f"/tmp/flow_modes_{mode}.json"
             plan.save(path)
             f.plan(path)
-            results = [f.run(make_items(s, a.batch)) for s in range(a.steps)]
+            results = [
+                f.run(make_items(s if a.items == "fresh" else 0, a.batch)) for s in range(a.steps)
+            ]
             f.shutdown()
             times = [r.measured_s for r in results]
             meas = statistics.median(times[1:] or times)
@@ -100,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             }
     finally:
         cluster.shutdown()
-    print(f"profile: {prof_s:.1f}s   devices: {a.devices}   batch: {a.batch}")
+    print(f"profile: {prof_s:.1f}s   devices: {a.devices}   batch: {a.batch}   items: {a.items}")
     print(
         f"{'mode':<10}{'plan':<10}{'predicted s':>12}{'measured s':>12}{'gap':>8}"
         f"{'refreshed s':>13}{'later s':>9}{'gap':>8}"
@@ -123,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.out, "w") as fh:
             json.dump(
                 {
+                    "args": vars(a),
                     "rows": rows,
                     "profile_s": prof_s,
                     "best_mode": best_mode,
