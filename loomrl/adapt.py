@@ -33,6 +33,7 @@ __all__ = [
     "DriftDetector",
     "call_overheads",
     "component_factors",
+    "iteration_overhead",
     "mean_by_key",
     "measured_switch_s",
     "phase_overheads",
@@ -137,6 +138,17 @@ def measured_switch_s(timeline: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def iteration_overhead(timeline: list[dict[str, Any]], measured_s: float) -> float:
+    """Seconds of one iteration outside every component's records: from its start to the first
+    record's start (handing out the first items, starting the stages) plus from the last
+    record's end to its end (collecting the results). 0 without records."""
+    if not timeline:
+        return 0.0
+    head = min(r["start"] for r in timeline)
+    tail = measured_s - max(r["end"] for r in timeline)
+    return max(0.0, head) + max(0.0, tail)
+
+
 def call_overheads(timeline: list[dict[str, Any]]) -> dict[str, float]:
     """Seconds a streaming component spends between consecutive micro-batch calls when it does
     not wait: the smallest gap between one call's end and the next call's start on a rank
@@ -149,7 +161,10 @@ def call_overheads(timeline: list[dict[str, Any]]) -> dict[str, float]:
         for r in recs:
             by_rank.setdefault(r["rank"], []).append(r)
         # Calls of other components on the same devices (a co-resident partner taking its turn)
-        # fill part of a gap: that part is their work, not this component's overhead.
+        # fill part of a gap: that part is their work, not this component's overhead. What is
+        # left are the hand-offs of the whole alternation (this -> partner -> this), which every
+        # partner's gap holds too: each of the k components taking turns gets 1/k of them, so
+        # that the hand-offs count once per round, not once per component.
         others = [r for c, rs in runs.items() if c != name for r in rs]
         gaps = []
         for rs in by_rank.values():
@@ -157,7 +172,8 @@ def call_overheads(timeline: list[dict[str, Any]]) -> dict[str, float]:
             devs = set(rs[0].get("devices") or ())
             near = [o for o in others if devs & set(o.get("devices") or ())]
             g = [
-                b["start"] - a["end"] - _covered(near, a["end"], b["start"])
+                (b["start"] - a["end"] - _covered(near, a["end"], b["start"]))
+                / (1 + _turns(near, a["end"], b["start"]))
                 for a, b in zip(rs, rs[1:], strict=False)
             ]
             if g:
@@ -191,6 +207,11 @@ def mean_by_key(dicts: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.fmean(d[k] for d in dicts if k in d) for k in keys}
 
 
+def _turns(recs: list[dict[str, Any]], lo: float, hi: float) -> int:
+    """Components with a record inside (lo, hi): the partners that took a turn in a gap."""
+    return len({r["component"] for r in recs if r["start"] < hi and r["end"] > lo})
+
+
 def _covered(recs: list[dict[str, Any]], lo: float, hi: float) -> float:
     """Length of [lo, hi] covered by the union of the records' [start, end]."""
     spans = sorted((max(lo, r["start"]), min(hi, r["end"])) for r in recs)
@@ -209,9 +230,11 @@ def refresh_profile(
     factors: dict[str, float],
     switch_s: dict[str, float] | None = None,
     overhead_s: dict[str, float] | None = None,
+    iteration_overhead_s: float | None = None,
 ) -> Any:
     """A copy of ``profile`` with each named component's costs scaled by its factor, and its
-    per-call overhead (``call_overheads``) added to ``alpha``."""
+    per-call overhead (``call_overheads``) added to ``alpha``; ``iteration_overhead_s`` (as
+    measured by ``iteration_overhead``) replaces the profile's when given."""
     comps = dict(profile.components)
     for name, f in factors.items():
         c = comps[name]
@@ -224,6 +247,8 @@ def refresh_profile(
     for name, s in (switch_s or {}).items():
         if name in comps:
             comps[name] = replace(comps[name], switch_s=float(s))
+    if iteration_overhead_s is not None:
+        profile = replace(profile, iteration_overhead_s=float(iteration_overhead_s))
     return replace(profile, components=comps, fit_reports=())
 
 

@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 PLACEMENTS = ("auto", "temporal", "spatial", "hybrid")
 log = logging.getLogger(__name__)
 
+# Warm iterations that refresh the prediction of a plan searched on a freshly measured profile.
+REFRESH_ITERATIONS = 2
+
 
 # ---------------------------------------------------------------------------------------------
 # The stage loop: runs inside worker processes.
@@ -278,12 +281,20 @@ class Flow:
         self._fresh = False  # groups were (re)started: the next iteration is their warm-up
         self._profiled: dict[str, list[int]] | None = None  # groups the profiler left running
         self.profile_run: Any = None  # the last profiling's record (loomrl.profiler.ProfileRun)
+        # The chosen plan's prediction when it was searched, and its relative standard error
+        # from profiling only a few items (loomrl.profiler.sampling_se); None when not profiled.
+        self.planned_s: float | None = None
+        self.prediction_se: float | None = None
         self._reset_adaptation()
 
     def _reset_adaptation(self) -> None:
         """Run-time adaptation state (see adapt()), empty."""
         self.adapt_events: list[dict[str, Any]] = []
         self.replans = 0
+        # A plan searched on a freshly measured profile is re-predicted once from its first warm
+        # iteration, which times every item (the profile saw a few): see run().
+        self._refresh_pending = False
+        self._refresh_seen: list[FlowResult] = []
         self._detector: Any = None
         self._measured: dict[str, list[float]] = {}  # plan key -> measured iteration seconds
         self._recent: list[FlowResult] = []  # iterations of the current drift window
@@ -412,11 +423,17 @@ class Flow:
             from loomrl.plan.search import search
 
             chosen = search(profile, mode=str(placement))  # raises PlanError naming the constraint
+        self.planned_s, self.prediction_se = chosen.predicted_s, None
         if profiled and self.profile_run is not None:
             self.profile_run.keep(chosen.assignment())
-            log.info("profiling: %s", self.profile_run.describe(chosen.predicted_s))
+            self.prediction_se = self.profile_run.prediction_se(self.profile_, chosen)
+            log.info(
+                "profiling: %s",
+                self.profile_run.describe(chosen.predicted_s, self.prediction_se),
+            )
         self._launch_planned(chosen)
         self.plan_ = chosen
+        self._refresh_pending, self._refresh_seen = profiled, []
         return chosen
 
     def adopt_profiled(self, assignment: dict[str, list[int]]) -> None:
@@ -595,18 +612,7 @@ class Flow:
 
         Returns the event (also appended to ``adapt_events``), or None when nothing drifted.
         """
-        from loomrl.adapt import (
-            AdaptConfig,
-            DriftDetector,
-            call_overheads,
-            component_factors,
-            mean_by_key,
-            measured_switch_s,
-            phase_overheads,
-            plan_key,
-            refresh_profile,
-            worth_switching,
-        )
+        from loomrl.adapt import AdaptConfig, DriftDetector, plan_key, worth_switching
         from loomrl.plan.search import fixed_plan, search_all
 
         cfg = config or AdaptConfig()
@@ -629,19 +635,7 @@ class Flow:
         t0 = time.time()
         errors = list(self._detector.errors)
         # The window's iterations together: one iteration's items may be unusually light or heavy.
-        recent = self._recent
-        factors = component_factors(self.profile_, plan.assignment(), *[r.timeline for r in recent])
-        prof = refresh_profile(
-            self.profile_,
-            factors,
-            mean_by_key([measured_switch_s(r.timeline) for r in recent]),
-            mean_by_key(
-                [
-                    {**call_overheads(r.timeline), **phase_overheads(r.timeline, r.phases)}
-                    for r in recent
-                ]
-            ),
-        )
+        factors, prof = self._refreshed_profile(plan, self._recent)
         # A calibrated profile knows one device count per component: recalibrate, never move.
         calibrated = plan.method in ("calibrate", "calibrated")
         method = "calibrated" if calibrated else "refreshed"
@@ -693,6 +687,39 @@ class Flow:
         event["decide_s"] = time.time() - t0 - event.get("stall_s", 0.0)
         self.adapt_events.append(event)
         return event
+
+    def _refreshed_profile(
+        self, plan: Plan, results: list[FlowResult]
+    ) -> tuple[dict[str, float], Any]:
+        """The profile corrected by what ``results`` recorded under ``plan``: each component's
+        cost scaled by measured / predicted, measured switch times, per-call overheads and the
+        iteration's own overhead outside the components."""
+        from loomrl.adapt import (
+            call_overheads,
+            component_factors,
+            iteration_overhead,
+            mean_by_key,
+            measured_switch_s,
+            phase_overheads,
+            refresh_profile,
+        )
+
+        factors = component_factors(
+            self.profile_, plan.assignment(), *[r.timeline for r in results]
+        )
+        prof = refresh_profile(
+            self.profile_,
+            factors,
+            mean_by_key([measured_switch_s(r.timeline) for r in results]),
+            mean_by_key(
+                [
+                    {**call_overheads(r.timeline), **phase_overheads(r.timeline, r.phases)}
+                    for r in results
+                ]
+            ),
+            sum(iteration_overhead(r.timeline, r.measured_s) for r in results) / len(results),
+        )
+        return factors, prof
 
     def shutdown(self) -> None:
         for comp in self.components.values():
@@ -784,6 +811,23 @@ class Flow:
             if self._calibrate_seen >= 2:
                 self.plan_ = self._calibrated(plan, result)
                 self._calibrate = False
+        elif self._refresh_pending and plan is self.plan_ and self.profile_ is not None:
+            # The profile timed a few items per component (within its budget); the first two
+            # warm iterations (the one before pays first-call costs) time every item of two
+            # batches, so the plan predicts from them from now on. The plan itself stays: moving
+            # is adapt()'s decision, on persistent drift.
+            self._refresh_seen.append(result)
+            if len(self._refresh_seen) >= 1 + REFRESH_ITERATIONS:
+                from loomrl.plan.search import fixed_plan
+
+                self._refresh_pending = False
+                _, prof = self._refreshed_profile(plan, self._refresh_seen[1:])
+                self._refresh_seen = []
+                try:
+                    self.plan_ = fixed_plan(prof, plan.tree, plan.micro_batch, method="refreshed")
+                    self.profile_ = prof
+                except PlanError as e:  # the measured costs break a constraint: keep the plan
+                    log.warning("prediction not refreshed: %s", e)
         return result
 
     def _execute(

@@ -59,6 +59,12 @@ class ProfileRun:
     start_s: dict[str, list[float]] = field(default_factory=dict)  # [launch, warm-up] s
     # Long tails of data-parallel components: spread of one item's cost over its mean.
     item_cv: dict[str, float] = field(default_factory=dict)
+    items: dict[str, int] = field(default_factory=dict)  # distinct items timed per component
+
+    def prediction_se(self, profile: Any, plan: Any) -> float:
+        """Relative standard error of ``plan``'s predicted iteration from the items sampled
+        (``sampling_se``); 0 when no component's items were seen to vary."""
+        return sampling_se(profile, plan, self.item_cv, self.items)
 
     def keep(self, assignment: dict[str, list[int]]) -> None:
         """The plan keeps a profiled group only where it places the component on the same
@@ -76,9 +82,9 @@ class ProfileRun:
         thrown away."""
         return sum(v for k, v in self.split_s.items() if k not in ("launch", "warmup"))
 
-    def describe(self, iteration_s: float | None = None) -> str:
+    def describe(self, iteration_s: float | None = None, prediction_se: float = 0.0) -> str:
         """'starting workers 1.2s, warm-up 0.8s, timed calls 0.5s, ...; overhead 0.6s = 5% of
-        one iteration (0.60 / 12.0s predicted)'."""
+        one iteration (0.60 / 12.0s predicted)[; prediction +-16% (1 s.e.) ...]'."""
         text = ", ".join(f"{_SPLIT_NAMES.get(k, k)} {v:.1f}s" for k, v in self.split_s.items())
         if iteration_s:
             text += (
@@ -86,11 +92,26 @@ class ProfileRun:
                 f" of one iteration ({iteration_s:.2f}s predicted; budget"
                 f" {100 * self.budget:.0f}% per component)"
             )
+        if prediction_se >= 0.02:
+            varied = ", ".join(
+                f"{c} {self.items.get(c, 0)} items, cv {cv:.2f}"
+                for c, cv in self.item_cv.items()
+                if cv > 0
+            )
+            text += (
+                f"; prediction +-{100 * prediction_se:.0f}% (1 s.e.) from the items sampled"
+                f" ({varied}): item costs vary, and the first iterations will tell"
+            )
         return text
 
-    def summary(self, iteration_s: float | None) -> dict[str, Any]:
+    def summary(
+        self, iteration_s: float | None, prediction_se: float | None = None
+    ) -> dict[str, Any]:
         """The profiling record of ``run_summary.json``."""
         return {
+            "prediction_se": prediction_se,
+            "items": dict(self.items),
+            "item_cv": dict(self.item_cv),
             "seconds": self.seconds,
             "overhead_s": self.overhead_s,
             "overhead_fraction": self.overhead_s / iteration_s if iteration_s else None,
@@ -170,6 +191,7 @@ class _Recorder:
     repeats: int = 1
     samples: list[Sample] = field(default_factory=list)
     spread: dict[str, list[tuple[list[float], list[int]]]] = field(default_factory=dict)
+    items: dict[str, int] = field(default_factory=dict)  # distinct items timed per component
 
     def timed(
         self,
@@ -185,6 +207,7 @@ class _Recorder:
         """Time ``target`` on ``items[lo:hi]``, record the samples (and, ``ranks_too``, each
         rank's share as a one-device sample), keep the outputs; the best wall s."""
         name, walls, x = self.component, [], hi - lo
+        self.items[name] = max(self.items.get(name, 0), hi)
         for _ in range(self.repeats):
             # The same first items at every size and device count: their costs differ (long
             # tails), and calls on different items would read that difference as scaling.
@@ -247,6 +270,42 @@ def item_cv(calls: list[tuple[list[float], list[int]]]) -> float:
     if not den or not total_s:
         return 0.0
     return (num / den) ** 0.5 / (total_s / total_items)
+
+
+def sampling_se(profile: Any, plan: Any, item_cv: dict[str, float], items: dict[str, int]) -> float:
+    """Relative standard error of ``plan``'s predicted iteration time that comes from profiling
+    only a few of the items.
+
+    A component's cost per item is the mean over the ``items[c]`` items it was timed on, whose
+    costs spread by ``item_cv[c]`` (long tails): that mean is off by about ``cv / sqrt(n)``
+    (one standard error). Each component's cost per item is moved by its error through the
+    planner's own cost model (the plan's tree and micro-batch kept), and the moves of the
+    components add in quadrature. Pure; planner imports happen here, not at module import.
+    """
+    import math
+    from dataclasses import replace
+
+    from loomrl.errors import PlanError
+    from loomrl.plan.search import fixed_plan
+
+    base = fixed_plan(profile, plan.tree, plan.micro_batch).predicted_s
+    if not base:
+        return 0.0
+    var = 0.0
+    for name, cv in item_cv.items():
+        n = items.get(name, 0)
+        comp = profile.components.get(name)
+        if cv <= 0 or n < 1 or comp is None:
+            continue
+        f = 1.0 + cv / math.sqrt(n)
+        moved = replace(comp, per_item={d: v * f for d, v in comp.per_item.items()})
+        comps = {**profile.components, name: moved}
+        try:
+            t = fixed_plan(replace(profile, components=comps), plan.tree, plan.micro_batch)
+        except PlanError:
+            continue
+        var += (t.predicted_s - base) ** 2
+    return math.sqrt(var) / base
 
 
 def _reusable(cls: type) -> str:
@@ -416,6 +475,7 @@ def measure(
         budget,
         start_s,
         {name: item_cv(calls) for name, calls in rec.spread.items()},
+        dict(rec.items),
     )
 
 

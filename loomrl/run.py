@@ -5,6 +5,11 @@ the cluster, opens the logger, applies the plan, records each iteration's measur
 the prediction, and writes ``run_summary.json`` with the fields tools outside loomrl read:
 ``plan`` (mode and assignment), ``steps``, ``param_sha256``, ``predicted_iteration_s``,
 ``measured_iteration_s`` (median after warm-up) and ``metrics`` (the last logged values).
+
+A plan searched on a profile measured in this run predicts, after its first two warm iterations,
+from those iterations' measured components (the profile timed only a few items of each; see
+``loomrl.flow.Flow.run``): ``predicted_iteration_s`` is the prediction then, and
+``planned_iteration_s`` the one the plan was chosen with.
 """
 
 from __future__ import annotations
@@ -132,6 +137,7 @@ class Run:
         self.planning_s: float | None = None  # profiling + search + launch, when a flow planned
         self.profiling: dict[str, Any] | None = None  # loomrl.profiler.ProfileRun.summary()
         self.plan: Any = None
+        self.planned_s: float | None = None  # the plan's prediction when it was chosen
         self.t_start = time.time()
 
     def apply_plan(self, flow: Any, sample: list[Any], **kw: Any) -> Any:
@@ -147,15 +153,26 @@ class Run:
         self.planning_s = took
         self._save_plan(flow)
         self.logger.echo(f"plan ({took:.1f}s incl. profiling):\n{self.plan}")
+        self.planned_s = self.plan.predicted_s
         if flow.profile_run is not None:
-            self.profiling = flow.profile_run.summary(self.plan.predicted_s)
-            self.logger.echo(f"profiling: {flow.profile_run.describe(self.plan.predicted_s)}")
+            pr, se = flow.profile_run, flow.prediction_se
+            self.profiling = pr.summary(self.plan.predicted_s, se)
+            self.logger.echo(f"profiling: {pr.describe(self.plan.predicted_s, se or 0.0)}")
         return self.plan
 
     def record(self, step: int, result: Any, flow: Any = None) -> None:
         """Keep an iteration's measured time and timeline (for the summary and ``loomrl report``)."""
         if flow is not None and flow.plan_ is not self.plan:
-            # A calibrated plan replaced the cost-free default after the first iteration.
+            # A calibrated plan replaced the cost-free default after the first iteration, or the
+            # profiled plan's prediction was refreshed from its first warm iterations.
+            if flow.plan_.method == "refreshed" and not flow.adapt_events:
+                warm = [*self.iter_times[self.plan_start + 1 :], result.measured_s]
+                self.logger.echo(
+                    f"step {step}: prediction refreshed from the measured components of the"
+                    f" warm iterations so far: {flow.plan_.predicted_s:.3f}s per iteration"
+                    f" (planned {self.plan.predicted_s:.3f}s, measured"
+                    f" {statistics.median(warm):.3f}s)"
+                )
             self._save_plan(flow)
         self.iter_times.append(result.measured_s)
         with open(self.dir / "timeline.jsonl", "a") as f:
@@ -236,6 +253,7 @@ class Run:
             "steps": steps,
             "param_sha256": param_sha256,
             "predicted_iteration_s": getattr(plan, "predicted_s", None),
+            "planned_iteration_s": self.planned_s,
             "measured_iteration_s": self.measured_iteration_s(),
             "iteration_s": self.iter_times,
             "replans": self.replans,

@@ -357,4 +357,4 @@ def evaluate(tree: Node, profile: WorkloadProfile, m: int) -> Evaluation:
     t, mem, cores, resolved = res
     if tree.op == "temporal":
         t += switch_total(profile)
-    return Evaluation(t, mem, True, "", cores, resolved)
+    return Evaluation(t + profile.iteration_overhead_s, mem, True, "", cores, resolved)

@@ -11,6 +11,11 @@ a call waits for the slowest rank, whose share of ``x / n`` items exceeds the me
 by about ``item_cv * sqrt(x / n) * e(n)`` item costs, ``e(k)`` being the expected
 largest of ``k`` standard normal draws. Few items per rank straggle much, many
 hardly at all.
+
+``iteration_overhead_s`` (optional top-level, default 0) is what every iteration pays outside
+its components' calls: the driver handing the first items out and collecting the last results.
+It shifts every plan alike (plans rank the same) and is measured from a run's timeline, not
+by the profiler's direct calls.
 """
 
 from __future__ import annotations
@@ -114,6 +119,7 @@ class WorkloadProfile:
     cycles: tuple[CycleSpec, ...] = ()
     cpu_cores_per_node: int | None = None
     devices_per_node: int | None = None
+    iteration_overhead_s: float = 0.0  # per iteration, outside every component's calls
     fit_reports: tuple[FitReport, ...] = field(default=(), compare=False)
 
     @property
@@ -155,6 +161,8 @@ class WorkloadProfile:
             out["cpu_cores_per_node"] = self.cpu_cores_per_node
         if self.devices_per_node is not None:
             out["devices_per_node"] = self.devices_per_node
+        if self.iteration_overhead_s:
+            out["iteration_overhead_s"] = self.iteration_overhead_s
         for name, c in self.components.items():
             d: dict[str, Any] = {
                 "valid_devices": list(c.valid_devices),
@@ -203,6 +211,7 @@ _TOP_KEYS = {
     "cycles",
     "cpu_cores_per_node",
     "devices_per_node",
+    "iteration_overhead_s",
 }
 _COMPONENT_KEYS = {"valid_devices", "time", "memory_gb", "switch_s", "cpu_cores", "samples"}
 _TIME_KEYS = {"alpha", "per_item", "item_cv"}
@@ -307,6 +316,10 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
     dpn = raw.get("devices_per_node")
     if dpn is not None:
         dpn = _positive_int(dpn, "devices_per_node", problems)
+    overhead = raw.get("iteration_overhead_s", 0.0)
+    if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not overhead >= 0:
+        problems.append(f"iteration_overhead_s: must be a number of seconds >= 0, got {overhead!r}")
+        overhead = 0.0
 
     comps_raw = raw.get("components") or {}
     if not isinstance(comps_raw, Mapping) or not comps_raw:
@@ -403,6 +416,7 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
         cycles=tuple(cycles),
         cpu_cores_per_node=cores_per_node,
         devices_per_node=dpn,
+        iteration_overhead_s=float(overhead),
         fit_reports=tuple(reports),
     )
 

@@ -265,7 +265,7 @@ def simulate(
     sim = None
     for _ in range(max(1, iterations)):
         sim = _Sim(profile, m, rng, sigma, channel_capacity)
-        times.append(sim.phase(tree, 0.0, root=True))
+        times.append(sim.phase(tree, 0.0, root=True) + profile.iteration_overhead_s)
     analytic = evaluate(tree, profile, m).predicted_s
     return SimResult(tuple(times), analytic, tuple(sim.intervals))  # type: ignore[union-attr]
 

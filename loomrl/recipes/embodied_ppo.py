@@ -240,7 +240,7 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
     if cfg.groups is not None:
         place = replace(place, groups=cfg.groups)
     check_cores(place, cfg.env.cpu_cores, cluster)
-    run.plan = plan
+    run.plan, run.planned_s = plan, plan.predicted_s
     plan.save(run.dir / "plan.json")
     run.logger.echo(f"plan:\n{plan}\nplacement: {place.describe()}")
     return place

@@ -9,7 +9,14 @@ import pytest
 
 from loomrl import Worker
 from loomrl.flow import Flow
-from loomrl.profiler import FEW_PER_DEVICE, ProfileRun, item_cv, measure, second_call_items
+from loomrl.profiler import (
+    FEW_PER_DEVICE,
+    ProfileRun,
+    item_cv,
+    measure,
+    sampling_se,
+    second_call_items,
+)
 
 
 def _born(folder: str, name: str, devices: tuple) -> None:
@@ -85,6 +92,35 @@ def test_item_cv_reads_the_spread_of_item_costs_from_rank_times():
     assert item_cv([([2.0, 6.0], [2, 2])]) == pytest.approx((8 / 2) ** 0.5 / 2)
     # Shares of unequal size, or a single busy rank, say nothing about the spread.
     assert item_cv([([1.0, 5.0], [1, 2]), ([4.0, 0.0], [3, 0])]) == 0.0
+
+
+def test_sampling_se_moves_each_component_by_its_mean_error_through_the_planner():
+    from loomrl.plan import load_profile
+    from loomrl.plan.search import search_all
+
+    prof = load_profile(
+        {
+            "devices": 1,
+            "device_memory_gb": 80,
+            "batch": 8,
+            "granularities": [8],
+            "components": {
+                "a": {"valid_devices": [1], "time": {"alpha": 2.0, "per_item": {1: 1.0}}},
+                "b": {"valid_devices": [1], "time": {"alpha": 0.0, "per_item": {1: 0.5}}},
+            },
+            "edges": [["a", "b"]],
+        }
+    )
+    plan = search_all(prof)["temporal"]
+    assert plan.predicted_s == pytest.approx(2.0 + 8 + 4)
+    # a's 4 items spread by cv 0.5: its per-item mean is off by 0.25 -> 8 * 0.25 = 2 s of 14.
+    assert sampling_se(prof, plan, {"a": 0.5}, {"a": 4}) == pytest.approx(2.0 / 14)
+    # Two components: their moves (2 s and 4 * 0.5 = 2 s) add in quadrature.
+    both = sampling_se(prof, plan, {"a": 0.5, "b": 0.5}, {"a": 4, "b": 1})
+    assert both == pytest.approx((2.0**2 + 2.0**2) ** 0.5 / 14)
+    # Constant items, or none seen, say nothing.
+    assert sampling_se(prof, plan, {"a": 0.0}, {"a": 4}) == 0.0
+    assert sampling_se(prof, plan, {"a": 0.5}, {}) == 0.0
 
 
 def test_overhead_counts_what_the_run_does_not_reuse():
@@ -196,7 +232,7 @@ def test_an_auto_run_records_its_profiling_in_the_summary(cluster, tmp_path):
     mod, cfg = load_recipe_config(
         root / "examples/demo_matmul.yaml",
         _normalise_overrides(
-            ["placement=auto", "steps=2", "batch=8", "demo.size=96", f"output_dir={tmp_path}"]
+            ["placement=auto", "steps=3", "batch=8", "demo.size=96", f"output_dir={tmp_path}"]
         ),
     )
     mod.main(cfg)
@@ -204,7 +240,15 @@ def test_an_auto_run_records_its_profiling_in_the_summary(cluster, tmp_path):
     prof = s["profiling"]
     assert prof["budget"] == 0.1 and prof["samples"] > 0
     assert 0 < prof["overhead_s"] <= prof["seconds"] <= s["planning_s"]
-    assert prof["overhead_fraction"] == pytest.approx(
-        prof["overhead_s"] / s["predicted_iteration_s"]
-    )
+    assert prof["overhead_fraction"] == pytest.approx(prof["overhead_s"] / s["planned_iteration_s"])
+    # The two warm iterations timed every item: the prediction comes from them since, and the
+    # plan on disk is that refreshed one, on the same devices.
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["method"] == "refreshed"
+    assert plan["predicted_s"] == pytest.approx(s["predicted_iteration_s"])
+    assert s["plan"]["assignment"] == plan["assignment"]
     assert {"launch", "warmup", "calls", "state"} <= set(prof["split_s"])
+    # Every stage's items were timed; the prediction's sampling error is reported beside them.
+    assert set(prof["items"]) == {"encode", "transform", "reduce"}
+    assert all(n >= 2 for n in prof["items"].values())
+    assert prof["prediction_se"] is not None and prof["prediction_se"] >= 0

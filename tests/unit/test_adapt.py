@@ -9,6 +9,7 @@ from loomrl.adapt import (
     DriftDetector,
     call_overheads,
     component_factors,
+    iteration_overhead,
     measured_switch_s,
     phase_overheads,
     plan_key,
@@ -110,11 +111,44 @@ def test_call_overheads_take_the_smallest_gap_between_calls():
     x += [run("y", 0, 3.5, 4.0), run("z", 0, -1.0, -0.5)]  # outside the gap: no effect
     for r in x:
         r["devices"] = [0]
-    assert call_overheads(x)["x"] == pytest.approx(0.05)
-    assert call_overheads(x)["y"] == pytest.approx(1.5 - 0.95)
+    # x's gap (1.0 -> 2.05) holds y's turn (1.0 s) and the hand-offs x -> y -> x (0.05 s), which
+    # y's gap (2.0 -> 3.5) holds too: each of the two gets half of what its gap leaves.
+    assert call_overheads(x)["x"] == pytest.approx(0.05 / 2)
+    assert call_overheads(x)["y"] == pytest.approx((1.5 - 0.95) / 2)
     prof = load_profile(PROFILE)
     fresh = refresh_profile(prof, {"a": 2.0}, overhead_s={"a": 0.05})
     assert fresh.components["a"].alpha == pytest.approx(0.1 * 2 + 0.05)
+
+
+def test_iteration_overhead_is_what_lies_outside_every_record():
+    tl = [
+        {"component": "a", "rank": 0, "kind": "run", "start": 0.03, "end": 0.5},
+        {"component": "b", "rank": 0, "kind": "run", "start": 0.4, "end": 0.9},
+    ]
+    assert iteration_overhead(tl, 0.95) == pytest.approx(0.03 + 0.05)
+    assert iteration_overhead([], 1.0) == 0.0
+    # Into the profile: every plan's prediction moves by the same seconds, in the simulator too.
+    from loomrl.plan.search import search_all
+    from loomrl.plan.simulate import simulate
+
+    prof = load_profile(PROFILE)
+    fresh = refresh_profile(prof, {}, iteration_overhead_s=0.08)
+    assert fresh.iteration_overhead_s == 0.08
+    assert load_profile(fresh.to_dict()).iteration_overhead_s == 0.08
+    assert "iteration_overhead_s" not in prof.to_dict()
+    before, after = search_all(prof), search_all(fresh)
+    for mode, plan in before.items():
+        if plan is not None:
+            assert after[mode].predicted_s == pytest.approx(plan.predicted_s + 0.08)
+            sim = simulate(after[mode], fresh)
+            assert sim.mean_s == pytest.approx(sim.analytic_s)
+
+
+def test_a_negative_iteration_overhead_is_refused_with_the_key():
+    from loomrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="iteration_overhead_s: must be a number of seconds"):
+        load_profile({**PROFILE, "iteration_overhead_s": -1})
 
 
 def test_phase_overhead_is_the_call_beyond_the_busiest_rank():
