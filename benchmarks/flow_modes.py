@@ -39,15 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     from loomrl import Cluster
-    from loomrl.adapt import (
-        call_overheads,
-        component_factors,
-        iteration_overhead,
-        mean_by_key,
-        measured_switch_s,
-        phase_overheads,
-        refresh_profile,
-    )
+    from loomrl.adapt import refresh_from_runs
     from loomrl.flow import Flow
     from loomrl.plan import load_profile
     from loomrl.plan.search import fixed_plan, search_all
@@ -84,18 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             # Out of sample: the profile refreshed from iterations 1-2's records (what run-time
             # adaptation does over its window), judged on iterations 3.. .
             warm = results[1:3] if len(results) > 3 else results[-1:]
-            fresh = refresh_profile(
-                prof,
-                component_factors(prof, plan.assignment(), *[w.timeline for w in warm]),
-                mean_by_key([measured_switch_s(w.timeline) for w in warm]),
-                mean_by_key(
-                    [
-                        {**call_overheads(w.timeline), **phase_overheads(w.timeline, w.phases)}
-                        for w in warm
-                    ]
-                ),
-                statistics.fmean(iteration_overhead(w.timeline, w.measured_s) for w in warm),
-            )
+            _, fresh = refresh_from_runs(prof, plan.assignment(), warm)
             refreshed = fixed_plan(fresh, plan.tree, plan.micro_batch).predicted_s
             later = statistics.median(times[3:] or times)
             rows[mode] = {

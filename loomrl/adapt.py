@@ -38,6 +38,7 @@ __all__ = [
     "measured_switch_s",
     "phase_overheads",
     "plan_key",
+    "refresh_from_runs",
     "refresh_profile",
     "worth_switching",
 ]
@@ -250,6 +251,29 @@ def refresh_profile(
     if iteration_overhead_s is not None:
         profile = replace(profile, iteration_overhead_s=float(iteration_overhead_s))
     return replace(profile, components=comps, fit_reports=())
+
+
+def refresh_from_runs(
+    profile: Any, assignment: dict[str, list[int]], results: list[Any]
+) -> tuple[dict[str, float], Any]:
+    """``refresh_profile`` with everything measured by iterations ``results`` (objects with
+    ``timeline``, ``phases`` and ``measured_s``, as ``Flow.run`` returns) under ``assignment``:
+    component factors, switch times, per-call overheads and the iteration overhead, each the
+    mean over the iterations. Returns (factors, refreshed profile)."""
+    factors = component_factors(profile, assignment, *[r.timeline for r in results])
+    prof = refresh_profile(
+        profile,
+        factors,
+        mean_by_key([measured_switch_s(r.timeline) for r in results]),
+        mean_by_key(
+            [
+                {**call_overheads(r.timeline), **phase_overheads(r.timeline, r.phases)}
+                for r in results
+            ]
+        ),
+        statistics.fmean(iteration_overhead(r.timeline, r.measured_s) for r in results),
+    )
+    return factors, prof
 
 
 def plan_key(plan: Any) -> str:

@@ -612,7 +612,13 @@ class Flow:
 
         Returns the event (also appended to ``adapt_events``), or None when nothing drifted.
         """
-        from loomrl.adapt import AdaptConfig, DriftDetector, plan_key, worth_switching
+        from loomrl.adapt import (
+            AdaptConfig,
+            DriftDetector,
+            plan_key,
+            refresh_from_runs,
+            worth_switching,
+        )
         from loomrl.plan.search import fixed_plan, search_all
 
         cfg = config or AdaptConfig()
@@ -635,7 +641,7 @@ class Flow:
         t0 = time.time()
         errors = list(self._detector.errors)
         # The window's iterations together: one iteration's items may be unusually light or heavy.
-        factors, prof = self._refreshed_profile(plan, self._recent)
+        factors, prof = refresh_from_runs(self.profile_, plan.assignment(), self._recent)
         # A calibrated profile knows one device count per component: recalibrate, never move.
         calibrated = plan.method in ("calibrate", "calibrated")
         method = "calibrated" if calibrated else "refreshed"
@@ -687,39 +693,6 @@ class Flow:
         event["decide_s"] = time.time() - t0 - event.get("stall_s", 0.0)
         self.adapt_events.append(event)
         return event
-
-    def _refreshed_profile(
-        self, plan: Plan, results: list[FlowResult]
-    ) -> tuple[dict[str, float], Any]:
-        """The profile corrected by what ``results`` recorded under ``plan``: each component's
-        cost scaled by measured / predicted, measured switch times, per-call overheads and the
-        iteration's own overhead outside the components."""
-        from loomrl.adapt import (
-            call_overheads,
-            component_factors,
-            iteration_overhead,
-            mean_by_key,
-            measured_switch_s,
-            phase_overheads,
-            refresh_profile,
-        )
-
-        factors = component_factors(
-            self.profile_, plan.assignment(), *[r.timeline for r in results]
-        )
-        prof = refresh_profile(
-            self.profile_,
-            factors,
-            mean_by_key([measured_switch_s(r.timeline) for r in results]),
-            mean_by_key(
-                [
-                    {**call_overheads(r.timeline), **phase_overheads(r.timeline, r.phases)}
-                    for r in results
-                ]
-            ),
-            sum(iteration_overhead(r.timeline, r.measured_s) for r in results) / len(results),
-        )
-        return factors, prof
 
     def shutdown(self) -> None:
         for comp in self.components.values():
@@ -818,10 +791,13 @@ class Flow:
             # is adapt()'s decision, on persistent drift.
             self._refresh_seen.append(result)
             if len(self._refresh_seen) >= 1 + REFRESH_ITERATIONS:
+                from loomrl.adapt import refresh_from_runs
                 from loomrl.plan.search import fixed_plan
 
                 self._refresh_pending = False
-                _, prof = self._refreshed_profile(plan, self._refresh_seen[1:])
+                _, prof = refresh_from_runs(
+                    self.profile_, plan.assignment(), self._refresh_seen[1:]
+                )
                 self._refresh_seen = []
                 try:
                     self.plan_ = fixed_plan(prof, plan.tree, plan.micro_batch, method="refreshed")

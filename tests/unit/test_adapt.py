@@ -13,6 +13,7 @@ from loomrl.adapt import (
     measured_switch_s,
     phase_overheads,
     plan_key,
+    refresh_from_runs,
     refresh_profile,
     worth_switching,
 )
@@ -142,6 +143,25 @@ def test_iteration_overhead_is_what_lies_outside_every_record():
             assert after[mode].predicted_s == pytest.approx(plan.predicted_s + 0.08)
             sim = simulate(after[mode], fresh)
             assert sim.mean_s == pytest.approx(sim.analytic_s)
+
+
+def test_refresh_from_runs_averages_what_the_iterations_measured():
+    from types import SimpleNamespace
+
+    def it(b_end, measured):
+        tl = [
+            {"component": "a", "rank": 0, "kind": "run", "items": 4, "start": 0.1, "end": 0.6},
+            {"component": "b", "rank": 0, "kind": "run", "items": 4, "start": 0.6, "end": b_end},
+        ]
+        return SimpleNamespace(timeline=tl, phases={}, measured_s=measured)
+
+    prof = load_profile(PROFILE)
+    # b on one device was profiled at 0.5 s per item: 2 s for 4 items; it took 1.4 and 2.4 s.
+    factors, fresh = refresh_from_runs(prof, {"a": [0], "b": [1]}, [it(2.0, 2.2), it(3.0, 3.0)])
+    assert factors["b"] == pytest.approx((1.4 + 2.4) / 2 / 2.0)
+    assert fresh.components["b"].per_item[1] == pytest.approx(0.5 * factors["b"])
+    # Head 0.1 s in both, tail 0.2 s in the first: 0.2 s on average outside the components.
+    assert fresh.iteration_overhead_s == pytest.approx((0.3 + 0.1) / 2)
 
 
 def test_a_negative_iteration_overhead_is_refused_with_the_key():
