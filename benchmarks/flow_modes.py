@@ -1,13 +1,13 @@
 """The demo workflow under temporal, spatial, hybrid and auto plans: predicted vs measured.
 
-Run: python benchmarks/flow_modes.py --devices 2 --steps 7 --out flow_modes.json
+Run: python benchmarks/flow_modes.py --devices 2 --steps 8 --out flow_modes.json
 
 One profile is measured on the real workers (or read with --profile), then every mode's best plan
 runs the same items for --steps iterations. Prints per mode the planner's prediction, the measured
 median iteration time after warm-up, their relative gap, and whether auto chose the mode measured
 fastest. Beside them, out of sample: the prediction from the profile refreshed with iterations
-1-2's recorded component times (``loomrl.adapt.refresh_profile``, as a profiled run does)
-against the median of iterations 3.. . Runs of the same plan (auto and the mode it picked) are
+1-3's recorded component times (``loomrl.adapt.refresh_from_runs``, as a profiled run does)
+against the median of iterations 4.. . Runs of the same plan (auto and the mode it picked) are
 pooled for the verdict, which exits 1 when auto's plan is more than 5% slower than the best.
 The last line: `auto_mode: <m> best_mode: <m> auto_vs_best: <ratio> max_gap: <x>`.
 """
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--steps", type=int, default=7)
+    p.add_argument("--steps", type=int, default=8)
     p.add_argument("--profile", default=None, help="a profile file (default: measure one)")
     p.add_argument("--size", type=int, default=384)
     p.add_argument(
@@ -73,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
             f.shutdown()
             times = [r.measured_s for r in results]
             meas = statistics.median(times[1:] or times)
-            # Out of sample: the profile refreshed from iterations 1-2's records (what run-time
-            # adaptation does over its window), judged on iterations 3.. .
-            warm = results[1:3] if len(results) > 3 else results[-1:]
+            # Out of sample: the profile refreshed from iterations 1-3's records (what a profiled
+            # run does after its warm-up), judged on iterations 4.. .
+            warm = results[1:4] if len(results) > 4 else results[-1:]
             _, fresh = refresh_from_runs(prof, plan.assignment(), warm)
             refreshed = fixed_plan(fresh, plan.tree, plan.micro_batch).predicted_s
-            later = statistics.median(times[3:] or times)
+            later = statistics.median(times[4:] or times)
             rows[mode] = {
                 "feasible": True,
                 "mode": plan.mode,

@@ -34,7 +34,7 @@ __all__ = [
     "call_overheads",
     "component_factors",
     "iteration_overhead",
-    "mean_by_key",
+    "median_by_key",
     "measured_switch_s",
     "phase_overheads",
     "plan_key",
@@ -202,10 +202,11 @@ def phase_overheads(
     return out
 
 
-def mean_by_key(dicts: list[dict[str, float]]) -> dict[str, float]:
-    """Per key, the mean over the dicts that have it."""
+def median_by_key(dicts: list[dict[str, float]]) -> dict[str, float]:
+    """Per key, the median over the dicts that have it (the mean of two; one stalled iteration
+    among three or more does not move it)."""
     keys = {k for d in dicts for k in d}
-    return {k: statistics.fmean(d[k] for d in dicts if k in d) for k in keys}
+    return {k: statistics.median(d[k] for d in dicts if k in d) for k in keys}
 
 
 def _turns(recs: list[dict[str, Any]], lo: float, hi: float) -> int:
@@ -259,19 +260,20 @@ def refresh_from_runs(
     """``refresh_profile`` with everything measured by iterations ``results`` (objects with
     ``timeline``, ``phases`` and ``measured_s``, as ``Flow.run`` returns) under ``assignment``:
     component factors, switch times, per-call overheads and the iteration overhead, each the
-    mean over the iterations. Returns (factors, refreshed profile)."""
-    factors = component_factors(profile, assignment, *[r.timeline for r in results])
+    median over the iterations (on a busy machine one iteration in a few runs 10-20% slow, and
+    a mean would carry that into every later prediction). Returns (factors, refreshed profile)."""
+    factors = median_by_key([component_factors(profile, assignment, r.timeline) for r in results])
     prof = refresh_profile(
         profile,
         factors,
-        mean_by_key([measured_switch_s(r.timeline) for r in results]),
-        mean_by_key(
+        median_by_key([measured_switch_s(r.timeline) for r in results]),
+        median_by_key(
             [
                 {**call_overheads(r.timeline), **phase_overheads(r.timeline, r.phases)}
                 for r in results
             ]
         ),
-        statistics.fmean(iteration_overhead(r.timeline, r.measured_s) for r in results),
+        statistics.median(iteration_overhead(r.timeline, r.measured_s) for r in results),
     )
     return factors, prof
 

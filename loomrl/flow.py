@@ -44,7 +44,7 @@ PLACEMENTS = ("auto", "temporal", "spatial", "hybrid")
 log = logging.getLogger(__name__)
 
 # Warm iterations that refresh the prediction of a plan searched on a freshly measured profile.
-REFRESH_ITERATIONS = 2
+REFRESH_ITERATIONS = 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -785,9 +785,9 @@ class Flow:
                 self.plan_ = self._calibrated(plan, result)
                 self._calibrate = False
         elif self._refresh_pending and plan is self.plan_ and self.profile_ is not None:
-            # The profile timed a few items per component (within its budget); the first two
-            # warm iterations (the one before pays first-call costs) time every item of two
-            # batches, so the plan predicts from them from now on. The plan itself stays: moving
+            # The profile timed a few items per component (within its budget); the first
+            # REFRESH_ITERATIONS warm iterations (the one before pays first-call costs) time every
+            # item of their batches, so the plan predicts from them from now on. The plan itself stays: moving
             # is adapt()'s decision, on persistent drift.
             self._refresh_seen.append(result)
             if len(self._refresh_seen) >= 1 + REFRESH_ITERATIONS:

@@ -6,8 +6,8 @@ the prediction, and writes ``run_summary.json`` with the fields tools outside lo
 ``plan`` (mode and assignment), ``steps``, ``param_sha256``, ``predicted_iteration_s``,
 ``measured_iteration_s`` (median after warm-up) and ``metrics`` (the last logged values).
 
-A plan searched on a profile measured in this run predicts, after its first two warm iterations,
-from those iterations' measured components (the profile timed only a few items of each; see
+A plan searched on a profile measured in this run predicts, after its first three warm
+iterations, from those iterations' measured components (the profile timed only a few items of each; see
 ``loomrl.flow.Flow.run``): ``predicted_iteration_s`` is the prediction then, and
 ``planned_iteration_s`` the one the plan was chosen with.
 """

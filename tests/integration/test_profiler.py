@@ -232,7 +232,7 @@ def test_an_auto_run_records_its_profiling_in_the_summary(cluster, tmp_path):
     mod, cfg = load_recipe_config(
         root / "examples/demo_matmul.yaml",
         _normalise_overrides(
-            ["placement=auto", "steps=3", "batch=8", "demo.size=96", f"output_dir={tmp_path}"]
+            ["placement=auto", "steps=4", "batch=8", "demo.size=96", f"output_dir={tmp_path}"]
         ),
     )
     mod.main(cfg)
@@ -241,7 +241,7 @@ def test_an_auto_run_records_its_profiling_in_the_summary(cluster, tmp_path):
     assert prof["budget"] == 0.1 and prof["samples"] > 0
     assert 0 < prof["overhead_s"] <= prof["seconds"] <= s["planning_s"]
     assert prof["overhead_fraction"] == pytest.approx(prof["overhead_s"] / s["planned_iteration_s"])
-    # The two warm iterations timed every item: the prediction comes from them since, and the
+    # The three warm iterations timed every item: the prediction comes from them since, and the
     # plan on disk is that refreshed one, on the same devices.
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["method"] == "refreshed"
