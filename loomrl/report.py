@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import statistics
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -241,6 +242,30 @@ def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
+def _refresh_lines(run: RunData, pred: float) -> list[str]:
+    """When the prediction was refreshed from the run's warm iterations: the planned one, and the
+    iterations run after the refresh (out of sample) against the refreshed one."""
+    planned = run.summary.get("planned_iteration_s")
+    if not isinstance(planned, (int, float)) or math.isclose(planned, pred, rel_tol=1e-9):
+        return []
+    meas = run.measured_median_s
+    lines = [
+        f"  planned iteration       {planned:10.4f} s  (measured vs planned {_rel(meas, planned)})"
+    ]
+    after = [
+        it.measured_s
+        for it in run.warm
+        if it.predicted_s is not None and math.isclose(it.predicted_s, pred, rel_tol=1e-9)
+    ]
+    if after:
+        m = statistics.median(after)
+        lines.append(
+            f"  after the refresh       {m:10.4f} s  (median of {len(after)} iteration(s) run on"
+            f" the refreshed prediction: {_rel(m, pred)})"
+        )
+    return lines
+
+
 def format_table(run: RunData, it: Iteration) -> str:
     """The printed summary: iteration times, relative error, per-component busy time of step ``it``."""
     warm = run.warm
@@ -252,6 +277,7 @@ def format_table(run: RunData, it: Iteration) -> str:
         f"  measured median         {meas:10.4f} s  (after warm-up: {len(warm)} iteration(s), "
         f"steps {warm[0].step}..{warm[-1].step})",
         f"  relative error          {_rel(meas, pred):>10}  (measured vs predicted)",
+        *_refresh_lines(run, pred),
         "",
         f"busy time per component, step {it.step} (measured {it.measured_s:.4f} s):",
     ]

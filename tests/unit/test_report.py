@@ -119,6 +119,28 @@ def test_load_run_reads_every_file_and_picks_the_median_warm_iteration(tmp_path)
         run.iteration(9)
 
 
+def test_a_refreshed_prediction_is_reported_beside_the_planned_one(tmp_path, capsys):
+    d = write_run(tmp_path / "run")
+    # Steps 0-1 ran on the planned 10 s; from step 2 on the prediction was refreshed to 12.5 s.
+    lines = (d / "timeline.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    for r in rows[2:]:
+        r["predicted_s"] = 12.5
+    (d / "timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"predicted_iteration_s": 12.5, "planned_iteration_s": 10.0}
+    (d / "run_summary.json").write_text(json.dumps(summary))
+    assert report_main([str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "planned iteration          10.0000 s  (measured vs planned +20.0%)" in out
+    # Steps 2 and 3 (13 and 12 s) ran on the refreshed prediction: median 12.5 s, +0.0%.
+    assert "after the refresh          12.5000 s  (median of 2 iteration(s)" in out
+    assert "+0.0%" in out
+    # Without a refresh, neither line appears.
+    write_run(tmp_path / "plain")
+    report_main([str(tmp_path / "plain")])
+    assert "planned iteration" not in capsys.readouterr().out
+
+
 def test_load_run_skips_a_cut_short_line_and_needs_no_summary(tmp_path):
     d = write_run(tmp_path / "r", summary=False)
     with open(d / "timeline.jsonl", "a") as f:
