@@ -281,9 +281,8 @@ class Flow:
         self._fresh = False  # groups were (re)started: the next iteration is their warm-up
         self._profiled: dict[str, list[int]] | None = None  # groups the profiler left running
         self.profile_run: Any = None  # the last profiling's record (loomrl.profiler.ProfileRun)
-        # The chosen plan's prediction when it was searched, and its relative standard error
-        # from profiling only a few items (loomrl.profiler.sampling_se); None when not profiled.
-        self.planned_s: float | None = None
+        # The chosen plan's relative standard error from profiling only a few items
+        # (loomrl.profiler.sampling_se); None when the plan was not searched on a fresh profile.
         self.prediction_se: float | None = None
         self._reset_adaptation()
 
@@ -291,8 +290,8 @@ class Flow:
         """Run-time adaptation state (see adapt()), empty."""
         self.adapt_events: list[dict[str, Any]] = []
         self.replans = 0
-        # A plan searched on a freshly measured profile is re-predicted once from its first warm
-        # iteration, which times every item (the profile saw a few): see run().
+        # A plan searched on a freshly measured profile is re-predicted once from its first
+        # REFRESH_ITERATIONS warm iterations, which time every item (the profile saw a few): run().
         self._refresh_pending = False
         self._refresh_seen: list[FlowResult] = []
         self._detector: Any = None
@@ -423,7 +422,7 @@ class Flow:
             from loomrl.plan.search import search
 
             chosen = search(profile, mode=str(placement))  # raises PlanError naming the constraint
-        self.planned_s, self.prediction_se = chosen.predicted_s, None
+        self.prediction_se = None
         if profiled and self.profile_run is not None:
             self.profile_run.keep(chosen.assignment())
             self.prediction_se = self.profile_run.prediction_se(self.profile_, chosen)
@@ -787,8 +786,8 @@ class Flow:
         elif self._refresh_pending and plan is self.plan_ and self.profile_ is not None:
             # The profile timed a few items per component (within its budget); the first
             # REFRESH_ITERATIONS warm iterations (the one before pays first-call costs) time every
-            # item of their batches, so the plan predicts from them from now on. The plan itself stays: moving
-            # is adapt()'s decision, on persistent drift.
+            # item of their batches, so the plan predicts from them from now on. The plan itself
+            # stays: moving is adapt()'s decision, on persistent drift.
             self._refresh_seen.append(result)
             if len(self._refresh_seen) >= 1 + REFRESH_ITERATIONS:
                 from loomrl.adapt import refresh_from_runs

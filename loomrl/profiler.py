@@ -27,10 +27,12 @@ Times are wall-clock seconds seen by the driver, so they include what a real ite
 from __future__ import annotations
 
 import logging
+import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from loomrl.errors import PlanError
 from loomrl.worker import Handle, wait
 
 if TYPE_CHECKING:
@@ -280,12 +282,8 @@ def sampling_se(profile: Any, plan: Any, item_cv: dict[str, float], items: dict[
     costs spread by ``item_cv[c]`` (long tails): that mean is off by about ``cv / sqrt(n)``
     (one standard error). Each component's cost per item is moved by its error through the
     planner's own cost model (the plan's tree and micro-batch kept), and the moves of the
-    components add in quadrature. Pure; planner imports happen here, not at module import.
+    components add in quadrature. Pure; the planner is imported here, not at module import.
     """
-    import math
-    from dataclasses import replace
-
-    from loomrl.errors import PlanError
     from loomrl.plan.search import fixed_plan
 
     base = fixed_plan(profile, plan.tree, plan.micro_batch).predicted_s

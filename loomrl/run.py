@@ -7,8 +7,8 @@ the prediction, and writes ``run_summary.json`` with the fields tools outside lo
 ``measured_iteration_s`` (median after warm-up) and ``metrics`` (the last logged values).
 
 A plan searched on a profile measured in this run predicts, after its first three warm
-iterations, from those iterations' measured components (the profile timed only a few items of each; see
-``loomrl.flow.Flow.run``): ``predicted_iteration_s`` is the prediction then, and
+iterations, from those iterations' measured components (the profile timed only a few items of
+each; see ``loomrl.flow.Flow.run``): ``predicted_iteration_s`` is the prediction then, and
 ``planned_iteration_s`` the one the plan was chosen with.
 """
 
