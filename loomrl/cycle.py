@@ -52,6 +52,7 @@ __all__ = [
     "best_split_plan",
     "check_cores",
     "cycle_profile",
+    "hop_latency",
     "host_env_workers",
     "measure_costs",
     "overlap_slowdown",
@@ -61,6 +62,8 @@ __all__ = [
 
 ENV, POLICY, TRAIN = "env", "policy", "actor_train"  # component names in cycle profiles
 BOTH = "both"  # measure_costs: env and policy chains timed running at once
+# measure_costs: per chain also the seconds per call the side kept its worker(s) busy
+BUSY = {ENV: "env_busy", POLICY: "policy_busy", BOTH: "both_busy"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,13 +208,16 @@ def measure_costs(
     running side by side cost each other (shared renderer, memory bandwidth); sizes W does not
     divide are skipped. ``policy`` is a policy worker. ``samples["both"]`` times the two chains
     running at once (as the sides of a split cycle overlap): its ratio to the slower side alone
-    is the overlap slowdown. The probe advances the probe envs: use throw-away workers.
+    is the overlap slowdown. ``samples["env_busy"]`` etc. hold, for the same chains, the seconds
+    per call the side's worker was busy inside the call (the busiest env worker; for "both_busy"
+    the busier side): the rest of a chain's call is hand-off latency, which ring groups hide
+    (``hop_latency``). The probe advances the probe envs: use throw-away workers.
     """
     import ray
 
     w = env.world_size
     ranks, p = [env.on(r) for r in range(w)], policy.on(0)
-    samples: dict[str, list[tuple[int, float]]] = {ENV: [], POLICY: [], BOTH: []}
+    samples: dict[str, list[tuple[int, float]]] = {k: [] for k in (*BUSY, *BUSY.values())}
     for x in sorted(x for x in set(sizes) if x % w == 0):
         per = x // w
         actions = [wait(r.sample_actions(per))[0] for r in ranks]
@@ -223,8 +229,10 @@ def measure_costs(
             prev = _refs(after)
             return [r.step([a], 0, 0, per, *prev) for r, a in zip(ranks, actions, strict=True)]
 
-        def chain(side: str, n: int, reply: Any = reply) -> float:
-            """Seconds per call of a chain of n calls of ``side`` (ENV, POLICY or BOTH at once)."""
+        def chain(side: str, n: int, reply: Any = reply) -> tuple[float, float, float]:
+            """Seconds per call of a chain of n calls of ``side`` (ENV, POLICY or BOTH at once),
+            and the seconds per call the env workers (the busiest) and the policy were busy."""
+            wait(env.pop_busy(), p.pop_busy())
             last_e: list[Handle] = []
             last_p: list[Handle] = []
             t = time.perf_counter()
@@ -234,14 +242,19 @@ def measure_costs(
                 if side != ENV:
                     last_p = [p.probe(reply, *_refs(last_p))]
             wait(*last_e, *last_p)
-            return (time.perf_counter() - t) / n
+            took = (time.perf_counter() - t) / n
+            env_busy, (pol_busy,) = wait(env.pop_busy(), p.pop_busy())
+            return took, max(env_busy) / n, pol_busy / n
 
         wait(*env_step([]), p.probe(reply))  # warm-up
         for side in (ENV, POLICY, BOTH):
-            per_call = chain(side, reps)  # also sizes the timed chains
+            per_call = chain(side, reps)[0]  # also sizes the timed chains
             n = min(16 * reps, max(reps, math.ceil(min_chain_s / max(per_call, 1e-6))))
             for _ in range(3):  # the median of three chains shrugs off one stalled chain
-                samples[side].append((x, chain(side, n)))
+                took, env_busy, pol_busy = chain(side, n)
+                samples[side].append((x, took))
+                busy = {ENV: env_busy, POLICY: pol_busy, BOTH: max(env_busy, pol_busy)}[side]
+                samples[BUSY[side]].append((x, busy))
     update_s = wait(p.time_update(steps))[0]
     return {"samples": samples, "update_s": update_s, "num_envs": num_envs, "env_workers": w}
 
@@ -259,6 +272,27 @@ def overlap_slowdown(samples: dict[str, list[tuple[int, float]]]) -> float:
     both, env, pol = (medians(samples.get(k, [])) for k in (BOTH, ENV, POLICY))
     ratios = [both[x] / max(env[x], pol[x]) for x in both if x in env and x in pol]
     return max(1.0, float(np.median(ratios))) if ratios else 1.0
+
+
+def hop_latency(samples: dict[str, list[tuple[int, float]]]) -> float:
+    """Seconds per step of a round trip env -> policy -> env spent outside either side's call:
+    for each side, the median over sizes of (chain seconds per call - busy seconds per call),
+    at least 0, summed over the two sides (each chained call pays one hand-off, and a step of
+    the cycle has two). 0 when the samples have no busy times. Pure."""
+
+    def medians(rows: list[tuple[int, float]]) -> dict[int, float]:
+        by: dict[int, list[float]] = {}
+        for x, t in rows:
+            by.setdefault(x, []).append(t)
+        return {x: float(np.median(v)) for x, v in by.items()}
+
+    total = 0.0
+    for side in (ENV, POLICY):
+        chain, busy = medians(samples.get(side, [])), medians(samples.get(BUSY[side], []))
+        gaps = [chain[x] - busy[x] for x in chain if x in busy]
+        if gaps:
+            total += max(0.0, float(np.median(gaps)))
+    return total
 
 
 def _refs(handles: list[Handle]) -> list[Any]:
@@ -298,6 +332,7 @@ def cycle_profile(
     cpu_cores_per_node: int | None,
     devices_per_node: int | None = None,
     host_env_workers: int | None = None,
+    split_hops: bool = False,
 ) -> Any:
     """A workload profile of env <-> policy (S = ``steps``) followed by ``actor_train``.
 
@@ -309,12 +344,26 @@ def cycle_profile(
     every device count from 0 (host cores only, beside the policy's devices) to ``devices``.
     Env samples taken with ``costs["env_workers"]`` workers side by side already carry that
     parallelism: per-env costs divide by workers / that.
+
+    Components cost a chained call, hand-off included (hop 0): measured on the workers
+    themselves, that predicted the cycle better than ``split_hops=True``, which costs
+    components their busy time and gives the cycle the rest as ``hop_s``, latency that ring
+    groups hide. Handing results over is not idle waiting on these machines (serialising and
+    scheduling takes cores; scripts/gpu/RESULTS.md, "cycle model on the same workers"), but
+    where it is (a remote simulator, a network round trip) ``split_hops`` models it.
     """
     from loomrl.plan import load_profile
 
-    a_e, p_e = _fit_line(costs["samples"][ENV])
-    a_p, p_p = _fit_line(costs["samples"][POLICY])
-    slowdown = overlap_slowdown(costs["samples"])
+    samples = costs["samples"]
+    if split_hops and samples.get(BUSY[ENV]) and samples.get(BUSY[POLICY]):
+        busy = {side: samples.get(BUSY[side], []) for side in (ENV, POLICY, BOTH)}
+        a_e, p_e = _fit_line(busy[ENV])
+        a_p, p_p = _fit_line(busy[POLICY])
+        slowdown, hop = overlap_slowdown(busy), hop_latency(samples)
+    else:  # chain times only: hand-offs stay inside the components' costs (hop 0)
+        a_e, p_e = _fit_line(samples[ENV])
+        a_p, p_p = _fit_line(samples[POLICY])
+        slowdown, hop = overlap_slowdown(samples), 0.0
     valid = [n for n in range(1, devices + 1) if num_envs % n == 0]
     if host_env_workers is None:
         env_valid, workers = valid, {n: n for n in valid}
@@ -352,7 +401,9 @@ def cycle_profile(
             },
         },
         "edges": [[ENV, POLICY], [POLICY, ENV], [POLICY, TRAIN]],
-        "cycles": [{"members": [ENV, POLICY], "steps": steps, "overlap_slowdown": slowdown}],
+        "cycles": [
+            {"members": [ENV, POLICY], "steps": steps, "overlap_slowdown": slowdown, "hop_s": hop}
+        ],
     }
     if cpu_cores_per_node is not None:
         raw["cpu_cores_per_node"] = int(cpu_cores_per_node)

@@ -75,17 +75,30 @@ def cycle_time(
     items: int,
     spec: tuple,
     slowdown: float = 1.0,
+    hop: float = 0.0,
 ) -> float:
-    """Iteration time of the 2-cycle a <-> b on ``items`` items (PLANNER.md's baseline model);
-    ``slowdown`` stretches both sides' calls where they overlap (split, k >= 2)."""
+    """Iteration time of the 2-cycle a <-> b on ``items`` items (PLANNER.md's baseline model
+    when ``hop`` is 0); ``slowdown`` stretches both sides' calls where they overlap (split,
+    k >= 2); ``hop`` is the latency per step of a group's round trip, in which neither is busy.
+
+    With per-group call times ta, tb (k groups; k = 1 when co-located) a step of the ring takes
+    P = max(k * max(ta, tb), ta + tb + hop): the busier side's k calls, unless one group's
+    round trip is longer. The first step has no hop before its first call and the last ends on
+    b's call, so T = (S - 1) * P + (k - 1) * max(ta, tb) + ta + tb + hop / 2, which is
+    S * k * max + min at hop 0 (the simulator runs the same ring event by event).
+    """
     if spec[0] == "coloc":
         n = spec[1]
-        return steps * (a.time(n, items) + b.time(n, items))
-    _, na, nb, k = spec
-    if k == 1:
-        return steps * (a.time(na, items) + b.time(nb, items))
-    ta, tb = a.time(na, items / k), b.time(nb, items / k)
-    return slowdown * (steps * k * max(ta, tb) + min(ta, tb))
+        ta, tb, k = a.time(n, items), b.time(n, items), 1
+    else:
+        _, na, nb, k = spec
+        ta, tb = a.time(na, items / k), b.time(nb, items / k)
+        if k >= 2:
+            ta, tb = slowdown * ta, slowdown * tb
+    if not hop:
+        return steps * (ta + tb) if k == 1 else steps * k * max(ta, tb) + min(ta, tb)
+    period = max(k * max(ta, tb), ta + tb + hop)
+    return (steps - 1) * period + (k - 1) * max(ta, tb) + ta + tb + hop / 2
 
 
 def cycle_options(
@@ -95,6 +108,7 @@ def cycle_options(
     n: int,
     items: int,
     slowdown: float = 1.0,
+    hop: float = 0.0,
 ) -> list[Option]:
     """Co-located on a common valid count, or split over n_a + n_b <= n with k | items groups.
 
@@ -107,7 +121,7 @@ def cycle_options(
             spec = ("coloc", v)
             out.append(
                 Option(
-                    cycle_time(a, b, steps, items, spec),
+                    cycle_time(a, b, steps, items, spec, hop=hop),
                     a.memory_gb[v]
                     + b.memory_gb[v],  # both stay resident: they alternate every step
                     max(a.cores(v), b.cores(v)),
@@ -127,7 +141,7 @@ def cycle_options(
                 cores = max(a.cores(na), b.cores(nb)) if k == 1 else a.cores(na) + b.cores(nb)
                 out.append(
                     Option(
-                        cycle_time(a, b, steps, items, spec, slowdown),
+                        cycle_time(a, b, steps, items, spec, slowdown, hop),
                         mem,
                         cores,
                         na + nb,
@@ -144,7 +158,7 @@ def node_options(profile: WorkloadProfile, name: str, n: int, items: int) -> lis
         return leaf_options(profile.components[name], n, items)
     cyc = _cycle_by_name(profile, name)
     a, b = (profile.components[x] for x in cyc.members)
-    return cycle_options(a, b, cyc.steps, n, items, cyc.overlap_slowdown)
+    return cycle_options(a, b, cyc.steps, n, items, cyc.overlap_slowdown, cyc.hop_s)
 
 
 def _cycle_by_name(profile: WorkloadProfile, name: str) -> CycleSpec:

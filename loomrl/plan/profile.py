@@ -97,11 +97,18 @@ class CycleSpec:
     ``overlap_slowdown`` (>= 1): how much longer each side's call takes while the other side
     runs beside it, as in a split cycle with k >= 2 ring groups (a shared renderer, host cores
     or memory bandwidth); 1 = the sides do not slow each other (the baseline model).
+
+    ``hop_s`` (>= 0): seconds per step that a group's round trip A -> B -> A spends between the
+    two sides' calls (handing results over: process hops, queues), during which neither side is
+    busy. A component's ``time`` is then what keeps its worker busy; with k >= 2 ring groups
+    the other groups' calls fill the hops, so a step takes max(k * busier side, a + b + hop).
+    0 = hand-offs are free or already in the components' times (the baseline model).
     """
 
     members: tuple[str, str]
     steps: int
     overlap_slowdown: float = 1.0
+    hop_s: float = 0.0
 
     @property
     def name(self) -> str:
@@ -153,6 +160,7 @@ class WorkloadProfile:
                     "members": list(c.members),
                     "steps": c.steps,
                     **({"overlap_slowdown": c.overlap_slowdown} if c.overlap_slowdown != 1 else {}),
+                    **({"hop_s": c.hop_s} if c.hop_s else {}),
                 }
                 for c in self.cycles
             ],
@@ -215,7 +223,7 @@ _TOP_KEYS = {
 }
 _COMPONENT_KEYS = {"valid_devices", "time", "memory_gb", "switch_s", "cpu_cores", "samples"}
 _TIME_KEYS = {"alpha", "per_item", "item_cv"}
-_CYCLE_KEYS = {"members", "steps", "overlap_slowdown"}
+_CYCLE_KEYS = {"members", "steps", "overlap_slowdown", "hop_s"}
 
 
 def _unknown(keys: Iterable[str], known: set[str], where: str, problems: list[str]) -> None:
@@ -378,8 +386,17 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
                 f"call takes while the other runs beside it; 1 = not at all), got {slow!r}"
             )
             slow = 1.0
+        hop = c.get("hop_s", 0.0)
+        if isinstance(hop, bool) or not isinstance(hop, (int, float)) or not 0 <= hop < math.inf:
+            problems.append(
+                f"cycles[{i}].hop_s must be a number >= 0 (seconds per step between the sides' "
+                f"calls, in which neither is busy; 0 = none), got {hop!r}"
+            )
+            hop = 0.0
         if steps and all(v in names for v in members):
-            cycles.append(CycleSpec((str(members[0]), str(members[1])), steps, float(slow)))
+            cycles.append(
+                CycleSpec((str(members[0]), str(members[1])), steps, float(slow), float(hop))
+            )
     seen: dict[str, int] = {}
     for i, c in enumerate(cycles):
         for v in c.members:

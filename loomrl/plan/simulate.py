@@ -81,26 +81,30 @@ class _Sim:
         if spec[0] == "coloc" or spec[3] == 1:
             na = spec[1]
             nb = spec[1] if spec[0] == "coloc" else spec[2]
+            half = cyc.hop_s / 2  # each hand-off, a -> b and b -> a, is half a round trip
             t = t0
             for s in range(cyc.steps):
                 da = self.draw((id(node), j, s, "a"), a.time(na, items))
                 db = self.draw((id(node), j, s, "b"), b.time(nb, items))
+                t += half if s else 0.0
                 if record:
                     self.intervals.append(Interval(a.name, ra, t, t + da, j))
-                    self.intervals.append(Interval(b.name, rb, t + da, t + da + db, j))
-                t += da + db
+                    self.intervals.append(
+                        Interval(b.name, rb, t + da + half, t + da + half + db, j)
+                    )
+                t += da + half + db
             return t - t0
         _, na, nb, k = spec
-        c = cyc.overlap_slowdown
+        c, half = cyc.overlap_slowdown, cyc.hop_s / 2
         free_a = free_b = t0
         done_b = [t0] * k
         for s in range(cyc.steps):
             for g in range(k):
                 da = self.draw((id(node), j, s, g, "a"), c * a.time(na, items / k))
                 db = self.draw((id(node), j, s, g, "b"), c * b.time(nb, items / k))
-                sa = max(free_a, done_b[g])
+                sa = max(free_a, done_b[g] + (half if s else 0.0))
                 free_a = sa + da
-                sb = max(free_b, free_a)
+                sb = max(free_b, free_a + half)
                 free_b = sb + db
                 done_b[g] = free_b
                 if record:

@@ -101,6 +101,11 @@ class EnvWorker(Worker):
         space.seed(seed)
         return np.stack([space.sample() for _ in range(n)])
 
+    def pop_busy(self) -> float:
+        """Seconds spent inside step() since the last pop (see PolicyWorker.pop_busy)."""
+        busy, self.busy_s = self.busy_s, 0.0
+        return busy
+
     def time_step(self, n: int, reps: int) -> float:
         """Median seconds of stepping ``n`` local envs with random actions, inside the worker."""
         a = self.sample_actions(n)

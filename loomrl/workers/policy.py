@@ -298,6 +298,12 @@ class PolicyWorker(Worker):
         self.busy_s += time.perf_counter() - t0
         return out
 
+    def pop_busy(self) -> float:
+        """Seconds spent inside act / probe calls since the last pop (the cost probe's measure of
+        how long a call keeps this worker busy, apart from the hand-off around it)."""
+        busy, self.busy_s = self.busy_s, 0.0
+        return busy
+
     def time_act(self, n: int, reps: int) -> float:
         """Median seconds of one act on ``n`` rows, inside the worker (nothing is recorded)."""
         import torch

@@ -4,6 +4,8 @@
 #   wsync (weight-sync routes, 135M + 0.5B shapes) trl135 trl05 (GRPO vs TRL on GPU 0 alone,
 #   calibrated temporal plan, everything resident) embodied embodied_px (pixels, MuJoCo EGL)
 #   embodied_sweep (pixels at several num_envs:S, EMB_SWEEP="16:32 32:32 64:16"; SKIP_MODELS=1)
+#   overlap (env and policy costs alone and at once, and the cycle at k = 1, 2, 4 on the same
+#   workers: scripts/gpu/cycle_overlap.py at OV_SWEEP="16:4:4 64:4:4", num_envs:workers:cores)
 # Needs (carried, ignored by git): out/gpu_wheels/ray_slim.tar.xz, out/gpu_wheels/whl/*.whl,
 # out/gpu_wheels/tok/models/smollm2-135m-instruct (tokenizer only), optionally out/gpu_wheels/emb/*.whl
 # and .gl/*.deb (GL loaders for rendering).
@@ -94,6 +96,11 @@ for s in "${STAGES[@]}"; do
             --pixels --image-size 64 --num-envs "$e" --steps "$st" --iterations ${EMB_ITERS:-4} --rounds 1 \
             --modes ${EMB_MODES:-temporal,hybrid,auto} --epochs ${EMB_EPOCHS:-2} --env-cores 4 \
             --out "$OUT/embodied_px_e${e}_s${st}.json"
+    done ;;
+    overlap) for c in ${OV_SWEEP:-16:4:4 64:4:4}; do  # num_envs:env workers:cores per worker
+        IFS=: read -r e w co <<< "$c"
+        stage "overlap_e${e}_w${w}" ${OV_CAP:-150} python3 scripts/gpu/cycle_overlap.py --num-envs "$e" \
+            --env-workers "$w" --env-cores "$co" --steps ${OV_STEPS:-32} ${OV_FLAGS:-} --out "$OUT/overlap_e${e}_w${w}.json"
     done ;;
     *) echo "unknown stage $s" ;;
     esac

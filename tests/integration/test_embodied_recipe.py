@@ -240,6 +240,36 @@ def test_host_core_env_pipelines_beside_one_accelerator(cluster):
         placement_from_plan(best, 16)  # a profile without host-core workers cannot place it
 
 
+def test_split_hops_costs_busy_time_and_moves_hand_offs_to_the_cycle():
+    # Chains take 1 ms more per call than the workers are busy: with split_hops the components
+    # cost the busy time and the cycle carries 2 ms of round trip, which ring groups hide and
+    # alternation pays.
+    from loomrl.plan import search_all
+
+    chains = _costs()
+    busy = {
+        "env_busy": [(x, t - 1e-3) for x, t in chains["samples"]["env"]],
+        "policy_busy": [(x, t - 1e-3) for x, t in chains["samples"]["policy"]],
+    }
+    probed = {**chains, "samples": {**chains["samples"], **busy}}
+    prof = cycle_profile(probed, 16, 32, 1, 0.5, 2, host_env_workers=4, split_hops=True)
+    old = cycle_profile(chains, 16, 32, 1, 0.5, 2, host_env_workers=4)
+    # By default the busy times are not used: components cost the chained call.
+    assert cycle_profile(probed, 16, 32, 1, 0.5, 2, host_env_workers=4).to_dict() == old.to_dict()
+    assert prof.cycles[0].hop_s == pytest.approx(2e-3) and old.cycles[0].hop_s == 0
+    assert prof.components["env"].time(1, 4) == pytest.approx(
+        old.components["env"].time(1, 4) - 1e-3
+    )
+    new_plans, old_plans = search_all(prof), search_all(old)
+    # Alternating, a step costs the same either way (two calls plus two hand-offs).
+    assert new_plans["temporal"].predicted_s == pytest.approx(
+        old_plans["temporal"].predicted_s - 1e-3,
+        abs=1e-9,  # the first step has no hop before it
+    )
+    # Split into groups, the hand-offs overlap with other groups' calls.
+    assert new_plans["best"].predicted_s < old_plans["best"].predicted_s
+
+
 def test_host_only_device_count_is_for_cycle_members():
     from loomrl.plan import load_profile
 

@@ -55,6 +55,8 @@ def random_profile(
         a, b = names[-2], names[-1]
         raw["edges"] = [e for e in edges if set(e) != {a, b}] + [[a, b], [b, a]]
         raw["cycles"] = [{"members": [a, b], "steps": int(rng.integers(1, 4))}]
+        if rng.random() < 0.5:  # hand-off latency between the sides' calls
+            raw["cycles"][0]["hop_s"] = float(rng.uniform(0.0, 2.0))
     if cores:
         raw["cpu_cores_per_node"] = int(rng.integers(4, 24))
     return load_profile(raw)

@@ -227,6 +227,57 @@ def test_overlap_slowdown_stretches_only_overlapping_ring_groups():
         load_profile(raw)
 
 
+def test_hop_latency_is_hidden_by_ring_groups_but_not_by_alternation():
+    from loomrl.errors import ConfigError
+    from loomrl.plan import exhaustive, layout, simulate
+
+    raw = two(
+        edges=[["A", "B"], ["B", "A"]], cycles=[{"members": ["A", "B"], "steps": 2, "hop_s": 8}]
+    ).to_dict()
+    p = load_profile(raw)
+    assert p.to_dict()["cycles"][0]["hop_s"] == 8
+    cases = {
+        # Alternating, every step pays the round trip; the first step starts without one:
+        # 2 * (5 + 2 + 8) - 4 and 2 * (9 + 4 + 8) - 4.
+        cycle("A", "B", 2): 26,
+        cycle("A", "B", 2, split=(1, 1), groups=1): 38,
+        # k = 2 (a = 5, b = 2): a group's round trip (5 + 2 + 8 = 15) outlasts A's two calls
+        # (10), so a step takes 15: 15 + (2 - 1) * 5 + 5 + 2 + 4 = 31 (22 without the hop).
+        cycle("A", "B", 2, split=(1, 1), groups=2): 31,
+        # k = 4 (a = 3, b = 1): four calls of A (12) now cover the round trip (12).
+        cycle("A", "B", 2, split=(1, 1), groups=4): 12 + 3 * 3 + 3 + 1 + 4,
+    }
+    for tree, want in cases.items():
+        assert evaluate(tree, p, 4).predicted_s == pytest.approx(want), tree
+        assert simulate(layout(tree), p, micro_batch=4).times[0] == pytest.approx(want), tree
+    assert search(p).predicted_s == pytest.approx(exhaustive(p).predicted_s)
+    for bad in (-1, "fast", True):
+        raw["cycles"][0]["hop_s"] = bad
+        with pytest.raises(ConfigError, match=r"cycles\[0\]\.hop_s must be a number >= 0"):
+            load_profile(raw)
+    raw["cycles"][0]["hop_s"] = 0
+    assert "hop_s" not in load_profile(raw).to_dict()["cycles"][0]  # the baseline model
+
+
+def test_hop_latency_from_probe_samples():
+    from loomrl.cycle import hop_latency
+
+    samples = {
+        "env": [(4, 0.010), (4, 0.012), (8, 0.020)],
+        "env_busy": [(4, 0.008), (4, 0.009), (8, 0.017)],
+        "policy": [(4, 0.008), (8, 0.010)],
+        "policy_busy": [(4, 0.0075), (8, 0.0085)],
+    }
+    # env: 4 -> 0.011 - 0.0085 = 0.0025, 8 -> 0.003: median 0.00275; policy: 0.0005, 0.0015:
+    # 0.001. A step pays one hand-off each way.
+    assert hop_latency(samples) == pytest.approx(0.00375)
+    # Busy longer than the chain (clock noise) is no negative latency; no busy samples: 0.
+    assert hop_latency({**samples, "policy_busy": [(4, 0.009), (8, 0.012)]}) == pytest.approx(
+        0.00275
+    )
+    assert hop_latency({"env": samples["env"], "policy": samples["policy"]}) == 0.0
+
+
 def test_overlap_slowdown_from_probe_samples():
     from loomrl.cycle import overlap_slowdown
 
