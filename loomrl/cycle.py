@@ -263,13 +263,7 @@ def overlap_slowdown(samples: dict[str, list[tuple[int, float]]]) -> float:
     """Median over sizes of (both chains at once) / (the slower chain alone), at least 1; 1 when
     nothing was timed at once. Pure: samples are (size, seconds per call) rows."""
 
-    def medians(rows: list[tuple[int, float]]) -> dict[int, float]:
-        by: dict[int, list[float]] = {}
-        for x, t in rows:
-            by.setdefault(x, []).append(t)
-        return {x: float(np.median(v)) for x, v in by.items()}
-
-    both, env, pol = (medians(samples.get(k, [])) for k in (BOTH, ENV, POLICY))
+    both, env, pol = (_medians(samples.get(k, [])) for k in (BOTH, ENV, POLICY))
     ratios = [both[x] / max(env[x], pol[x]) for x in both if x in env and x in pol]
     return max(1.0, float(np.median(ratios))) if ratios else 1.0
 
@@ -279,20 +273,21 @@ def hop_latency(samples: dict[str, list[tuple[int, float]]]) -> float:
     for each side, the median over sizes of (chain seconds per call - busy seconds per call),
     at least 0, summed over the two sides (each chained call pays one hand-off, and a step of
     the cycle has two). 0 when the samples have no busy times. Pure."""
-
-    def medians(rows: list[tuple[int, float]]) -> dict[int, float]:
-        by: dict[int, list[float]] = {}
-        for x, t in rows:
-            by.setdefault(x, []).append(t)
-        return {x: float(np.median(v)) for x, v in by.items()}
-
     total = 0.0
     for side in (ENV, POLICY):
-        chain, busy = medians(samples.get(side, [])), medians(samples.get(BUSY[side], []))
+        chain, busy = _medians(samples.get(side, [])), _medians(samples.get(BUSY[side], []))
         gaps = [chain[x] - busy[x] for x in chain if x in busy]
         if gaps:
             total += max(0.0, float(np.median(gaps)))
     return total
+
+
+def _medians(rows: list[tuple[int, float]]) -> dict[int, float]:
+    """Median seconds per size of (size, seconds) rows."""
+    by: dict[int, list[float]] = {}
+    for x, t in rows:
+        by.setdefault(x, []).append(t)
+    return {x: float(np.median(v)) for x, v in by.items()}
 
 
 def _refs(handles: list[Handle]) -> list[Any]:
@@ -349,7 +344,7 @@ def cycle_profile(
     themselves, that predicted the cycle better than ``split_hops=True``, which costs
     components their busy time and gives the cycle the rest as ``hop_s``, latency that ring
     groups hide. Handing results over is not idle waiting on these machines (serialising and
-    scheduling takes cores; scripts/gpu/RESULTS.md, "cycle model on the same workers"), but
+    scheduling takes cores; scripts/gpu/RESULTS.md, session of 2026-11-30), but
     where it is (a remote simulator, a network round trip) ``split_hops`` models it.
     """
     from loomrl.plan import load_profile

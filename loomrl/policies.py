@@ -101,14 +101,30 @@ class _Heads(nn.Module):
                 "write an nn.Module with act()/evaluate() for other spaces"
             )
 
-    def dist(self, out: Tensor) -> Normal | Categorical:
+    def dist(self, out: Tensor, validate: bool | None = None) -> Normal | Categorical:
+        """``validate=False`` skips torch.distributions' argument checks: on a GPU each check
+        waits for the device to copy a flag back, a pause in the middle of every act."""
         if self.discrete:
-            return Categorical(logits=out)
-        return Normal(out, self.log_std.exp().expand_as(out))
+            return Categorical(logits=out, validate_args=validate)
+        return Normal(out, self.log_std.exp().expand_as(out), validate_args=validate)
+
+    def noise(self, generators: Sequence[torch.Generator], device: Any) -> Tensor:
+        """The standard-normal noise of each row from its generator [B, action_dim], drawn on
+        the host and copied to ``device``. Drawn before the forward is queued, the copy waits
+        for nothing; drawn after it, the copy waits until the forward has finished."""
+        return torch.stack([torch.randn(self.action_dim, generator=g) for g in generators]).to(
+            device
+        )
 
     def sample(
-        self, out: Tensor, generators: Sequence[torch.Generator] | None, deterministic: bool
+        self,
+        out: Tensor,
+        generators: Sequence[torch.Generator] | None,
+        deterministic: bool,
+        eps: Tensor | None = None,
     ) -> Tensor:
+        """An action per row of ``out``; ``eps``: the rows' noise (``noise(generators)``)
+        when already drawn (continuous actions)."""
         if self.discrete:
             if deterministic:
                 a = out.argmax(-1)
@@ -125,16 +141,16 @@ class _Heads(nn.Module):
             return a
         if deterministic:
             return out
-        if generators is None:
-            eps = torch.randn_like(out)
-        else:
-            eps = torch.stack([torch.randn(self.action_dim, generator=g) for g in generators]).to(
-                out
+        if eps is None:
+            eps = (
+                torch.randn_like(out) if generators is None else self.noise(generators, out.device)
             )
-        return out + self.log_std.exp() * eps
+        return out + self.log_std.exp() * eps.to(out)
 
-    def log_prob(self, out: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
-        d = self.dist(out)
+    def log_prob(
+        self, out: Tensor, action: Tensor, validate: bool | None = None
+    ) -> tuple[Tensor, Tensor]:
+        d = self.dist(out, validate)
         if self.discrete:
             return d.log_prob(action.long() - self.start), d.entropy()
         return d.log_prob(action.reshape(out.shape)).sum(-1), d.entropy().sum(-1)
@@ -170,9 +186,14 @@ class _ActorCriticBase(nn.Module):
             raise ValueError(
                 f"act: got {len(generators)} generators for {obs.shape[0]} observations; pass one per row"
             )
+        eps = None
+        if generators is not None and not deterministic and not self.heads.discrete:
+            eps = self.heads.noise(generators, obs.device)
         out, value = self._rows(obs)
-        a = self.heads.sample(out, generators, deterministic)
-        logp, _ = self.heads.log_prob(out, self.heads.to_env(a))
+        a = self.heads.sample(out, generators, deterministic, eps)
+        # Unchecked: every check would stall a GPU call (non-finite actions are refused by
+        # the env, which names them); training's evaluate() keeps torch's default checks.
+        logp, _ = self.heads.log_prob(out, self.heads.to_env(a), validate=False)
         return self.heads.to_env(a), logp, value
 
     def evaluate(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -6,6 +6,7 @@
 #   embodied_sweep (pixels at several num_envs:S, EMB_SWEEP="16:32 32:32 64:16"; SKIP_MODELS=1)
 #   overlap (env and policy costs alone and at once, and the cycle at k = 1, 2, 4 on the same
 #   workers: scripts/gpu/cycle_overlap.py at OV_SWEEP="16:4:4 64:4:4", num_envs:workers:cores)
+#   policy_call (where one pixel policy call spends its time, alone and beside EGL renderers)
 # Needs (carried, ignored by git): out/gpu_wheels/ray_slim.tar.xz, out/gpu_wheels/whl/*.whl,
 # out/gpu_wheels/tok/models/smollm2-135m-instruct (tokenizer only), optionally out/gpu_wheels/emb/*.whl
 # and .gl/*.deb (GL loaders for rendering).
@@ -102,6 +103,8 @@ for s in "${STAGES[@]}"; do
         stage "overlap_e${e}_w${w}" ${OV_CAP:-150} python3 scripts/gpu/cycle_overlap.py --num-envs "$e" \
             --env-workers "$w" --env-cores "$co" --steps ${OV_STEPS:-32} ${OV_FLAGS:-} --out "$OUT/overlap_e${e}_w${w}.json"
     done ;;
+    policy_call) stage policy_call 150 python3 scripts/gpu/policy_call.py --renderers ${PC_RENDERERS:-4} \
+        --out "$OUT/policy_call.json" ;;
     *) echo "unknown stage $s" ;;
     esac
 done

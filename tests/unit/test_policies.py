@@ -51,6 +51,26 @@ def test_gaussian_act_and_evaluate_agree():
     assert_close(ent, torch.full((6,), 3 * 0.5 * np.log(2 * np.pi * np.e), dtype=torch.float32))
 
 
+def test_act_draws_the_same_noise_first_and_leaves_checks_to_training():
+    # act draws each row's noise before the forward (so its copy to a GPU waits for nothing):
+    # the same draws as sampling after it.
+    p = MLPActorCritic(5, BOX, seed=0)
+    obs = torch.randn(4, 5)
+    a, logp, _ = p.act(obs, generators=row_generators(0, range(4), [2] * 4))
+    out, _ = p._forward(obs)
+    late = p.heads.sample(out, row_generators(0, range(4), [2] * 4), deterministic=False)
+    assert torch.equal(a, late)
+    assert_close(logp, p.evaluate(obs, a)[0])
+    # act skips torch.distributions' argument checks (each would wait for a GPU); a broken
+    # network's NaN actions are refused where they are used, and training still checks.
+    with torch.no_grad():
+        p.actor[0].weight.fill_(float("nan"))
+    a, logp, _ = p.act(obs, generators=row_generators(0, range(4), [3] * 4))
+    assert torch.isnan(a).all() and torch.isnan(logp).all()
+    with pytest.raises(ValueError, match="loc"):
+        p.evaluate(obs, torch.zeros(4, 3))
+
+
 def test_categorical_policy_and_discrete_start():
     space = gym.spaces.Discrete(4, start=1)
     p = MLPActorCritic(5, space, seed=0)

@@ -1,0 +1,169 @@
+"""Where one call of the pixel policy spends its fixed cost on a GPU, alone and beside renderers.
+
+    python scripts/gpu/policy_call.py --renderers 4 --out policy_call.json
+
+In one process (no Ray), the built-in CNN policy acts the way ``PolicyWorker._act`` does on
+n = 1, 8, 32, 64 rows of 64x64 images, row by row with one generator per row. Timed per call
+(median of reps), each path ending with the results on the host:
+
+* ``act``: host -> GPU copy, forward row by row, sampling, three GPU -> host copies (action,
+  log-prob, value), as the worker does;
+* ``act_one_copy``: the same with the three results copied back in one tensor;
+* ``act_noise_first``: also the per-row noise drawn and copied to the GPU before the forward
+  (instead of after it, where that copy waits for the forward to finish);
+* ``act_no_checks``: that, and torch.distributions' argument validation off (its checks copy
+  a flag back from the GPU, another wait in the middle of the call);
+* ``forward``: forward row by row and one synchronise;
+* ``h2d``: the host -> GPU copy of the images and one synchronise;
+* ``gens``: building the per-row generators (host only).
+
+Then the same again while ``--renderers`` processes render MuJoCo frames with EGL on the same GPU
+nonstop (as env workers do in a split cycle). Prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import time
+from pathlib import Path
+
+
+def render_forever(stop, size: int) -> None:
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    import gymnasium as gym
+
+    env = gym.make("InvertedPendulum-v5", render_mode="rgb_array", width=size, height=size)
+    env.reset(seed=0)
+    while not stop.is_set():
+        env.step(env.action_space.sample())
+        env.render()
+
+
+def time_size(net, dev: str, n: int, reps: int) -> dict:
+    """Median seconds of each path on n rows."""
+    import numpy as np
+    import torch
+
+    from loomrl.policies import row_generators
+
+    raw = np.random.default_rng(0).integers(0, 255, (n, 3, 64, 64), dtype=np.uint8)
+    ids, steps = list(range(n)), [3] * n
+
+    def sync() -> None:
+        if dev == "cuda":
+            torch.cuda.synchronize()
+
+    def act() -> None:
+        gens = row_generators(0, ids, steps)
+        a, logp, v = net.act(torch.as_tensor(raw).to(dev), generators=gens)
+        a.cpu(), logp.float().cpu(), v.float().cpu()
+
+    def act_one_copy() -> None:
+        gens = row_generators(0, ids, steps)
+        a, logp, v = net.act(torch.as_tensor(raw).to(dev), generators=gens)
+        torch.cat([a.float().reshape(n, -1), logp.float()[:, None], v.float()[:, None]], 1).cpu()
+
+    def act_noise_first() -> None:
+        # The per-row noise drawn on the host and copied before the forward is queued, so that
+        # no host -> GPU copy waits for the forward in the middle of the call.
+        gens = row_generators(0, ids, steps)
+        eps = torch.stack([torch.randn(net.heads.action_dim, generator=g) for g in gens])
+        o, eps = torch.as_tensor(raw).to(dev), eps.to(dev)
+        with torch.no_grad():
+            out, v = net._rows(o)
+            a = out + net.heads.log_std.exp() * eps
+            logp, _ = net.heads.log_prob(out, net.heads.to_env(a))
+            a = net.heads.to_env(a)
+        torch.cat([a.float().reshape(n, -1), logp.float()[:, None], v.float()[:, None]], 1).cpu()
+
+    def act_no_checks() -> None:
+        # Also without torch.distributions' argument checks, whose .all() waits for the GPU.
+        torch.distributions.Distribution.set_default_validate_args(False)
+        try:
+            act_noise_first()
+        finally:
+            torch.distributions.Distribution.set_default_validate_args(True)
+
+    def forward() -> None:
+        with torch.no_grad():
+            net._rows(torch.as_tensor(raw).to(dev))
+        sync()
+
+    def h2d() -> None:
+        torch.as_tensor(raw).to(dev)
+        sync()
+
+    def gens() -> None:
+        row_generators(0, ids, steps)
+
+    row = {}
+    paths = (
+        ("act", act),
+        ("act_one_copy", act_one_copy),
+        ("act_noise_first", act_noise_first),
+        ("act_no_checks", act_no_checks),
+        ("forward", forward),
+        ("h2d", h2d),
+    )
+    for name, f in (*paths, ("gens", gens)):
+        f()
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t)
+        row[name] = statistics.median(ts)
+    return row
+
+
+def measure(reps: int, sizes: list[int]) -> dict:
+    import gymnasium as gym
+    import numpy as np
+    import torch
+
+    from loomrl.policies import make_policy
+
+    obs_space = gym.spaces.Box(0, 255, (3, 64, 64), np.uint8)
+    act_space = gym.spaces.Box(-3.0, 3.0, (1,), np.float32)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run of the script
+    net = make_policy(obs_space, act_space, 0).to(dev)
+    return {n: time_size(net, dev, n, reps) for n in sizes}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--renderers", type=int, default=4)
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    sizes = [1, 8, 32, 64]
+    res = {"alone": measure(args.reps, sizes)}
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    procs = [ctx.Process(target=render_forever, args=(stop, 64)) for _ in range(args.renderers)]
+    for q in procs:
+        q.start()
+    time.sleep(5.0)  # the renderers start their GL contexts
+    res["beside_renderers"] = measure(args.reps, sizes)
+    stop.set()
+    for q in procs:
+        q.join(timeout=10)
+        if q.is_alive():
+            q.kill()
+    for case, rows in res.items():
+        for n, r in rows.items():
+            print(
+                f"{case:<17} n={n:>3}: "
+                + "  ".join(f"{k} {1e3 * v:6.2f}" for k, v in r.items())
+                + "  (ms)"
+            )
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()
