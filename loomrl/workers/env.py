@@ -10,11 +10,18 @@ worker part of that group) and the part it should apply, so the policy's result 
 to every env worker of the group as one Ray object reference, without a round trip through the
 driver. Every reply carries what the policy needs next: the observations to act on and the
 (global env id, env step) keys of those rows.
+
+A pixel env worker placed on a GPU renders (EGL) on that GPU: rendering beside the policy on one
+GPU slowed both sides when they ran at once (a split cycle), while rendering on a GPU of its
+own did not (scripts/gpu/RESULTS.md, session of 2026-11-30). ``MUJOCO_EGL_DEVICE_ID``, when set,
+wins.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -23,12 +30,24 @@ import numpy as np
 from loomrl.envs.vec import EnvConfig, VecEnv
 from loomrl.worker import Worker
 
-__all__ = ["EnvWorker", "StepReply"]
+__all__ = ["EnvWorker", "StepReply", "egl_device_for"]
 
 StepReply = dict[str, Any]
 """What ``EnvWorker.observe`` / ``step`` return, arrays indexed by row of the stepped slice:
 obs[n, *obs_shape] (to act on next), env_ids[n], env_steps[n] (sampling keys of those rows);
 ``step`` adds final_obs, reward, terminated, truncated, failed (see ``loomrl.envs.StepResult``)."""
+
+
+def egl_device_for(visible: str | None, environ: Mapping[str, str]) -> str | None:
+    """The ``MUJOCO_EGL_DEVICE_ID`` for a worker whose ``CUDA_VISIBLE_DEVICES`` is ``visible``:
+    its first GPU (EGL does not read ``CUDA_VISIBLE_DEVICES``, so without it every worker
+    renders on EGL device 0). None when there is nothing to set: the variable is already set
+    in ``environ``, no GPU is visible, or GPUs are named by UUID. Assumes EGL lists NVIDIA GPUs
+    in CUDA's order, as it did on the H200 hosts (nvidia-smi showed the renderers there). Pure."""
+    if "MUJOCO_EGL_DEVICE_ID" in environ or not visible:
+        return None
+    first = visible.split(",")[0].strip()
+    return first if first.isdigit() else None
 
 
 class EnvWorker(Worker):
@@ -37,6 +56,10 @@ class EnvWorker(Worker):
     def __init__(self, env: EnvConfig) -> None:
         super().__init__()
         self.cfg = env
+        if env.pixels and self.device_kind == "gpu":
+            dev = egl_device_for(os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ)
+            if dev is not None:  # before the first render creates the EGL display
+                os.environ["MUJOCO_EGL_DEVICE_ID"] = dev
         self.venv = VecEnv(env, index_offset=self.rank * env.num_envs)
         self.busy_s = 0.0  # time spent inside step(), for the cycle's timing report
         self.calls = 0

@@ -85,6 +85,11 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-variants", action="store_true", help="skip the batched / state rows")
+    p.add_argument(
+        "--render-device",
+        default=None,
+        help="MUJOCO_EGL_DEVICE_ID for the env workers (render on another GPU than the policy's)",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -113,6 +118,8 @@ def main() -> None:
     cluster = Cluster.start(log_to_driver=False)
     res: dict = {"args": vars(args), "load_average_start": os.getloadavg()}
 
+    render_env = {"MUJOCO_EGL_DEVICE_ID": args.render_device} if args.render_device else None
+
     def launch_env(cfg):
         return cluster.launch(
             EnvWorker,
@@ -121,6 +128,7 @@ def main() -> None:
             devices=[0],
             num_cpus=cfg.env.cpu_cores,
             name="env",
+            env=render_env,
         )
 
     env_px = launch_env(cfg_px)

@@ -100,8 +100,9 @@ for s in "${STAGES[@]}"; do
     done ;;
     overlap) for c in ${OV_SWEEP:-16:4:4 64:4:4}; do  # num_envs:env workers:cores per worker
         IFS=: read -r e w co <<< "$c"
-        stage "overlap_e${e}_w${w}" ${OV_CAP:-150} python3 scripts/gpu/cycle_overlap.py --num-envs "$e" \
-            --env-workers "$w" --env-cores "$co" --steps ${OV_STEPS:-32} ${OV_FLAGS:-} --out "$OUT/overlap_e${e}_w${w}.json"
+        stage "overlap_e${e}_w${w}${OV_RENDER:+_r$OV_RENDER}" ${OV_CAP:-150} python3 scripts/gpu/cycle_overlap.py --num-envs "$e" \
+            --env-workers "$w" --env-cores "$co" --steps ${OV_STEPS:-32} ${OV_FLAGS:-} \
+            ${OV_RENDER:+--render-device "$OV_RENDER"} --out "$OUT/overlap_e${e}_w${w}${OV_RENDER:+_r$OV_RENDER}.json"
     done ;;
     policy_call) stage policy_call 150 python3 scripts/gpu/policy_call.py --renderers ${PC_RENDERERS:-4} \
         --out "$OUT/policy_call.json" ;;

@@ -259,3 +259,14 @@ def test_fetch_reach_flattens_dict_observations():
     assert obs.shape == (2, 16)
     r = env.step(np.zeros((2, 4), np.float32))
     assert r.obs.shape == (2, 16)
+
+
+def test_pixel_env_workers_render_on_the_gpu_they_are_placed_on():
+    from loomrl.workers.env import egl_device_for
+
+    assert egl_device_for("1", {}) == "1"
+    assert egl_device_for("3,2", {}) == "3"  # the worker's first GPU
+    # Set by the user: theirs wins; nothing visible (CPU slots) or GPU UUIDs: nothing to set.
+    assert egl_device_for("1", {"MUJOCO_EGL_DEVICE_ID": "0"}) is None
+    assert egl_device_for(None, {}) is None and egl_device_for("", {}) is None
+    assert egl_device_for("GPU-8a1f", {}) is None
