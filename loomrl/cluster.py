@@ -48,6 +48,7 @@ class Node:
     num_cpus: float
     num_gpus: float
     devices: tuple[Device, ...] = field(default=())
+    memory_bytes: float = 0.0  # what Ray lets tasks on this node use (its "memory" resource)
 
 
 class Cluster:
@@ -140,6 +141,16 @@ class Cluster:
             return False
         per_node = max(len([d for d in self.devices if d.node == n.index]) for n in self.nodes)
         return _count_local_gpus() >= per_node
+
+    @functools.cached_property
+    def device_memory_gb(self) -> float | None:
+        """Memory of the smallest device in GB, None when unknown. A real GPU: its total memory
+        (nvidia-smi, on this machine). A CPU slot (or a logical device of a CPU machine): its
+        share of the host memory Ray lets tasks use, as the slots of a node share it."""
+        if self.has_cuda:
+            return _local_gpu_memory_gb()
+        shares = [n.memory_bytes / len(n.devices) / 1e9 for n in self.nodes if n.devices]
+        return min(shares) if shares and min(shares) > 0 else None
 
     def inventory(self) -> dict[str, Any]:
         return {
@@ -295,6 +306,30 @@ def _count_local_gpus() -> int:
         return 0
 
 
+def _local_gpu_memory_gb() -> float | None:
+    """Total memory of the smallest visible GPU here in GB (nvidia-smi; None if it cannot say)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    keep = None if vis is None else {v.strip() for v in vis.split(",")}
+    mib = [
+        float(m)
+        for i, m in (line.split(",") for line in out.strip().splitlines() if "," in line)
+        if keep is None or i.strip() in keep
+    ]
+    return min(mib) * 1024**2 / 1e9 if mib else None
+
+
 def _take_inventory(num_devices: int | None) -> list[Node]:
     import ray
 
@@ -312,5 +347,6 @@ def _take_inventory(num_devices: int | None) -> list[Node]:
             count, kind = (num_devices if num_devices is not None else max(1, int(cpus))), "cpu"
         devs = tuple(Device(next_index + j, i, j, kind) for j in range(count))
         next_index += count
-        nodes.append(Node(i, n["NodeID"], n.get("NodeManagerAddress", "?"), cpus, gpus, devs))
+        mem = float(res.get("memory", 0.0))
+        nodes.append(Node(i, n["NodeID"], n.get("NodeManagerAddress", "?"), cpus, gpus, devs, mem))
     return nodes

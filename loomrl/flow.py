@@ -374,7 +374,7 @@ class Flow:
                     f"placement={str(placement)!r}: not one of {PLACEMENTS} and no such plan file"
                 )
             pinned = PlanCls.load(path)
-            self._check_pinned(pinned)
+            self._check_pinned(pinned, memory=True)
             self._launch(pinned)
             self.plan_ = pinned
             return pinned
@@ -547,7 +547,10 @@ class Flow:
         self.profile_ = prof
         return fixed_plan(prof, plan.tree, M, method="calibrated")
 
-    def _check_pinned(self, plan: Plan) -> None:
+    def _check_pinned(self, plan: Plan, memory: bool = False) -> None:
+        """Refuse a plan that does not fit this workflow and cluster, naming every problem;
+        ``memory``: also its peak memory per device against the devices' (a plan file may come
+        from another machine; plans searched here were searched for the profile's memory)."""
         problems = []
         comps = set(plan.assignment())
         known = set(self.components)
@@ -560,6 +563,14 @@ class Flow:
         if plan.devices > self.cluster.num_devices:
             problems.append(
                 f"the plan uses {plan.devices} devices but the cluster has {self.cluster.num_devices}"
+            )
+        have = self.cluster.device_memory_gb if memory else None
+        if have is not None and plan.memory_gb > have:
+            problems.append(
+                f"the plan's peak memory is {plan.memory_gb:.1f} GB per device but a "
+                f"{self.cluster.device_kind} device here has {have:.1f} GB; pin a plan searched "
+                f"with device_memory_gb <= {have:.1f} (loomrl plan PROFILE --devices N), or let "
+                "placement=auto plan for this cluster"
             )
         if problems:
             raise PlanError(

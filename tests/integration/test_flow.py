@@ -158,6 +158,24 @@ def test_pinned_plan_that_does_not_match_is_refused(cluster, demo_profile):
         flow.plan("sideways")
 
 
+def test_pinned_plan_whose_memory_cannot_fit_is_refused(cluster, demo_profile):
+    from dataclasses import replace
+
+    from loomrl.plan.search import search
+
+    have = cluster.device_memory_gb
+    assert have is not None and have > 0  # a slot's share of the host memory Ray lets tasks use
+    fits = search(demo_profile, mode="temporal")
+    flow = Flow(cluster)
+    stages = [flow.group(Hog, 1, name=n) for n in ("encode", "transform", "reduce")]
+    flow.chain(*(g.step for g in stages))
+    with pytest.raises(
+        PlanError, match=r"peak memory is .* GB per device but a \w+ device here has"
+    ):
+        flow.plan(_save(replace(fits, memory_gb=have * 2)))
+    assert all(c.group is None for c in flow.components.values())  # nothing was started
+
+
 def test_stage_seconds_counts_overlapping_ranks_once():
     from loomrl.flow import FlowResult
 
