@@ -57,6 +57,7 @@ __all__ = [
     "measure_costs",
     "overlap_slowdown",
     "placement_from_plan",
+    "time_chain",
     "ring_groups",
 ]
 
@@ -210,8 +211,8 @@ def measure_costs(
     running at once (as the sides of a split cycle overlap): its ratio to the slower side alone
     is the overlap slowdown. ``samples["env_busy"]`` etc. hold, for the same chains, the seconds
     per call the side's worker was busy inside the call (the busiest env worker; for "both_busy"
-    the busier side): the rest of a chain's call is hand-off latency, which ring groups hide
-    (``hop_latency``). The probe advances the probe envs: use throw-away workers.
+    the busier side): the rest of a chain's call is the hand-off around it (``hop_latency``).
+    The probe advances the probe envs: use throw-away workers.
     """
     import ray
 
@@ -225,38 +226,43 @@ def measure_costs(
         parts = [wait(r.observe(0, per))[0] for r in ranks]
         reply = ray.put({k: np.concatenate([q[k] for q in parts]) for k in parts[0]})
 
-        def env_step(after: list[Handle], per: int = per, actions: list = actions) -> list[Handle]:
-            prev = _refs(after)
-            return [r.step([a], 0, 0, per, *prev) for r, a in zip(ranks, actions, strict=True)]
-
-        def chain(side: str, n: int, reply: Any = reply) -> tuple[float, float, float]:
-            """Seconds per call of a chain of n calls of ``side`` (ENV, POLICY or BOTH at once),
-            and the seconds per call the env workers (the busiest) and the policy were busy."""
-            wait(env.pop_busy(), p.pop_busy())
-            last_e: list[Handle] = []
-            last_p: list[Handle] = []
-            t = time.perf_counter()
-            for _ in range(n):
-                if side != POLICY:
-                    last_e = env_step(last_e)
-                if side != ENV:
-                    last_p = [p.probe(reply, *_refs(last_p))]
-            wait(*last_e, *last_p)
-            took = (time.perf_counter() - t) / n
-            env_busy, (pol_busy,) = wait(env.pop_busy(), p.pop_busy())
-            return took, max(env_busy) / n, pol_busy / n
-
-        wait(*env_step([]), p.probe(reply))  # warm-up
+        time_chain(ranks, p, per, actions, reply, BOTH, 1)  # warm-up
         for side in (ENV, POLICY, BOTH):
-            per_call = chain(side, reps)[0]  # also sizes the timed chains
+            per_call = time_chain(ranks, p, per, actions, reply, side, reps)[0]  # sizes the chains
             n = min(16 * reps, max(reps, math.ceil(min_chain_s / max(per_call, 1e-6))))
             for _ in range(3):  # the median of three chains shrugs off one stalled chain
-                took, env_busy, pol_busy = chain(side, n)
+                took, env_busy, pol_busy = time_chain(ranks, p, per, actions, reply, side, n)
                 samples[side].append((x, took))
                 busy = {ENV: env_busy, POLICY: pol_busy, BOTH: max(env_busy, pol_busy)}[side]
                 samples[BUSY[side]].append((x, busy))
     update_s = wait(p.time_update(steps))[0]
     return {"samples": samples, "update_s": update_s, "num_envs": num_envs, "env_workers": w}
+
+
+def time_chain(
+    ranks: list[Any], policy: Any, per: int, actions: list[Any], reply: Any, side: str, n: int
+) -> tuple[float, float, float]:
+    """Seconds per call of a chain of n calls of ``side`` (ENV, POLICY or BOTH at once), and the
+    seconds per call the env workers (the busiest) and the policy were busy inside their calls.
+
+    An env call steps the first ``per`` envs of every env worker view in ``ranks`` with
+    ``actions[r]``; a policy call is ``policy.probe(reply)`` on stored observations. Every call
+    waits for the previous one's result, passed worker to worker by reference, as the cycle
+    chains them."""
+    wait(*[r.pop_busy() for r in ranks], policy.pop_busy())
+    last_e: list[Handle] = []
+    last_p: list[Handle] = []
+    t = time.perf_counter()
+    for _ in range(n):
+        if side != POLICY:
+            prev = _refs(last_e)
+            last_e = [r.step([a], 0, 0, per, *prev) for r, a in zip(ranks, actions, strict=True)]
+        if side != ENV:
+            last_p = [policy.probe(reply, *_refs(last_p))]
+    wait(*last_e, *last_p)
+    took = (time.perf_counter() - t) / n
+    *env_busy, pol_busy = (b[0] for b in wait(*[r.pop_busy() for r in ranks], policy.pop_busy()))
+    return took, max(env_busy) / n, pol_busy / n
 
 
 def overlap_slowdown(samples: dict[str, list[tuple[int, float]]]) -> float:
@@ -350,15 +356,12 @@ def cycle_profile(
     from loomrl.plan import load_profile
 
     samples = costs["samples"]
-    if split_hops and samples.get(BUSY[ENV]) and samples.get(BUSY[POLICY]):
-        busy = {side: samples.get(BUSY[side], []) for side in (ENV, POLICY, BOTH)}
-        a_e, p_e = _fit_line(busy[ENV])
-        a_p, p_p = _fit_line(busy[POLICY])
-        slowdown, hop = overlap_slowdown(busy), hop_latency(samples)
-    else:  # chain times only: hand-offs stay inside the components' costs (hop 0)
-        a_e, p_e = _fit_line(samples[ENV])
-        a_p, p_p = _fit_line(samples[POLICY])
-        slowdown, hop = overlap_slowdown(samples), 0.0
+    split = bool(split_hops and samples.get(BUSY[ENV]) and samples.get(BUSY[POLICY]))
+    # Without the split, chain times: hand-offs stay inside the components' costs (hop 0).
+    fit = {side: samples.get(BUSY[side], []) for side in BUSY} if split else samples
+    a_e, p_e = _fit_line(fit[ENV])
+    a_p, p_p = _fit_line(fit[POLICY])
+    slowdown, hop = overlap_slowdown(fit), (hop_latency(samples) if split else 0.0)
     valid = [n for n in range(1, devices + 1) if num_envs % n == 0]
     if host_env_workers is None:
         env_valid, workers = valid, {n: n for n in valid}

@@ -95,7 +95,7 @@ def cycle_time(
         ta, tb = a.time(na, items / k), b.time(nb, items / k)
         if k >= 2:
             ta, tb = slowdown * ta, slowdown * tb
-    if not hop:
+    if not hop:  # the same value, in the baseline's own arithmetic: existing plans keep theirs
         return steps * (ta + tb) if k == 1 else steps * k * max(ta, tb) + min(ta, tb)
     period = max(k * max(ta, tb), ta + tb + hop)
     return (steps - 1) * period + (k - 1) * max(ta, tb) + ta + tb + hop / 2

@@ -25,34 +25,13 @@ import argparse
 import json
 import os
 import statistics
-import time
 from pathlib import Path
-
-
-def chain_s(
-    env_ranks: list, per: int, actions: list, pol: object, reply: object, side: str, n: int
-) -> float:
-    """Seconds per call of n chained calls of one side ('env', 'policy') or both at once."""
-    from loomrl.worker import wait
-
-    last_e: list = []
-    last_p: list = []
-    t = time.perf_counter()
-    for _ in range(n):
-        if side != "policy":
-            prev = [h.refs[0] for h in last_e]
-            last_e = [
-                r.step([a], 0, 0, per, *prev) for r, a in zip(env_ranks, actions, strict=True)
-            ]
-        if side != "env":
-            last_p = [pol.probe(reply, *[h.refs[0] for h in last_p])]
-    wait(*last_e, *last_p)
-    return (time.perf_counter() - t) / n
 
 
 def sides(envs, pol, reply_of: dict, sizes: list[int], n: int, reps: int) -> dict:
     """{size: {env, policy, both, slowdown}} medians over reps chains (reply_of[size]: the
     stored observations the policy acts on)."""
+    from loomrl.cycle import time_chain
     from loomrl.worker import wait
 
     w = envs.world_size
@@ -63,11 +42,11 @@ def sides(envs, pol, reply_of: dict, sizes: list[int], n: int, reps: int) -> dic
         actions = [wait(r.sample_actions(per))[0] for r in ranks]
         wait(*[r.observe(0, per) for r in ranks])  # resets envs that never were
         reply = reply_of[x]
-        chain_s(ranks, per, actions, pol, reply, "both", 5)  # warm-up
+        time_chain(ranks, pol, per, actions, reply, "both", 5)  # warm-up
         row = {}
         for side in ("env", "policy", "both"):
             row[side] = statistics.median(
-                chain_s(ranks, per, actions, pol, reply, side, n) for _ in range(reps)
+                time_chain(ranks, pol, per, actions, reply, side, n)[0] for _ in range(reps)
             )
         row["slowdown"] = row["both"] / max(row["env"], row["policy"])
         out[x] = row
