@@ -7,8 +7,10 @@ Runs ``loomrl.recipes.embodied_ppo`` with placement temporal (env and policy co-
 alternating), hybrid (env and policy on disjoint devices, k ring groups, training time-shared),
 spatial (when the device count allows one), and auto (the planner picks from costs the recipe
 measures itself). For each: the plan (env devices, or "host" for env workers on host cores beside
-the accelerators, x the number of env workers | policy devices | k), the planner's predicted
-seconds per iteration, the measured median after warm-up, and env-steps/s. Exits 1 when the
+the accelerators, x the number of env workers | policy devices | k), the model's seconds per
+iteration from the measured costs ("model"), the prediction after the recipe timed the plan on
+short real rollouts ("pred", what the run reports), the measured median after warm-up, and
+env-steps/s. Exits 1 when the
 plan auto chose is more than 5% slower than the best measured plan (runs of the same placement,
 e.g. auto and the mode it picked, are pooled: they ran one plan). The last line reads
 ``auto_mode: <mode> best_mode: <mode> auto_vs_best: <ratio>``; the line before it, when both
@@ -68,10 +70,15 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
         recs = json.loads(line)["records"]
         collect += [r["end"] - r["start"] for r in recs if r["component"] == "env<->policy"]
     prof = out_dir / placement / "profile.json"  # the fitted costs the plan was chosen from
+    trials = out_dir / placement / "trials.json"  # short real rollouts timed before the run
+    tr = json.loads(trials.read_text()) if trials.exists() else None
     return {
         "mode": placement,
         "feasible": True,
+        # The model's own prediction, before the trial re-costed it to a measured rollout.
+        "model_s": tr["trials"][tr["chosen"]]["predicted_s"] if tr else s["predicted_iteration_s"],
         "profile": json.loads(prof.read_text())["components"] if prof.exists() else None,
+        "trials": tr,
         "plan_mode": s["plan"]["mode"],
         "placement": s["placement"],
         "predicted_s": s["predicted_iteration_s"],
@@ -95,6 +102,7 @@ def _merge(rs: list[dict]) -> dict:
     cyc = [t for r in ok for t in (r["collect_s"][1:] or r["collect_s"])]
     out["collect_median_s"] = statistics.median(cyc) if cyc else None
     out["predicted_s"] = statistics.median(r["predicted_s"] for r in ok)
+    out["model_s"] = statistics.median(r["model_s"] for r in ok)
     out["env_steps_per_s"] = ok[0]["env_steps_per_s"] * ok[0]["measured_s"] / out["measured_s"]
     out["rounds"] = rs
     out["plans"] = [(r["plan_mode"], r["placement"]) for r in ok]
@@ -169,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         f"device={args.device} load average at start {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
     )
     print(
-        f"{'mode':<9}{'plan':<10}{'env':<11}{'pol dev':<9}{'k':>3}{'pred s/it':>11}"
-        f"{'meas s/it':>11}{'error':>8}{'env-steps/s':>13}{'cycle s':>9}"
+        f"{'mode':<9}{'plan':<10}{'env':<11}{'pol dev':<9}{'k':>3}{'model s/it':>11}{'error':>8}"
+        f"{'pred s/it':>11}{'meas s/it':>11}{'error':>8}{'env-steps/s':>13}{'cycle s':>9}"
     )
     for r in results:
         if not r["feasible"]:
@@ -178,9 +186,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         pl = r["placement"]
         err = (r["measured_s"] - r["predicted_s"]) / r["predicted_s"]
+        m_err = (r["measured_s"] - r["model_s"]) / r["model_s"]
         print(
             f"{r['mode']:<9}{r['plan_mode']:<10}{_env_where(pl):<11}"
-            f"{str(pl['policy_devices']):<9}{pl['groups']:>3}{r['predicted_s']:>11.3f}"
+            f"{str(pl['policy_devices']):<9}{pl['groups']:>3}{r['model_s']:>11.3f}"
+            f"{100 * m_err:>+7.1f}%{r['predicted_s']:>11.3f}"
             f"{r['measured_s']:>11.3f}{100 * err:>+7.1f}%{r['env_steps_per_s']:>13.0f}"
             f"{r.get('collect_median_s') or float('nan'):>9.3f}"
         )

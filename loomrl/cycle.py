@@ -334,6 +334,7 @@ def cycle_profile(
     devices_per_node: int | None = None,
     host_env_workers: int | None = None,
     split_hops: bool = False,
+    env_renders: bool = False,
 ) -> Any:
     """A workload profile of env <-> policy (S = ``steps``) followed by ``actor_train``.
 
@@ -344,7 +345,12 @@ def cycle_profile(
     With ``host_env_workers=W`` (accelerators: env computes on host cores) env is W workers at
     every device count from 0 (host cores only, beside the policy's devices) to ``devices``.
     Env samples taken with ``costs["env_workers"]`` workers side by side already carry that
-    parallelism: per-env costs divide by workers / that.
+    parallelism: per-env costs divide by workers / that. ``env_renders``: the host-core env
+    workers render on the GPU they are launched on, so with two devices or more env is not
+    offered 0 devices (beside the policy it would render on the policy's GPU, which slowed both
+    sides of a split cycle by 1.21-1.24x against 1.00-1.08x on a GPU of its own; the probe times
+    env and policy on different devices, the case that remains). On one device it is the only
+    split there is, and the probe measured it there.
 
     Components cost a chained call, hand-off included (hop 0): measured on the workers
     themselves, that predicted the cycle better than ``split_hops=True``, which costs
@@ -366,7 +372,7 @@ def cycle_profile(
     if host_env_workers is None:
         env_valid, workers = valid, {n: n for n in valid}
     else:
-        env_valid = [0, *range(1, devices + 1)]
+        env_valid = [*([0] if devices == 1 or not env_renders else []), *range(1, devices + 1)]
         workers = {n: host_env_workers for n in env_valid}
     probed = costs.get("env_workers", 1)
     tiny = 0.01  # GB: memory is not what limits a CPU simulator or a small policy

@@ -5,9 +5,11 @@ Run: loomrl run examples/ppo_inverted_pendulum.yaml [placement=temporal|hybrid|a
 Each iteration runs the env <-> policy cycle for S = ppo.rollout_steps / env.num_envs steps of
 every env (``loomrl.cycle``) and one PPO update (GAE, clipped policy and value losses, observation
 normalisation, reward scaling) on the policy worker. The plan decides which devices / cores the
-env workers and the policy worker get and how many ring groups k the envs are cut into; with
-``placement=auto`` the recipe first times a few env steps and policy calls (cheap) and plans
-from those costs, and ``run.profile`` plans from a profile file instead.
+env workers and the policy worker get and how many ring groups k the envs are cut into. With a
+placement mode or ``auto`` the recipe first times a few env steps and policy calls (cheap) on
+throw-away workers, plans from those costs, then times the plan (auto: the close candidates) on
+short real rollouts on the same workers and predicts from that; ``run.profile`` plans from a
+profile file instead, and a plan file is run as it is.
 """
 
 from __future__ import annotations
@@ -53,9 +55,10 @@ class Config:
     target_return: float | None = None  # stop once the mean of the last `window` returns reaches it
     window: int = 10  # episodes in the reported episode_return
     probe_reps: int = 5  # timed calls per size when measuring costs for the planner
-    # placement=auto on measured costs: plans predicted within auto_trial_margin of the best are
-    # each timed on short real rollouts (auto_trial_steps and twice that), and the fastest runs
-    # (0 steps: trust the prediction alone).
+    # On measured costs the plan is timed on short real rollouts (rollouts of S steps, or of
+    # auto_trial_steps and twice that when S is longer) and its prediction re-costed to them;
+    # placement=auto times every plan predicted within auto_trial_margin of the best and runs
+    # the fastest (0 steps: trust the model alone). Results: trials.json in the run directory.
     auto_trial_steps: int = 16
     auto_trial_margin: float = 0.5
     run: RunConfig = field(default_factory=RunConfig)
@@ -205,37 +208,32 @@ def host_workers(cluster: Any, cfg: Config) -> int | None:
 
 
 def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
-    """Choose the plan (measured costs, a profile file, or a plan file) and map it to workers."""
-    from loomrl.plan import Plan, load_profile, search_all
+    """Choose the plan (measured costs, a profile file, or a plan file) and map it to workers.
+
+    On measured costs, the plan is then timed on short real rollouts (``trial``): placement=auto
+    times every close candidate and keeps the fastest; a pinned mode times its one plan. Either
+    way the plan's prediction is re-costed to the rollout the trial measured.
+    """
+    from loomrl.plan import Plan, load_profile
 
     rc, cluster = cfg.run, run.cluster
     hw = host_workers(cluster, cfg)
-    profile = None
     if rc.placement not in MODES:
         plan = Plan.load(rc.placement)
+    elif rc.profile and rc.profile != "calibrate":
+        profile = load_profile(rc.profile, devices=cluster.num_devices)
+        check_profile(profile, f"run.profile={rc.profile}")
+        plan = _chosen(run, profile, rc.placement)
     else:
-        measured = not (rc.profile and rc.profile != "calibrate")
-        if not measured:
-            profile = load_profile(rc.profile, devices=cluster.num_devices)
-            check_profile(profile, f"run.profile={rc.profile}")
-        else:
-            profile = measured_profile(cluster, cfg, steps, hw)
-        plans = search_all(profile)
-        key = "best" if rc.placement == "auto" else rc.placement
-        plan = best_split_plan(profile) if key == "hybrid" else plans[key]
-        if plan is None:
-            modes = {k: v for k, v in plans["best"].modes.items()}  # type: ignore[union-attr]
-            raise PlanError(
-                f"placement={rc.placement}: no {key} plan fits on {cluster.num_devices} device(s) "
-                f"(feasible modes and predicted s/iteration: {modes}); choose another placement"
-            )
-        (run.dir / "profile.json").write_text(json.dumps(profile.to_dict(), indent=2, default=str))
-        if key == "best" and measured and cfg.auto_trial_steps > 0 and cfg.groups is None:
-            others = [plans.get("temporal"), plans.get("spatial"), best_split_plan(profile)]
-            cands = _candidates(plan, others, cfg, cluster, hw)
-            plan, rollout_s = choose_by_trial(run, cfg, cands, steps)
-            if rollout_s is not None:
-                plan = calibrated_by_trial(profile, plan, rollout_s)
+        env, pol = launch_probe(cluster, cfg, hw)
+        try:
+            profile = measured_profile(cluster, cfg, steps, hw, env, pol)
+            plan = _chosen(run, profile, rc.placement)
+            if cfg.auto_trial_steps > 0 and cfg.groups is None:
+                plan = trial(run, cfg, profile, plan, steps, hw, (env, pol))
+        finally:
+            env.kill()
+            pol.kill()
     place = placement_from_plan(plan, cfg.env.num_envs, hw)
     if cfg.groups is not None:
         place = replace(place, groups=cfg.groups)
@@ -244,6 +242,43 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
     plan.save(run.dir / "plan.json")
     run.logger.echo(f"plan:\n{plan}\nplacement: {place.describe()}")
     return place
+
+
+def _chosen(run: Run, profile: Any, placement: str) -> Any:
+    """The plan of ``placement`` (a mode, or auto: the best) under ``profile``; saves the profile."""
+    from loomrl.plan import search_all
+
+    plans = search_all(profile)
+    key = "best" if placement == "auto" else placement
+    plan = best_split_plan(profile) if key == "hybrid" else plans[key]
+    if plan is None:
+        modes = {k: v for k, v in plans["best"].modes.items()}  # type: ignore[union-attr]
+        raise PlanError(
+            f"placement={placement}: no {key} plan fits on {profile.devices} device(s) "
+            f"(feasible modes and predicted s/iteration: {modes}); choose another placement"
+        )
+    (run.dir / "profile.json").write_text(json.dumps(profile.to_dict(), indent=2, default=str))
+    return plan
+
+
+def trial(
+    run: Run, cfg: Config, profile: Any, plan: Any, steps: int, hw: int | None, probe: tuple
+) -> Any:
+    """Time ``plan`` (auto: and every other plan predicted within the margin) on real rollouts
+    and return the fastest, re-costed to its measured rollout."""
+    from loomrl.plan import search_all
+
+    cluster = run.cluster
+    if cfg.run.placement == "auto":
+        plans = search_all(profile)
+        others = [plans.get("temporal"), plans.get("spatial"), best_split_plan(profile)]
+        cands = _candidates(plan, others, cfg, cluster, hw)
+    else:
+        place = placement_from_plan(plan, cfg.env.num_envs, hw)
+        check_cores(place, cfg.env.cpu_cores, cluster)  # before any worker is launched for it
+        cands = [(plan, place)]
+    plan, rollout_s = choose_by_trial(run, cfg, cands, steps, probe)
+    return calibrated_by_trial(profile, plan, rollout_s)
 
 
 def _candidates(
@@ -269,45 +304,66 @@ def _candidates(
 
 
 def choose_by_trial(
-    run: Run, cfg: Config, candidates: list[tuple], steps: int
-) -> tuple[Any, float | None]:
-    """Time short real rollouts of each candidate plan on fresh workers; return the fastest and
-    its estimated seconds for a ``steps``-step rollout (None when there was nothing to compare).
+    run: Run, cfg: Config, candidates: list[tuple], steps: int, probe: tuple | None = None
+) -> tuple[Any, float]:
+    """Time short real rollouts of each candidate plan; return the fastest and its estimated
+    seconds for a ``steps``-step rollout.
 
     The model ranks plans; where its ranking is within its own error (the margin), a measurement
-    decides. After a warm-up rollout, rollouts of L and 2L steps (L = auto_trial_steps, twice
-    each, medians) give a fixed cost per rollout plus a cost per step, so a trial shorter than
-    the real rollout still estimates it. The workers are thrown away: the run itself starts from
-    fresh, seeded workers.
+    decides, and the measurement re-costs the prediction. After a warm-up rollout, a rollout of
+    ``steps`` is timed three times (median) when ``steps`` <= 2L (L = auto_trial_steps);
+    longer ones are estimated from rollouts of L and 2L steps (twice each, medians) as a fixed
+    cost per rollout plus a cost per step. A candidate with as many env workers as the
+    cost probe's ``probe`` workers is timed on those (their devices may differ from the plan's:
+    with host-core env workers only rendering depends on the device, and a co-located plan
+    alternates, so nothing renders beside a running policy); others on fresh workers. Either
+    way the run itself starts from fresh, seeded workers.
     """
-    if len(candidates) < 2:
-        return candidates[0][0], None
-    short, t0, rows = cfg.auto_trial_steps, time.perf_counter(), []
-    for plan, place in candidates:
-        envs, policy, cyc = start_cycle(run.cluster, cfg, place)
+    L, t0, rows = cfg.auto_trial_steps, time.perf_counter(), []
+    lengths = (steps,) if steps <= 2 * L else (L, 2 * L)
+    fits = [probe is not None and probe[0].world_size == p.workers for _, p in candidates]
+    # Candidates the probe's workers can run go first; the probe then gives its cores back
+    # before fresh workers are launched (both at once may not fit the node).
+    order = sorted(range(len(candidates)), key=lambda i: not fits[i])
+    candidates = [candidates[i] for i in order]
+    for (plan, place), reuse in zip(candidates, [fits[i] for i in order], strict=True):
+        if reuse:
+            envs, policy = probe  # type: ignore[misc]
+            cyc = EnvPolicyCycle(
+                envs, policy, cfg.env.num_envs // place.workers, place.groups, cfg.pipelined
+            )
+        else:
+            for g in probe or ():
+                g.kill()
+            envs, policy, cyc = start_cycle(run.cluster, cfg, place)
         try:
-            cyc.collect(short)
-            t1, t2 = [], []
-            for _ in range(2):
-                t1.append(cyc.collect(short).wall_s)
-                t2.append(cyc.collect(2 * short).wall_s)
+            cyc.collect(min(lengths))
+            timed: dict[int, list[float]] = {n: [] for n in lengths}
+            for _ in range(3 if len(lengths) == 1 else 2):
+                for n in lengths:
+                    timed[n].append(cyc.collect(n).wall_s)
         finally:
-            envs.kill()
-            policy.kill()
-        per_step = max(0.0, (statistics.median(t2) - statistics.median(t1)) / short)
-        fixed = max(0.0, statistics.median(t1) - short * per_step)
+            if not reuse:
+                envs.kill()
+                policy.kill()
+        med = {n: statistics.median(v) for n, v in timed.items()}
+        if len(lengths) == 1:
+            rollout_s = med[steps]
+        else:
+            per_step = max(0.0, (med[2 * L] - med[L]) / L)
+            rollout_s = max(0.0, med[L] - L * per_step) + steps * per_step
         rows.append(
             {
                 "placement": place.describe(),
                 "predicted_s": plan.predicted_s,
-                "trial_step_s": per_step,
-                "trial_fixed_s": fixed,
-                "rollout_s": fixed + steps * per_step,
+                "probe_workers": reuse,
+                "timed_s": {str(n): v for n, v in timed.items()},
+                "rollout_s": rollout_s,
             }
         )
     pick = min(range(len(rows)), key=lambda i: rows[i]["rollout_s"])
     took = time.perf_counter() - t0
-    (run.dir / "auto_trials.json").write_text(
+    (run.dir / "trials.json").write_text(
         json.dumps({"trials": rows, "chosen": pick, "seconds": took}, indent=2)
     )
     timed = ", ".join(
@@ -315,9 +371,10 @@ def choose_by_trial(
         f"k={r['placement']['groups']}: {r['rollout_s']:.3f}s"
         for r in rows
     )
+    what = "candidate plans" if len(rows) > 1 else "plan"
     run.logger.echo(
-        f"auto: timed {len(rows)} candidate plans on {short}/{2 * short}-step rollouts in "
-        f"{took:.1f}s; estimated {steps}-step rollout: {timed}"
+        f"trial: timed {len(rows)} {what} on {'/'.join(map(str, lengths))}-step rollouts in "
+        f"{took:.1f}s; measured {steps}-step rollout: {timed}"
     )
     return candidates[pick][0], rows[pick]["rollout_s"]
 
@@ -340,33 +397,44 @@ def calibrated_by_trial(profile: Any, plan: Any, rollout_s: float) -> Any:
     return cost(rollout_s / cycle_s)
 
 
-def measured_profile(
-    cluster: Any, cfg: Config, steps: int, hw: int | None, reps: int | None = None
-) -> Any:
-    """Time env.step / policy.act at the group sizes the planner weighs on throw-away workers
-    (one env worker with every env, or the ``hw`` host-core env workers side by side; the policy
-    on another device when there is one) and fit."""
-    n = cfg.env.num_envs
-    env_devs = [0]
-    pol_devs = [1 if cluster.num_devices > 1 else 0]
+def launch_probe(cluster: Any, cfg: Config, hw: int | None) -> tuple[Any, Any]:
+    """Throw-away workers for the cost probe and trials: one env worker with every env, or the
+    ``hw`` host-core env workers side by side, on device 0; the policy on device 1 when there
+    is one (where pixel env workers render on device 0: the split a rendering env is planned
+    with)."""
     w = hw or 1
     env = cluster.launch(
         EnvWorker,
         w,
         worker_env_config(cfg.env, w),
-        devices=env_devs,
+        devices=[0],
         num_cpus=cfg.env.cpu_cores,
         name="env_probe",
     )
     try:
-        pol = _launch_policy(cluster, cfg, env, pol_devs, "policy_probe")
-        try:
-            sizes = sorted({n // d for d in (1, 2, 4, 8) if n % d == 0 and (n // d) % w == 0})
-            costs = measure_costs(env, pol, n, sizes, steps, reps or cfg.probe_reps)
-        finally:
-            pol.kill()
-    finally:
+        pol = _launch_policy(
+            cluster, cfg, env, [1 if cluster.num_devices > 1 else 0], "policy_probe"
+        )
+    except BaseException:
         env.kill()
+        raise
+    return env, pol
+
+
+def measured_profile(
+    cluster: Any,
+    cfg: Config,
+    steps: int,
+    hw: int | None,
+    env: Any,
+    pol: Any,
+    reps: int | None = None,
+) -> Any:
+    """Time env.step / policy.act at the group sizes the planner weighs on the probe workers
+    (``launch_probe``) and fit."""
+    n, w = cfg.env.num_envs, env.world_size
+    sizes = sorted({n // d for d in (1, 2, 4, 8) if n % d == 0 and (n // d) % w == 0})
+    costs = measure_costs(env, pol, n, sizes, steps, reps or cfg.probe_reps)
     node0 = cluster.nodes[0]
     return cycle_profile(
         costs,
@@ -377,4 +445,5 @@ def measured_profile(
         int(node0.num_cpus),
         len(node0.devices) if len(cluster.nodes) > 1 else None,
         hw,
+        env_renders=bool(cfg.env.pixels and cluster.has_cuda),
     )

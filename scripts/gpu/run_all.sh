@@ -94,7 +94,7 @@ for s in "${STAGES[@]}"; do
     embodied_sweep) for c in ${EMB_SWEEP:-16:32 32:32 64:16}; do  # num_envs:S per config
         e=${c%%:*}; st=${c##*:}
         stage "embodied_px_e${e}_s${st}" ${EMB_CAP:-258} python3 benchmarks/embodied_modes.py --device cuda \
-            --pixels --image-size 64 --num-envs "$e" --steps "$st" --iterations ${EMB_ITERS:-4} --rounds 1 \
+            --pixels --image-size 64 --num-envs "$e" --steps "$st" --iterations ${EMB_ITERS:-4} --rounds ${EMB_ROUNDS:-1} \
             --modes ${EMB_MODES:-temporal,hybrid,auto} --epochs ${EMB_EPOCHS:-2} --env-cores 4 \
             --out "$OUT/embodied_px_e${e}_s${st}.json"
     done ;;

@@ -136,7 +136,7 @@ def test_pinned_plan_file_with_too_many_env_cores_is_refused(cluster, tmp_path):
 
 def test_auto_times_close_candidates_and_runs_the_fastest(cluster, tmp_path):
     """With a wide margin both the co-located and the split plan are timed on real rollouts; the
-    run uses the one measured fastest, and says so in auto_trials.json."""
+    run uses the one measured fastest, and says so in trials.json."""
     from loomrl.config import load_config
     from loomrl.recipes.embodied_ppo import Config, main
 
@@ -154,7 +154,7 @@ def test_auto_times_close_candidates_and_runs_the_fastest(cluster, tmp_path):
         ],
     )
     s = main(cfg)
-    trials = json.loads((out / "auto_trials.json").read_text())
+    trials = json.loads((out / "trials.json").read_text())
     rows = trials["trials"]
     assert len(rows) >= 2
     assert len({json.dumps(r["placement"], sort_keys=True) for r in rows}) == len(rows)
@@ -180,16 +180,40 @@ def test_trial_calibration_keeps_the_update_and_matches_the_measured_cycle():
         assert cal.predicted_s == pytest.approx(0.5 + 0.01 * 16)  # update 0.5 s + 16 steps
 
 
-def test_auto_trials_are_skipped_when_disabled_or_pinned(cluster, tmp_path):
+def test_trials_are_skipped_when_disabled_and_time_a_pinned_plan_alone(cluster, tmp_path):
     from loomrl.config import load_config
     from loomrl.recipes.embodied_ppo import Config, main
 
-    for extra in (["auto_trial_steps=0"], ["run.placement=temporal", "auto_trial_margin=1000"]):
-        out = tmp_path / extra[0].replace("=", "_")
-        main(load_config(Config, EXAMPLE, [*TINY, "run.steps=1", *extra, f"run.output_dir={out}"]))
-        assert not (out / "auto_trials.json").exists()
+    base = [*TINY, "run.steps=1", "auto_trial_margin=1000"]
+    out = tmp_path / "off"
+    main(load_config(Config, EXAMPLE, [*base, "auto_trial_steps=0", f"run.output_dir={out}"]))
+    assert not (out / "trials.json").exists()
+    # A pinned mode times its own plan (S = 16 <= 2 x 8: three rollouts of S steps; on the
+    # probe's workers when the plan has as many env workers: one) and predicts from that rollout.
+    out = tmp_path / "pinned"
+    s = main(
+        load_config(
+            Config,
+            EXAMPLE,
+            [*base, "run.placement=temporal", "auto_trial_steps=8", f"run.output_dir={out}"],
+        )
+    )
+    trials = json.loads((out / "trials.json").read_text())
+    (row,) = trials["trials"]
+    assert row["placement"] == s["placement"] and row["placement"]["colocated"]
+    assert row["probe_workers"] == (row["placement"]["env_workers"] == 1)
+    assert list(row["timed_s"]) == ["16"] and len(row["timed_s"]["16"]) == 3
+    profile = load_profile_json(out / "profile.json")
+    update = profile.components["actor_train"].time(1, 1)
+    assert s["predicted_iteration_s"] == pytest.approx(update + row["rollout_s"])
     with pytest.raises(ConfigError, match=r"auto_trial_steps: must be >= 0"):
         load_config(Config, EXAMPLE, ["auto_trial_steps=-1"])
+
+
+def load_profile_json(path: Path):
+    from loomrl.plan import load_profile
+
+    return load_profile(json.loads(path.read_text()))
 
 
 def test_check_cores_message_names_the_fix(cluster):
@@ -346,3 +370,21 @@ def test_inverted_pendulum_reaches_950_within_10_minutes(cluster, tmp_path):
     took = time.time() - t
     assert s["metrics"]["episode_return"] >= 950, s["metrics"]
     assert took < 600, took
+
+
+def test_rendering_env_gets_a_gpu_of_its_own_when_there_are_two():
+    # Pixel env workers render on the GPU they are launched on: beside the policy (env on 0
+    # devices) they would render on the policy's GPU. With two devices the split is env on one
+    # GPU, the policy on the other; with one device the host-core split stays the only one.
+    from loomrl.plan import search_all
+
+    two = cycle_profile(_costs(), 16, 32, 2, 0.5, 2, host_env_workers=4, env_renders=True)
+    assert two.components["env"].valid_devices == (1, 2)
+    place = placement_from_plan(search_all(two)["best"], 16, host_env_workers=4)
+    assert not place.colocated and place.groups >= 2
+    assert place.launch_devices == (0,) and place.policy_devices == (1,)
+    blind = cycle_profile(_costs(), 16, 32, 2, 0.5, 2, host_env_workers=4)
+    assert blind.components["env"].valid_devices == (0, 1, 2)
+    one = cycle_profile(_costs(), 16, 32, 1, 0.5, 2, host_env_workers=4, env_renders=True)
+    assert one.components["env"].valid_devices == (0, 1)
+    assert placement_from_plan(search_all(one)["best"], 16, host_env_workers=4).env_devices == ()
