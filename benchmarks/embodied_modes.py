@@ -81,6 +81,7 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
         "trials": tr,
         "plan_mode": s["plan"]["mode"],
         "placement": s["placement"],
+        "probe_workers_reused": s.get("probe_workers_reused"),
         "predicted_s": s["predicted_iteration_s"],
         "measured_s": measured,
         "iteration_s": iters,

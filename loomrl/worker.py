@@ -160,6 +160,18 @@ class Worker:
         saved, self._loom_saved = self._loom_saved, None
         self.load_state(saved)
 
+    def _loom_rebuild(self) -> None:
+        """Run the constructor again with the launch's arguments, in this process: the state a
+        fresh launch on the same devices starts from, without starting a process (throw-away
+        probing can then hand its workers to the run). ``close()``, when the class has one,
+        releases what the old state held first. A class whose constructor draws from global
+        random state (the built-in workers seed their own generators) is not rebuilt equal."""
+        close = getattr(self, "close", None)
+        if callable(close):
+            close()
+        cls, args, kwargs = self._loom_init
+        cls.__init__(self, *args, **kwargs)
+
     def _loom_switch(self, repeats: int = 1) -> float:
         """Time offload + onload (what a time-shared stage pays per iteration): the median of
         ``repeats`` (one pair swings with page faults and the allocator)."""
@@ -247,6 +259,7 @@ def _hosted_class(cls: type[Worker]) -> type:
 
     def __init__(self, _loom_ctx: dict[str, Any], *args: Any, **kwargs: Any) -> None:
         _setup_worker(self, _loom_ctx)
+        self._loom_init = (cls, args, kwargs)  # for _loom_rebuild
         cls.__init__(self, *args, **kwargs)
 
     return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})

@@ -110,8 +110,8 @@ def main(cfg: Config) -> dict:
                 "run.adapt: not used by the embodied recipe (its cycle is planned once, with "
                 "placement=auto timing the close candidates); ignored"
             )
-        place = plan_cycle(run, cfg, S)
-        envs, policy, cycle = start_cycle(run.cluster, cfg, place)
+        place, probe = plan_cycle(run, cfg, S)
+        envs, policy, cycle = start_cycle(run.cluster, cfg, place, probe)
         recent: deque[float] = deque(maxlen=cfg.window)
         metrics: dict[str, Any] = {}
         it = 0
@@ -147,6 +147,7 @@ def main(cfg: Config) -> dict:
             sha,
             metrics,
             placement=place.describe(),
+            probe_workers_reused=probe is not None,
             env_steps_per_s=(S * cfg.env.num_envs / run.measured_iteration_s()),
         )
     finally:
@@ -177,22 +178,28 @@ def _launch_policy(cluster: Any, cfg: Config, envs: Any, devices: list[int], nam
     )
 
 
-def start_cycle(cluster: Any, cfg: Config, place: CyclePlacement) -> tuple[Any, Any, Any]:
-    """Env workers (env.cpu_cores each), the policy worker and their cycle."""
+def start_cycle(
+    cluster: Any, cfg: Config, place: CyclePlacement, workers: tuple | None = None
+) -> tuple[Any, Any, Any]:
+    """Env workers (env.cpu_cores each), the policy worker and their cycle; ``workers``: an
+    (env, policy) pair already placed as ``place`` wants, used instead of launching."""
     w = place.workers
-    envs = cluster.launch(
-        EnvWorker,
-        w,
-        worker_env_config(cfg.env, w),
-        devices=list(place.launch_devices),
-        num_cpus=cfg.env.cpu_cores,
-        name="env",
-    )
-    try:
-        policy = _launch_policy(cluster, cfg, envs, list(place.policy_devices), "policy")
-    except BaseException:
-        envs.kill()
-        raise
+    if workers is not None:
+        envs, policy = workers
+    else:
+        envs = cluster.launch(
+            EnvWorker,
+            w,
+            worker_env_config(cfg.env, w),
+            devices=list(place.launch_devices),
+            num_cpus=cfg.env.cpu_cores,
+            name="env",
+        )
+        try:
+            policy = _launch_policy(cluster, cfg, envs, list(place.policy_devices), "policy")
+        except BaseException:
+            envs.kill()
+            raise
     cycle = EnvPolicyCycle(envs, policy, cfg.env.num_envs // w, place.groups, cfg.pipelined)
     return envs, policy, cycle
 
@@ -207,17 +214,21 @@ def host_workers(cluster: Any, cfg: Config) -> int | None:
     return host_env_workers(cfg.env.num_envs, cfg.env.cpu_cores, cluster.nodes[0].num_cpus)
 
 
-def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
+def plan_cycle(run: Run, cfg: Config, steps: int) -> tuple[CyclePlacement, tuple | None]:
     """Choose the plan (measured costs, a profile file, or a plan file) and map it to workers.
 
     On measured costs, the plan is then timed on short real rollouts (``trial``): placement=auto
     times every close candidate and keeps the fastest; a pinned mode times its one plan. Either
-    way the plan's prediction is re-costed to the rollout the trial measured.
+    way the plan's prediction is re-costed to the rollout the trial measured. When the plan
+    places its workers as the probe's were, the probe's workers are rebuilt to their launch
+    state and returned for the run (the prediction then comes from the very processes that
+    run, and no worker starts again); otherwise None, and the probe is gone.
     """
     from loomrl.plan import Plan, load_profile
 
     rc, cluster = cfg.run, run.cluster
     hw = host_workers(cluster, cfg)
+    keep = None
     if rc.placement not in MODES:
         plan = Plan.load(rc.placement)
     elif rc.profile and rc.profile != "calibrate":
@@ -225,23 +236,32 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> CyclePlacement:
         check_profile(profile, f"run.profile={rc.profile}")
         plan = _chosen(run, profile, rc.placement)
     else:
-        env, pol = launch_probe(cluster, cfg, hw)
+        probe = launch_probe(cluster, cfg, hw)
         try:
-            profile = measured_profile(cluster, cfg, steps, hw, env, pol)
+            profile = measured_profile(cluster, cfg, steps, hw, probe.env, probe.policy)
             plan = _chosen(run, profile, rc.placement)
             if cfg.auto_trial_steps > 0 and cfg.groups is None:
-                plan = trial(run, cfg, profile, plan, steps, hw, (env, pol))
+                plan = trial(run, cfg, profile, plan, steps, hw, probe)
+            if probe.places(placement_from_plan(plan, cfg.env.num_envs, hw)):
+                wait(probe.env._call("_loom_rebuild"), probe.policy._call("_loom_rebuild"))
+                keep = (probe.env, probe.policy)
         finally:
-            env.kill()
-            pol.kill()
+            if keep is None:
+                probe.kill()
     place = placement_from_plan(plan, cfg.env.num_envs, hw)
     if cfg.groups is not None:
         place = replace(place, groups=cfg.groups)
-    check_cores(place, cfg.env.cpu_cores, cluster)
+    try:
+        check_cores(place, cfg.env.cpu_cores, cluster)
+    except PlacementError:
+        for g in keep or ():
+            g.kill()
+        raise
     run.plan, run.planned_s = plan, plan.predicted_s
     plan.save(run.dir / "plan.json")
-    run.logger.echo(f"plan:\n{plan}\nplacement: {place.describe()}")
-    return place
+    reused = " (on the cost probe's workers)" if keep else ""
+    run.logger.echo(f"plan:\n{plan}\nplacement{reused}: {place.describe()}")
+    return place, keep
 
 
 def _chosen(run: Run, profile: Any, placement: str) -> Any:
@@ -262,7 +282,7 @@ def _chosen(run: Run, profile: Any, placement: str) -> Any:
 
 
 def trial(
-    run: Run, cfg: Config, profile: Any, plan: Any, steps: int, hw: int | None, probe: tuple
+    run: Run, cfg: Config, profile: Any, plan: Any, steps: int, hw: int | None, probe: Probe
 ) -> Any:
     """Time ``plan`` (auto: and every other plan predicted within the margin) on real rollouts
     and return the fastest, re-costed to its measured rollout."""
@@ -304,7 +324,7 @@ def _candidates(
 
 
 def choose_by_trial(
-    run: Run, cfg: Config, candidates: list[tuple], steps: int, probe: tuple | None = None
+    run: Run, cfg: Config, candidates: list[tuple], steps: int, probe: Probe | None = None
 ) -> tuple[Any, float]:
     """Time short real rollouts of each candidate plan; return the fastest and its estimated
     seconds for a ``steps``-step rollout.
@@ -321,21 +341,25 @@ def choose_by_trial(
     """
     L, t0, rows = cfg.auto_trial_steps, time.perf_counter(), []
     lengths = (steps,) if steps <= 2 * L else (L, 2 * L)
-    fits = [probe is not None and probe[0].world_size == p.workers for _, p in candidates]
-    # Candidates the probe's workers can run go first; the probe then gives its cores back
-    # before fresh workers are launched (both at once may not fit the node).
+    fits = [probe is not None and probe.env.world_size == p.workers for _, p in candidates]
+    # Candidates the probe's workers can run go first: fresh workers for the others may need
+    # the probe's cores.
     order = sorted(range(len(candidates)), key=lambda i: not fits[i])
     candidates = [candidates[i] for i in order]
     for (plan, place), reuse in zip(candidates, [fits[i] for i in order], strict=True):
         if reuse:
-            envs, policy = probe  # type: ignore[misc]
+            envs, policy = probe.env, probe.policy  # type: ignore[union-attr]
             cyc = EnvPolicyCycle(
                 envs, policy, cfg.env.num_envs // place.workers, place.groups, cfg.pipelined
             )
         else:
-            for g in probe or ():
-                g.kill()
-            envs, policy, cyc = start_cycle(run.cluster, cfg, place)
+            try:
+                envs, policy, cyc = start_cycle(run.cluster, cfg, place)
+            except PlacementError:  # the node's cores: the probe gives its own back first
+                if probe is None or not probe.alive:
+                    raise
+                probe.kill()
+                envs, policy, cyc = start_cycle(run.cluster, cfg, place)
         try:
             cyc.collect(min(lengths))
             timed: dict[int, list[float]] = {n: [] for n in lengths}
@@ -397,28 +421,53 @@ def calibrated_by_trial(profile: Any, plan: Any, rollout_s: float) -> Any:
     return cost(rollout_s / cycle_s)
 
 
-def launch_probe(cluster: Any, cfg: Config, hw: int | None) -> tuple[Any, Any]:
-    """Throw-away workers for the cost probe and trials: one env worker with every env, or the
-    ``hw`` host-core env workers side by side, on device 0; the policy on device 1 when there
-    is one (where pixel env workers render on device 0: the split a rendering env is planned
-    with)."""
+@dataclass
+class Probe:
+    """The cost probe's workers: ``env`` on ``env_devices`` (launch devices), ``policy`` on
+    ``policy_devices``."""
+
+    env: Any
+    policy: Any
+    env_devices: tuple[int, ...]
+    policy_devices: tuple[int, ...]
+    alive: bool = True
+
+    def places(self, place: CyclePlacement) -> bool:
+        """Whether ``place`` puts its workers where these are."""
+        return (
+            self.alive
+            and place.workers == self.env.world_size
+            and tuple(place.launch_devices) == self.env_devices
+            and tuple(place.policy_devices) == self.policy_devices
+        )
+
+    def kill(self) -> None:
+        self.env.kill()
+        self.policy.kill()
+        self.alive = False
+
+
+def launch_probe(cluster: Any, cfg: Config, hw: int | None) -> Probe:
+    """Workers for the cost probe and trials: one env worker with every env, or the ``hw``
+    host-core env workers side by side, on device 0; the policy on device 1 when there is one
+    (where pixel env workers render on device 0: the split a rendering env is planned with).
+    A plan that places its workers the same way runs on them (``plan_cycle``)."""
     w = hw or 1
+    env_devs, pol_devs = (0,), (1 if cluster.num_devices > 1 else 0,)
     env = cluster.launch(
         EnvWorker,
         w,
         worker_env_config(cfg.env, w),
-        devices=[0],
+        devices=list(env_devs),
         num_cpus=cfg.env.cpu_cores,
-        name="env_probe",
+        name="env",
     )
     try:
-        pol = _launch_policy(
-            cluster, cfg, env, [1 if cluster.num_devices > 1 else 0], "policy_probe"
-        )
+        pol = _launch_policy(cluster, cfg, env, list(pol_devs), "policy")
     except BaseException:
         env.kill()
         raise
-    return env, pol
+    return Probe(env, pol, env_devs, pol_devs)
 
 
 def measured_profile(

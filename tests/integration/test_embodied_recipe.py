@@ -388,3 +388,36 @@ def test_rendering_env_gets_a_gpu_of_its_own_when_there_are_two():
     one = cycle_profile(_costs(), 16, 32, 1, 0.5, 2, host_env_workers=4, env_renders=True)
     assert one.components["env"].valid_devices == (0, 1)
     assert placement_from_plan(search_all(one)["best"], 16, host_env_workers=4).env_devices == ()
+
+
+def test_probe_workers_run_the_plan_that_places_them_and_give_the_same_weights(cluster, tmp_path):
+    """With one env worker's cores (2 of the node's 2), the split plan puts env on device 0 and
+    the policy on device 1, where the cost probe put its workers: they are rebuilt to their
+    launch state and run it. The same plan from its file, on freshly launched workers, ends with
+    the same weights."""
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    base = [*TINY, "env.cpu_cores=2", "auto_trial_steps=8"]
+    probed = main(
+        load_config(
+            Config, EXAMPLE, [*base, "run.placement=hybrid", f"run.output_dir={tmp_path / 'a'}"]
+        )
+    )
+    assert probed["probe_workers_reused"]
+    assert probed["placement"]["env_devices"] == [0] and probed["placement"]["policy_devices"] == [1]
+    fresh = main(
+        load_config(
+            Config,
+            EXAMPLE,
+            [
+                *base,
+                f"run.placement={tmp_path / 'a' / 'plan.json'}",
+                f"run.output_dir={tmp_path / 'b'}",
+            ],
+        )
+    )
+    assert not fresh["probe_workers_reused"]
+    assert fresh["placement"] == probed["placement"]
+    assert fresh["param_sha256"] == probed["param_sha256"]
+    assert fresh["metrics"]["episode_return"] == probed["metrics"]["episode_return"]
