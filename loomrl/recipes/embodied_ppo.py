@@ -251,12 +251,7 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> tuple[CyclePlacement, tuple
     place = placement_from_plan(plan, cfg.env.num_envs, hw)
     if cfg.groups is not None:
         place = replace(place, groups=cfg.groups)
-    try:
-        check_cores(place, cfg.env.cpu_cores, cluster)
-    except PlacementError:
-        for g in keep or ():
-            g.kill()
-        raise
+    check_cores(place, cfg.env.cpu_cores, cluster)  # kept workers die with the run on a refusal
     run.plan, run.planned_s = plan, plan.predicted_s
     plan.save(run.dir / "plan.json")
     reused = " (on the cost probe's workers)" if keep else ""
@@ -336,12 +331,13 @@ def choose_by_trial(
     cost per rollout plus a cost per step. A candidate with as many env workers as the
     cost probe's ``probe`` workers is timed on those (their devices may differ from the plan's:
     with host-core env workers only rendering depends on the device, and a co-located plan
-    alternates, so nothing renders beside a running policy); others on fresh workers. Either
-    way the run itself starts from fresh, seeded workers.
+    alternates, so nothing renders beside a running policy); others on fresh workers, thrown
+    away after. The run starts from the launch state either way (``plan_cycle`` rebuilds the
+    probe's workers when it keeps them).
     """
     L, t0, rows = cfg.auto_trial_steps, time.perf_counter(), []
     lengths = (steps,) if steps <= 2 * L else (L, 2 * L)
-    fits = [probe is not None and probe.env.world_size == p.workers for _, p in candidates]
+    fits = [probe is not None and probe.can_time(p) for _, p in candidates]
     # Candidates the probe's workers can run go first: fresh workers for the others may need
     # the probe's cores.
     order = sorted(range(len(candidates)), key=lambda i: not fits[i])
@@ -390,7 +386,7 @@ def choose_by_trial(
     (run.dir / "trials.json").write_text(
         json.dumps({"trials": rows, "chosen": pick, "seconds": took}, indent=2)
     )
-    timed = ", ".join(
+    each = ", ".join(
         f"{r['placement']['mode']}{'' if r['placement']['colocated'] else ' split'} "
         f"k={r['placement']['groups']}: {r['rollout_s']:.3f}s"
         for r in rows
@@ -398,7 +394,7 @@ def choose_by_trial(
     what = "candidate plans" if len(rows) > 1 else "plan"
     run.logger.echo(
         f"trial: timed {len(rows)} {what} on {'/'.join(map(str, lengths))}-step rollouts in "
-        f"{took:.1f}s; measured {steps}-step rollout: {timed}"
+        f"{took:.1f}s; measured {steps}-step rollout: {each}"
     )
     return candidates[pick][0], rows[pick]["rollout_s"]
 
@@ -432,11 +428,15 @@ class Probe:
     policy_devices: tuple[int, ...]
     alive: bool = True
 
+    def can_time(self, place: CyclePlacement) -> bool:
+        """Whether these workers can run ``place``'s cycle (as many env workers; the devices
+        may differ, see ``choose_by_trial``)."""
+        return self.alive and place.workers == self.env.world_size
+
     def places(self, place: CyclePlacement) -> bool:
         """Whether ``place`` puts its workers where these are."""
         return (
-            self.alive
-            and place.workers == self.env.world_size
+            self.can_time(place)
             and tuple(place.launch_devices) == self.env_devices
             and tuple(place.policy_devices) == self.policy_devices
         )

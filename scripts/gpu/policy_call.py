@@ -71,8 +71,8 @@ def time_size(net, dev: str, n: int, reps: int) -> dict:
         # The per-row noise drawn on the host and copied before the forward is queued, so that
         # no host -> GPU copy waits for the forward in the middle of the call.
         gens = row_generators(0, ids, steps)
-        eps = torch.stack([torch.randn(net.heads.action_dim, generator=g) for g in gens])
-        o, eps = torch.as_tensor(raw).to(dev), eps.to(dev)
+        eps = net.heads.noise(gens, dev)
+        o = torch.as_tensor(raw).to(dev)
         with torch.no_grad():
             out, v = net._rows(o)
             a = out + net.heads.log_std.exp() * eps

@@ -405,7 +405,8 @@ def test_probe_workers_run_the_plan_that_places_them_and_give_the_same_weights(c
         )
     )
     assert probed["probe_workers_reused"]
-    assert probed["placement"]["env_devices"] == [0] and probed["placement"]["policy_devices"] == [1]
+    assert probed["placement"]["env_devices"] == [0]
+    assert probed["placement"]["policy_devices"] == [1]
     fresh = main(
         load_config(
             Config,
