@@ -55,13 +55,15 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
         overrides.append("run.num_gpus=0")
     if args.devices:
         overrides.append(f"run.devices={args.devices}")
+    if args.no_pin:
+        overrides.append("run.pin_cores=false")
     cfg = load_config(Config, None, overrides)
-    t = time.perf_counter()
+    t, cpu0 = time.perf_counter(), _cpu_stat()
     try:
         s = main(cfg)
     except PlanError as e:
         return {"mode": placement, "feasible": False, "reason": str(e)}
-    took = time.perf_counter() - t
+    took, steal = time.perf_counter() - t, _steal_share(cpu0, _cpu_stat())
     iters = s["iteration_s"]
     measured = s["measured_iteration_s"]
     # The env <-> policy cycle alone (the part a plan can overlap), per iteration.
@@ -69,6 +71,12 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
     for line in (out_dir / placement / "timeline.jsonl").read_text().splitlines():
         recs = json.loads(line)["records"]
         collect += [r["end"] - r["start"] for r in recs if r["component"] == "env<->policy"]
+    busy = {"env_busy_s": [], "policy_busy_s": []}  # per iteration, from the run's metrics
+    for line in (out_dir / placement / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        if "time/env_busy" in m:
+            busy["env_busy_s"].append(m["time/env_busy"])
+            busy["policy_busy_s"].append(m["time/policy_busy"])
     prof = out_dir / placement / "profile.json"  # the fitted costs the plan was chosen from
     trials = out_dir / placement / "trials.json"  # short real rollouts timed before the run
     tr = json.loads(trials.read_text()) if trials.exists() else None
@@ -86,10 +94,30 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
         "measured_s": measured,
         "iteration_s": iters,
         "collect_s": collect,
+        **busy,
         "env_steps_per_s": args.steps * args.num_envs / measured,
         "episode_return": s["metrics"].get("episode_return"),
         "wall_s": took,
+        "steal_share": steal,
     }
+
+
+def _cpu_stat() -> list[int] | None:
+    """The host's CPU time counters (/proc/stat's first line), None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def _steal_share(a: list[int] | None, b: list[int] | None) -> float | None:
+    """Share of CPU time the hypervisor gave to others between two readings (the 8th counter):
+    on a virtual machine, the reason one plan can run at different speeds from run to run."""
+    if not a or not b or len(a) < 8:
+        return None
+    total = sum(b[:8]) - sum(a[:8])
+    return (b[7] - a[7]) / total if total > 0 else None
 
 
 def _merge(rs: list[dict]) -> dict:
@@ -147,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices", type=int, default=None, help="CPU slots to plan over (cpu)")
     p.add_argument("--modes", default="temporal,hybrid,spatial,auto")
     p.add_argument("--rounds", type=int, default=1, help="repeat every mode, interleaved")
+    p.add_argument(
+        "--no-pin", action="store_true", help="leave GPU-node env workers unpinned (run.pin_cores)"
+    )
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -208,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         ratio = float("nan")
+    steal = [x.get("steal_share") for rs in runs.values() for x in rs]
+    steal = [x for x in steal if x is not None]
+    if steal:
+        print(f"host CPU steal during the runs: {100 * min(steal):.1f}-{100 * max(steal):.1f}%")
     by_mode = {r["mode"]: r for r in ok}
     if "temporal" in by_mode and "hybrid" in by_mode:
         speedup = by_mode["temporal"]["measured_s"] / by_mode["hybrid"]["measured_s"]

@@ -9,12 +9,20 @@ loomrl places workers itself: each worker actor is pinned to its node (node affi
 devices through ``CUDA_VISIBLE_DEVICES``; Ray's own GPU accounting is not used, so several workers can
 share a device (time-sharing) and one worker can hold several devices.
 
+Cores: a CPU slot is a core, and its worker is pinned to it. On a GPU node (``pin_cores``), a
+worker that reserves ``num_cpus`` (a simulator) is pinned to that many cores of its own, taken
+from the top of the node's core list (hyperthread siblings next to each other), and a worker that
+reserves none (one driving a GPU) to the cores no such worker held when it started. Unpinned, the
+OS put GPU-driving processes on cores beside busy simulators in some launches and not in others,
+and the same plan ran at a different speed from one launch to the next.
+
 This module never imports torch.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -54,12 +62,17 @@ class Node:
 class Cluster:
     """Handle on a running Ray instance plus loomrl's device inventory. Create with ``Cluster.start``."""
 
-    def __init__(self, nodes: list[Node], owns_ray: bool):
+    def __init__(self, nodes: list[Node], owns_ray: bool, pin_cores: bool = True):
         self.nodes = nodes
         self.devices: list[Device] = [d for n in nodes for d in n.devices]
         self._owns_ray = owns_ray
         self._groups: list[WorkerGroup] = []
         self._cpu_reserved: dict[int, float] = {n.index: 0.0 for n in nodes}
+        self.pin_cores = pin_cores
+        # Positions in a node's core list (a worker maps them onto its affinity mask).
+        self._free_cores: dict[int, list[int]] = {
+            n.index: list(range(int(n.num_cpus))) for n in nodes
+        }
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -70,6 +83,7 @@ class Cluster:
         address: str | None = None,
         num_devices: int | None = None,
         log_to_driver: bool = True,
+        pin_cores: bool = True,
     ) -> Cluster:
         """Start (or join) Ray and take the inventory.
 
@@ -102,7 +116,7 @@ class Cluster:
                 )
                 owns = True
         _sweep_channel_slots()  # slots left by workers of earlier, killed runs
-        return cls(_take_inventory(num_devices), owns_ray=owns)
+        return cls(_take_inventory(num_devices), owns_ray=owns, pin_cores=pin_cores)
 
     def shutdown(self) -> None:
         """Kill every worker this cluster launched and, if loomrl started Ray, stop it (no stray processes)."""
@@ -250,18 +264,60 @@ class Cluster:
         if os.environ.get("LOOMRL_THREADS"):
             # Worker processes may predate this setting (a shared Ray): hand it over explicitly.
             env = {"LOOMRL_THREADS": os.environ["LOOMRL_THREADS"], **(env or {})}
-        group = WorkerGroup._launch(
-            self, cls, per_rank, args, kwargs, name=name or cls.__name__, num_cpus=num_cpus, env=env
-        )
+        cores = self._take_cores(per_rank, num_cpus)
+        try:
+            group = WorkerGroup._launch(
+                self,
+                cls,
+                per_rank,
+                args,
+                kwargs,
+                name=name or cls.__name__,
+                num_cpus=num_cpus,
+                env=env,
+                cores=cores,
+            )
+        except BaseException:
+            self._release({}, cores, per_rank, num_cpus)
+            raise
         for node_idx, need in cpu_need.items():
             self._cpu_reserved[node_idx] += need
-        group._on_kill = lambda: self._release(cpu_need)
+        group._on_kill = lambda: self._release(cpu_need, cores, per_rank, num_cpus)
         self._groups.append(group)
         return group
 
-    def _release(self, cpu_need: dict[int, float]) -> None:
+    def _take_cores(self, per_rank: list[list[Device]], num_cpus: float) -> list[list[int]]:
+        """Core positions per rank on GPU nodes: ``ceil(num_cpus)`` free ones of its own each,
+        highest first (fewer, down to none, when reservations in fractions left too few); for
+        a worker reserving none, every free one, shared (none free: not pinned)."""
+        if not self.pin_cores or not per_rank or per_rank[0][0].kind != "gpu":
+            return [[] for _ in per_rank]
+        if num_cpus <= 0:
+            return [list(self._free_cores[ds[0].node]) for ds in per_rank]
+        want = int(math.ceil(num_cpus - 1e-9))
+        out = []
+        for ds in per_rank:
+            free = self._free_cores[ds[0].node]
+            mine = free[max(0, len(free) - want) :]
+            del free[len(free) - len(mine) :]
+            out.append(mine)
+        return out
+
+    def _release(
+        self,
+        cpu_need: dict[int, float],
+        cores: list[list[int]],
+        per_rank: list[list[Device]],
+        num_cpus: float,
+    ) -> None:
         for node_idx, need in cpu_need.items():
             self._cpu_reserved[node_idx] = max(0.0, self._cpu_reserved[node_idx] - need)
+        if num_cpus <= 0:  # shared cores were never taken out of the free list
+            return
+        for ds, mine in zip(per_rank, cores, strict=True):
+            free = self._free_cores[ds[0].node]
+            free += mine
+            free.sort()
 
 
 def _split_devices(devs: list[Device], n: int, what: str) -> list[list[Device]]:

@@ -43,6 +43,8 @@ class RunConfig:
     # (two calls on all its devices are made whatever the budget).
     profile_budget: float = 0.1
     threads: int | None = None  # pin threads per worker (bit-identical results across plans)
+    # Pin GPU-node workers that reserve CPU cores (simulators) to cores of their own.
+    pin_cores: bool = True
     checkpoint_every: int = 0  # steps; 0 = only at the end
     max_restarts: int = 0  # a worker that dies restarts the run from the last complete checkpoint
     # Fault injection (tests): kill a worker once at this step.
@@ -121,7 +123,10 @@ class Run:
         if run_cfg.threads:
             os.environ["LOOMRL_THREADS"] = str(run_cfg.threads)
         self.cluster = Cluster.start(
-            num_gpus=run_cfg.num_gpus, num_devices=run_cfg.devices, log_to_driver=False
+            num_gpus=run_cfg.num_gpus,
+            num_devices=run_cfg.devices,
+            log_to_driver=False,
+            pin_cores=run_cfg.pin_cores,
         )
         self.logger = RunLogger(
             self.dir,
@@ -281,7 +286,10 @@ def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
     out = Path(cfg.run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     cluster = Cluster.start(
-        num_gpus=cfg.run.num_gpus, num_devices=cfg.run.devices, log_to_driver=False
+        num_gpus=cfg.run.num_gpus,
+        num_devices=cfg.run.devices,
+        log_to_driver=False,
+        pin_cores=cfg.run.pin_cores,
     )
     try:
         flow = Flow(cluster)

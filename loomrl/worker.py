@@ -202,6 +202,9 @@ def _setup_worker(obj: Worker, ctx: dict[str, Any]) -> None:
         os.environ[k] = v
     if ctx["device_kind"] == "cpu":
         _pin_cpu_slots([int(x) for x in ctx["visible"].split(",")])
+    elif ctx.get("cores"):  # on a GPU node: the cores Cluster.launch gave it
+        # Thread pools are sized to cores of its own only; shared ones keep Ray's default.
+        _pin_cpu_slots(ctx["cores"], order=_core_order(), threads=ctx.get("num_cpus", 0) > 0)
     elif os.environ.get("LOOMRL_THREADS"):
         _set_threads(int(os.environ["LOOMRL_THREADS"]))
     obj.rank = ctx["rank"]
@@ -229,19 +232,37 @@ def _ship_module_by_value(cls: type) -> None:
     cloudpickle.register_pickle_by_value(mod)
 
 
-def _pin_cpu_slots(local: list[int]) -> None:
+def _pin_cpu_slots(local: list[int], order: list[int] | None = None, threads: bool = True) -> None:
     """A CPU device slot is a core: pin the process to its cores and size thread pools to match,
-    so that workers on disjoint slots really run side by side and a plan's split means something."""
+    so that workers on disjoint slots really run side by side and a plan's split means something.
+    ``local`` indexes ``order`` (default: the cores this process may use, ascending)."""
 
     try:
-        cores = sorted(os.sched_getaffinity(0))
+        cores = order or sorted(os.sched_getaffinity(0))
         mine = {cores[i % len(cores)] for i in local}
         os.sched_setaffinity(0, mine)
     except (AttributeError, OSError):  # not Linux: keep the default affinity
         mine = set(local)
     # LOOMRL_THREADS pins the thread count whatever the placement: bit-identical results across
     # plans need the same reduction order in every kernel, hence the same number of threads.
-    _set_threads(int(os.environ.get("LOOMRL_THREADS") or len(mine)))
+    if threads or os.environ.get("LOOMRL_THREADS"):
+        _set_threads(int(os.environ.get("LOOMRL_THREADS") or len(mine)))
+
+
+def _core_order() -> list[int]:
+    """The cores this process may use, hyperthread siblings next to each other (by package and
+    core id from sysfs; ascending where sysfs does not say): consecutive positions then share a
+    physical core, so workers given disjoint ranges of positions share none."""
+
+    def key(cpu: int) -> tuple[int, int, int]:
+        top = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+        try:
+            with open(top + "physical_package_id") as f, open(top + "core_id") as g:
+                return int(f.read()), int(g.read()), cpu
+        except (OSError, ValueError):
+            return 0, cpu, cpu
+
+    return sorted(os.sched_getaffinity(0), key=key)
 
 
 def _set_threads(n: int) -> None:
@@ -449,6 +470,7 @@ class WorkerGroup:
         name: str,
         num_cpus: float,
         env: dict[str, str] | None,
+        cores: list[list[int]] | None = None,
     ) -> WorkerGroup:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -468,6 +490,8 @@ class WorkerGroup:
                 "group": name,
                 "launch": launch_id,
                 "env": env,
+                "cores": cores[r] if cores else [],
+                "num_cpus": num_cpus,
             }
             actor = remote_cls.options(
                 num_cpus=num_cpus,

@@ -130,6 +130,10 @@ def main(cfg: Config) -> dict:
                 "env_steps_per_s": roll.env_steps / took,
                 "env_events": len(roll.events),
                 "time/collect": roll.wall_s,
+                # Where the rollout's time went: seconds inside env steps (per env worker) and
+                # inside policy calls; their sum over the wall time is the cycle's overlap.
+                "time/env_busy": roll.env_busy_s / cycle.workers,
+                "time/policy_busy": roll.policy_busy_s,
                 "time/update": took - roll.wall_s,
                 **stats,
             }

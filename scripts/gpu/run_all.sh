@@ -3,10 +3,13 @@
 # Stages (default: pytest ipc grpo_cal grpo_auto trl): pytest ipc grpo_cal grpo_auto trl trl_both
 #   wsync (weight-sync routes, 135M + 0.5B shapes) trl135 trl05 (GRPO vs TRL on GPU 0 alone,
 #   calibrated temporal plan, everything resident) embodied embodied_px (pixels, MuJoCo EGL)
-#   embodied_sweep (pixels at several num_envs:S, EMB_SWEEP="16:32 32:32 64:16"; SKIP_MODELS=1)
+#   embodied_sweep (pixels at several num_envs:S, EMB_SWEEP="16:32 32:32 64:16"; SKIP_MODELS=1;
+#   EMB_VARIANTS="nopin pin" runs each config with env workers unpinned, then pinned)
 #   overlap (env and policy costs alone and at once, and the cycle at k = 1, 2, 4 on the same
 #   workers: scripts/gpu/cycle_overlap.py at OV_SWEEP="16:4:4 64:4:4", num_envs:workers:cores)
 #   policy_call (where one pixel policy call spends its time, alone and beside EGL renderers)
+#   policy_launches (the same call timed in fresh processes one after another: spread per launch)
+#   core_speed (a Python loop and the policy's forward, pinned to each core in turn, in sweeps)
 # Needs (carried, ignored by git): out/gpu_wheels/ray_slim.tar.xz, out/gpu_wheels/whl/*.whl,
 # out/gpu_wheels/tok/models/smollm2-135m-instruct (tokenizer only), optionally out/gpu_wheels/emb/*.whl
 # and .gl/*.deb (GL loaders for rendering).
@@ -93,10 +96,13 @@ for s in "${STAGES[@]}"; do
         --image-size 64 --num-envs ${EMB_ENVS:-16} --steps ${EMB_STEPS:-32} --iterations ${EMB_ITERS:-4} --rounds ${EMB_ROUNDS:-1} --env-cores 4 --out "$OUT/embodied_px.json" ;;
     embodied_sweep) for c in ${EMB_SWEEP:-16:32 32:32 64:16}; do  # num_envs:S per config
         e=${c%%:*}; st=${c##*:}
-        stage "embodied_px_e${e}_s${st}" ${EMB_CAP:-258} python3 benchmarks/embodied_modes.py --device cuda \
-            --pixels --image-size 64 --num-envs "$e" --steps "$st" --iterations ${EMB_ITERS:-4} --rounds ${EMB_ROUNDS:-1} \
-            --modes ${EMB_MODES:-temporal,hybrid,auto} --epochs ${EMB_EPOCHS:-2} --env-cores 4 \
-            --out "$OUT/embodied_px_e${e}_s${st}.json"
+        for v in ${EMB_VARIANTS:-pin}; do  # pin: env workers on cores of their own; nopin: not
+            f=""; sfx=""; [ "$v" = nopin ] && { f="--no-pin"; sfx="_nopin"; }
+            stage "embodied_px_e${e}_s${st}${sfx}" ${EMB_CAP:-258} python3 benchmarks/embodied_modes.py --device cuda \
+                --pixels --image-size 64 --num-envs "$e" --steps "$st" --iterations ${EMB_ITERS:-4} --rounds ${EMB_ROUNDS:-1} \
+                --modes ${EMB_MODES:-temporal,hybrid,auto} --epochs ${EMB_EPOCHS:-2} --env-cores ${EMB_ENV_CORES:-4} $f \
+                --out "$OUT/embodied_px_e${e}_s${st}${sfx}.json"
+        done
     done ;;
     overlap) for c in ${OV_SWEEP:-16:4:4 64:4:4}; do  # num_envs:env workers:cores per worker
         IFS=: read -r e w co <<< "$c"
@@ -104,6 +110,9 @@ for s in "${STAGES[@]}"; do
             --env-workers "$w" --env-cores "$co" --steps ${OV_STEPS:-32} ${OV_FLAGS:-} \
             ${OV_RENDER:+--render-device "$OV_RENDER"} --out "$OUT/overlap_e${e}_w${w}${OV_RENDER:+_r$OV_RENDER}.json"
     done ;;
+    policy_launches) stage policy_launches 200 python3 scripts/gpu/policy_launches.py --launches ${PL_LAUNCHES:-8} \
+        --out "$OUT/policy_launches.json" ;;
+    core_speed) stage core_speed 200 python3 scripts/gpu/core_speed.py --sweeps ${CS_SWEEPS:-3} --out "$OUT/core_speed.json" ;;
     policy_call) stage policy_call 150 python3 scripts/gpu/policy_call.py --renderers ${PC_RENDERERS:-4} \
         --out "$OUT/policy_call.json" ;;
     *) echo "unknown stage $s" ;;

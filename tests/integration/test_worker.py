@@ -45,6 +45,8 @@ class Echo(Worker):
             "world_size": self.world_size,
             "init_rank": self.seen_rank_in_init,
             "node": ray.get_runtime_context().get_node_id(),
+            "affinity": sorted(os.sched_getaffinity(0)),
+            "omp": os.environ.get("OMP_NUM_THREADS"),
         }
 
     def fail(self):
@@ -145,6 +147,33 @@ def test_bad_placements_are_clear_errors(cluster):
         cluster.launch(Echo, 2, devices=[1, 1])
     with pytest.raises(TypeError, match="subclass of loomrl.Worker"):
         cluster.launch(dict, 1)
+
+
+def test_workers_on_a_gpu_node_get_cores_apart_from_each_other(cluster):
+    from loomrl.worker import _core_order
+
+    order = _core_order()  # the session's node: 2 cores
+    g = cluster.launch(Echo, 2, devices=[0], num_cpus=1.0)
+    try:
+        seen = [w["affinity"] for w in wait(g.where())]
+        assert seen == [[order[1]], [order[0]]]  # one core each, from the top, not the same one
+        assert [w["omp"] for w in wait(g.where())] == ["1", "1"]  # thread pools sized to match
+    finally:
+        g.kill()
+    sim = cluster.launch(Echo, 1, devices=[1], num_cpus=1.0)  # the killed group gave them back
+    gpu = cluster.launch(Echo, 1, devices=[0])  # reserving none: the cores nobody holds
+    try:
+        assert wait(sim.where())[0]["affinity"] == [order[1]]
+        assert wait(gpu.where())[0]["affinity"] == [order[0]]
+    finally:
+        sim.kill()
+        gpu.kill()
+    unpinned = loomrl.Cluster(cluster.nodes, owns_ray=False, pin_cores=False)
+    g = unpinned.launch(Echo, 1, devices=[0], num_cpus=1.0)
+    try:
+        assert wait(g.where())[0]["affinity"] == sorted(os.sched_getaffinity(0))
+    finally:
+        g.kill()
 
 
 def test_constructor_error_surfaces_at_launch(cluster):
