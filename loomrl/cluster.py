@@ -287,20 +287,35 @@ class Cluster:
         return group
 
     def _take_cores(self, per_rank: list[list[Device]], num_cpus: float) -> list[list[int]]:
-        """Core positions per rank on GPU nodes: ``ceil(num_cpus)`` free ones of its own each,
-        highest first (fewer, down to none, when reservations in fractions left too few); for
-        a worker reserving none, every free one, shared (none free: not pinned)."""
+        """Core positions per rank on GPU nodes (a position indexes the node's core order).
+
+        ``num_cpus > 0``: each node's ranks take ``ceil(ranks x num_cpus)`` free positions from
+        the top, rank ``r`` the ones its share ``[r x num_cpus, (r + 1) x num_cpus)`` covers, so
+        workers under one core each share cores among themselves only (fewer positions, down
+        to none: unpinned, when earlier reservations in fractions left too few). ``0``: the free
+        positions, shared, when some are held (none held: not pinned, as before any simulator)."""
+        out: list[list[int]] = [[] for _ in per_rank]
         if not self.pin_cores or not per_rank or per_rank[0][0].kind != "gpu":
-            return [[] for _ in per_rank]
-        if num_cpus <= 0:
-            return [list(self._free_cores[ds[0].node]) for ds in per_rank]
-        want = int(math.ceil(num_cpus - 1e-9))
-        out = []
-        for ds in per_rank:
-            free = self._free_cores[ds[0].node]
-            mine = free[max(0, len(free) - want) :]
-            del free[len(free) - len(mine) :]
-            out.append(mine)
+            return out
+        by_node: dict[int, list[int]] = {}
+        for r, ds in enumerate(per_rank):
+            by_node.setdefault(ds[0].node, []).append(r)
+        for node, ranks in by_node.items():
+            free = self._free_cores[node]
+            if num_cpus <= 0:
+                if len(free) < int(self.nodes[node].num_cpus):
+                    for r in ranks:
+                        out[r] = list(free)
+                continue
+            total = int(math.ceil(len(ranks) * num_cpus - 1e-9))
+            block = free[max(0, len(free) - total) :]
+            del free[len(free) - len(block) :]
+            if not block:
+                continue
+            for j, r in enumerate(ranks):
+                lo = int(math.floor(j * num_cpus + 1e-9))
+                hi = max(lo + 1, int(math.ceil((j + 1) * num_cpus - 1e-9)))
+                out[r] = sorted({block[i % len(block)] for i in range(lo, hi)})
         return out
 
     def _release(
@@ -314,10 +329,14 @@ class Cluster:
             self._cpu_reserved[node_idx] = max(0.0, self._cpu_reserved[node_idx] - need)
         if num_cpus <= 0:  # shared cores were never taken out of the free list
             return
-        for ds, mine in zip(per_rank, cores, strict=True):
-            free = self._free_cores[ds[0].node]
-            free += mine
-            free.sort()
+        for node in {ds[0].node for ds in per_rank}:
+            held = {
+                c
+                for ds, mine in zip(per_rank, cores, strict=True)
+                if ds[0].node == node
+                for c in mine
+            }
+            self._free_cores[node] = sorted(set(self._free_cores[node]) | held)
 
 
 def _split_devices(devs: list[Device], n: int, what: str) -> list[list[Device]]:

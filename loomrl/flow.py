@@ -37,6 +37,8 @@ from loomrl.errors import PlanError
 from loomrl.worker import Handle, Worker, WorkerGroup, wait
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from loomrl.cluster import Cluster
     from loomrl.plan.plan import Node, Plan
 
@@ -353,11 +355,13 @@ class Flow:
         micro_batch: int | None = None,
         memory_gb: float | None = None,
         profile_budget: float | None = None,
+        notify: Callable[[str], None] | None = None,
     ) -> Plan:
         """Choose and apply a plan. ``placement``: auto | temporal | spatial | hybrid | a plan file.
 
         ``sample`` (one iteration's items) is used to profile the components when no ``profile``
         (a WorkloadProfile, a dict or a profile file) is given. ``batch`` defaults to len(sample).
+        ``notify`` hears a line per component while profiling (it can take minutes on a GPU).
         """
         from loomrl.plan.plan import Plan as PlanCls
         from loomrl.plan.profile import load_profile
@@ -402,6 +406,7 @@ class Flow:
                 micro_batch=micro_batch,
                 memory_gb=memory_gb,
                 budget=profile_budget or DEFAULT_BUDGET,
+                notify=notify,
             )
             profiled = True
         elif not hasattr(profile, "components"):

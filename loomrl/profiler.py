@@ -36,6 +36,8 @@ from loomrl.errors import PlanError
 from loomrl.worker import Handle, wait
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from loomrl.flow import Flow
     from loomrl.plan.profile import Sample
 
@@ -319,7 +321,10 @@ def measure(
     repeats: int = 1,
     reuse: bool = True,
     budget: float = DEFAULT_BUDGET,
+    notify: Callable[[str], None] | None = None,
 ) -> ProfileRun:
+    """Time each stage's component on its device counts; ``notify`` hears a line per component
+    (profiling starts workers and runs first calls, which can compile: minutes on a GPU)."""
     cluster = flow.cluster
     n_max = cluster.num_devices
     rec = _Recorder(repeats=repeats)
@@ -366,6 +371,11 @@ def measure(
         if not counts:
             continue
         top = max(counts)
+        if notify:
+            notify(
+                f"profiling {comp.name} ({i + 1}/{len(flow.stages)}) on {counts} device(s), "
+                f"{time.perf_counter() - t_start:.0f}s so far"
+            )
         mode = _reusable(comp.cls) if reuse else ""
         group = launch(comp, top)
         saved = False
@@ -492,15 +502,17 @@ def profile_flow(
     memory_gb: float | None = None,
     repeats: int = 1,
     budget: float = DEFAULT_BUDGET,
+    notify: Callable[[str], None] | None = None,
 ) -> Any:
     """Measure, fit and return a WorkloadProfile for ``flow``'s chain on ``len(sample)`` items.
 
     ``budget``: the timed calls of each component may cost this share of its estimated part of
     one iteration (at least two calls on all its devices are made whatever the budget).
+    ``notify``: told, one line per component, where profiling is.
     """
     from loomrl.plan.profile import fit_profile
 
-    run = measure(flow, sample, repeats=repeats, budget=budget)
+    run = measure(flow, sample, repeats=repeats, budget=budget, notify=notify)
     M = len(sample)
     n_max = flow.cluster.num_devices
     gran = [micro_batch] if micro_batch else [d for d in range(1, M + 1) if M % d == 0]

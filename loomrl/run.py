@@ -150,6 +150,7 @@ class Run:
         if self.rc.profile:
             kw.setdefault("profile", self.rc.profile)
         kw.setdefault("profile_budget", self.rc.profile_budget)
+        kw.setdefault("notify", self.logger.echo)
         flow.profile_run = None
         self.plan = flow.plan(
             self.rc.placement, sample=sample, micro_batch=self.rc.micro_batch, **kw

@@ -251,8 +251,9 @@ def _pin_cpu_slots(local: list[int], order: list[int] | None = None, threads: bo
 
 def _core_order() -> list[int]:
     """The cores this process may use, hyperthread siblings next to each other (by package and
-    core id from sysfs; ascending where sysfs does not say): consecutive positions then share a
-    physical core, so workers given disjoint ranges of positions share none."""
+    core id from sysfs; ascending where sysfs does not say): a worker given two consecutive
+    positions from an even one holds a whole physical core. Workers given one position each
+    may share a physical core as siblings (on machines with one thread per core they do not)."""
 
     def key(cpu: int) -> tuple[int, int, int]:
         top = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
@@ -447,6 +448,7 @@ class WorkerGroup:
         self._ranks = list(range(len(actors))) if ranks is None else ranks
         self._on_kill: Callable[[], None] | None = None
         self._killed = False
+        self._root: WorkerGroup = self  # the launched group a view was made from
         for attr in dir(cls):
             if attr.startswith("_"):
                 continue
@@ -502,10 +504,15 @@ class WorkerGroup:
             ).remote(ctx, *args, **kwargs)
             actors.append(actor)
         group = cls(worker_cls, name, actors, per_rank, {r: "?" for r in range(n)})
-        # Fail at launch, with context, if a constructor raised or a process could not start.
-        infos = wait(
-            Handle(group, "__init__", list(range(n)), [a._loom_info.remote() for a in actors])
-        )
+        # Fail at launch, with context, if a constructor raised or a process could not start;
+        # the ranks that did start go too (the cluster gives their cores to the next launch).
+        try:
+            infos = wait(
+                Handle(group, "__init__", list(range(n)), [a._loom_info.remote() for a in actors])
+            )
+        except BaseException:
+            group.kill()
+            raise
         group._hosts = {i["rank"]: i["host"] for i in infos}
         group.infos = infos
         return group
@@ -532,6 +539,7 @@ class WorkerGroup:
                 f"{self.name}: rank(s) {bad} do not exist; ranks are {self._ranks}"
             )
         view = WorkerGroup(self.cls, self.name, self._actors, self._devices, self._hosts, ranks)
+        view._root = self._root  # kill() on a view kills the whole group, through its owner
         return view
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Handle:
@@ -557,8 +565,13 @@ class WorkerGroup:
         return out
 
     def kill(self) -> None:
+        """Kill every process of the group (also when called on a view) and give back what the
+        cluster reserved for it."""
         import ray
 
+        if self._root is not self:
+            self._root.kill()
+            return
         if self._killed:
             return
         for a in self._actors:

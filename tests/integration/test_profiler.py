@@ -223,7 +223,7 @@ def test_one_device_share_of_a_single_process_worker(cluster, tmp_path):
     )
 
 
-def test_an_auto_run_records_its_profiling_in_the_summary(cluster, tmp_path):
+def test_an_auto_run_records_its_profiling_in_the_summary(cluster, tmp_path, capsys):
     import json
 
     from loomrl.cli import _normalise_overrides, load_recipe_config
@@ -236,6 +236,13 @@ def test_an_auto_run_records_its_profiling_in_the_summary(cluster, tmp_path):
         ),
     )
     mod.main(cfg)
+    said = capsys.readouterr().err  # where profiling is, before the plan (it can take minutes)
+    assert [ln.split(" (")[0] for ln in said.splitlines() if ln.startswith("profiling ")][:3] == [
+        "profiling encode",
+        "profiling transform",
+        "profiling reduce",
+    ]
+    assert said.index("profiling reduce") < said.index("incl. profiling")
     s = json.loads((tmp_path / "run_summary.json").read_text())
     prof = s["profiling"]
     assert prof["budget"] == 0.1 and prof["samples"] > 0

@@ -46,7 +46,6 @@ class Echo(Worker):
             "init_rank": self.seen_rank_in_init,
             "node": ray.get_runtime_context().get_node_id(),
             "affinity": sorted(os.sched_getaffinity(0)),
-            "omp": os.environ.get("OMP_NUM_THREADS"),
         }
 
     def fail(self):
@@ -152,26 +151,33 @@ def test_bad_placements_are_clear_errors(cluster):
 def test_workers_on_a_gpu_node_get_cores_apart_from_each_other(cluster):
     from loomrl.worker import _core_order
 
-    order = _core_order()  # the session's node: 2 cores
+    order, every = _core_order(), sorted(os.sched_getaffinity(0))  # the session's node: 2 cores
     g = cluster.launch(Echo, 2, devices=[0], num_cpus=1.0)
-    try:
-        seen = [w["affinity"] for w in wait(g.where())]
-        assert seen == [[order[1]], [order[0]]]  # one core each, from the top, not the same one
-        assert [w["omp"] for w in wait(g.where())] == ["1", "1"]  # thread pools sized to match
+    try:  # one core each, not the same one
+        assert [w["affinity"] for w in wait(g.where())] == [[order[0]], [order[1]]]
     finally:
         g.kill()
+    gpu = cluster.launch(Echo, 1, devices=[0])  # reserving none, nothing held: not pinned
     sim = cluster.launch(Echo, 1, devices=[1], num_cpus=1.0)  # the killed group gave them back
-    gpu = cluster.launch(Echo, 1, devices=[0])  # reserving none: the cores nobody holds
+    late = cluster.launch(Echo, 1, devices=[0])  # reserving none: the cores nobody holds
     try:
+        assert wait(gpu.where())[0]["affinity"] == every
         assert wait(sim.where())[0]["affinity"] == [order[1]]
-        assert wait(gpu.where())[0]["affinity"] == [order[0]]
+        assert wait(late.where())[0]["affinity"] == [order[0]]
     finally:
-        sim.kill()
-        gpu.kill()
+        for x in (gpu, sim, late):
+            x.kill()
+    half = cluster.launch(Echo, 4, devices=[0], num_cpus=0.5)  # under a core each: two share one
+    try:
+        seen = [w["affinity"] for w in wait(half.where())]
+        assert seen == [[order[0]], [order[0]], [order[1]], [order[1]]]
+    finally:
+        half.on(0).kill()  # a view's kill is the group's, and gives the cores back
+    assert cluster._free_cores[0] == [0, 1]
     unpinned = loomrl.Cluster(cluster.nodes, owns_ray=False, pin_cores=False)
     g = unpinned.launch(Echo, 1, devices=[0], num_cpus=1.0)
     try:
-        assert wait(g.where())[0]["affinity"] == sorted(os.sched_getaffinity(0))
+        assert wait(g.where())[0]["affinity"] == every
     finally:
         g.kill()
 
