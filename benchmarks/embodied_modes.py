@@ -226,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['measured_s']:>11.3f}{100 * err:>+7.1f}%{r['env_steps_per_s']:>13.0f}"
             f"{r.get('collect_median_s') or float('nan'):>9.3f}"
         )
+        chosen = [_placement_key(x["placement"]) for x in r["rounds"] if x["feasible"]]
+        if len(set(chosen)) > 1:  # the row above shows the last round's plan
+            print(f"{'':<9}plans by round: " + "; ".join(chosen))
     # Runs with the same placement ran the same plan: their iterations are pooled, so that the
     # verdict compares plans, not the machine's drift between two runs of one plan.
     pooled = _pooled_by_placement(runs)
