@@ -240,6 +240,9 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> tuple[CyclePlacement, tuple
         check_profile(profile, f"run.profile={rc.profile}")
         plan = _chosen(run, profile, rc.placement)
     else:
+        run.logger.echo(
+            f"measuring env and policy costs ({hw or 1} env worker(s), placement={rc.placement})"
+        )
         probe = launch_probe(cluster, cfg, hw)
         try:
             profile = measured_profile(cluster, cfg, steps, hw, probe.env, probe.policy)

@@ -134,7 +134,7 @@ def test_pinned_plan_file_with_too_many_env_cores_is_refused(cluster, tmp_path):
     assert code == 2
 
 
-def test_auto_times_close_candidates_and_runs_the_fastest(cluster, tmp_path):
+def test_auto_times_close_candidates_and_runs_the_fastest(cluster, tmp_path, capsys):
     """With a wide margin both the co-located and the split plan are timed on real rollouts; the
     run uses the one measured fastest, and says so in trials.json."""
     from loomrl.config import load_config
@@ -154,6 +154,10 @@ def test_auto_times_close_candidates_and_runs_the_fastest(cluster, tmp_path):
         ],
     )
     s = main(cfg)
+    said = capsys.readouterr().err  # what it is doing before the plan, and in order
+    assert (
+        said.index("measuring env and policy costs") < said.index("trial: ") < said.index("plan:")
+    )
     trials = json.loads((out / "trials.json").read_text())
     rows = trials["trials"]
     assert len(rows) >= 2
