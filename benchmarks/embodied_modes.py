@@ -35,6 +35,7 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
     from loomrl.config import load_config
     from loomrl.errors import PlanError
     from loomrl.recipes.embodied_ppo import Config, main
+    from loomrl.runlog import read_metrics
 
     overrides = [
         f"env.env_id={args.env}",
@@ -71,12 +72,11 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
     for line in (out_dir / placement / "timeline.jsonl").read_text().splitlines():
         recs = json.loads(line)["records"]
         collect += [r["end"] - r["start"] for r in recs if r["component"] == "env<->policy"]
-    busy = {"env_busy_s": [], "policy_busy_s": []}  # per iteration, from the run's metrics
-    for line in (out_dir / placement / "metrics.jsonl").read_text().splitlines():
-        m = json.loads(line)
-        if "time/env_busy" in m:
-            busy["env_busy_s"].append(m["time/env_busy"])
-            busy["policy_busy_s"].append(m["time/policy_busy"])
+    logged = [m for m in read_metrics(out_dir / placement) if "time/env_busy" in m]
+    busy = {  # per iteration: seconds inside env steps (per env worker) and policy calls
+        "env_busy_s": [m["time/env_busy"] for m in logged],
+        "policy_busy_s": [m["time/policy_busy"] for m in logged],
+    }
     prof = out_dir / placement / "profile.json"  # the fitted costs the plan was chosen from
     trials = out_dir / placement / "trials.json"  # short real rollouts timed before the run
     tr = json.loads(trials.read_text()) if trials.exists() else None

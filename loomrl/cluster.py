@@ -12,7 +12,8 @@ share a device (time-sharing) and one worker can hold several devices.
 Cores: a CPU slot is a core, and its worker is pinned to it. On a GPU node (``pin_cores``), a
 worker that reserves ``num_cpus`` (a simulator) is pinned to that many cores of its own, taken
 from the top of the node's core list (hyperthread siblings next to each other), and a worker that
-reserves none (one driving a GPU) to the cores no such worker held when it started. Unpinned, the
+reserves none (one driving a GPU) to the cores no such worker held when it started (if one held
+any). Unpinned, the
 OS put GPU-driving processes on cores beside busy simulators in some launches and not in others,
 and the same plan ran at a different speed from one launch to the next.
 
@@ -329,14 +330,9 @@ class Cluster:
             self._cpu_reserved[node_idx] = max(0.0, self._cpu_reserved[node_idx] - need)
         if num_cpus <= 0:  # shared cores were never taken out of the free list
             return
-        for node in {ds[0].node for ds in per_rank}:
-            held = {
-                c
-                for ds, mine in zip(per_rank, cores, strict=True)
-                if ds[0].node == node
-                for c in mine
-            }
-            self._free_cores[node] = sorted(set(self._free_cores[node]) | held)
+        for ds, mine in zip(per_rank, cores, strict=True):
+            node = ds[0].node
+            self._free_cores[node] = sorted(set(self._free_cores[node]).union(mine))
 
 
 def _split_devices(devs: list[Device], n: int, what: str) -> list[list[Device]]:
