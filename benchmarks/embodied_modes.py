@@ -58,6 +58,8 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
         overrides.append(f"run.devices={args.devices}")
     if args.no_pin:
         overrides.append("run.pin_cores=false")
+    if args.no_graphs:
+        overrides.append("policy_cuda_graphs=false")
     cfg = load_config(Config, None, overrides)
     t, cpu0 = time.perf_counter(), _cpu_stat()
     try:
@@ -90,6 +92,7 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
         "plan_mode": s["plan"]["mode"],
         "placement": s["placement"],
         "probe_workers_reused": s.get("probe_workers_reused"),
+        "policy_cuda_graphs": s.get("policy_cuda_graphs"),
         "predicted_s": s["predicted_iteration_s"],
         "measured_s": measured,
         "iteration_s": iters,
@@ -177,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="repeat every mode, interleaved")
     p.add_argument(
         "--no-pin", action="store_true", help="leave GPU-node env workers unpinned (run.pin_cores)"
+    )
+    p.add_argument(
+        "--no-graphs",
+        action="store_true",
+        help="run a GPU policy's forward eagerly, not as CUDA graphs (policy_cuda_graphs)",
     )
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)

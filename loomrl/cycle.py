@@ -50,6 +50,7 @@ __all__ = [
     "CyclePlacement",
     "EnvPolicyCycle",
     "best_split_plan",
+    "split_plans",
     "check_cores",
     "cycle_profile",
     "hop_latency",
@@ -436,13 +437,21 @@ def best_split_plan(profile: Any) -> Any:
     The planner's own "hybrid" optimum may instead co-locate the cycle and place another
     component beside it; a run asked for ``placement=hybrid`` wants the split cycle.
     """
+    plans = split_plans(profile)
+    return plans[0] if plans else None
+
+
+def split_plans(profile: Any) -> list[Any]:
+    """For each number of ring groups k, the fastest split-cycle plan (see ``best_split_plan``),
+    fastest first. The choice of k rests on per-call fixed costs that a ring hides partly
+    (a hand-off of one group overlaps the other's work), so runs time the close ones."""
     from loomrl.errors import PlanError
     from loomrl.plan import cycle, fixed_plan, leaf, temporal
 
     n = profile.devices
     a, b = profile.components[ENV], profile.components[POLICY]
     rest = [c for c in profile.components if c not in (ENV, POLICY)]
-    best = None
+    by_k: dict[int, Any] = {}
     for na in a.valid_devices:
         for nb in b.valid_devices:
             if na + nb > n:
@@ -460,9 +469,9 @@ def best_split_plan(profile: Any) -> Any:
                     )
                 except PlanError:
                     continue
-                if best is None or plan.predicted_s < best.predicted_s - 1e-12:
-                    best = plan
-    return best
+                if k not in by_k or plan.predicted_s < by_k[k].predicted_s - 1e-12:
+                    by_k[k] = plan
+    return sorted(by_k.values(), key=lambda p: p.predicted_s)
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,19 @@ trajectory. ``evaluate`` (training) always runs batched.
 
 Weights are initialised from ``seed`` alone (orthogonal, a local generator): the same seed
 gives the same policy regardless of the global torch RNG.
+
+On a GPU, the row-by-row forward is a few hundred tiny kernels per call, so its cost is the
+host launching them, and it moves with the speed of whichever host core runs the process.
+``use_cuda_graphs()`` records act's forward once per batch shape as a CUDA graph and replays it:
+one launch per call, the same kernels on the same rows, so the same bits.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -159,11 +166,123 @@ class _Heads(nn.Module):
         return a + self.start if self.discrete else a.reshape(a.shape[0], *self.action_shape)
 
 
+class _GraphCache:
+    """CUDA graphs of one forward function, one per input (shape, strides, dtype, device), least
+    recently used dropped beyond ``max_shapes``.
+
+    A graph reads the parameters at the addresses they had when it was recorded: in-place
+    updates (optimizer steps, ``load_state_dict``) are seen, but a module moved off the device
+    and back has new storage, so every graph is dropped when any parameter's address changes.
+    Backend switches flipped after recording (TF32, cuDNN algorithm choice) are not seen.
+    Copies and pickles of the module start with an empty cache: graphs belong to the tensors
+    they were recorded on.
+    """
+
+    def __init__(self, max_shapes: int = 8):
+        if max_shapes < 1:
+            raise ValueError(f"max_shapes must be >= 1, got {max_shapes}")
+        self.max_shapes = max_shapes
+        self.entries: OrderedDict[tuple, tuple[Tensor, Any, tuple[Tensor, ...]]] = OrderedDict()
+        self.params_key: tuple[int, ...] | None = None
+        self.captures = 0
+        self.failed: str | None = None
+
+    def __deepcopy__(self, memo: dict) -> _GraphCache:
+        return _GraphCache(self.max_shapes)
+
+    def __reduce__(self) -> tuple:
+        return (_GraphCache, (self.max_shapes,))
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.params_key = None
+
+    def run(
+        self, module: nn.Module, fn: Callable[[Tensor], tuple[Tensor, ...]], x: Tensor
+    ) -> tuple[Tensor, ...] | None:
+        """``fn(x)`` by replaying its graph (recorded on first sight of the input's layout);
+        None once recording has failed, after which the caller runs eagerly. Errors of ``fn``
+        itself (a wrong input, out of memory) surface from the warm-up as they would eagerly."""
+        if self.failed is not None:
+            return None
+        pkey = tuple(t.data_ptr() for t in (*module.parameters(), *module.buffers()))
+        if pkey != self.params_key:
+            self.entries.clear()
+            self.params_key = pkey
+        key = (tuple(x.shape), x.stride(), x.dtype, x.device)
+        entry = self.entries.get(key)
+        if entry is None:
+            static_in = _warm_up(fn, x)
+            try:
+                entry = _capture(fn, static_in)
+            except RuntimeError as e:  # an op that cannot be captured: say so once, run eagerly
+                self.failed = f"{type(e).__name__}: {e}"
+                self.clear()
+                warnings.warn(
+                    f"CUDA graphs disabled for this policy: recording its forward failed "
+                    f"({self.failed}); it runs eagerly",
+                    stacklevel=3,
+                )
+                return None
+            self.captures += 1
+            if len(self.entries) >= self.max_shapes:
+                self.entries.popitem(last=False)
+            self.entries[key] = entry
+        else:
+            self.entries.move_to_end(key)
+        static_in, graph, outs = entry
+        static_in.copy_(x)
+        graph.replay()
+        # The outputs live in the graph's memory and the next replay overwrites them.
+        return tuple(o.clone() for o in outs)
+
+
+def _warm_up(fn: Callable[[Tensor], tuple[Tensor, ...]], x: Tensor) -> Tensor:
+    """Run ``fn`` twice on a copy of ``x`` off the main stream, as capture requires: cuDNN and
+    cuBLAS create their handles and workspaces here rather than inside the recording. Returns
+    the copy, the input the graph will read."""
+    static_in = x.clone()
+    main = torch.cuda.current_stream(x.device)
+    side = torch.cuda.Stream(x.device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side), torch.no_grad():
+        for _ in range(2):
+            fn(static_in)
+    main.wait_stream(side)
+    return static_in
+
+
+def _capture(fn: Callable[[Tensor], tuple[Tensor, ...]], static_in: Tensor) -> tuple:
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: CUDA calls of other threads in the process (a runtime's) do not void it.
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"), torch.no_grad():
+        outs = fn(static_in)
+    return static_in, graph, tuple(outs)
+
+
 class _ActorCriticBase(nn.Module):
     """Shared act/evaluate over ``_features -> (actor_out, value)``."""
 
     heads: _Heads
     batch_invariant: bool
+    _graphs: _GraphCache | None = None
+
+    def use_cuda_graphs(self, on: bool = True, max_shapes: int = 8) -> None:
+        """Replay act's forward on a CUDA device as CUDA graphs, one per batch shape (at most
+        ``max_shapes`` kept). No effect on CPU tensors, on ``value`` (bootstrap values of
+        truncated and last observations, rare and of any row count, run eagerly: the same
+        kernels) or on training's ``evaluate``."""
+        self._graphs = _GraphCache(max_shapes) if on else None
+
+    def release_graphs(self) -> None:
+        """Drop the recorded graphs and the device memory they hold (e.g. before offload)."""
+        if self._graphs is not None:
+            self._graphs.clear()
+
+    @property
+    def graph_captures(self) -> int:
+        """How many forwards were recorded as graphs so far (0 without CUDA graphs)."""
+        return 0 if self._graphs is None else self._graphs.captures
 
     def _forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
@@ -189,7 +308,10 @@ class _ActorCriticBase(nn.Module):
         eps = None
         if generators is not None and not deterministic and not self.heads.discrete:
             eps = self.heads.noise(generators, obs.device)
-        out, value = self._rows(obs)
+        graphed = None
+        if self._graphs is not None and obs.is_cuda:
+            graphed = self._graphs.run(self, self._rows, obs)
+        out, value = graphed if graphed is not None else self._rows(obs)
         a = self.heads.sample(out, generators, deterministic, eps)
         # Unchecked: every check would stall a GPU call (non-finite actions are refused by
         # the env, which names them); training's evaluate() keeps torch's default checks.

@@ -33,6 +33,7 @@ from loomrl.cycle import (
     host_env_workers,
     measure_costs,
     placement_from_plan,
+    split_plans,
 )
 from loomrl.embodied import PPOConfig
 from loomrl.envs.vec import EnvConfig, check_env_id
@@ -50,6 +51,9 @@ class Config:
     ppo: PPOConfig = field(default_factory=PPOConfig)
     # auto | mlp | cnn | package.module:factory (an nn.Module with act/evaluate)
     policy: str = "auto"
+    # On a GPU, replay the built-in policy's forward as CUDA graphs (one per group size): the
+    # same numbers, one launch per call instead of hundreds. No effect on CPU or user policies.
+    policy_cuda_graphs: bool = True
     groups: int | None = None  # pin the ring groups k (None: the plan's)
     pipelined: bool = True  # False: wait after every env step (the unpipelined loop)
     target_return: float | None = None  # stop once the mean of the last `window` returns reaches it
@@ -57,8 +61,10 @@ class Config:
     probe_reps: int = 5  # timed calls per size when measuring costs for the planner
     # On measured costs the plan is timed on short real rollouts (rollouts of S steps, or of
     # auto_trial_steps and twice that when S is longer) and its prediction re-costed to them;
-    # placement=auto times every plan predicted within auto_trial_margin of the best and runs
-    # the fastest (0 steps: trust the model alone). Results: trials.json in the run directory.
+    # placement=auto times every plan predicted within auto_trial_margin of the best, among
+    # them the split cycle at the ring-group counts k next to the model's best k; hybrid times
+    # its split cycle at those k, temporal and spatial their one plan; the fastest runs (0 steps:
+    # trust the model alone). Results: trials.json in the run directory.
     auto_trial_steps: int = 16
     auto_trial_margin: float = 0.5
     run: RunConfig = field(default_factory=RunConfig)
@@ -144,7 +150,9 @@ def main(cfg: Config) -> dict:
                 and metrics["episode_return"] >= cfg.target_return
             ):
                 break
-        sha = wait(policy.param_sha256())[0]
+        (sha,), (graphs,) = wait(policy.param_sha256(), policy.graph_status())
+        if graphs["failed"]:
+            run.logger.echo(f"policy_cuda_graphs: the policy ran eagerly ({graphs['failed']})")
         plot_run(run.dir)
         return run.summary(
             it + 1,
@@ -152,6 +160,7 @@ def main(cfg: Config) -> dict:
             metrics,
             placement=place.describe(),
             probe_workers_reused=probe is not None,
+            policy_cuda_graphs=graphs,
             env_steps_per_s=(S * cfg.env.num_envs / run.measured_iteration_s()),
         )
     finally:
@@ -177,6 +186,7 @@ def _launch_policy(cluster: Any, cfg: Config, envs: Any, devices: list[int], nam
         cfg.ppo,
         cfg.env.seed,
         cfg.policy,
+        cuda_graphs=cfg.policy_cuda_graphs,
         devices=devices,
         name=name,
     )
@@ -222,7 +232,8 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> tuple[CyclePlacement, tuple
     """Choose the plan (measured costs, a profile file, or a plan file) and map it to workers.
 
     On measured costs, the plan is then timed on short real rollouts (``trial``): placement=auto
-    times every close candidate and keeps the fastest; a pinned mode times its one plan. Either
+    times every close candidate and keeps the fastest, hybrid its split cycle at the close k,
+    temporal or spatial its one plan. Either
     way the plan's prediction is re-costed to the rollout the trial measured. When the plan
     places its workers as the probe's were, the probe's workers are rebuilt to their launch
     state and returned for the run (the prediction then comes from the very processes that
@@ -286,21 +297,39 @@ def _chosen(run: Run, profile: Any, placement: str) -> Any:
 def trial(
     run: Run, cfg: Config, profile: Any, plan: Any, steps: int, hw: int | None, probe: Probe
 ) -> Any:
-    """Time ``plan`` (auto: and every other plan predicted within the margin) on real rollouts
-    and return the fastest, re-costed to its measured rollout."""
+    """Time ``plan`` (auto: and every other plan predicted within the margin; hybrid: and the
+    split cycle at the neighbouring k within the margin) on real rollouts and return the
+    fastest, re-costed to its measured rollout."""
     from loomrl.plan import search_all
 
     cluster = run.cluster
     if cfg.run.placement == "auto":
         plans = search_all(profile)
-        others = [plans.get("temporal"), plans.get("spatial"), best_split_plan(profile)]
+        others = [plans.get("temporal"), plans.get("spatial"), *_near_best_k(profile, cfg, hw)]
         cands = _candidates(plan, others, cfg, cluster, hw)
+    elif cfg.run.placement == "hybrid":
+        cands = _candidates(plan, _near_best_k(profile, cfg, hw), cfg, cluster, hw)
     else:
         place = placement_from_plan(plan, cfg.env.num_envs, hw)
         check_cores(place, cfg.env.cpu_cores, cluster)  # before any worker is launched for it
         cands = [(plan, place)]
     plan, rollout_s = choose_by_trial(run, cfg, cands, steps, probe)
     return calibrated_by_trial(profile, plan, rollout_s)
+
+
+def _near_best_k(profile: Any, cfg: Config, hw: int | None) -> list[Any]:
+    """The split cycle at the model's best ring-group count k and at the next smaller and larger
+    k: k is where the model is least sure (chained calls each carry a hand-off that a ring
+    partly hides; with a fast policy it costed k = 2 above k = 1, which then ran 1.4x faster),
+    and neighbours bound how many rollouts the trial times."""
+    by_k: dict[int, Any] = {}
+    for plan in split_plans(profile):  # fastest first: the first plan per k is its best
+        by_k.setdefault(placement_from_plan(plan, cfg.env.num_envs, hw).groups, plan)
+    if not by_k:
+        return []
+    ks = sorted(by_k)
+    i = ks.index(next(iter(by_k)))
+    return [by_k[k] for k in ks[max(i - 1, 0) : i + 2]]
 
 
 def _candidates(

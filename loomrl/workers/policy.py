@@ -93,6 +93,7 @@ class PolicyWorker(Worker):
         policy: str = "auto",
         policy_kwargs: dict[str, Any] | None = None,
         threads: int | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         super().__init__()
         import torch
@@ -112,6 +113,14 @@ class PolicyWorker(Worker):
         self.net = build_policy(
             policy, observation_space, action_space, ppo.seed, tuple(ppo.hidden), policy_kwargs
         ).to(self.device)
+        # Built-in policies only: a user's act() may draw on the host mid-forward.
+        self.graphs = bool(
+            cuda_graphs
+            and self.device != "cpu"
+            and callable(getattr(self.net, "use_cuda_graphs", None))
+        )
+        if self.graphs:
+            self.net.use_cuda_graphs()
         self.optimizer = torch.optim.Adam(self.net.parameters(), lr=ppo.lr, eps=ppo.adam_eps)
         self.normalizer = (
             RunningMeanStd(self.obs_shape) if ppo.normalize_obs and not self.pixels else None
@@ -338,6 +347,8 @@ class PolicyWorker(Worker):
         else:
             raw = gen.standard_normal((S * N, *self.obs_shape)).astype(np.float32)
         net = copy.deepcopy(self.net)
+        if callable(getattr(net, "use_cuda_graphs", None)):
+            net.use_cuda_graphs(False)  # a throw-away copy: recording a graph would be waste
         opt = torch.optim.Adam(net.parameters(), lr=self.ppo.lr, eps=self.ppo.adam_eps)
         obs = torch.as_tensor(raw).to(self.device)
         with torch.no_grad():
@@ -396,6 +407,16 @@ class PolicyWorker(Worker):
         if self.normalizer is not None and weights.get("normalizer") is not None:
             self.normalizer.load_state_dict(weights["normalizer"])
 
+    def graph_status(self) -> dict[str, Any]:
+        """Whether act replays CUDA graphs (GPU, ``cuda_graphs``, a built-in policy), how many
+        forwards were recorded, and why recording failed if it did (act then runs eagerly)."""
+        cache = getattr(self.net, "_graphs", None)
+        return {
+            "enabled": self.graphs and cache is not None and cache.failed is None,
+            "captures": int(getattr(self.net, "graph_captures", 0)),
+            "failed": None if cache is None else cache.failed,
+        }
+
     # -- time-sharing -------------------------------------------------------------------------------
     def onload(self) -> None:
         if self.device != "cpu":
@@ -405,8 +426,18 @@ class PolicyWorker(Worker):
         if self.device != "cpu":
             import torch
 
+            self._release_graphs()  # recorded on the device copy of the weights, which goes
             self.net.to("cpu")
             torch.cuda.empty_cache()
+
+    def close(self) -> None:
+        """Release the recorded graphs (``_loom_rebuild`` calls this before rebuilding)."""
+        self._release_graphs()
+
+    def _release_graphs(self) -> None:
+        release = getattr(self.net, "release_graphs", None)
+        if callable(release):
+            release()
 
 
 def _to_device(buf: Any, device: str) -> Any:

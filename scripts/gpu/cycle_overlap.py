@@ -69,6 +69,11 @@ def main() -> None:
         default=None,
         help="MUJOCO_EGL_DEVICE_ID for the env workers (render on another GPU than the policy's)",
     )
+    p.add_argument(
+        "--graphs",
+        action="store_true",
+        help="the policy's forward as CUDA graphs (the recipe's default; results so far: eager)",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -124,6 +129,7 @@ def main() -> None:
             0,
             "auto",
             kwargs,
+            cuda_graphs=args.graphs,
             devices=[0],
             name="policy",
         )

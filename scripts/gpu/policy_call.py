@@ -13,6 +13,9 @@ n = 1, 8, 32, 64 rows of 64x64 images, row by row with one generator per row. Ti
   (instead of after it, where that copy waits for the forward to finish);
 * ``act_no_checks``: that, and torch.distributions' argument validation off (its checks copy
   a flag back from the GPU, another wait in the middle of the call);
+* ``act_graph``: ``act`` with the forward replayed as a CUDA graph (``use_cuda_graphs``, the
+  worker's default on a GPU); ``graph_equal`` says whether it gave the same bits as ``act`` on images other than those it
+  was recorded on;
 * ``forward``: forward row by row and one synchronise;
 * ``h2d``: the host -> GPU copy of the images and one synchronise;
 * ``gens``: building the per-row generators (host only).
@@ -43,8 +46,8 @@ def render_forever(stop, size: int) -> None:
         env.render()
 
 
-def time_size(net, dev: str, n: int, reps: int) -> dict:
-    """Median seconds of each path on n rows."""
+def time_size(net, dev: str, n: int, reps: int, gnet=None) -> dict:
+    """Median seconds of each path on n rows; ``gnet``: a copy of ``net`` using CUDA graphs."""
     import numpy as np
     import torch
 
@@ -61,6 +64,11 @@ def time_size(net, dev: str, n: int, reps: int) -> dict:
         gens = row_generators(0, ids, steps)
         a, logp, v = net.act(torch.as_tensor(raw).to(dev), generators=gens)
         a.cpu(), logp.float().cpu(), v.float().cpu()
+
+    def act_graph() -> tuple:
+        gens = row_generators(0, ids, steps)
+        a, logp, v = gnet.act(torch.as_tensor(raw).to(dev), generators=gens)
+        return a.cpu(), logp.float().cpu(), v.float().cpu()
 
     def act_one_copy() -> None:
         gens = row_generators(0, ids, steps)
@@ -101,8 +109,19 @@ def time_size(net, dev: str, n: int, reps: int) -> dict:
         row_generators(0, ids, steps)
 
     row = {}
+    if gnet is not None:  # recorded on raw, compared on other images (replays)
+        act_graph()
+        other = np.random.default_rng(n).integers(0, 255, raw.shape, dtype=np.uint8)
+        gens = row_generators(0, ids, steps)
+        eager = net.act(torch.as_tensor(other).to(dev), generators=gens)
+        gens = row_generators(0, ids, steps)
+        graphed = gnet.act(torch.as_tensor(other).to(dev), generators=gens)
+        row["graph_equal"] = all(
+            torch.equal(x.cpu(), y.cpu()) for x, y in zip(eager, graphed, strict=True)
+        )
     paths = (
         ("act", act),
+        *((("act_graph", act_graph),) if gnet is not None else ()),
         ("act_one_copy", act_one_copy),
         ("act_noise_first", act_noise_first),
         ("act_no_checks", act_no_checks),
@@ -121,6 +140,8 @@ def time_size(net, dev: str, n: int, reps: int) -> dict:
 
 
 def measure(reps: int, sizes: list[int]) -> dict:
+    import copy
+
     import gymnasium as gym
     import numpy as np
     import torch
@@ -131,7 +152,11 @@ def measure(reps: int, sizes: list[int]) -> dict:
     act_space = gym.spaces.Box(-3.0, 3.0, (1,), np.float32)
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run of the script
     net = make_policy(obs_space, act_space, 0).to(dev)
-    return {n: time_size(net, dev, n, reps) for n in sizes}
+    gnet = None
+    if dev == "cuda":
+        gnet = copy.deepcopy(net)
+        gnet.use_cuda_graphs()
+    return {n: time_size(net, dev, n, reps, gnet) for n in sizes}
 
 
 def main() -> None:
@@ -158,7 +183,10 @@ def main() -> None:
         for n, r in rows.items():
             print(
                 f"{case:<17} n={n:>3}: "
-                + "  ".join(f"{k} {1e3 * v:6.2f}" for k, v in r.items())
+                + "  ".join(
+                    f"{k} {1e3 * v:6.2f}" if k != "graph_equal" else f"{k} {v}"
+                    for k, v in r.items()
+                )
                 + "  (ms)"
             )
     if args.out:

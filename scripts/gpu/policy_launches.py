@@ -6,7 +6,8 @@ The embodied benchmark's split cycle is policy-bound on the GPU machines, and th
 time per rollout differed by up to 1.9x from one launch of workers to the next while staying
 steady within a launch. This starts ``--launches`` fresh Python processes one after another;
 each builds the built-in CNN policy on the GPU and times ``scripts/gpu/policy_call.py``'s call
-paths (``act`` as the worker acts, ``forward`` alone, ``h2d``) at 8 and 16 rows, twice, a few
+paths (``act`` as the worker acts, ``act_graph`` with its forward replayed as a CUDA graph,
+``forward`` alone, ``h2d``) at 8 and 16 rows, twice, a few
 seconds apart. A spread between processes that the repeat within a process does not show is a
 property of the process (its CUDA context, its memory, its core), not of the cycle around it.
 """
@@ -58,13 +59,16 @@ def main() -> None:
             + "  ".join(
                 f"{k} n={n} {1e3 * r['first'][n][k]:.2f}/{1e3 * r['again'][n][k]:.2f}"
                 for n in (8, 16)
-                for k in ("act", "forward", "h2d")
+                for k in ("act", "act_graph", "forward", "h2d")
+                if k in r["first"][n]
             )
             + "  (ms, first/again)",
             flush=True,
         )
     for n in (8, 16):
-        for k in ("act", "forward"):
+        for k in ("act", "act_graph", "forward"):
+            if k not in rows[0]["first"][n]:
+                continue
             xs = [r["first"][n][k] for r in rows]
             drift = [abs(r["again"][n][k] / r["first"][n][k] - 1) for r in rows]
             print(

@@ -3,8 +3,9 @@
 # Stages (default: pytest ipc grpo_cal grpo_auto trl): pytest ipc grpo_cal grpo_auto trl trl_both
 #   wsync (weight-sync routes, 135M + 0.5B shapes) trl135 trl05 (GRPO vs TRL on GPU 0 alone,
 #   calibrated temporal plan, everything resident) embodied embodied_px (pixels, MuJoCo EGL)
-#   embodied_sweep (pixels at several num_envs:S, EMB_SWEEP="16:32 32:32 64:16"; SKIP_MODELS=1;
-#   EMB_VARIANTS="nopin pin" runs each config with env workers unpinned, then pinned)
+#   embodied_sweep (pixels at several num_envs:S, EMB_SWEEP="16:32 32:32 64:16", EMB_IMAGE=64; SKIP_MODELS=1;
+#   EMB_VARIANTS="nopin pin" runs each config with env workers unpinned, then pinned; "eager pin":
+#   the policy's forward eagerly, then as CUDA graphs (the default))
 #   overlap (env and policy costs alone and at once, and the cycle at k = 1, 2, 4 on the same
 #   workers: scripts/gpu/cycle_overlap.py at OV_SWEEP="16:4:4 64:4:4", num_envs:workers:cores)
 #   policy_call (where one pixel policy call spends its time, alone and beside EGL renderers)
@@ -71,7 +72,7 @@ echo "=== setup done in $(($(date +%s) - T0))s"
 
 for s in "${STAGES[@]}"; do
     case $s in
-    pytest) stage pytest ${PYTEST_CAP:-240} python3 -m pytest -q -x -p no:cacheprovider tests/gpu -o addopts= ;;
+    pytest) stage pytest ${PYTEST_CAP:-240} python3 -m pytest -q -x -p no:cacheprovider ${PYTEST_PATHS:-tests/gpu} -o addopts= ;;
     ipc) stage ipc 150 python3 scripts/gpu/ipc_bench.py --model-dir $MODEL --out "$OUT/ipc.json" ;;
     grpo_cal) stage grpo_cal 220 python3 scripts/gpu/grpo_gpu.py --mode calibrate --model-dir $MODEL \
         --steps ${GRPO_STEPS:-4} --out "$OUT/grpo_calibrate.json" --timeout 210 ;;
@@ -97,9 +98,12 @@ for s in "${STAGES[@]}"; do
     embodied_sweep) for c in ${EMB_SWEEP:-16:32 32:32 64:16}; do  # num_envs:S per config
         e=${c%%:*}; st=${c##*:}
         for v in ${EMB_VARIANTS:-pin}; do  # pin: env workers on cores of their own; nopin: not
-            f=""; sfx=""; [ "$v" = nopin ] && { f="--no-pin"; sfx="_nopin"; }
+            f=""; sfx=""
+            [ "$v" = nopin ] && { f="--no-pin"; sfx="_nopin"; }
+            [ "$v" = eager ] && { f="--no-graphs"; sfx="_eager"; }
+            img=${EMB_IMAGE:-64}; [ "$img" != 64 ] && sfx="_i${img}${sfx}"
             stage "embodied_px_e${e}_s${st}${sfx}" ${EMB_CAP:-258} python3 benchmarks/embodied_modes.py --device cuda \
-                --pixels --image-size 64 --num-envs "$e" --steps "$st" --iterations ${EMB_ITERS:-4} --rounds ${EMB_ROUNDS:-1} \
+                --pixels --image-size "$img" --num-envs "$e" --steps "$st" --iterations ${EMB_ITERS:-4} --rounds ${EMB_ROUNDS:-1} \
                 --modes ${EMB_MODES:-temporal,hybrid,auto} --epochs ${EMB_EPOCHS:-2} --env-cores ${EMB_ENV_CORES:-4} $f \
                 --out "$OUT/embodied_px_e${e}_s${st}${sfx}.json"
         done

@@ -9,9 +9,11 @@ import pytest
 
 from loomrl.cycle import (
     CyclePlacement,
+    best_split_plan,
     check_cores,
     cycle_profile,
     placement_from_plan,
+    split_plans,
 )
 from loomrl.errors import ConfigError, PlacementError
 
@@ -52,6 +54,7 @@ def test_cli_runs_two_iterations_and_writes_the_summary(cluster, tmp_path):
     assert s["plan"]["mode"] in ("temporal", "hybrid", "spatial")
     assert s["predicted_iteration_s"] > 0 and s["measured_iteration_s"] > 0
     assert len(s["param_sha256"]) == 64
+    assert s["policy_cuda_graphs"] == {"enabled": False, "captures": 0, "failed": None}  # CPU
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2]
     assert (out / "plan.json").exists() and (out / "profile.json").exists()
@@ -167,6 +170,73 @@ def test_auto_times_close_candidates_and_runs_the_fastest(cluster, tmp_path, cap
     assert rows[trials["chosen"]] is not None and rows[trials["chosen"]] == fastest
     assert s["placement"] == fastest["placement"]
     assert trials["seconds"] > 0
+
+
+def test_split_plans_give_the_fastest_split_cycle_per_ring_group_count():
+    from loomrl.errors import PlanError
+    from loomrl.plan import cycle, fixed_plan, leaf, temporal
+
+    prof = cycle_profile(
+        _costs(env_s=4e-3), num_envs=4, steps=16, devices=3, env_cores=1, cpu_cores_per_node=3
+    )
+    plans = split_plans(prof)
+    places = [placement_from_plan(p, 4) for p in plans]
+    assert sorted(pl.groups for pl in places) == [1, 2, 4]  # every k that divides 4 envs, once
+    assert [p.predicted_s for p in plans] == sorted(p.predicted_s for p in plans)
+    assert not any(pl.colocated for pl in places)
+    for plan, pl in zip(plans, places, strict=True):  # the best over every split of 3 devices
+        options = []
+        for split in ((1, 1), (1, 2), (2, 1)):
+            tree = temporal(
+                cycle("env", "policy", 3, split=split, groups=pl.groups), leaf("actor_train", 3)
+            )
+            try:
+                options.append(fixed_plan(prof, tree, 4).predicted_s)
+            except PlanError:
+                pass
+        assert len(options) >= 2 and plan.predicted_s == pytest.approx(min(options))
+
+
+def test_trials_time_the_split_cycle_at_the_k_next_to_the_models_best():
+    from loomrl.recipes.embodied_ppo import Config, _near_best_k
+
+    prof = cycle_profile(
+        _costs(), num_envs=16, steps=16, devices=2, env_cores=1, cpu_cores_per_node=2
+    )
+    cfg = Config()
+    cfg.env.num_envs = 16
+    every_k = sorted(placement_from_plan(p, 16).groups for p in split_plans(prof))
+    assert every_k == [1, 2, 4, 8, 16]
+    best_k = placement_from_plan(best_split_plan(prof), 16).groups
+    near = [placement_from_plan(p, 16).groups for p in _near_best_k(prof, cfg, None)]
+    i = every_k.index(best_k)
+    assert near == every_k[max(i - 1, 0) : i + 2] and best_k in near and 2 <= len(near) <= 3
+
+
+def test_pinned_hybrid_times_its_split_cycle_at_each_close_k(cluster, tmp_path):
+    """placement=hybrid keeps env and policy apart, and times every close k on real rollouts."""
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    out = tmp_path / "hybrid"
+    cfg = load_config(
+        Config,
+        EXAMPLE,
+        [
+            *TINY,
+            "run.steps=1",
+            "run.placement=hybrid",
+            "auto_trial_steps=4",
+            "auto_trial_margin=1000",
+            f"run.output_dir={out}",
+        ],
+    )
+    s = main(cfg)
+    rows = json.loads((out / "trials.json").read_text())["trials"]
+    ks = [r["placement"]["groups"] for r in rows]
+    assert len(ks) >= 2 and len(set(ks)) == len(ks)
+    assert not any(r["placement"]["colocated"] for r in rows)
+    assert s["placement"] == min(rows, key=lambda r: r["rollout_s"])["placement"]
 
 
 def test_trial_calibration_keeps_the_update_and_matches_the_measured_cycle():

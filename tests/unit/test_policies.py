@@ -122,3 +122,112 @@ def test_unsupported_spaces_are_explained():
         make_policy(gym.spaces.Box(0, 1, (2, 2), np.float32), BOX)
     with pytest.raises(ValueError, match="one per row"):
         MLPActorCritic(5, BOX).act(torch.zeros(3, 5), generators=row_generators(0, [0], [0]))
+
+
+class _ReplayOnCPU:
+    """Stands in for a recorded CUDA graph: replay recomputes into the recorded outputs."""
+
+    def __init__(self, fn, static_in, outs):
+        self.fn, self.static_in, self.outs = fn, static_in, outs
+
+    def replay(self):
+        for o, n in zip(self.outs, self.fn(self.static_in), strict=True):
+            o.copy_(n)
+
+
+def _fake_capture(fn, static_in):
+    outs = tuple(torch.zeros_like(o) for o in fn(static_in))  # capture computes nothing
+    return static_in, _ReplayOnCPU(fn, static_in, outs), outs
+
+
+@pytest.fixture
+def cpu_graphs(monkeypatch):
+    import loomrl.policies as pol
+
+    def warm_up(fn, x):  # as the real one: runs the forward, returns the input to record on
+        fn(x)
+        return x.clone()
+
+    monkeypatch.setattr(pol, "_warm_up", warm_up)
+    monkeypatch.setattr(pol, "_capture", _fake_capture)
+    return pol
+
+
+def test_graph_cache_records_once_per_layout_and_forgets_moved_weights(cpu_graphs):
+    net = MLPActorCritic(5, BOX, seed=0)
+    cache = cpu_graphs._GraphCache(max_shapes=2)
+    x3, x4, x5 = (torch.randn(n, 5, generator=torch.Generator().manual_seed(n)) for n in (3, 4, 5))
+    with torch.no_grad():
+        for x in (x3, x3 * 2, x4, x3 - 1):  # new inputs of a recorded shape replay its graph
+            out = cache.run(net, net._rows, x)
+            for got, want in zip(out, net._rows(x), strict=True):
+                assert torch.equal(got, want)
+        assert cache.captures == 2  # 3 rows, then 4
+        first = cache.run(net, net._rows, x3)[0]
+        cache.run(net, net._rows, x3 * 3)  # the next replay must not change what was returned
+        assert torch.equal(first, net._rows(x3)[0])
+        cache.run(net, net._rows, x5)  # a third shape evicts the least recently used (4 rows)
+        assert cache.captures == 3 and len(cache.entries) == 2
+        cache.run(net, net._rows, x4)
+        assert cache.captures == 4
+        cache.run(net, net._rows, torch.randn(5, 4).t())  # same shape as x4, other strides
+        assert cache.captures == 5
+        net.actor[0].weight.add_(1.0)  # in place, as an optimizer step: the graph sees it
+        assert torch.equal(cache.run(net, net._rows, x4)[0], net._rows(x4)[0])
+        assert cache.captures == 5
+        net.double().float()  # new storage for every parameter: all graphs are stale
+        assert torch.equal(cache.run(net, net._rows, x4)[0], net._rows(x4)[0])
+        assert cache.captures == 6 and len(cache.entries) == 1
+    with pytest.raises(ValueError, match="max_shapes"):
+        cpu_graphs._GraphCache(max_shapes=0)
+
+
+def test_graph_cache_falls_back_to_eager_once_capture_fails(cpu_graphs, monkeypatch):
+    calls = []
+
+    def broken(fn, x):
+        calls.append(x.shape)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(cpu_graphs, "_capture", broken)
+    net = MLPActorCritic(5, BOX, seed=0)
+    cache = cpu_graphs._GraphCache()
+    with pytest.warns(UserWarning, match="CUDA graphs disabled.*not permitted"):
+        assert cache.run(net, net._rows, torch.zeros(2, 5)) is None
+    assert cache.run(net, net._rows, torch.zeros(3, 5)) is None
+    assert len(calls) == 1 and cache.captures == 0 and "not permitted" in cache.failed
+
+
+def test_graph_cache_lets_errors_of_the_forward_itself_through(cpu_graphs):
+    """A wrong input fails as it would eagerly, and does not switch graphs off."""
+    net = MLPActorCritic(5, BOX, seed=0)
+    cache = cpu_graphs._GraphCache()
+    with torch.no_grad(), pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        cache.run(net, net._rows, torch.zeros(2, 7))
+    assert cache.failed is None
+    with torch.no_grad():
+        assert cache.run(net, net._rows, torch.zeros(2, 5)) is not None
+
+
+def test_cuda_graphs_leave_cpu_acting_copies_and_pickles_alone():
+    import copy
+    import pickle
+
+    net = CNNActorCritic((3, 16, 16), BOX, seed=1)
+    ref = copy.deepcopy(net)
+    net.use_cuda_graphs()
+    obs = torch.randint(0, 255, (4, 3, 16, 16), dtype=torch.uint8)
+    got = net.act(obs, generators=row_generators(0, range(4), [0] * 4))
+    want = ref.act(obs, generators=row_generators(0, range(4), [0] * 4))
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    assert net.graph_captures == 0 and ref.graph_captures == 0  # nothing recorded on CPU
+    net._graphs.entries[("recorded",)] = object()  # stands in for a graph, which cannot be copied
+    net._graphs.captures = 1
+    for twin in (copy.deepcopy(net), pickle.loads(pickle.dumps(net))):
+        assert twin._graphs is not net._graphs and twin.graph_captures == 0
+        assert not twin._graphs.entries
+    net.release_graphs()
+    assert not net._graphs.entries
+    net.use_cuda_graphs(False)
+    assert net._graphs is None

@@ -1,0 +1,81 @@
+"""CUDA graphs of the built-in policies' act: the same bits as eager acting, per row and per
+grouping, after in-place updates and after the weights moved. Skipped where torch sees no GPU."""
+
+from __future__ import annotations
+
+import copy
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from loomrl.policies import make_policy, row_generators  # noqa: E402
+
+BOX = gym.spaces.Box(-3.0, 3.0, (2,), np.float32)
+SPACES = {
+    "cnn": gym.spaces.Box(0, 255, (3, 64, 64), np.uint8),
+    "mlp": gym.spaces.Box(-np.inf, np.inf, (11,), np.float32),
+}
+
+
+def _obs(space, n, seed):
+    g = np.random.default_rng(seed)
+    if space.dtype == np.uint8:
+        return torch.as_tensor(g.integers(0, 255, (n, *space.shape), dtype=np.uint8)).cuda()
+    return torch.as_tensor(g.standard_normal((n, *space.shape)).astype(np.float32)).cuda()
+
+
+def _act(net, obs, ids, step=5):
+    out = net.act(obs, generators=row_generators(3, ids, [step] * len(ids)))
+    return [t.cpu() for t in out]
+
+
+def _same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("kind", ["cnn", "mlp"])
+def test_graphed_act_gives_the_eager_bits_per_row_and_grouping(kind):
+    eager = make_policy(SPACES[kind], BOX, seed=0).cuda()
+    graphed = copy.deepcopy(eager)
+    graphed.use_cuda_graphs()
+    ids = list(range(8))
+    seen = []
+    for seed, n in enumerate((8, 3, 8, 1, 3, 8)):  # new observations every call: replays
+        obs = _obs(SPACES[kind], n, seed)
+        got = _act(graphed, obs, ids[:n])
+        assert _same(got, _act(eager, obs, ids[:n])), (seed, n)
+        seen.append((got, _act(eager, obs, ids[:n])))
+    assert graphed.graph_captures == 3  # 8, 3 and 1 rows
+    assert all(_same(g, e) for g, e in seen)  # later replays left earlier results alone
+    # Groups of 3 and 5 rows give each row what the 8-row call gave it.
+    obs = _obs(SPACES[kind], 8, 99)
+    whole = _act(graphed, obs, ids)
+    parts = [_act(graphed, obs[:3], ids[:3]), _act(graphed, obs[3:], ids[3:])]
+    assert _same(whole, [torch.cat([p[i] for p in parts]) for i in range(3)])
+
+
+def test_graphs_follow_in_place_updates_and_moved_weights():
+    eager = make_policy(SPACES["cnn"], BOX, seed=0).cuda()
+    graphed = copy.deepcopy(eager)
+    graphed.use_cuda_graphs()
+    ids = list(range(4))
+    _act(graphed, _obs(SPACES["cnn"], 4, 1), ids)
+    with torch.no_grad():  # an optimizer step changes weights in place: replays must see it
+        for a, b in zip(eager.parameters(), graphed.parameters(), strict=True):
+            a.mul_(1.01)
+            b.mul_(1.01)
+    obs = _obs(SPACES["cnn"], 4, 2)
+    assert _same(_act(graphed, obs, ids), _act(eager, obs, ids))
+    assert graphed.graph_captures == 1
+    graphed.cpu()  # new storage for the weights, graphs not released: they must not replay
+    graphed.cuda()
+    obs = _obs(SPACES["cnn"], 4, 3)
+    assert _same(_act(graphed, obs, ids), _act(eager, obs, ids))
+    assert graphed.graph_captures == 2
