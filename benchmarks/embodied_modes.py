@@ -82,11 +82,15 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
     prof = out_dir / placement / "profile.json"  # the fitted costs the plan was chosen from
     trials = out_dir / placement / "trials.json"  # short real rollouts timed before the run
     tr = json.loads(trials.read_text()) if trials.exists() else None
+    costs = out_dir / placement / "cycle_costs.json"  # the probe's costs, two models' s/it
+    split_hops = json.loads(costs.read_text()).get("model_split_hops_s") if costs.exists() else None
     return {
         "mode": placement,
         "feasible": True,
         # The model's own prediction, before the trial re-costed it to a measured rollout.
         "model_s": tr["trials"][tr["chosen"]]["predicted_s"] if tr else s["predicted_iteration_s"],
+        # The same plan under the model that splits hand-offs out of the calls (split_hops).
+        "model_split_hops_s": split_hops,
         "profile": json.loads(prof.read_text())["components"] if prof.exists() else None,
         "trials": tr,
         "plan_mode": s["plan"]["mode"],
@@ -135,6 +139,8 @@ def _merge(rs: list[dict]) -> dict:
     out["collect_median_s"] = statistics.median(cyc) if cyc else None
     out["predicted_s"] = statistics.median(r["predicted_s"] for r in ok)
     out["model_s"] = statistics.median(r["model_s"] for r in ok)
+    hops = [r["model_split_hops_s"] for r in ok if r.get("model_split_hops_s")]
+    out["model_split_hops_s"] = statistics.median(hops) if hops else None
     out["env_steps_per_s"] = ok[0]["env_steps_per_s"] * ok[0]["measured_s"] / out["measured_s"]
     out["rounds"] = rs
     out["plans"] = [(r["plan_mode"], r["placement"]) for r in ok]
@@ -237,6 +243,15 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [_placement_key(x["placement"]) for x in r["rounds"] if x["feasible"]]
         if len(set(chosen)) > 1:  # the row above shows the last round's plan
             print(f"{'':<9}plans by round: " + "; ".join(chosen))
+    hops = [r for r in ok if r.get("model_split_hops_s")]
+    if hops:
+        print(
+            "model with hand-offs split out (split_hops), off the measured: "
+            + ", ".join(
+                f"{r['mode']} {100 * (r['measured_s'] / r['model_split_hops_s'] - 1):+.1f}%"
+                for r in hops
+            )
+        )
     # Runs with the same placement ran the same plan: their iterations are pooled, so that the
     # verdict compares plans, not the machine's drift between two runs of one plan.
     pooled = _pooled_by_placement(runs)

@@ -256,10 +256,11 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> tuple[CyclePlacement, tuple
         )
         probe = launch_probe(cluster, cfg, hw)
         try:
-            profile = measured_profile(cluster, cfg, steps, hw, probe.env, probe.policy)
+            profile, costs = measured_profile(cluster, cfg, steps, hw, probe.env, probe.policy)
             plan = _chosen(run, profile, rc.placement)
             if cfg.auto_trial_steps > 0 and cfg.groups is None:
                 plan = trial(run, cfg, profile, plan, steps, hw, probe)
+            save_costs(run, cfg, steps, hw, costs, plan)
             if probe.places(placement_from_plan(plan, cfg.env.num_envs, hw)):
                 wait(probe.env._call("_loom_rebuild"), probe.policy._call("_loom_rebuild"))
                 keep = (probe.env, probe.policy)
@@ -514,21 +515,47 @@ def measured_profile(
     env: Any,
     pol: Any,
     reps: int | None = None,
-) -> Any:
+) -> tuple[Any, dict[str, Any]]:
     """Time env.step / policy.act at the group sizes the planner weighs on the probe workers
-    (``launch_probe``) and fit."""
+    (``launch_probe``) and fit: (profile, the measured costs)."""
     n, w = cfg.env.num_envs, env.world_size
     sizes = sorted({n // d for d in (1, 2, 4, 8) if n % d == 0 and (n // d) % w == 0})
     costs = measure_costs(env, pol, n, sizes, steps, reps or cfg.probe_reps)
+    return profile_of_costs(cluster, cfg, steps, hw, costs), costs
+
+
+def profile_of_costs(
+    cluster: Any, cfg: Config, steps: int, hw: int | None, costs: dict, split_hops: bool = False
+) -> Any:
+    """The cycle's profile on this cluster from ``measure_costs``'s costs (see ``cycle_profile``
+    for ``split_hops``)."""
     node0 = cluster.nodes[0]
     return cycle_profile(
         costs,
-        n,
+        cfg.env.num_envs,
         steps,
         cluster.num_devices,
         cfg.env.cpu_cores,
         int(node0.num_cpus),
         len(node0.devices) if len(cluster.nodes) > 1 else None,
         hw,
+        split_hops=split_hops,
         env_renders=bool(cfg.env.pixels and cluster.has_cuda),
     )
+
+
+def save_costs(run: Run, cfg: Config, steps: int, hw: int | None, costs: dict, plan: Any) -> None:
+    """Write the probe's costs to cycle_costs.json beside what two cycle models predict for the
+    plan that runs: hand-offs inside each call's cost (the one planned with) and split out as
+    ring-hidden latency (``split_hops``). Runs then show which model their own data favours."""
+    from loomrl.errors import PlanError
+    from loomrl.plan import fixed_plan
+
+    models: dict[str, float | None] = {}
+    for name, split in (("model_s", False), ("model_split_hops_s", True)):
+        prof = profile_of_costs(run.cluster, cfg, steps, hw, costs, split_hops=split)
+        try:
+            models[name] = fixed_plan(prof, plan.tree, plan.micro_batch).predicted_s
+        except PlanError:  # a tree that fits one model fits the other; kept safe all the same
+            models[name] = None
+    (run.dir / "cycle_costs.json").write_text(json.dumps({**costs, **models}, indent=1))

@@ -59,6 +59,12 @@ def test_cli_runs_two_iterations_and_writes_the_summary(cluster, tmp_path):
     assert [json.loads(x)["step"] for x in lines] == [1, 2]
     assert (out / "plan.json").exists() and (out / "profile.json").exists()
     assert (out / "plots" / "episode_return.png").exists()
+    # The probe's costs, and what both cycle models say of the plan that ran.
+    costs = json.loads((out / "cycle_costs.json").read_text())
+    assert {"env", "policy", "both"} <= set(costs["samples"]) and costs["update_s"] > 0
+    trials = json.loads((out / "trials.json").read_text())
+    assert costs["model_s"] == pytest.approx(trials["trials"][trials["chosen"]]["predicted_s"])
+    assert costs["model_split_hops_s"] > 0
 
 
 def test_same_weights_under_every_placement(cluster, tmp_path):
