@@ -187,10 +187,7 @@ class _GraphCache:
         self.captures = 0
         self.failed: str | None = None
 
-    def __deepcopy__(self, memo: dict) -> _GraphCache:
-        return _GraphCache(self.max_shapes)
-
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple:  # copy.deepcopy and pickle both rebuild it empty
         return (_GraphCache, (self.max_shapes,))
 
     def clear(self) -> None:

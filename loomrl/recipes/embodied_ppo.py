@@ -260,7 +260,7 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> tuple[CyclePlacement, tuple
             plan = _chosen(run, profile, rc.placement)
             if cfg.auto_trial_steps > 0 and cfg.groups is None:
                 plan = trial(run, cfg, profile, plan, steps, hw, probe)
-            save_costs(run, cfg, steps, hw, costs, plan)
+            save_costs(run, cfg, steps, hw, costs, profile, plan)
             if probe.places(placement_from_plan(plan, cfg.env.num_envs, hw)):
                 wait(probe.env._call("_loom_rebuild"), probe.policy._call("_loom_rebuild"))
                 keep = (probe.env, probe.policy)
@@ -328,8 +328,9 @@ def _near_best_k(profile: Any, cfg: Config, hw: int | None) -> list[Any]:
         by_k.setdefault(placement_from_plan(plan, cfg.env.num_envs, hw).groups, plan)
     if not by_k:
         return []
+    best_k = next(iter(by_k))  # the first key came from the fastest plan
     ks = sorted(by_k)
-    i = ks.index(next(iter(by_k)))
+    i = ks.index(best_k)
     return [by_k[k] for k in ks[max(i - 1, 0) : i + 2]]
 
 
@@ -544,16 +545,19 @@ def profile_of_costs(
     )
 
 
-def save_costs(run: Run, cfg: Config, steps: int, hw: int | None, costs: dict, plan: Any) -> None:
+def save_costs(
+    run: Run, cfg: Config, steps: int, hw: int | None, costs: dict, profile: Any, plan: Any
+) -> None:
     """Write the probe's costs to cycle_costs.json beside what two cycle models predict for the
-    plan that runs: hand-offs inside each call's cost (the one planned with) and split out as
-    ring-hidden latency (``split_hops``). Runs then show which model their own data favours."""
+    plan that runs: hand-offs inside each call's cost (``profile``, the one planned with) and
+    split out as ring-hidden latency (``split_hops``). Runs then show which model their own data
+    favours."""
     from loomrl.errors import PlanError
     from loomrl.plan import fixed_plan
 
     models: dict[str, float | None] = {}
-    for name, split in (("model_s", False), ("model_split_hops_s", True)):
-        prof = profile_of_costs(run.cluster, cfg, steps, hw, costs, split_hops=split)
+    hops = profile_of_costs(run.cluster, cfg, steps, hw, costs, split_hops=True)
+    for name, prof in (("model_s", profile), ("model_split_hops_s", hops)):
         try:
             models[name] = fixed_plan(prof, plan.tree, plan.micro_batch).predicted_s
         except PlanError:  # a tree that fits one model fits the other; kept safe all the same

@@ -60,15 +60,13 @@ def time_size(net, dev: str, n: int, reps: int, gnet=None) -> dict:
         if dev == "cuda":
             torch.cuda.synchronize()
 
-    def act() -> None:
+    def act(policy=net) -> None:
         gens = row_generators(0, ids, steps)
-        a, logp, v = net.act(torch.as_tensor(raw).to(dev), generators=gens)
+        a, logp, v = policy.act(torch.as_tensor(raw).to(dev), generators=gens)
         a.cpu(), logp.float().cpu(), v.float().cpu()
 
-    def act_graph() -> tuple:
-        gens = row_generators(0, ids, steps)
-        a, logp, v = gnet.act(torch.as_tensor(raw).to(dev), generators=gens)
-        return a.cpu(), logp.float().cpu(), v.float().cpu()
+    def act_graph() -> None:
+        act(gnet)
 
     def act_one_copy() -> None:
         gens = row_generators(0, ids, steps)
