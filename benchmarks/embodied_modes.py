@@ -60,6 +60,8 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
         overrides.append("run.pin_cores=false")
     if args.no_graphs:
         overrides.append("policy_cuda_graphs=false")
+    for key, value in args.policy_kwargs.items():
+        overrides.append(f"policy_kwargs.{key}={json.dumps(value)}")
     cfg = load_config(Config, None, overrides)
     t, cpu0 = time.perf_counter(), _cpu_stat()
     try:
@@ -191,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         "--no-graphs",
         action="store_true",
         help="run a GPU policy's forward eagerly, not as CUDA graphs (policy_cuda_graphs)",
+    )
+    p.add_argument(
+        "--policy-kwargs",
+        type=json.loads,
+        default={},
+        help="JSON object for the policy's constructor (policy_kwargs), e.g. '{\"channels\": [64, 128, 128]}'",
     )
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)

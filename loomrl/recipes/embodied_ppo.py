@@ -51,6 +51,10 @@ class Config:
     ppo: PPOConfig = field(default_factory=PPOConfig)
     # auto | mlp | cnn | package.module:factory (an nn.Module with act/evaluate)
     policy: str = "auto"
+    # Keyword arguments for the policy's constructor, e.g. {channels: [64, 128, 128],
+    # feature_dim: 512} for the CNN or {hidden: [256, 256]} for the MLP (over ppo.hidden); a
+    # factory gets them as **kwargs. Built-in policies' keys are checked before any worker starts.
+    policy_kwargs: dict[str, Any] = field(default_factory=dict)
     # On a GPU, replay the built-in policy's forward as CUDA graphs (one per group size): the
     # same numbers, one launch per call instead of hundreds. No effect on CPU or user policies.
     policy_cuda_graphs: bool = True
@@ -80,6 +84,7 @@ class Config:
                 f"ppo.rollout_steps={self.ppo.rollout_steps} is not a multiple of env.num_envs="
                 f"{self.env.num_envs}; their ratio is the steps S per env per iteration"
             )
+        p += _check_policy_kwargs(self.policy, self.policy_kwargs, self.env.pixels)
         if self.groups is not None and not 1 <= self.groups <= self.env.num_envs:
             p.append(f"groups: must be in [1, env.num_envs={self.env.num_envs}], got {self.groups}")
         if self.window < 1:
@@ -93,6 +98,31 @@ class Config:
         if self.auto_trial_margin < 0:
             p.append(f"auto_trial_margin: must be >= 0, got {self.auto_trial_margin}")
         return p
+
+
+def _check_policy_kwargs(policy: str, kwargs: dict[str, Any], pixels: bool) -> list[str]:
+    """Unknown keys for a built-in policy, named with the arguments it takes (a factory's
+    signature is only known once it is imported in the policy worker)."""
+    if policy not in ("auto", "mlp", "cnn") or not kwargs:
+        return []
+    import difflib
+    import inspect
+
+    from loomrl.policies import CNNActorCritic, MLPActorCritic
+
+    cls = CNNActorCritic if policy == "cnn" or (policy == "auto" and pixels) else MLPActorCritic
+    skip = {"self", "obs_dim", "obs_shape", "action_space", "seed"}
+    takes = [n for n in inspect.signature(cls.__init__).parameters if n not in skip]
+    out = []
+    for key in kwargs:
+        if key not in takes:
+            close = difflib.get_close_matches(str(key), takes, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            out.append(
+                f"policy_kwargs.{key}: not an argument of {cls.__name__} (policy={policy!r}, "
+                f"env.pixels={pixels}); {hint}it takes {', '.join(takes)}"
+            )
+    return out
 
 
 @dataclass
@@ -186,6 +216,7 @@ def _launch_policy(cluster: Any, cfg: Config, envs: Any, devices: list[int], nam
         cfg.ppo,
         cfg.env.seed,
         cfg.policy,
+        policy_kwargs=dict(cfg.policy_kwargs),
         cuda_graphs=cfg.policy_cuda_graphs,
         devices=devices,
         name=name,

@@ -17,6 +17,7 @@ the envs were grouped, spread over workers, or pipelined.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import importlib
 import time
@@ -48,13 +49,12 @@ def build_policy(
     if spec == "auto":
         if len(shape) == 1:
             kwargs.setdefault("hidden", hidden)
-        net = make_policy(observation_space, action_space, seed=seed, **kwargs)
+        make: Any = functools.partial(make_policy, observation_space)
     elif spec == "mlp":
-        net = MLPActorCritic(
-            int(np.prod(shape)), action_space, seed=seed, **{"hidden": hidden, **kwargs}
-        )
+        kwargs.setdefault("hidden", hidden)
+        make = functools.partial(MLPActorCritic, int(np.prod(shape)))
     elif spec == "cnn":
-        net = CNNActorCritic(shape, action_space, seed=seed, **kwargs)
+        make = functools.partial(CNNActorCritic, shape)
     elif ":" in spec:
         mod_name, fn_name = spec.split(":", 1)
         try:
@@ -63,11 +63,17 @@ def build_policy(
             raise ConfigError(
                 [f"policy={spec!r}: cannot import {fn_name!r} from {mod_name!r} ({e})"]
             ) from None
-        net = fn(observation_space, action_space, seed=seed, **kwargs)
+        make = functools.partial(fn, observation_space)
     else:
         raise ConfigError(
             [f"policy={spec!r}: use 'auto', 'mlp', 'cnn' or 'package.module:factory'"]
         )
+    try:
+        net = make(action_space, seed=seed, **kwargs)
+    except (TypeError, ValueError) as e:  # a bad keyword or value: the user's config, not a crash
+        raise ConfigError(
+            [f"policy={spec!r} with policy_kwargs={kwargs}: {type(e).__name__}: {e}"]
+        ) from None
     missing = [m for m in ("act", "evaluate", "parameters") if not callable(getattr(net, m, None))]
     if missing:
         raise ConfigError(

@@ -110,10 +110,8 @@ def time_size(net, dev: str, n: int, reps: int, gnet=None) -> dict:
     if gnet is not None:  # recorded on raw, compared on other images (replays)
         act_graph()
         other = np.random.default_rng(n).integers(0, 255, raw.shape, dtype=np.uint8)
-        gens = row_generators(0, ids, steps)
-        eager = net.act(torch.as_tensor(other).to(dev), generators=gens)
-        gens = row_generators(0, ids, steps)
-        graphed = gnet.act(torch.as_tensor(other).to(dev), generators=gens)
+        eager = net.act(torch.as_tensor(other).to(dev), generators=row_generators(0, ids, steps))
+        graphed = gnet.act(torch.as_tensor(other).to(dev), generators=row_generators(0, ids, steps))
         row["graph_equal"] = all(
             torch.equal(x.cpu(), y.cpu()) for x, y in zip(eager, graphed, strict=True)
         )
@@ -137,7 +135,7 @@ def time_size(net, dev: str, n: int, reps: int, gnet=None) -> dict:
     return row
 
 
-def measure(reps: int, sizes: list[int]) -> dict:
+def measure(reps: int, sizes: list[int], policy_kwargs: dict | None = None) -> dict:
     import copy
 
     import gymnasium as gym
@@ -149,7 +147,7 @@ def measure(reps: int, sizes: list[int]) -> dict:
     obs_space = gym.spaces.Box(0, 255, (3, 64, 64), np.uint8)
     act_space = gym.spaces.Box(-3.0, 3.0, (1,), np.float32)
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke run of the script
-    net = make_policy(obs_space, act_space, 0).to(dev)
+    net = make_policy(obs_space, act_space, 0, **(policy_kwargs or {})).to(dev)
     gnet = None
     if dev == "cuda":
         gnet = copy.deepcopy(net)
@@ -161,17 +159,19 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--renderers", type=int, default=4)
     p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--sizes", default="1,8,32,64", help="rows per call, comma-separated")
+    p.add_argument("--policy-kwargs", type=json.loads, default={}, help="JSON for make_policy")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    sizes = [1, 8, 32, 64]
-    res = {"alone": measure(args.reps, sizes)}
+    sizes = [int(x) for x in args.sizes.split(",")]
+    res = {"alone": measure(args.reps, sizes, args.policy_kwargs)}
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
     procs = [ctx.Process(target=render_forever, args=(stop, 64)) for _ in range(args.renderers)]
     for q in procs:
         q.start()
     time.sleep(5.0)  # the renderers start their GL contexts
-    res["beside_renderers"] = measure(args.reps, sizes)
+    res["beside_renderers"] = measure(args.reps, sizes, args.policy_kwargs)
     stop.set()
     for q in procs:
         q.join(timeout=10)

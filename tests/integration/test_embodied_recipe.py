@@ -434,6 +434,24 @@ def test_rollout_steps_must_divide_by_num_envs():
         load_config(Config, EXAMPLE, ["ppo.rollout_steps=100"])
 
 
+def test_policy_kwargs_typos_are_named_with_what_the_policy_takes():
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config
+
+    pixels = ROOT / "examples/ppo_fetch_pixels.yaml"
+    with pytest.raises(ConfigError) as err:
+        load_config(Config, pixels, ["policy_kwargs.chanels=[64,128,128]", "policy_kwargs.x=1"])
+    msg = str(err.value)
+    assert "2 problem(s)" in msg and "did you mean 'channels'?" in msg
+    assert "policy_kwargs.x: not an argument of CNNActorCritic" in msg
+    # The same key is fine for the policy that takes it; state observations get the MLP.
+    cfg = load_config(Config, pixels, ["policy_kwargs.channels=[8,16,16]"])
+    assert cfg.policy_kwargs == {"channels": [8, 16, 16]}
+    with pytest.raises(ConfigError, match="not an argument of MLPActorCritic"):
+        load_config(Config, EXAMPLE, ["policy_kwargs.channels=[8,16,16]"])
+    assert load_config(Config, EXAMPLE, ["policy_kwargs.hidden=[32]"]).validate() == []
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(660)
 def test_inverted_pendulum_reaches_950_within_10_minutes(cluster, tmp_path):

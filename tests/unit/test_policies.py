@@ -231,3 +231,20 @@ def test_cuda_graphs_leave_cpu_acting_copies_and_pickles_alone():
     assert not net._graphs.entries
     net.use_cuda_graphs(False)
     assert net._graphs is None
+
+
+def test_build_policy_passes_policy_kwargs_and_names_bad_ones():
+    from loomrl.errors import ConfigError
+    from loomrl.workers.policy import build_policy
+
+    img = gym.spaces.Box(0, 255, (3, 32, 32), np.uint8)
+    net = build_policy("cnn", img, BOX, 0, kwargs={"channels": (8, 16, 16), "feature_dim": 24})
+    assert [m.out_channels for m in net.torso if isinstance(m, torch.nn.Conv2d)] == [8, 16, 16]
+    assert net.fc[0].out_features == 24
+    flat = gym.spaces.Box(-1.0, 1.0, (5,), np.float32)
+    mlp = build_policy("auto", flat, BOX, 0, hidden=(64, 64), kwargs={"hidden": (7,)})
+    assert mlp.actor[0].out_features == 7  # policy_kwargs win over ppo.hidden
+    with pytest.raises(ConfigError, match=r"policy='cnn' with policy_kwargs=.*chanels"):
+        build_policy("cnn", img, BOX, 0, kwargs={"chanels": (8, 16, 16)})
+    with pytest.raises(ConfigError, match=r"policy='mlp'.*TypeError"):
+        build_policy("mlp", flat, BOX, 0, kwargs={"hidden": 7})
