@@ -171,6 +171,14 @@ def _pooled_by_placement(runs: dict[str, list[dict]]) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def _json_object(text: str) -> dict:
+    """--policy-kwargs: a JSON object (argparse reports anything else as a usage error)."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--env", default="InvertedPendulum-v5")
@@ -196,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--policy-kwargs",
-        type=json.loads,
+        type=_json_object,
         default={},
         help="JSON object for the policy's constructor (policy_kwargs), e.g. '{\"channels\": [64, 128, 128]}'",
     )

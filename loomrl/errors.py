@@ -13,10 +13,13 @@ class ConfigError(LoomError, ValueError):
     def __init__(self, problems: list[str] | str, source: str | None = None):
         if isinstance(problems, str):
             problems = [problems]
-        self.problems = list(problems)
+        self.problems, self.source = list(problems), source
         head = f"invalid configuration{f' in {source}' if source else ''}"
         body = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{head} ({len(self.problems)} problem(s)):\n{body}")
+
+    def __reduce__(self) -> tuple:  # rebuilt from its parts when it crosses processes (Ray)
+        return type(self), (self.problems, self.source)
 
 
 class PlacementError(LoomError, ValueError):

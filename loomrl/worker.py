@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from loomrl.errors import PlacementError, RemoteError, WorkerDiedError
+from loomrl.errors import ConfigError, PlacementError, RemoteError, WorkerDiedError
 
 if TYPE_CHECKING:
     from loomrl.cluster import Cluster, Device
@@ -102,6 +102,8 @@ class Worker:
     def _loom_info(self) -> dict[str, Any]:
         import ray
 
+        if getattr(self, "_loom_init_error", None) is not None:
+            raise self._loom_init_error
         return {
             "name": self.name,
             "rank": self.rank,
@@ -282,7 +284,13 @@ def _hosted_class(cls: type[Worker]) -> type:
     def __init__(self, _loom_ctx: dict[str, Any], *args: Any, **kwargs: Any) -> None:
         _setup_worker(self, _loom_ctx)
         self._loom_init = (cls, args, kwargs)  # for _loom_rebuild
-        cls.__init__(self, *args, **kwargs)
+        try:
+            cls.__init__(self, *args, **kwargs)
+        except ConfigError as e:
+            # The user's config, not a crash: kept for _loom_info, which the launch calls, so
+            # that it reaches the driver as itself (a constructor that raises kills the actor,
+            # and Ray then reports only a dead process, which a restart would try again).
+            self._loom_init_error = e
 
     return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})
 
@@ -371,6 +379,8 @@ def _get(h: Handle, rank: int, ref: Any) -> Any:
     except rex.RayTaskError as e:
         host = h.group._hosts.get(rank, "?")
         cause = e.cause if getattr(e, "cause", None) is not None else e
+        if isinstance(cause, ConfigError):  # a user mistake found in a worker: said as such
+            raise cause from None
         tb = _ANSI.sub("", str(e))
         err = RemoteError(
             h.group.name, rank, host, h.method, f"{type(cause).__name__}: {cause}", tb

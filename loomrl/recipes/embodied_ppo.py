@@ -18,6 +18,7 @@ import json
 import statistics
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -65,8 +66,9 @@ class Config:
     probe_reps: int = 5  # timed calls per size when measuring costs for the planner
     # On measured costs the plan is timed on short real rollouts (rollouts of S steps, or of
     # auto_trial_steps and twice that when S is longer) and its prediction re-costed to them;
-    # placement=auto times every plan predicted within auto_trial_margin of the best, among
-    # them the split cycle at the ring-group counts k next to the model's best k; hybrid times
+    # placement=auto times the best co-located and the best split plan, and every plan
+    # predicted within auto_trial_margin of the best, among them the split cycle at the
+    # ring-group counts k next to the model's best k; hybrid times
     # its split cycle at those k, temporal and spatial their one plan; the fastest runs (0 steps:
     # trust the model alone). Results: trials.json in the run directory.
     auto_trial_steps: int = 16
@@ -84,7 +86,7 @@ class Config:
                 f"ppo.rollout_steps={self.ppo.rollout_steps} is not a multiple of env.num_envs="
                 f"{self.env.num_envs}; their ratio is the steps S per env per iteration"
             )
-        p += _check_policy_kwargs(self.policy, self.policy_kwargs, self.env.pixels)
+        p += _check_policy_kwargs(self)
         if self.groups is not None and not 1 <= self.groups <= self.env.num_envs:
             p.append(f"groups: must be in [1, env.num_envs={self.env.num_envs}], got {self.groups}")
         if self.window < 1:
@@ -100,29 +102,67 @@ class Config:
         return p
 
 
-def _check_policy_kwargs(policy: str, kwargs: dict[str, Any], pixels: bool) -> list[str]:
-    """Unknown keys for a built-in policy, named with the arguments it takes (a factory's
-    signature is only known once it is imported in the policy worker)."""
-    if policy not in ("auto", "mlp", "cnn") or not kwargs:
+def _check_policy_kwargs(cfg: Config) -> list[str]:
+    """Problems with ``policy_kwargs`` for a built-in policy: keys it does not take (named with
+    those it does), and values it cannot be built with (it is built once on the CPU with
+    stand-in spaces of the run's shape). A factory's own signature is checked in the policy
+    worker, where it is imported."""
+    policy, kwargs, pixels = cfg.policy, cfg.policy_kwargs, cfg.env.pixels
+    if policy not in ("auto", "mlp", "cnn") or (not kwargs and not pixels):
         return []
     import difflib
     import inspect
 
+    import gymnasium as gym
+    import numpy as np
+
     from loomrl.policies import CNNActorCritic, MLPActorCritic
 
-    cls = CNNActorCritic if policy == "cnn" or (policy == "auto" and pixels) else MLPActorCritic
-    skip = {"self", "obs_dim", "obs_shape", "action_space", "seed"}
-    takes = [n for n in inspect.signature(cls.__init__).parameters if n not in skip]
+    cnn = policy == "cnn" or (policy == "auto" and pixels)
+    cls = CNNActorCritic if cnn else MLPActorCritic
+    fixed = {
+        "seed": "it is ppo.seed",
+        "batch_invariant": "the recipe needs each row's result independent of its group, so that "
+        "plans and ring groups cannot change a trajectory",
+        "obs_dim": "it comes from the env",
+        "obs_shape": "it comes from the env",
+        "action_space": "it comes from the env",
+    }
+    takes = [n for n in inspect.signature(cls.__init__).parameters if n not in {"self", *fixed}]
     out = []
     for key in kwargs:
-        if key not in takes:
+        if key in fixed:
+            out.append(f"policy_kwargs.{key}: not settable here; {fixed[key]}")
+        elif key not in takes:
             close = difflib.get_close_matches(str(key), takes, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             out.append(
                 f"policy_kwargs.{key}: not an argument of {cls.__name__} (policy={policy!r}, "
                 f"env.pixels={pixels}); {hint}it takes {', '.join(takes)}"
             )
-    return out
+    for key in ("channels", "hidden"):
+        v = kwargs.get(key)
+        if v is not None and not (
+            isinstance(v, (list, tuple)) and all(type(x) is int and x > 0 for x in v)
+        ):
+            out.append(f"policy_kwargs.{key}: must be a list of positive layer widths, got {v!r}")
+    v = kwargs.get("feature_dim")
+    if v is not None and not (type(v) is int and v > 0):
+        out.append(f"policy_kwargs.feature_dim: must be a positive width, got {v!r}")
+    if out:
+        return out
+    size = cfg.env.image_size
+    obs = (3, size, size) if cnn else 1
+    act = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    extra = {} if cnn else {"hidden": tuple(cfg.ppo.hidden)}
+    try:
+        cls(obs, act, seed=0, **{**extra, **kwargs})
+    except Exception as e:  # noqa: BLE001 - any failure to build is reported, with its cause
+        return [
+            f"policy={policy!r}: {cls.__name__} cannot be built with policy_kwargs={kwargs} "
+            f"and env.image_size={size} ({type(e).__name__}: {e})"
+        ]
+    return []
 
 
 @dataclass
@@ -329,16 +369,20 @@ def _chosen(run: Run, profile: Any, placement: str) -> Any:
 def trial(
     run: Run, cfg: Config, profile: Any, plan: Any, steps: int, hw: int | None, probe: Probe
 ) -> Any:
-    """Time ``plan`` (auto: and every other plan predicted within the margin; hybrid: and the
-    split cycle at the neighbouring k within the margin) on real rollouts and return the
-    fastest, re-costed to its measured rollout."""
+    """Time ``plan`` (auto: and the best co-located and split plans, and every other plan
+    predicted within the margin; hybrid: and the split cycle at the neighbouring k within the
+    margin) on real rollouts and return the fastest, re-costed to its measured rollout."""
     from loomrl.plan import search_all
 
     cluster = run.cluster
     if cfg.run.placement == "auto":
         plans = search_all(profile)
-        others = [plans.get("temporal"), plans.get("spatial"), *_near_best_k(profile, cfg, hw)]
-        cands = _candidates(plan, others, cfg, cluster, hw)
+        near = _near_best_k(profile, cfg, hw)
+        # The model errs most between co-located and split cycles (on two H200s split cycles
+        # ran 32-47% below its prediction), so the best of each is timed whatever the margin;
+        # the margin trims the rest.
+        always = [plans.get("temporal"), best_split_plan(profile)]
+        cands = _candidates(plan, [plans.get("spatial"), *near], cfg, cluster, hw, always)
     elif cfg.run.placement == "hybrid":
         cands = _candidates(plan, _near_best_k(profile, cfg, hw), cfg, cluster, hw)
     else:
@@ -366,13 +410,20 @@ def _near_best_k(profile: Any, cfg: Config, hw: int | None) -> list[Any]:
 
 
 def _candidates(
-    best: Any, others: list[Any], cfg: Config, cluster: Any, hw: int | None
+    best: Any,
+    others: list[Any],
+    cfg: Config,
+    cluster: Any,
+    hw: int | None,
+    always: Sequence[Any] = (),
 ) -> list[tuple]:
-    """(plan, placement) of the planner's best, then of every other plan predicted within the
-    margin that maps to a different placement and fits the cores."""
+    """(plan, placement) of the planner's best, then of each plan in ``always`` and of every
+    other plan predicted within the margin, where it maps to a different placement and fits the
+    cores."""
     out, seen = [], set()
-    for plan in [best, *others]:
-        if plan is None or plan.predicted_s > best.predicted_s * (1 + cfg.auto_trial_margin):
+    limit = best.predicted_s * (1 + cfg.auto_trial_margin)
+    for plan in [best, *always, *others]:
+        if plan is None or (plan.predicted_s > limit and not any(plan is a for a in always)):
             continue
         place = placement_from_plan(plan, cfg.env.num_envs, hw)
         try:

@@ -20,6 +20,7 @@ import copy
 import functools
 import hashlib
 import importlib
+import inspect
 import time
 from dataclasses import fields, replace
 from typing import Any
@@ -44,7 +45,7 @@ def build_policy(
     (called as ``factory(observation_space, action_space, seed=seed, **kwargs)``)."""
     from loomrl.policies import CNNActorCritic, MLPActorCritic, make_policy
 
-    kwargs = dict(kwargs or {})
+    given, kwargs = dict(kwargs or {}), dict(kwargs or {})
     shape = tuple(observation_space.shape)
     if spec == "auto":
         if len(shape) == 1:
@@ -68,12 +69,13 @@ def build_policy(
         raise ConfigError(
             [f"policy={spec!r}: use 'auto', 'mlp', 'cnn' or 'package.module:factory'"]
         )
-    try:
-        net = make(action_space, seed=seed, **kwargs)
-    except (TypeError, ValueError) as e:  # a bad keyword or value: the user's config, not a crash
+    try:  # keywords that do not fit are the user's config; errors inside are the policy's own
+        inspect.signature(make).bind(action_space, seed=seed, **kwargs)
+    except TypeError as e:
         raise ConfigError(
-            [f"policy={spec!r} with policy_kwargs={kwargs}: {type(e).__name__}: {e}"]
+            [f"policy={spec!r}: policy_kwargs={given} do not fit its arguments ({e})"]
         ) from None
+    net = make(action_space, seed=seed, **kwargs)
     missing = [m for m in ("act", "evaluate", "parameters") if not callable(getattr(net, m, None))]
     if missing:
         raise ConfigError(

@@ -160,7 +160,9 @@ def main() -> None:
     p.add_argument("--renderers", type=int, default=4)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--sizes", default="1,8,32,64", help="rows per call, comma-separated")
-    p.add_argument("--policy-kwargs", type=json.loads, default={}, help="JSON for make_policy")
+    p.add_argument(
+        "--policy-kwargs", type=json.loads, default={}, help="JSON object for make_policy"
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]

@@ -6,12 +6,12 @@
 #   embodied_sweep (pixels at several num_envs:S, EMB_SWEEP="16:32 32:32 64:16", EMB_IMAGE=64; SKIP_MODELS=1;
 #   EMB_VARIANTS="nopin pin" runs each config with env workers unpinned, then pinned; "eager pin":
 #   the policy's forward eagerly, then as CUDA graphs (the default); EMB_ENV_CORES (default 4) cores per
-#   env worker; EMB_POLICY_KWARGS a JSON object without spaces for the policy's constructor, EMB_TAG
-#   names it in the output)
+#   env worker; EMB_POLICY_KWARGS a JSON object for the policy's constructor, EMB_TAG names it in
+#   the output (default: its checksum))
 #   overlap (env and policy costs alone and at once, and the cycle at k = 1, 2, 4 on the same
 #   workers: scripts/gpu/cycle_overlap.py at OV_SWEEP="16:4:4 64:4:4", num_envs:workers:cores)
-#   policy_call (where one pixel policy call spends its time, alone and beside EGL renderers; PC_FLAGS
-#   e.g. '--sizes 16,64 --policy-kwargs {...}', PC_TAG a suffix for its output)
+#   policy_call (where one pixel policy call spends its time, alone and beside EGL renderers; PC_SIZES
+#   rows per call "1,8,32,64", PC_POLICY_KWARGS a JSON object, PC_TAG a suffix for its output)
 #   policy_launches (the same call timed in fresh processes one after another: spread per launch)
 #   core_speed (a Python loop and the policy's forward, pinned to each core in turn, in sweeps)
 # Needs (carried, ignored by git): out/gpu_wheels/ray_slim.tar.xz, out/gpu_wheels/whl/*.whl,
@@ -101,16 +101,19 @@ for s in "${STAGES[@]}"; do
     embodied_sweep) for c in ${EMB_SWEEP:-16:32 32:32 64:16}; do  # num_envs:S per config
         e=${c%%:*}; st=${c##*:}
         for v in ${EMB_VARIANTS:-pin}; do  # pin: env workers on cores of their own; nopin: not
-            f=""; sfx=""
-            [ "$v" = nopin ] && { f="--no-pin"; sfx="_nopin"; }
-            [ "$v" = eager ] && { f="--no-graphs"; sfx="_eager"; }
+            fl=(); sfx=""
+            [ "$v" = nopin ] && { fl+=(--no-pin); sfx="_nopin"; }
+            [ "$v" = eager ] && { fl+=(--no-graphs); sfx="_eager"; }
             img=${EMB_IMAGE:-64}; [ "$img" != 64 ] && sfx="_i${img}${sfx}"
             [ "${EMB_ENV_CORES:-4}" != 4 ] && sfx="_c${EMB_ENV_CORES}${sfx}"
-            [ -n "${EMB_POLICY_KWARGS:-}" ] && f="$f --policy-kwargs ${EMB_POLICY_KWARGS}" && sfx="_pk${EMB_TAG:-}${sfx}"
+            if [ -n "${EMB_POLICY_KWARGS:-}" ]; then  # one argument, spaces and brackets kept
+                fl+=(--policy-kwargs "$EMB_POLICY_KWARGS")
+                sfx="_pk${EMB_TAG:-$(printf %s "$EMB_POLICY_KWARGS" | cksum | cut -d' ' -f1)}${sfx}"
+            fi
             stage "embodied_px_e${e}_s${st}${sfx}" ${EMB_CAP:-258} python3 benchmarks/embodied_modes.py --device cuda \
                 --pixels --image-size "$img" --num-envs "$e" --steps "$st" --iterations ${EMB_ITERS:-4} --rounds ${EMB_ROUNDS:-1} \
-                --modes ${EMB_MODES:-temporal,hybrid,auto} --epochs ${EMB_EPOCHS:-2} --env-cores ${EMB_ENV_CORES:-4} $f \
-                --out "$OUT/embodied_px_e${e}_s${st}${sfx}.json"
+                --modes ${EMB_MODES:-temporal,hybrid,auto} --epochs ${EMB_EPOCHS:-2} --env-cores ${EMB_ENV_CORES:-4} \
+                ${fl[@]+"${fl[@]}"} --out "$OUT/embodied_px_e${e}_s${st}${sfx}.json"
         done
     done ;;
     overlap) for c in ${OV_SWEEP:-16:4:4 64:4:4}; do  # num_envs:env workers:cores per worker
@@ -123,7 +126,8 @@ for s in "${STAGES[@]}"; do
         --out "$OUT/policy_launches.json" ;;
     core_speed) stage core_speed 200 python3 scripts/gpu/core_speed.py --sweeps ${CS_SWEEPS:-3} --out "$OUT/core_speed.json" ;;
     policy_call) stage policy_call${PC_TAG:-} 150 python3 scripts/gpu/policy_call.py --renderers ${PC_RENDERERS:-4} \
-        ${PC_FLAGS:-} --out "$OUT/policy_call${PC_TAG:-}.json" ;;
+        ${PC_SIZES:+--sizes "$PC_SIZES"} ${PC_POLICY_KWARGS:+--policy-kwargs "$PC_POLICY_KWARGS"} \
+        --out "$OUT/policy_call${PC_TAG:-}.json" ;;
     *) echo "unknown stage $s" ;;
     esac
 done

@@ -219,6 +219,36 @@ def test_trials_time_the_split_cycle_at_the_k_next_to_the_models_best():
     assert near == every_k[max(i - 1, 0) : i + 2] and best_k in near and 2 <= len(near) <= 3
 
 
+def test_auto_times_the_best_co_located_and_split_plans_beyond_the_margin():
+    from types import SimpleNamespace
+
+    from loomrl.plan import search_all
+    from loomrl.recipes.embodied_ppo import Config, _candidates
+
+    prof = cycle_profile(
+        _costs(env_s=4e-3), num_envs=16, steps=16, devices=2, env_cores=1, cpu_cores_per_node=2
+    )
+    plans = search_all(prof)
+    best, temporal, split = plans["best"], plans["temporal"], best_split_plan(prof)
+    assert temporal.predicted_s != split.predicted_s  # one of them lies beyond a zero margin
+    cfg = Config()
+    cfg.env.num_envs, cfg.auto_trial_margin = 16, 0.0
+    node = SimpleNamespace(num_cpus=2)
+    cluster = SimpleNamespace(devices=[SimpleNamespace(node=0)] * 2, nodes=[node])
+
+    def colocated(cands):
+        return sorted(place.colocated for _, place in cands)
+
+    assert colocated(_candidates(best, [temporal, split], cfg, cluster, None)) in ([False], [True])
+    cands = _candidates(best, [], cfg, cluster, None, always=[temporal, split])
+    assert colocated(cands) == [False, True] and cands[0][0] is best
+    # A plan the cores cannot hold is left out even when always timed.
+    node.num_cpus = 0.5
+    assert _candidates(best, [], cfg, cluster, None, always=[temporal, split]) == [
+        (best, placement_from_plan(best, 16))
+    ]
+
+
 def test_pinned_hybrid_times_its_split_cycle_at_each_close_k(cluster, tmp_path):
     """placement=hybrid keeps env and policy apart, and times every close k on real rollouts."""
     from loomrl.config import load_config
@@ -434,22 +464,71 @@ def test_rollout_steps_must_divide_by_num_envs():
         load_config(Config, EXAMPLE, ["ppo.rollout_steps=100"])
 
 
-def test_policy_kwargs_typos_are_named_with_what_the_policy_takes():
+def test_policy_kwargs_typos_and_bad_values_are_named_before_workers_start():
     from loomrl.config import load_config
     from loomrl.recipes.embodied_ppo import Config
 
     pixels = ROOT / "examples/ppo_fetch_pixels.yaml"
-    with pytest.raises(ConfigError) as err:
-        load_config(Config, pixels, ["policy_kwargs.chanels=[64,128,128]", "policy_kwargs.x=1"])
-    msg = str(err.value)
+
+    def problems(path, *overrides):
+        with pytest.raises(ConfigError) as err:
+            load_config(Config, path, list(overrides))
+        return str(err.value)
+
+    msg = problems(pixels, "policy_kwargs.chanels=[64,128,128]", "policy_kwargs.x=1")
     assert "2 problem(s)" in msg and "did you mean 'channels'?" in msg
     assert "policy_kwargs.x: not an argument of CNNActorCritic" in msg
-    # The same key is fine for the policy that takes it; state observations get the MLP.
+    # policy: auto picks the class from the observations: the CNN for pixels, else the MLP.
+    assert "did you mean 'channels'" in problems(pixels, "policy=auto", "policy_kwargs.chanels=[8]")
+    assert "not an argument of MLPActorCritic" in problems(EXAMPLE, "policy_kwargs.channels=[8]")
+    msg = problems(EXAMPLE, "policy_kwargs.seed=3", "policy_kwargs.batch_invariant=false")
+    assert "policy_kwargs.seed: not settable here; it is ppo.seed" in msg
+    assert "policy_kwargs.batch_invariant: not settable here" in msg
+    # Values: wrong types and widths, and what only building the network finds.
+    assert "list of positive layer widths, got 64" in problems(pixels, "policy_kwargs.channels=64")
+    assert "got [0, 16, 16]" in problems(pixels, "policy_kwargs.channels=[0,16,16]")
+    assert "positive width, got 0" in problems(pixels, "policy_kwargs.feature_dim=0")
+    assert "list of positive layer widths" in problems(EXAMPLE, "policy_kwargs.hidden=7")
+    msg = problems(pixels, "policy_kwargs.channels=[8,16]")
+    assert "CNNActorCritic cannot be built with policy_kwargs={'channels': [8, 16]}" in msg
+    assert "at least 16x16" in problems(pixels, "env.image_size=12")
     cfg = load_config(Config, pixels, ["policy_kwargs.channels=[8,16,16]"])
     assert cfg.policy_kwargs == {"channels": [8, 16, 16]}
-    with pytest.raises(ConfigError, match="not an argument of MLPActorCritic"):
-        load_config(Config, EXAMPLE, ["policy_kwargs.channels=[8,16,16]"])
-    assert load_config(Config, EXAMPLE, ["policy_kwargs.hidden=[32]"]).validate() == []
+    assert load_config(Config, EXAMPLE, ["policy_kwargs.hidden=[32]"]).policy_kwargs
+
+
+def test_policy_kwargs_reach_the_policy_worker_and_a_factory_mismatch_is_a_config_error(
+    cluster, tmp_path
+):
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config, main, start_cycle
+    from loomrl.worker import wait
+
+    cfg = load_config(Config, EXAMPLE, [*TINY, "policy_kwargs.hidden=[7]"])
+    place = CyclePlacement((0,), (1,), 1, False, "hybrid")
+    envs, policy, _ = start_cycle(cluster, cfg, place)
+    try:
+        params = wait(policy.get_weights())[0]["params"]
+    finally:
+        envs.kill()
+        policy.kill()
+    assert params["actor.0.weight"].shape[0] == 7 and params["critic.0.weight"].shape[0] == 7
+    # A factory's signature is only known in the worker; a mismatch comes back as a
+    # ConfigError at launch (not a dead worker, which run.max_restarts would retry).
+    cfg = load_config(
+        Config,
+        EXAMPLE,
+        [
+            *TINY,
+            "policy=loomrl.policies:MLPActorCritic",
+            "policy_kwargs.nope=1",
+            "auto_trial_steps=0",
+            "run.placement=temporal",
+            f"run.output_dir={tmp_path / 'run'}",
+        ],
+    )
+    with pytest.raises(ConfigError, match=r"policy_kwargs=\{'nope': 1\} do not fit its arguments"):
+        main(cfg)
 
 
 @pytest.mark.slow

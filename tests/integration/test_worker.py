@@ -192,6 +192,26 @@ def test_constructor_error_surfaces_at_launch(cluster):
         cluster.launch(Broken, 1, devices=[0])
 
 
+def test_a_config_error_in_a_constructor_reaches_the_driver_as_itself(cluster):
+    """A user's mistake found while a worker starts is a ConfigError at launch, not a dead
+    process (which the CLI's restarts would try again); the cores it took are given back."""
+    from loomrl.errors import ConfigError
+
+    class Picky(Worker):
+        def __init__(self, width):
+            super().__init__()
+            if width < 1:
+                raise ConfigError([f"width={width}: must be >= 1"], source="picky.yaml")
+
+    free = {node: list(cores) for node, cores in cluster._free_cores.items()}
+    with pytest.raises(ConfigError) as err:
+        cluster.launch(Picky, 2, 0, devices=[0, 1], num_cpus=1.0)
+    assert err.value.problems == ["width=0: must be >= 1"] and err.value.source == "picky.yaml"
+    assert {node: list(cores) for node, cores in cluster._free_cores.items()} == free
+    g = cluster.launch(Picky, 1, 3, devices=[0])
+    g.kill()
+
+
 def test_two_fake_nodes_placement(tmp_path):
     """Two Ray nodes with 2 logical GPUs each: device 3 lands on node 1, local GPU 1."""
     script = textwrap.dedent(
