@@ -85,7 +85,8 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
     trials = out_dir / placement / "trials.json"  # short real rollouts timed before the run
     tr = json.loads(trials.read_text()) if trials.exists() else None
     costs = out_dir / placement / "cycle_costs.json"  # the probe's costs, two models' s/it
-    split_hops = json.loads(costs.read_text()).get("model_split_hops_s") if costs.exists() else None
+    cycle_costs = json.loads(costs.read_text()) if costs.exists() else None
+    split_hops = cycle_costs.get("model_split_hops_s") if cycle_costs else None
     return {
         "mode": placement,
         "feasible": True,
@@ -95,6 +96,8 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
         "model_split_hops_s": split_hops,
         "profile": json.loads(prof.read_text())["components"] if prof.exists() else None,
         "trials": tr,
+        # The probe's samples (chained calls and busy time inside them), to fit other models to.
+        "cycle_costs": cycle_costs,
         "plan_mode": s["plan"]["mode"],
         "placement": s["placement"],
         "probe_workers_reused": s.get("probe_workers_reused"),
