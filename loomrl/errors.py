@@ -18,7 +18,9 @@ class ConfigError(LoomError, ValueError):
         body = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{head} ({len(self.problems)} problem(s)):\n{body}")
 
-    def __reduce__(self) -> tuple:  # rebuilt from its parts when it crosses processes (Ray)
+    def __reduce__(self) -> tuple:
+        # Rebuilt from its parts when it crosses processes (Ray); a subclass keeps this
+        # constructor's (problems, source) signature.
         return type(self), (self.problems, self.source)
 
 

@@ -317,7 +317,8 @@ class Handle:
 def wait(*handles: Handle, timeout: float | None = None) -> Any:
     """Block until every handle completes. One handle -> list of per-rank results; several -> a list of such lists.
 
-    Raises RemoteError / WorkerDiedError naming the worker, and TimeoutError after ``timeout`` seconds.
+    Raises RemoteError / WorkerDiedError naming the worker (a ConfigError a constructor raised:
+    as a ConfigError, the worker named in its source), and TimeoutError after ``timeout`` seconds.
     """
     import ray
 
@@ -345,7 +346,7 @@ def wait(*handles: Handle, timeout: float | None = None) -> Any:
         for ref in ready:
             try:
                 _raise_if_failed(handles, ref)
-            except (RemoteError, WorkerDiedError):
+            except (RemoteError, WorkerDiedError, ConfigError):
                 _drain(pending)
                 raise
     out = [[_get(h, r, ref) for r, ref in zip(h.ranks, h.refs, strict=True)] for h in handles]
@@ -379,8 +380,13 @@ def _get(h: Handle, rank: int, ref: Any) -> Any:
     except rex.RayTaskError as e:
         host = h.group._hosts.get(rank, "?")
         cause = e.cause if getattr(e, "cause", None) is not None else e
-        if isinstance(cause, ConfigError):  # a user mistake found in a worker: said as such
-            raise cause from None
+        if isinstance(cause, ConfigError) and h.method == "__init__":
+            # A user's mistake found while the worker started: said as such, with where. Later
+            # calls keep RemoteError and the remote traceback (a bug may be behind those).
+            where = f"worker {h.group.name!r} rank {rank}, while starting"
+            raise ConfigError(
+                cause.problems, source=f"{cause.source} ({where})" if cause.source else where
+            ) from None
         tb = _ANSI.sub("", str(e))
         err = RemoteError(
             h.group.name, rank, host, h.method, f"{type(cause).__name__}: {cause}", tb

@@ -104,10 +104,15 @@ class Config:
 
 def _check_policy_kwargs(cfg: Config) -> list[str]:
     """Problems with ``policy_kwargs`` for a built-in policy: keys it does not take (named with
-    those it does), and values it cannot be built with (it is built once on the CPU with
-    stand-in spaces of the run's shape). A factory's own signature is checked in the policy
-    worker, where it is imported."""
+    those it does), and values it cannot be built with (it is built once on the CPU, on
+    stand-in spaces: the run's image size for the CNN). A factory's own signature is checked in
+    the policy worker, where it is imported."""
     policy, kwargs, pixels = cfg.policy, cfg.policy_kwargs, cfg.env.pixels
+    if policy == "cnn" and not pixels:
+        return [
+            "policy='cnn': the CNN takes images, but env.pixels=false gives state vectors; "
+            "set env.pixels=true, or policy: auto (or mlp)"
+        ]
     if policy not in ("auto", "mlp", "cnn") or (not kwargs and not pixels):
         return []
     import difflib

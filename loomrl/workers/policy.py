@@ -47,6 +47,15 @@ def build_policy(
 
     given, kwargs = dict(kwargs or {}), dict(kwargs or {})
     shape = tuple(observation_space.shape)
+    image = len(shape) == 3 and observation_space.dtype == np.uint8
+    if (spec == "cnn" and not image) or (spec == "auto" and not image and len(shape) != 1):
+        raise ConfigError(
+            [
+                f"policy={spec!r}: no built-in policy for observations of shape {shape} "
+                f"({observation_space.dtype}); the CNN takes uint8 images [C, H, W] "
+                "(env.pixels=true), the MLP flat vectors; or give policy=package.module:factory"
+            ]
+        )
     if spec == "auto":
         if len(shape) == 1:
             kwargs.setdefault("hidden", hidden)
@@ -73,7 +82,10 @@ def build_policy(
         inspect.signature(make).bind(action_space, seed=seed, **kwargs)
     except TypeError as e:
         raise ConfigError(
-            [f"policy={spec!r}: policy_kwargs={given} do not fit its arguments ({e})"]
+            [
+                f"policy={spec!r}: policy_kwargs={given} do not fit its arguments ({e}); it is "
+                "called as (observation_space, action_space, seed=ppo.seed, **policy_kwargs)"
+            ]
         ) from None
     net = make(action_space, seed=seed, **kwargs)
     missing = [m for m in ("act", "evaluate", "parameters") if not callable(getattr(net, m, None))]

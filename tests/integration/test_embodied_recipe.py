@@ -492,6 +492,7 @@ def test_policy_kwargs_typos_and_bad_values_are_named_before_workers_start():
     msg = problems(pixels, "policy_kwargs.channels=[8,16]")
     assert "CNNActorCritic cannot be built with policy_kwargs={'channels': [8, 16]}" in msg
     assert "at least 16x16" in problems(pixels, "env.image_size=12")
+    assert "env.pixels=false gives state vectors" in problems(EXAMPLE, "policy=cnn")
     cfg = load_config(Config, pixels, ["policy_kwargs.channels=[8,16,16]"])
     assert cfg.policy_kwargs == {"channels": [8, 16, 16]}
     assert load_config(Config, EXAMPLE, ["policy_kwargs.hidden=[32]"]).policy_kwargs

@@ -251,3 +251,10 @@ def test_build_policy_passes_policy_kwargs_and_names_bad_ones():
         build_policy("mlp", flat, BOX, 0, kwargs={"x": 1})
     with pytest.raises(TypeError):
         build_policy("mlp", flat, BOX, 0, kwargs={"hidden": 7})
+    # Observations the chosen built-in cannot take: the user's config, said before building.
+    with pytest.raises(ConfigError, match=r"policy='cnn': no built-in policy .* shape \(5,\)"):
+        build_policy("cnn", flat, BOX, 0)
+    grid = gym.spaces.Box(-1.0, 1.0, (4, 4), np.float32)
+    with pytest.raises(ConfigError, match=r"policy='auto': no built-in policy .* \(4, 4\)"):
+        build_policy("auto", grid, BOX, 0)
+    assert build_policy("mlp", grid, BOX, 0).actor[0].in_features == 16
