@@ -31,6 +31,14 @@ from pathlib import Path
 TOLERANCE = 1.05
 
 
+# cycle_costs.json's predictions of the plan that ran, per cycle model (cycle_model).
+ALT_MODELS = {
+    "model_fixed_hops_s": "fixed_hops",
+    "model_chained_s": "chained",
+    "model_split_hops_s": "busy_hops",
+}
+
+
 def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
     from loomrl.config import load_config
     from loomrl.errors import PlanError
@@ -60,6 +68,8 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
         overrides.append("run.pin_cores=false")
     if args.no_graphs:
         overrides.append("policy_cuda_graphs=false")
+    if args.cycle_model:
+        overrides.append(f"cycle_model={args.cycle_model}")
     for key, value in args.policy_kwargs.items():
         overrides.append(f"policy_kwargs.{key}={json.dumps(value)}")
     cfg = load_config(Config, None, overrides)
@@ -86,14 +96,14 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
     tr = json.loads(trials.read_text()) if trials.exists() else None
     costs = out_dir / placement / "cycle_costs.json"  # the probe's costs, two models' s/it
     cycle_costs = json.loads(costs.read_text()) if costs.exists() else None
-    split_hops = cycle_costs.get("model_split_hops_s") if cycle_costs else None
+    alt = {k: (cycle_costs or {}).get(k) for k in ALT_MODELS}
     return {
         "mode": placement,
         "feasible": True,
         # The model's own prediction, before the trial re-costed it to a measured rollout.
         "model_s": tr["trials"][tr["chosen"]]["predicted_s"] if tr else s["predicted_iteration_s"],
-        # The same plan under the model that splits hand-offs out of the calls (split_hops).
-        "model_split_hops_s": split_hops,
+        # The same plan under each cycle model (cycle_model), whichever the run planned with.
+        **alt,
         "profile": json.loads(prof.read_text())["components"] if prof.exists() else None,
         "trials": tr,
         # The probe's samples (chained calls and busy time inside them), to fit other models to.
@@ -144,8 +154,9 @@ def _merge(rs: list[dict]) -> dict:
     out["collect_median_s"] = statistics.median(cyc) if cyc else None
     out["predicted_s"] = statistics.median(r["predicted_s"] for r in ok)
     out["model_s"] = statistics.median(r["model_s"] for r in ok)
-    hops = [r["model_split_hops_s"] for r in ok if r.get("model_split_hops_s")]
-    out["model_split_hops_s"] = statistics.median(hops) if hops else None
+    for key in ALT_MODELS:
+        vals = [r[key] for r in ok if r.get(key)]
+        out[key] = statistics.median(vals) if vals else None
     out["env_steps_per_s"] = ok[0]["env_steps_per_s"] * ok[0]["measured_s"] / out["measured_s"]
     out["rounds"] = rs
     out["plans"] = [(r["plan_mode"], r["placement"]) for r in ok]
@@ -206,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run a GPU policy's forward eagerly, not as CUDA graphs (policy_cuda_graphs)",
     )
     p.add_argument(
+        "--cycle-model",
+        choices=("auto", "fixed_hops", "chained", "busy_hops"),
+        default=None,
+        help="how measured costs become the cycle's model (cycle_model; default: the recipe's)",
+    )
+    p.add_argument(
         "--policy-kwargs",
         type=_json_object,
         default={},
@@ -262,15 +279,15 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [_placement_key(x["placement"]) for x in r["rounds"] if x["feasible"]]
         if len(set(chosen)) > 1:  # the row above shows the last round's plan
             print(f"{'':<9}plans by round: " + "; ".join(chosen))
-    hops = [r for r in ok if r.get("model_split_hops_s")]
-    if hops:
-        print(
-            "model with hand-offs split out (split_hops), off the measured: "
-            + ", ".join(
-                f"{r['mode']} {100 * (r['measured_s'] / r['model_split_hops_s'] - 1):+.1f}%"
-                for r in hops
+    for key, label in ALT_MODELS.items():
+        have = [r for r in ok if r.get(key)]
+        if have:
+            print(
+                f"cycle model {label}, off the measured: "
+                + ", ".join(
+                    f"{r['mode']} {100 * (r['measured_s'] / r[key] - 1):+.1f}%" for r in have
+                )
             )
-        )
     # Runs with the same placement ran the same plan: their iterations are pooled, so that the
     # verdict compares plans, not the machine's drift between two runs of one plan.
     pooled = _pooled_by_placement(runs)

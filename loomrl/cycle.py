@@ -54,6 +54,7 @@ __all__ = [
     "check_cores",
     "cycle_profile",
     "hop_latency",
+    "CYCLE_MODELS",
     "host_env_workers",
     "measure_costs",
     "overlap_slowdown",
@@ -266,6 +267,10 @@ def time_chain(
     return took, max(env_busy) / n, pol_busy / n
 
 
+# Where a chained call's hand-off goes in the cycle's profile (see cycle_profile).
+CYCLE_MODELS = ("fixed_hops", "chained", "busy_hops")
+
+
 def overlap_slowdown(samples: dict[str, list[tuple[int, float]]]) -> float:
     """Median over sizes of (both chains at once) / (the slower chain alone), at least 1; 1 when
     nothing was timed at once. Pure: samples are (size, seconds per call) rows."""
@@ -334,7 +339,7 @@ def cycle_profile(
     cpu_cores_per_node: int | None,
     devices_per_node: int | None = None,
     host_env_workers: int | None = None,
-    split_hops: bool = False,
+    hops: str = "fixed_hops",
     env_renders: bool = False,
 ) -> Any:
     """A workload profile of env <-> policy (S = ``steps``) followed by ``actor_train``.
@@ -353,22 +358,30 @@ def cycle_profile(
     env and policy on different devices, the case that remains). On one device it is the only
     split there is, and the probe measured it there.
 
-    Components cost a chained call, hand-off included (hop 0): measured on the workers
-    themselves, that predicted the cycle better than ``split_hops=True``, which costs
-    components their busy time and gives the cycle the rest as ``hop_s``, latency that ring
-    groups hide. Handing results over is not idle waiting on these machines (serialising and
-    scheduling takes cores; scripts/gpu/RESULTS.md, session of 2026-11-30), but
-    where it is (a remote simulator, a network round trip) ``split_hops`` models it.
+    ``hops`` (``CYCLE_MODELS``) says where a call's hand-off goes. "fixed_hops" (default here;
+    the embodied recipe takes it beside accelerators and "chained" on CPU slots, where the
+    hand-offs share the sides' cores and a ring hides little of them): a
+    chained call's fixed cost, the intercept of its fit over group sizes (dispatch, handing the
+    result over), is latency per step of the cycle (``hop_s``) that ring groups overlap, and the
+    per-env part is what occupies a side; over 40 split-cycle trials on two H200s (k = 2, 4) it
+    was 8.3% off on average where "chained" was 28.1%, and it ranked the fastest plan first in
+    20 of 21 trial sets against 4 (scripts/gpu/RESULTS.md, "the cycle model"). "chained":
+    components cost the whole chained call (hop 0), which alternation pays in full but rings
+    partly hide. "busy_hops": components cost their busy time inside the call and the rest is
+    the hop. Co-located cycles (k = 1) cost the same under all three.
     """
     from loomrl.plan import load_profile
 
+    if hops not in CYCLE_MODELS:
+        raise ValueError(f"cycle_profile: hops={hops!r}; use one of {CYCLE_MODELS}")
     samples = costs["samples"]
-    split = bool(split_hops and samples.get(BUSY[ENV]) and samples.get(BUSY[POLICY]))
-    # Without the split, chain times: hand-offs stay inside the components' costs (hop 0).
-    fit = {side: samples.get(BUSY[side], []) for side in BUSY} if split else samples
+    busy = bool(hops == "busy_hops" and samples.get(BUSY[ENV]) and samples.get(BUSY[POLICY]))
+    fit = {side: samples.get(BUSY[side], []) for side in BUSY} if busy else samples
     a_e, p_e = _fit_line(fit[ENV])
     a_p, p_p = _fit_line(fit[POLICY])
-    slowdown, hop = overlap_slowdown(fit), (hop_latency(samples) if split else 0.0)
+    slowdown, hop = overlap_slowdown(fit), (hop_latency(samples) if busy else 0.0)
+    if hops == "fixed_hops":  # the fits' intercepts become the cycle's hop
+        hop, a_e, a_p = a_e + a_p, 0.0, 0.0
     valid = [n for n in range(1, devices + 1) if num_envs % n == 0]
     if host_env_workers is None:
         env_valid, workers = valid, {n: n for n in valid}

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from loomrl.cycle import (
+    CYCLE_MODELS,
     ENV,
     POLICY,
     CyclePlacement,
@@ -73,6 +74,12 @@ class Config:
     # trust the model alone). Results: trials.json in the run directory.
     auto_trial_steps: int = 16
     auto_trial_margin: float = 0.5
+    # How measured costs become the cycle's model: fixed_hops (a call's fixed cost is hand-off
+    # latency that ring groups overlap), chained (each call costs what it took, hand-off
+    # included) or busy_hops (only the time the worker was busy); loomrl.cycle.cycle_profile.
+    # auto: fixed_hops beside accelerators, where host cores are free to hand results over while
+    # both sides compute; chained where the devices are the CPU cores, which hand-offs share.
+    cycle_model: str = "auto"
     run: RunConfig = field(default_factory=RunConfig)
 
     def validate(self) -> list[str]:
@@ -99,6 +106,10 @@ class Config:
             )
         if self.auto_trial_margin < 0:
             p.append(f"auto_trial_margin: must be >= 0, got {self.auto_trial_margin}")
+        if self.cycle_model not in ("auto", *CYCLE_MODELS):
+            p.append(
+                f"cycle_model: {self.cycle_model!r} is not one of auto, {', '.join(CYCLE_MODELS)}"
+            )
         return p
 
 
@@ -400,9 +411,9 @@ def trial(
 
 def _near_best_k(profile: Any, cfg: Config, hw: int | None) -> list[Any]:
     """The split cycle at the model's best ring-group count k and at the next smaller and larger
-    k: k is where the model is least sure (chained calls each carry a hand-off that a ring
-    partly hides; with a fast policy it costed k = 2 above k = 1, which then ran 1.4x faster),
-    and neighbours bound how many rollouts the trial times."""
+    k: k is where the model is least sure (how much of each call's hand-off a ring hides: the
+    chained model costed k = 2 above k = 1, which then ran 1.4x faster; fixed_hops was up to 23%
+    off at k = 4), and neighbours bound how many rollouts the trial times."""
     by_k: dict[int, Any] = {}
     for plan in split_plans(profile):  # fastest first: the first plan per k is its best
         by_k.setdefault(placement_from_plan(plan, cfg.env.num_envs, hw).groups, plan)
@@ -525,14 +536,19 @@ def choose_by_trial(
 
 
 def calibrated_by_trial(profile: Any, plan: Any, rollout_s: float) -> Any:
-    """``plan`` re-costed with env and policy scaled so that its cycle takes the ``rollout_s``
-    its trial measured (the Ray hops and driver work between calls that timing each side alone
-    misses); the rest of the iteration keeps its modelled cost."""
+    """``plan`` re-costed with env, policy and the cycle's hop scaled so that its cycle takes
+    the ``rollout_s`` its trial measured (the Ray hops and driver work between calls that timing
+    each side alone misses); the rest of the iteration keeps its modelled cost."""
     from loomrl.adapt import refresh_profile
     from loomrl.plan import fixed_plan
 
     def cost(r: float) -> Any:
         prof = refresh_profile(profile, {ENV: r, POLICY: r})
+        cycles = tuple(
+            replace(c, hop_s=c.hop_s * r) if set(c.members) == {ENV, POLICY} else c
+            for c in prof.cycles
+        )
+        prof = replace(prof, cycles=cycles)
         return fixed_plan(prof, plan.tree, plan.micro_batch, method="trial-calibrated")
 
     rest = cost(0.0).predicted_s
@@ -613,11 +629,14 @@ def measured_profile(
 
 
 def profile_of_costs(
-    cluster: Any, cfg: Config, steps: int, hw: int | None, costs: dict, split_hops: bool = False
+    cluster: Any, cfg: Config, steps: int, hw: int | None, costs: dict, hops: str | None = None
 ) -> Any:
-    """The cycle's profile on this cluster from ``measure_costs``'s costs (see ``cycle_profile``
-    for ``split_hops``)."""
+    """The cycle's profile on this cluster from ``measure_costs``'s costs, under the cycle model
+    ``hops`` (default: ``cfg.cycle_model``; see ``cycle_profile``)."""
     node0 = cluster.nodes[0]
+    hops = hops or cfg.cycle_model
+    if hops == "auto":  # see Config.cycle_model; CPU run 6 planned k = 8 with fixed_hops
+        hops = "fixed_hops" if cluster.has_cuda else "chained"
     return cycle_profile(
         costs,
         cfg.env.num_envs,
@@ -627,7 +646,7 @@ def profile_of_costs(
         int(node0.num_cpus),
         len(node0.devices) if len(cluster.nodes) > 1 else None,
         hw,
-        split_hops=split_hops,
+        hops=hops,
         env_renders=bool(cfg.env.pixels and cluster.has_cuda),
     )
 
@@ -635,18 +654,20 @@ def profile_of_costs(
 def save_costs(
     run: Run, cfg: Config, steps: int, hw: int | None, costs: dict, profile: Any, plan: Any
 ) -> None:
-    """Write the probe's costs to cycle_costs.json beside what two cycle models predict for the
-    plan that runs: hand-offs inside each call's cost (``profile``, the one planned with) and
-    split out as ring-hidden latency (``split_hops``). Runs then show which model their own data
-    favours."""
+    """Write the probe's costs to cycle_costs.json beside what each cycle model predicts for the
+    plan that runs: ``model_s`` from ``profile`` (the one planned with, ``cfg.cycle_model``),
+    then ``model_fixed_hops_s``, ``model_chained_s`` and ``model_split_hops_s`` (busy_hops).
+    Runs then show which model their own data favours."""
     from loomrl.errors import PlanError
     from loomrl.plan import fixed_plan
 
     models: dict[str, float | None] = {}
-    hops = profile_of_costs(run.cluster, cfg, steps, hw, costs, split_hops=True)
-    for name, prof in (("model_s", profile), ("model_split_hops_s", hops)):
+    names = {"fixed_hops": "model_fixed_hops_s", "chained": "model_chained_s"}
+    names["busy_hops"] = "model_split_hops_s"
+    for hops, name in (("", "model_s"), *((h, names[h]) for h in CYCLE_MODELS)):
+        prof = profile if not hops else profile_of_costs(run.cluster, cfg, steps, hw, costs, hops)
         try:
             models[name] = fixed_plan(prof, plan.tree, plan.micro_batch).predicted_s
-        except PlanError:  # a tree that fits one model fits the other; kept safe all the same
+        except PlanError:  # a tree that fits one model fits the others; kept safe all the same
             models[name] = None
     (run.dir / "cycle_costs.json").write_text(json.dumps({**costs, **models}, indent=1))

@@ -178,9 +178,13 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in res["cycle_step_s"].items()}
     res["cycle_step_median_s"] = med
     models = {}
-    for label, split in (("chains", False), ("busy+hop", True)):
+    for label, hops in (
+        ("chains", "chained"),
+        ("busy+hop", "busy_hops"),
+        ("fixed+hop", "fixed_hops"),
+    ):
         prof = cycle_profile(
-            costs, n, args.steps, 1, args.env_cores, None, host_env_workers=w, split_hops=split
+            costs, n, args.steps, 1, args.env_cores, None, host_env_workers=w, hops=hops
         )
         cyc = prof.cycles[0]
         a, b = prof.components["env"], prof.components["policy"]

@@ -59,12 +59,14 @@ def test_cli_runs_two_iterations_and_writes_the_summary(cluster, tmp_path):
     assert [json.loads(x)["step"] for x in lines] == [1, 2]
     assert (out / "plan.json").exists() and (out / "profile.json").exists()
     assert (out / "plots" / "episode_return.png").exists()
-    # The probe's costs, and what both cycle models say of the plan that ran.
+    # The probe's costs, and what each cycle model says of the plan that ran.
     costs = json.loads((out / "cycle_costs.json").read_text())
     assert {"env", "policy", "both"} <= set(costs["samples"]) and costs["update_s"] > 0
     trials = json.loads((out / "trials.json").read_text())
     assert costs["model_s"] == pytest.approx(trials["trials"][trials["chosen"]]["predicted_s"])
-    assert costs["model_split_hops_s"] > 0
+    # cycle_model auto: on CPU slots, where hand-offs share the plan's cores, chained.
+    assert costs["model_s"] == pytest.approx(costs["model_chained_s"])
+    assert costs["model_split_hops_s"] > 0 and costs["model_fixed_hops_s"] > 0
 
 
 def test_same_weights_under_every_placement(cluster, tmp_path):
@@ -337,9 +339,10 @@ def test_check_cores_message_names_the_fix(cluster):
 
 
 def test_planner_keeps_env_workers_within_the_node_cores():
-    # Env is the slow side, so more env devices would help, but only 2 cores exist.
+    # Env is the slow side, so more env devices would help, but only 2 cores exist. (Chained
+    # costs: env's 5 ms is then a cost of each call, where fixed_hops would make it a hop.)
     prof = cycle_profile(
-        _costs(env_s=5e-3), num_envs=8, steps=16, devices=4, env_cores=1, cpu_cores_per_node=2
+        _costs(env_s=5e-3), 8, 16, devices=4, env_cores=1, cpu_cores_per_node=2, hops="chained"
     )
     from loomrl.plan import search_all
 
@@ -347,7 +350,8 @@ def test_planner_keeps_env_workers_within_the_node_cores():
     for p in plans.values():
         if p is not None:
             assert len(placement_from_plan(p, 8).env_devices) <= 2
-    unlimited = search_all(cycle_profile(_costs(env_s=5e-3), 8, 16, 4, 1, None))["best"]
+    unlimited = search_all(cycle_profile(_costs(env_s=5e-3), 8, 16, 4, 1, None, hops="chained"))
+    unlimited = unlimited["best"]
     assert len(placement_from_plan(unlimited, 8).env_devices) == 4
 
 
@@ -374,10 +378,12 @@ def test_host_core_env_pipelines_beside_one_accelerator(cluster):
         placement_from_plan(best, 16)  # a profile without host-core workers cannot place it
 
 
-def test_split_hops_costs_busy_time_and_moves_hand_offs_to_the_cycle():
-    # Chains take 1 ms more per call than the workers are busy: with split_hops the components
-    # cost the busy time and the cycle carries 2 ms of round trip, which ring groups hide and
-    # alternation pays.
+def test_cycle_models_place_hand_offs_in_the_cycle_or_in_the_calls():
+    # Chains take 1 ms + 0.1 ms per env per call, 1 ms more than the workers are busy.
+    # busy_hops: components cost the busy time, the cycle carries the 2 ms of round trip;
+    # fixed_hops (the default): components cost the per-env part, the cycle the two 1 ms
+    # intercepts; chained: components cost the whole chained call, hop 0. Ring groups hide a
+    # hop; alternation pays it.
     from loomrl.plan import search_all
 
     chains = _costs()
@@ -386,22 +392,62 @@ def test_split_hops_costs_busy_time_and_moves_hand_offs_to_the_cycle():
         "policy_busy": [(x, t - 1e-3) for x, t in chains["samples"]["policy"]],
     }
     probed = {**chains, "samples": {**chains["samples"], **busy}}
-    prof = cycle_profile(probed, 16, 32, 1, 0.5, 2, host_env_workers=4, split_hops=True)
-    old = cycle_profile(chains, 16, 32, 1, 0.5, 2, host_env_workers=4)
-    # By default the busy times are not used: components cost the chained call.
-    assert cycle_profile(probed, 16, 32, 1, 0.5, 2, host_env_workers=4).to_dict() == old.to_dict()
-    assert prof.cycles[0].hop_s == pytest.approx(2e-3) and old.cycles[0].hop_s == 0
-    assert prof.components["env"].time(1, 4) == pytest.approx(
-        old.components["env"].time(1, 4) - 1e-3
+
+    def profile(costs, hops=None):
+        kw = {} if hops is None else {"hops": hops}
+        return cycle_profile(costs, 16, 32, 1, 0.5, 2, host_env_workers=4, **kw)
+
+    old = profile(chains, "chained")
+    split, fixed = profile(probed, "busy_hops"), profile(probed)
+    # The chained model does not use the busy times; the default is fixed_hops.
+    assert profile(probed, "chained").to_dict() == old.to_dict()
+    assert fixed.to_dict() == profile(probed, "fixed_hops").to_dict()
+    assert old.cycles[0].hop_s == 0
+    assert split.cycles[0].hop_s == pytest.approx(2e-3)
+    assert fixed.cycles[0].hop_s == pytest.approx(2e-3)  # the two intercepts
+    env_old = old.components["env"].time(1, 4)
+    assert split.components["env"].time(1, 4) == pytest.approx(env_old - 1e-3)
+    assert fixed.components["env"].time(1, 4) == pytest.approx(env_old - 1e-3)
+    assert fixed.components["env"].time(1, 8) == pytest.approx(
+        2 * fixed.components["env"].time(1, 4)
     )
-    new_plans, old_plans = search_all(prof), search_all(old)
-    # Alternating, a step costs the same either way (two calls plus two hand-offs).
-    assert new_plans["temporal"].predicted_s == pytest.approx(
-        old_plans["temporal"].predicted_s - 1e-3,
-        abs=1e-9,  # the first step has no hop before it
-    )
-    # Split into groups, the hand-offs overlap with other groups' calls.
-    assert new_plans["best"].predicted_s < old_plans["best"].predicted_s
+    old_plans = search_all(old)
+    for prof in (split, fixed):
+        plans = search_all(prof)
+        # Alternating, a step costs the same either way (two calls plus two hand-offs).
+        assert plans["temporal"].predicted_s == pytest.approx(
+            old_plans["temporal"].predicted_s - 1e-3,
+            abs=1e-9,  # the first step has no hop before it
+        )
+        # Split into groups, the hand-offs overlap with other groups' calls.
+        assert plans["best"].predicted_s < old_plans["best"].predicted_s
+    with pytest.raises(ValueError, match="hops='fixed'"):
+        profile(chains, "fixed")
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config
+
+    with pytest.raises(ConfigError, match=r"cycle_model: 'fixed' is not one of auto, fixed_hops"):
+        load_config(Config, EXAMPLE, ["cycle_model=fixed"])
+
+
+def test_cycle_model_auto_is_fixed_hops_beside_accelerators_and_chained_on_cpu_slots():
+    from types import SimpleNamespace
+
+    from loomrl.recipes.embodied_ppo import Config, profile_of_costs
+
+    cfg = Config()
+    cfg.env.num_envs = 16
+    node = SimpleNamespace(num_cpus=8, devices=[0, 1])
+
+    def hop(has_cuda, model=None):
+        cluster = SimpleNamespace(nodes=[node], num_devices=2, has_cuda=has_cuda)
+        if model:
+            cfg.cycle_model = model
+        return profile_of_costs(cluster, cfg, 32, None, _costs()).cycles[0].hop_s
+
+    assert cfg.cycle_model == "auto"
+    assert hop(True) == pytest.approx(2e-3) and hop(False) == 0  # the two 1 ms intercepts
+    assert hop(False, "fixed_hops") == pytest.approx(2e-3) and hop(True, "chained") == 0
 
 
 def test_host_only_device_count_is_for_cycle_members():

@@ -1,0 +1,108 @@
+"""How well each cycle model predicted the trial rollouts that benchmark runs timed.
+
+    python scripts/gpu/cycle_model_fit.py docs/results/gpu/graphs/embodied_px_*.json \
+        docs/results/gpu/balance/embodied_px_*.json
+
+Every run of ``benchmarks/embodied_modes.py`` keeps, per mode, the fitted chained-call costs
+(``profile``: t = alpha + per_item * envs for env and policy) and the short rollouts the recipe
+timed before running (``trials``: co-located, and split at ring-group counts k). For each trial
+this prints the measured rollout against two models: "chained" (what the run's planner
+predicted: each call costs alpha + per_item * envs, hop 0) and "fixed_hops" (each side costs
+per_item * envs, the two alphas are the cycle's hop, which ring groups overlap; the overlap
+slowdown is recovered from the chained prediction). Then, per set of trials, whether each model
+ranked the fastest trial first, and what its pick cost against the fastest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from itertools import groupby
+
+
+def trial_rows(path: str) -> list[tuple]:
+    d = json.load(open(path))
+    S, n = d["args"]["steps"], d["args"]["num_envs"]
+    rows = []
+    for r in d["results"]:
+        if not r.get("feasible") or not r.get("trials") or not r.get("profile"):
+            continue
+        pr = r["profile"]
+        e, p = pr["env"]["time"], pr["policy"]["time"]
+        upd = pr["actor_train"]["time"]["alpha"]
+
+        def side(t: dict, devices: int) -> float:
+            return t["per_item"].get(str(devices), next(iter(t["per_item"].values())))
+
+        def split_parts(t: dict, e: dict = e, p: dict = p) -> tuple:
+            pl, k = t["placement"], t["placement"]["groups"]
+            be, bp = side(e, len(pl["env_devices"])), side(p, len(pl["policy_devices"]))
+            return k, n / k, be, bp
+
+        slows = []
+        for t in r["trials"]["trials"]:
+            k, g, be, bp = split_parts(t)
+            if not t["placement"]["colocated"] and k >= 2:
+                ta, tb = e["alpha"] + be * g, p["alpha"] + bp * g
+                slows.append((t["predicted_s"] - upd) / (S * k * max(ta, tb) + min(ta, tb)))
+        slow = statistics.mean(slows) if slows else 1.0
+        for t in r["trials"]["trials"]:
+            k, g, be, bp = split_parts(t)
+            ta, tb = e["alpha"] + be * g, p["alpha"] + bp * g
+            col = t["placement"]["colocated"]
+            if col or k == 1:
+                fixed = S * (ta + tb)
+            else:
+                xa, xb, hop = slow * be * g, slow * bp * g, e["alpha"] + p["alpha"]
+                period = max(k * max(xa, xb), xa + xb + hop)
+                fixed = (S - 1) * period + (k - 1) * max(xa, xb) + xa + xb + hop / 2
+            name = path.rsplit("/", 1)[-1].removesuffix(".json")
+            plan = "col" if col else f"k{k}"
+            rows.append((name, r["mode"], plan, t["rollout_s"], t["predicted_s"] - upd, fixed))
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("files", nargs="+")
+    args = p.parse_args()
+    rows = [row for f in args.files for row in trial_rows(f)]
+    if not rows:
+        print("no trials in these files", file=sys.stderr)
+        return 1
+    errs: dict[str, dict[str, list[float]]] = {}
+    print(f"{'run':<40}{'mode':<9}{'plan':<5}{'meas':>7}{'chained':>9}{'fixed_hops':>11}")
+    for name, mode, plan, meas, ch, fx in rows:
+        print(
+            f"{name:<40}{mode:<9}{plan:<5}{meas:7.3f}{100 * (meas / ch - 1):+8.1f}%"
+            f"{100 * (meas / fx - 1):+10.1f}%"
+        )
+        kind = "co-located" if plan == "col" else ("split k=1" if plan == "k1" else "split k>=2")
+        for model, pred in (("chained", ch), ("fixed_hops", fx)):
+            errs.setdefault(kind, {}).setdefault(model, []).append(abs(meas / pred - 1))
+    for kind, by in errs.items():
+        print(
+            f"{kind} ({len(by['chained'])} trials): "
+            + "; ".join(
+                f"{m} {100 * statistics.mean(v):.1f}% off on average, {100 * max(v):.1f}% at most"
+                for m, v in by.items()
+            )
+        )
+    sets = [list(g) for _, g in groupby(rows, key=lambda r: (r[0], r[1]))]
+    sets = [g for g in sets if len(g) >= 2]
+    for i, model in ((4, "chained"), (5, "fixed_hops")):
+        best = [min(g, key=lambda r: r[3]) for g in sets]
+        picks = [min(g, key=lambda r: r[i]) for g in sets]
+        hits = sum(a is b for a, b in zip(picks, best, strict=True))
+        loss = max(a[3] / b[3] - 1 for a, b in zip(picks, best, strict=True))
+        print(
+            f"{model}: ranked the fastest trial first in {hits} of {len(sets)} sets; "
+            f"its pick at most {100 * loss:.1f}% slower than the fastest"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
