@@ -368,7 +368,8 @@ def cycle_profile(
     20 of 21 trial sets against 4 (scripts/gpu/RESULTS.md, "the cycle model"). "chained":
     components cost the whole chained call (hop 0), which alternation pays in full but rings
     partly hide. "busy_hops": components cost their busy time inside the call and the rest is
-    the hop. Co-located cycles (k = 1) cost the same under all three.
+    the hop. Co-located cycles (k = 1) cost the same under all three, to within hop / 2 (the
+    first step has no hand-off before it).
     """
     from loomrl.plan import load_profile
 
@@ -381,7 +382,11 @@ def cycle_profile(
     a_p, p_p = _fit_line(fit[POLICY])
     slowdown, hop = overlap_slowdown(fit), (hop_latency(samples) if busy else 0.0)
     if hops == "fixed_hops":  # the fits' intercepts become the cycle's hop
-        hop, a_e, a_p = a_e + a_p, 0.0, 0.0
+        # A side whose fit found no cost per env (slope clamped to 0) cannot tell its fixed
+        # cost from its work: it keeps its chained cost, or every k would look the same.
+        grows_e, grows_p = p_e > 1e-9, p_p > 1e-9  # s per env: below a nanosecond is a flat fit
+        hop = (a_e if grows_e else 0.0) + (a_p if grows_p else 0.0)
+        a_e, a_p = (0.0 if grows_e else a_e), (0.0 if grows_p else a_p)
     valid = [n for n in range(1, devices + 1) if num_envs % n == 0]
     if host_env_workers is None:
         env_valid, workers = valid, {n: n for n in valid}

@@ -6,11 +6,13 @@
 Every run of ``benchmarks/embodied_modes.py`` keeps, per mode, the fitted chained-call costs
 (``profile``: t = alpha + per_item * envs for env and policy) and the short rollouts the recipe
 timed before running (``trials``: co-located, and split at ring-group counts k). For each trial
-this prints the measured rollout against two models: "chained" (what the run's planner
-predicted: each call costs alpha + per_item * envs, hop 0) and "fixed_hops" (each side costs
-per_item * envs, the two alphas are the cycle's hop, which ring groups overlap; the overlap
-slowdown is recovered from the chained prediction). Then, per set of trials, whether each model
-ranked the fastest trial first, and what its pick cost against the fastest.
+this prints the measured rollout against two models, as ``loomrl.cycle.cycle_profile`` and the
+planner's ``cycle_time`` build them: "chained" (each call costs alpha + per_item * envs, hop 0)
+and "fixed_hops" (each side costs per_item * envs, the two alphas are the cycle's hop, which
+ring groups overlap). Intercepts and overlap slowdown come from the probe's samples where the
+run kept them (``cycle_costs``), else from the stored chained profile and predictions. Then, per
+set of trials, whether each model ranked the fastest trial first, and what its pick cost
+against the fastest.
 """
 
 from __future__ import annotations
@@ -23,44 +25,58 @@ from itertools import groupby
 
 
 def trial_rows(path: str) -> list[tuple]:
+    """(run, mode, plan, measured rollout s, chained s, fixed_hops s) per trial in ``path``."""
+    from loomrl.cycle import _fit_line, overlap_slowdown  # the fit and slowdown the recipe used
+
     d = json.load(open(path))
     S, n = d["args"]["steps"], d["args"]["num_envs"]
+    name = path.rsplit("/", 1)[-1].removesuffix(".json")
     rows = []
     for r in d["results"]:
         if not r.get("feasible") or not r.get("trials") or not r.get("profile"):
             continue
-        pr = r["profile"]
+        pr, cc = r["profile"], r.get("cycle_costs")
         e, p = pr["env"]["time"], pr["policy"]["time"]
         upd = pr["actor_train"]["time"]["alpha"]
+        if cc:  # the probe's own samples: the same whichever model the run planned with
+            ae, ap = _fit_line(cc["samples"]["env"])[0], _fit_line(cc["samples"]["policy"])[0]
+            slow = overlap_slowdown(cc["samples"])
+        else:  # older runs planned with chained costs: their intercepts are the profile's
+            ae, ap, slow = e["alpha"], p["alpha"], None
 
-        def side(t: dict, devices: int) -> float:
-            return t["per_item"].get(str(devices), next(iter(t["per_item"].values())))
+        def per_env(t: dict, e: dict = e, p: dict = p) -> tuple:
+            pl = t["placement"]
 
-        def split_parts(t: dict, e: dict = e, p: dict = p) -> tuple:
-            pl, k = t["placement"], t["placement"]["groups"]
-            be, bp = side(e, len(pl["env_devices"])), side(p, len(pl["policy_devices"]))
-            return k, n / k, be, bp
+            def side(c: dict, devices: int) -> float:
+                return c["per_item"].get(str(devices), next(iter(c["per_item"].values())))
 
-        slows = []
+            return side(e, len(pl["env_devices"])), side(p, len(pl["policy_devices"]))
+
+        if slow is None:  # recovered from the chained predictions of split trials
+            slows = []
+            for t in r["trials"]["trials"]:
+                k, (be, bp) = t["placement"]["groups"], per_env(t)
+                ta, tb = ae + be * n / k, ap + bp * n / k
+                if not t["placement"]["colocated"] and k >= 2 and ta + tb > 0:
+                    slows.append((t["predicted_s"] - upd) / (S * k * max(ta, tb) + min(ta, tb)))
+            slow = statistics.mean(slows) if slows else 1.0
         for t in r["trials"]["trials"]:
-            k, g, be, bp = split_parts(t)
-            if not t["placement"]["colocated"] and k >= 2:
-                ta, tb = e["alpha"] + be * g, p["alpha"] + bp * g
-                slows.append((t["predicted_s"] - upd) / (S * k * max(ta, tb) + min(ta, tb)))
-        slow = statistics.mean(slows) if slows else 1.0
-        for t in r["trials"]["trials"]:
-            k, g, be, bp = split_parts(t)
-            ta, tb = e["alpha"] + be * g, p["alpha"] + bp * g
-            col = t["placement"]["colocated"]
+            k, (be, bp) = t["placement"]["groups"], per_env(t)
+            g, col = n / k, t["placement"]["colocated"]
+            ta, tb = ae + be * g, ap + bp * g
+            # fixed_hops: a side whose cost does not grow with envs keeps its intercept
+            fe, fp = (be > 1e-9), (bp > 1e-9)
+            hop = (ae if fe else 0.0) + (ap if fp else 0.0)
+            xa, xb = (0.0 if fe else ae) + be * g, (0.0 if fp else ap) + bp * g
             if col or k == 1:
-                fixed = S * (ta + tb)
+                chained, fixed = S * (ta + tb), S * (ta + tb) - hop / 2
             else:
-                xa, xb, hop = slow * be * g, slow * bp * g, e["alpha"] + p["alpha"]
+                chained = slow * (S * k * max(ta, tb) + min(ta, tb))
+                xa, xb = slow * xa, slow * xb
                 period = max(k * max(xa, xb), xa + xb + hop)
                 fixed = (S - 1) * period + (k - 1) * max(xa, xb) + xa + xb + hop / 2
-            name = path.rsplit("/", 1)[-1].removesuffix(".json")
             plan = "col" if col else f"k{k}"
-            rows.append((name, r["mode"], plan, t["rollout_s"], t["predicted_s"] - upd, fixed))
+            rows.append((name, r["mode"], plan, t["rollout_s"], chained, fixed))
     return rows
 
 

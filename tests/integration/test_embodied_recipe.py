@@ -423,6 +423,12 @@ def test_cycle_models_place_hand_offs_in_the_cycle_or_in_the_calls():
         assert plans["best"].predicted_s < old_plans["best"].predicted_s
     with pytest.raises(ValueError, match="hops='fixed'"):
         profile(chains, "fixed")
+    # A side whose cost does not grow with envs keeps its chained cost under fixed_hops: its
+    # fixed cost cannot be told from its work.
+    flat = {**chains, "samples": {**chains["samples"], "policy": [(x, 3e-3) for x in (1, 2, 4)]}}
+    prof = profile(flat)
+    assert prof.cycles[0].hop_s == pytest.approx(1e-3)  # env's intercept only
+    assert prof.components["policy"].time(1, 4) == pytest.approx(3e-3)
     from loomrl.config import load_config
     from loomrl.recipes.embodied_ppo import Config
 
