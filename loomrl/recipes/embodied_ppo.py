@@ -392,15 +392,15 @@ def trial(
 
     cluster = run.cluster
     if cfg.run.placement == "auto":
-        plans = search_all(profile)
-        near = _near_best_k(profile, cfg, hw)
+        plans, splits = search_all(profile), split_plans(profile)
+        near = _near_best_k(splits, cfg, hw)
         # The model errs most between co-located and split cycles (on two H200s split cycles
         # ran 32-47% below its prediction), so the best of each is timed whatever the margin;
         # the margin trims the rest.
-        always = [plans.get("temporal"), best_split_plan(profile)]
+        always = [plans.get("temporal"), splits[0] if splits else None]
         cands = _candidates(plan, [plans.get("spatial"), *near], cfg, cluster, hw, always)
     elif cfg.run.placement == "hybrid":
-        cands = _candidates(plan, _near_best_k(profile, cfg, hw), cfg, cluster, hw)
+        cands = _candidates(plan, _near_best_k(split_plans(profile), cfg, hw), cfg, cluster, hw)
     else:
         place = placement_from_plan(plan, cfg.env.num_envs, hw)
         check_cores(place, cfg.env.cpu_cores, cluster)  # before any worker is launched for it
@@ -409,17 +409,16 @@ def trial(
     return calibrated_by_trial(profile, plan, rollout_s)
 
 
-def _near_best_k(profile: Any, cfg: Config, hw: int | None) -> list[Any]:
-    """The split cycle at the model's best ring-group count k and at the next smaller and larger
-    k: k is where the model is least sure (how much of each call's hand-off a ring hides: the
-    chained model costed k = 2 above k = 1, which then ran 1.4x faster; fixed_hops was up to 23%
-    off at k = 4), and neighbours bound how many rollouts the trial times."""
-    by_k: dict[int, Any] = {}
-    for plan in split_plans(profile):  # fastest first: the first plan per k is its best
-        by_k.setdefault(placement_from_plan(plan, cfg.env.num_envs, hw).groups, plan)
-    if not by_k:
+def _near_best_k(splits: list[Any], cfg: Config, hw: int | None) -> list[Any]:
+    """Of ``split_plans`` (one per ring-group count k, fastest first), those at the model's best
+    k and at the next smaller and larger k: k is where the model is least sure (how much of each
+    call's hand-off a ring hides: the chained model costed k = 2 above k = 1, which then ran
+    1.4x faster; fixed_hops was up to 23% off at k = 4), and neighbours bound how many rollouts
+    the trial times."""
+    if not splits:
         return []
-    best_k = next(iter(by_k))  # the first key came from the fastest plan
+    by_k = {placement_from_plan(p, cfg.env.num_envs, hw).groups: p for p in splits}
+    best_k = placement_from_plan(splits[0], cfg.env.num_envs, hw).groups
     ks = sorted(by_k)
     i = ks.index(best_k)
     return [by_k[k] for k in ks[max(i - 1, 0) : i + 2]]
@@ -663,8 +662,8 @@ def save_costs(
 
     models: dict[str, float | None] = {}
     names = {"fixed_hops": "model_fixed_hops_s", "chained": "model_chained_s"}
-    names["busy_hops"] = "model_split_hops_s"
-    for hops, name in (("", "model_s"), *((h, names[h]) for h in CYCLE_MODELS)):
+    names["busy_hops"] = "model_split_hops_s"  # the name it had before busy_hops had one
+    for hops, name in (("", "model_s"), *names.items()):
         prof = profile if not hops else profile_of_costs(run.cluster, cfg, steps, hw, costs, hops)
         try:
             models[name] = fixed_plan(prof, plan.tree, plan.micro_batch).predicted_s

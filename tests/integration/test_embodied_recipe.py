@@ -216,7 +216,7 @@ def test_trials_time_the_split_cycle_at_the_k_next_to_the_models_best():
     every_k = sorted(placement_from_plan(p, 16).groups for p in split_plans(prof))
     assert every_k == [1, 2, 4, 8, 16]
     best_k = placement_from_plan(best_split_plan(prof), 16).groups
-    near = [placement_from_plan(p, 16).groups for p in _near_best_k(prof, cfg, None)]
+    near = [placement_from_plan(p, 16).groups for p in _near_best_k(split_plans(prof), cfg, None)]
     i = every_k.index(best_k)
     assert near == every_k[max(i - 1, 0) : i + 2] and best_k in near and 2 <= len(near) <= 3
 
