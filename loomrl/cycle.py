@@ -369,7 +369,10 @@ def cycle_profile(
     components cost the whole chained call (hop 0), which alternation pays in full but rings
     partly hide. "busy_hops": components cost their busy time inside the call and the rest is
     the hop. Co-located cycles (k = 1) cost the same under all three, to within hop / 2 (the
-    first step has no hand-off before it).
+    first step has no hand-off before it). Under every model the cycle's ``min_group`` is the
+    smallest group size the probe timed: a fit says nothing below it, and fixed_hops carried
+    below it planned k = 32 and 64 (groups of 2 and 1 envs) whose rollouts ran 2.0-4.4x those at
+    k = 4 (scripts/gpu/RESULTS.md, call AG).
     """
     from loomrl.plan import load_profile
 
@@ -425,7 +428,14 @@ def cycle_profile(
         },
         "edges": [[ENV, POLICY], [POLICY, ENV], [POLICY, TRAIN]],
         "cycles": [
-            {"members": [ENV, POLICY], "steps": steps, "overlap_slowdown": slowdown, "hop_s": hop}
+            {
+                "members": [ENV, POLICY],
+                "steps": steps,
+                "overlap_slowdown": slowdown,
+                "hop_s": hop,
+                # the fits hold over the group sizes the probe timed: no smaller ring groups
+                "min_group": min((x for x, _ in samples.get(ENV, [])), default=1),
+            }
         ],
     }
     if cpu_cores_per_node is not None:
@@ -468,13 +478,14 @@ def split_plans(profile: Any) -> list[Any]:
 
     n = profile.devices
     a, b = profile.components[ENV], profile.components[POLICY]
+    cyc = next(c for c in profile.cycles if tuple(c.members) == (ENV, POLICY))
     rest = [c for c in profile.components if c not in (ENV, POLICY)]
     by_k: dict[int, Any] = {}
     for na in a.valid_devices:
         for nb in b.valid_devices:
             if na + nb > n:
                 continue
-            for k in (k for k in range(1, profile.batch + 1) if profile.batch % k == 0):
+            for k in cyc.group_counts(profile.batch):
                 tree = cycle(ENV, POLICY, n, split=(na, nb), groups=k)
                 if rest:
                     chain = leaf(rest[-1], n)

@@ -109,8 +109,10 @@ def cycle_options(
     items: int,
     slowdown: float = 1.0,
     hop: float = 0.0,
+    groups: list[int] | None = None,
 ) -> list[Option]:
-    """Co-located on a common valid count, or split over n_a + n_b <= n with k | items groups.
+    """Co-located on a common valid count, or split over n_a + n_b <= n with k | items groups
+    (``groups``: the k allowed, default every divisor of items).
 
     A member with 0 among its valid counts may run on host cores beside the other's devices
     (n_a = 0 or n_b = 0); its memory is host memory and counts against no device.
@@ -130,7 +132,8 @@ def cycle_options(
                     spec,
                 )
             )
-    groups = [k for k in range(1, items + 1) if items % k == 0]
+    if groups is None:
+        groups = [k for k in range(1, items + 1) if items % k == 0]
     for na in a.valid_devices:
         for nb in b.valid_devices:
             if na + nb > n or na + nb == 0:
@@ -152,13 +155,18 @@ def cycle_options(
     return out
 
 
-def node_options(profile: WorkloadProfile, name: str, n: int, items: int) -> list[Option]:
-    """Options of a graph node (a component, or a cycle named 'a<->b') on n devices."""
+def node_options(
+    profile: WorkloadProfile, name: str, n: int, items: int, any_groups: bool = False
+) -> list[Option]:
+    """Options of a graph node (a component, or a cycle named 'a<->b') on n devices. A cycle's
+    ring-group counts are those its ``min_group`` allows, or every divisor with ``any_groups``
+    (a tree that names its k is costed as asked)."""
     if name in profile.components:
         return leaf_options(profile.components[name], n, items)
     cyc = _cycle_by_name(profile, name)
     a, b = (profile.components[x] for x in cyc.members)
-    return cycle_options(a, b, cyc.steps, n, items, cyc.overlap_slowdown, cyc.hop_s)
+    groups = None if any_groups else cyc.group_counts(items)
+    return cycle_options(a, b, cyc.steps, n, items, cyc.overlap_slowdown, cyc.hop_s, groups)
 
 
 def _cycle_by_name(profile: WorkloadProfile, name: str) -> CycleSpec:
@@ -212,7 +220,7 @@ def _fixed_options(profile: WorkloadProfile, node: Node, items: int) -> list[Opt
         if node.used is not None:
             opts = [o for o in opts if o.used == node.used]
         return opts
-    opts = node_options(profile, node.component, node.n, items)  # type: ignore[arg-type]
+    opts = node_options(profile, node.component, node.n, items, any_groups=True)  # type: ignore[arg-type]
     if node.split is None:
         opts = [o for o in opts if o.spec[0] == "coloc"]
         if node.used is not None:

@@ -103,12 +103,28 @@ class CycleSpec:
     busy. A component's ``time`` is then what keeps its worker busy; with k >= 2 ring groups
     the other groups' calls fill the hops, so a step takes max(k * busier side, a + b + hop).
     0 = hand-offs are free or already in the components' times (the baseline model).
+
+    ``min_group`` (>= 1): the fewest items a ring group may hold (k >= 2 groups of M / k items
+    need M / k >= min_group). Measured costs describe the group sizes they were measured at; a
+    fit carried far below them mispriced small groups (per call costs that the fit did not see:
+    k = 32 groups of 2 envs ran 2.0x the rollout of k = 4 where the fit promised a gain).
+    1 = any k (the baseline model).
     """
 
     members: tuple[str, str]
     steps: int
     overlap_slowdown: float = 1.0
     hop_s: float = 0.0
+    min_group: int = 1
+
+    def group_counts(self, items: int) -> list[int]:
+        """The ring-group counts k a split cycle on ``items`` items may use: k divides items,
+        and k = 1 or each group holds at least ``min_group`` items."""
+        return [
+            k
+            for k in range(1, items + 1)
+            if items % k == 0 and (k == 1 or items // k >= self.min_group)
+        ]
 
     @property
     def name(self) -> str:
@@ -161,6 +177,7 @@ class WorkloadProfile:
                     "steps": c.steps,
                     **({"overlap_slowdown": c.overlap_slowdown} if c.overlap_slowdown != 1 else {}),
                     **({"hop_s": c.hop_s} if c.hop_s else {}),
+                    **({"min_group": c.min_group} if c.min_group != 1 else {}),
                 }
                 for c in self.cycles
             ],
@@ -223,7 +240,7 @@ _TOP_KEYS = {
 }
 _COMPONENT_KEYS = {"valid_devices", "time", "memory_gb", "switch_s", "cpu_cores", "samples"}
 _TIME_KEYS = {"alpha", "per_item", "item_cv"}
-_CYCLE_KEYS = {"members", "steps", "overlap_slowdown", "hop_s"}
+_CYCLE_KEYS = {"members", "steps", "overlap_slowdown", "hop_s", "min_group"}
 
 
 def _unknown(keys: Iterable[str], known: set[str], where: str, problems: list[str]) -> None:
@@ -393,9 +410,18 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
                 f"calls, in which neither is busy; 0 = none), got {hop!r}"
             )
             hop = 0.0
+        min_group = c.get("min_group", 1)
+        if isinstance(min_group, bool) or not isinstance(min_group, int) or min_group < 1:
+            problems.append(
+                f"cycles[{i}].min_group must be an integer >= 1 (the fewest items a ring group "
+                f"may hold; 1 = any), got {min_group!r}"
+            )
+            min_group = 1
         if steps and all(v in names for v in members):
             cycles.append(
-                CycleSpec((str(members[0]), str(members[1])), steps, float(slow), float(hop))
+                CycleSpec(
+                    (str(members[0]), str(members[1])), steps, float(slow), float(hop), min_group
+                )
             )
     seen: dict[str, int] = {}
     for i, c in enumerate(cycles):

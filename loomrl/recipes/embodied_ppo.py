@@ -79,6 +79,8 @@ class Config:
     # included) or busy_hops (only the time the worker was busy); loomrl.cycle.cycle_profile.
     # auto: fixed_hops beside accelerators, where host cores are free to hand results over while
     # both sides compute; chained where the devices are the CPU cores, which hand-offs share.
+    # Under every model the planner keeps ring groups as large as the probe's smallest group
+    # (the cycle's min_group): fixed_hops carried below it planned k = 32 and 64 on a GPU.
     cycle_model: str = "auto"
     run: RunConfig = field(default_factory=RunConfig)
 

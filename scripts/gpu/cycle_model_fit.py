@@ -12,7 +12,9 @@ and "fixed_hops" (each side costs per_item * envs, the two alphas are the cycle'
 ring groups overlap). Intercepts and overlap slowdown come from the probe's samples where the
 run kept them (``cycle_costs``), else from the stored chained profile and predictions. Then, per
 set of trials, whether each model ranked the fastest trial first, and what its pick cost
-against the fastest.
+against the fastest. Trials whose ring groups were smaller than any group the probe timed
+(marked "*", from runs before the cycle's ``min_group`` existed) are counted apart and left out
+of the ranking: the planner no longer considers such plans.
 """
 
 from __future__ import annotations
@@ -75,7 +77,12 @@ def trial_rows(path: str) -> list[tuple]:
                 xa, xb = slow * xa, slow * xb
                 period = max(k * max(xa, xb), xa + xb + hop)
                 fixed = (S - 1) * period + (k - 1) * max(xa, xb) + xa + xb + hop / 2
-            plan = "col" if col else f"k{k}"
+            # "*": groups smaller than any the probe timed, which runs since then never plan
+            # (the cycle's min_group); such trials come from runs before it.
+            below = (
+                bool(cc) and not col and k >= 2 and n / k < min(x for x, _ in cc["samples"]["env"])
+            )
+            plan = "col" if col else f"k{k}" + ("*" if below else "")
             rows.append((name, r["mode"], plan, t["rollout_s"], chained, fixed))
     return rows
 
@@ -96,6 +103,8 @@ def main() -> int:
             f"{100 * (meas / fx - 1):+10.1f}%"
         )
         kind = "co-located" if plan == "col" else ("split k=1" if plan == "k1" else "split k>=2")
+        if plan.endswith("*"):
+            kind = "split k>=2, groups smaller than the probe timed"
         for model, pred in (("chained", ch), ("fixed_hops", fx)):
             errs.setdefault(kind, {}).setdefault(model, []).append(abs(meas / pred - 1))
     for kind, by in errs.items():
@@ -107,6 +116,8 @@ def main() -> int:
             )
         )
     sets = [list(g) for _, g in groupby(rows, key=lambda r: (r[0], r[1]))]
+    # Ranking: among the plans a run may pick now (groups at least as large as the probe timed)
+    sets = [[r for r in g if not r[2].endswith("*")] for g in sets]
     sets = [g for g in sets if len(g) >= 2]
     for i, model in ((4, "chained"), (5, "fixed_hops")):
         best = [min(g, key=lambda r: r[3]) for g in sets]

@@ -205,6 +205,24 @@ def test_split_plans_give_the_fastest_split_cycle_per_ring_group_count():
         assert len(options) >= 2 and plan.predicted_s == pytest.approx(min(options))
 
 
+def test_ring_groups_stay_as_large_as_the_probe_timed():
+    """Under fixed_hops a call's fixed cost is hop latency, so groups smaller than any the probe
+    timed look free; the cycle's min_group keeps the planner to the sizes measured."""
+    from loomrl.plan import load_profile
+
+    sizes = (16, 32, 64)
+    costs = {
+        "samples": {side: [(x, 2e-3 + 1e-4 * x) for x in sizes] for side in ("env", "policy")},
+        "update_s": 0.5,
+    }
+    prof = cycle_profile(costs, num_envs=64, steps=16, devices=2, env_cores=1, cpu_cores_per_node=4)
+    assert prof.cycles[0].min_group == 16
+    assert sorted(placement_from_plan(p, 64).groups for p in split_plans(prof)) == [1, 2, 4]
+    raw = prof.to_dict()
+    del raw["cycles"][0]["min_group"]
+    assert placement_from_plan(best_split_plan(load_profile(raw)), 64).groups == 64
+
+
 def test_trials_time_the_split_cycle_at_the_k_next_to_the_models_best():
     from loomrl.recipes.embodied_ppo import Config, _near_best_k
 

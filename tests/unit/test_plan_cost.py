@@ -259,6 +259,35 @@ def test_hop_latency_is_hidden_by_ring_groups_but_not_by_alternation():
     assert "hop_s" not in load_profile(raw).to_dict()["cycles"][0]  # the baseline model
 
 
+def test_min_group_keeps_ring_groups_at_the_sizes_costs_were_measured_at():
+    from loomrl.errors import ConfigError
+    from loomrl.plan import exhaustive
+
+    raw = two(
+        edges=[["A", "B"], ["B", "A"]], cycles=[{"members": ["A", "B"], "steps": 10, "hop_s": 8}]
+    ).to_dict()
+    # Without a limit the ring hides the hop best at k = 4 (a = 3, b = 1, a step takes
+    # max(4 * 3, 3 + 1 + 8) = 12): 9 * 12 + 3 * 3 + 3 + 1 + 4 = 125 s.
+    assert search(load_profile(raw)).predicted_s == pytest.approx(125)
+    raw["cycles"][0]["min_group"] = 2  # groups of at least 2 of the 4 items: k in {1, 2}
+    p = load_profile(raw)
+    assert p.cycles[0].group_counts(4) == [1, 2] and p.cycles[0].group_counts(1) == [1]
+    assert p.to_dict()["cycles"][0]["min_group"] == 2
+    best = search(p)
+    # Alternation on both devices (10 * 7 + 9 * 8 + 4 = 146) now beats k = 2 (a step takes
+    # max(2 * 5, 5 + 2 + 8) = 15: 9 * 15 + 5 + 5 + 2 + 4 = 151).
+    assert best.predicted_s == pytest.approx(146)
+    assert exhaustive(p).predicted_s == pytest.approx(146)
+    # An explicit tree is evaluated as asked: the limit bounds the search, not fixed plans.
+    assert evaluate(cycle("A", "B", 2, split=(1, 1), groups=4), p, 4).predicted_s == 125
+    for bad in (0, 1.5, "2", True):
+        raw["cycles"][0]["min_group"] = bad
+        with pytest.raises(ConfigError, match=r"cycles\[0\]\.min_group must be an integer >= 1"):
+            load_profile(raw)
+    raw["cycles"][0]["min_group"] = 1
+    assert "min_group" not in load_profile(raw).to_dict()["cycles"][0]  # the baseline model
+
+
 def test_hop_latency_from_probe_samples():
     from loomrl.cycle import hop_latency
 
