@@ -363,16 +363,17 @@ def cycle_profile(
     hand-offs share the sides' cores and a ring hides little of them): a
     chained call's fixed cost, the intercept of its fit over group sizes (dispatch, handing the
     result over), is latency per step of the cycle (``hop_s``) that ring groups overlap, and the
-    per-env part is what occupies a side; over 40 split-cycle trials on two H200s (k = 2, 4) it
-    was 8.3% off on average where "chained" was 28.1%, and it ranked the fastest plan first in
-    20 of 21 trial sets against 4 (scripts/gpu/RESULTS.md, "the cycle model"). "chained":
+    per-env part is what occupies a side; over 87 split-cycle trials on two H200s at group
+    sizes the probes timed it was 7.5% off on average where "chained" was 26.2%, and it ranked
+    the fastest plan first in 49 of 50 trial sets against 21 (scripts/gpu/RESULTS.md, calls
+    AG-AL; scripts/gpu/cycle_model_fit.py). "chained":
     components cost the whole chained call (hop 0), which alternation pays in full but rings
     partly hide. "busy_hops": components cost their busy time inside the call and the rest is
     the hop. Co-located cycles (k = 1) cost the same under all three, to within hop / 2 (the
     first step has no hand-off before it). Under every model the cycle's ``min_group`` is the
     smallest group size the probe timed: a fit says nothing below it, and fixed_hops carried
-    below it planned k = 32 and 64 (groups of 2 and 1 envs) whose rollouts ran 2.0-4.4x those at
-    k = 4 (scripts/gpu/RESULTS.md, call AG).
+    below it planned k = 32 and 64 (groups of 2 and 1 envs) whose rollouts ran 1.9-4.5x those at
+    k = 4 in the next runs (scripts/gpu/RESULTS.md, calls AG-AI).
     """
     from loomrl.plan import load_profile
 
@@ -469,23 +470,28 @@ def best_split_plan(profile: Any) -> Any:
     return plans[0] if plans else None
 
 
-def split_plans(profile: Any) -> list[Any]:
+def split_plans(profile: Any, past_limit: bool = False) -> list[Any]:
     """For each number of ring groups k, the fastest split-cycle plan (see ``best_split_plan``),
     fastest first. The choice of k rests on per-call fixed costs that a ring hides partly
-    (a hand-off of one group overlaps the other's work), so runs time the close ones."""
+    (a hand-off of one group overlaps the other's work), so runs time the close ones.
+    ``past_limit``: also the first k whose groups are smaller than the cycle's ``min_group``,
+    priced by carrying the fits below the sizes measured, for a trial to time (not to trust)."""
     from loomrl.errors import PlanError
     from loomrl.plan import cycle, fixed_plan, leaf, temporal
 
     n = profile.devices
     a, b = profile.components[ENV], profile.components[POLICY]
     cyc = next(c for c in profile.cycles if tuple(c.members) == (ENV, POLICY))
+    ks = cyc.group_counts(profile.batch)
+    if past_limit:
+        ks += [k for k in cyc.group_counts(profile.batch, limited=False) if k > ks[-1]][:1]
     rest = [c for c in profile.components if c not in (ENV, POLICY)]
     by_k: dict[int, Any] = {}
     for na in a.valid_devices:
         for nb in b.valid_devices:
             if na + nb > n:
                 continue
-            for k in cyc.group_counts(profile.batch):
+            for k in ks:
                 tree = cycle(ENV, POLICY, n, split=(na, nb), groups=k)
                 if rest:
                     chain = leaf(rest[-1], n)

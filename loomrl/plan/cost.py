@@ -107,12 +107,12 @@ def cycle_options(
     steps: int,
     n: int,
     items: int,
+    groups: list[int],
     slowdown: float = 1.0,
     hop: float = 0.0,
-    groups: list[int] | None = None,
 ) -> list[Option]:
-    """Co-located on a common valid count, or split over n_a + n_b <= n with k | items groups
-    (``groups``: the k allowed, default every divisor of items).
+    """Co-located on a common valid count, or split over n_a + n_b <= n in k ring groups, for
+    each k in ``groups`` (divisors of items: ``CycleSpec.group_counts``).
 
     A member with 0 among its valid counts may run on host cores beside the other's devices
     (n_a = 0 or n_b = 0); its memory is host memory and counts against no device.
@@ -132,8 +132,6 @@ def cycle_options(
                     spec,
                 )
             )
-    if groups is None:
-        groups = [k for k in range(1, items + 1) if items % k == 0]
     for na in a.valid_devices:
         for nb in b.valid_devices:
             if na + nb > n or na + nb == 0:
@@ -165,8 +163,8 @@ def node_options(
         return leaf_options(profile.components[name], n, items)
     cyc = _cycle_by_name(profile, name)
     a, b = (profile.components[x] for x in cyc.members)
-    groups = None if any_groups else cyc.group_counts(items)
-    return cycle_options(a, b, cyc.steps, n, items, cyc.overlap_slowdown, cyc.hop_s, groups)
+    groups = cyc.group_counts(items, limited=not any_groups)
+    return cycle_options(a, b, cyc.steps, n, items, groups, cyc.overlap_slowdown, cyc.hop_s)
 
 
 def _cycle_by_name(profile: WorkloadProfile, name: str) -> CycleSpec:

@@ -107,7 +107,7 @@ class CycleSpec:
     ``min_group`` (>= 1): the fewest items a ring group may hold (k >= 2 groups of M / k items
     need M / k >= min_group). Measured costs describe the group sizes they were measured at; a
     fit carried far below them mispriced small groups (per call costs that the fit did not see:
-    k = 32 groups of 2 envs ran 2.0x the rollout of k = 4 where the fit promised a gain).
+    k = 32 groups of 2 envs ran twice the rollout of k = 4, which the fit priced about the same).
     1 = any k (the baseline model).
     """
 
@@ -117,14 +117,23 @@ class CycleSpec:
     hop_s: float = 0.0
     min_group: int = 1
 
-    def group_counts(self, items: int) -> list[int]:
+    def group_counts(self, items: int, limited: bool = True) -> list[int]:
         """The ring-group counts k a split cycle on ``items`` items may use: k divides items,
-        and k = 1 or each group holds at least ``min_group`` items."""
+        and (``limited``) k = 1 or each group holds at least ``min_group`` items."""
+        least = self.min_group if limited else 1
         return [
-            k
-            for k in range(1, items + 1)
-            if items % k == 0 and (k == 1 or items // k >= self.min_group)
+            k for k in range(1, items + 1) if items % k == 0 and (k == 1 or items // k >= least)
         ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The raw form ``load_profile`` reads; fields at their baseline value are left out."""
+        return {
+            "members": list(self.members),
+            "steps": self.steps,
+            **({"overlap_slowdown": self.overlap_slowdown} if self.overlap_slowdown != 1 else {}),
+            **({"hop_s": self.hop_s} if self.hop_s else {}),
+            **({"min_group": self.min_group} if self.min_group != 1 else {}),
+        }
 
     @property
     def name(self) -> str:
@@ -171,16 +180,7 @@ class WorkloadProfile:
             "granularities": list(self.granularities),
             "components": {},
             "edges": [list(e) for e in self.edges],
-            "cycles": [
-                {
-                    "members": list(c.members),
-                    "steps": c.steps,
-                    **({"overlap_slowdown": c.overlap_slowdown} if c.overlap_slowdown != 1 else {}),
-                    **({"hop_s": c.hop_s} if c.hop_s else {}),
-                    **({"min_group": c.min_group} if c.min_group != 1 else {}),
-                }
-                for c in self.cycles
-            ],
+            "cycles": [c.to_dict() for c in self.cycles],
         }
         if self.cpu_cores_per_node is not None:
             out["cpu_cores_per_node"] = self.cpu_cores_per_node
@@ -696,10 +696,7 @@ def fit_profile(
         "batch": batch,
         "granularities": list(granularities),
         "edges": [list(e) for e in edges],
-        "cycles": [
-            {"members": list(c.members), "steps": c.steps} if isinstance(c, CycleSpec) else dict(c)
-            for c in cycles
-        ],
+        "cycles": [c.to_dict() if isinstance(c, CycleSpec) else dict(c) for c in cycles],
         "components": {},
     }
     if cpu_cores_per_node is not None:

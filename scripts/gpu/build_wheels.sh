@@ -21,11 +21,12 @@ get() { # get DIR SPEC...: cp312 manylinux or pure-Python wheels, no dependency 
 mkdir -p "$DST/whl" "$DST/emb"
 get "$TMP" ray==2.60.0
 mkdir "$TMP/ray"
-python -m zipfile -e "$TMP"/ray-2.60.0-*.whl "$TMP/ray"
+unzip -q "$TMP"/ray-2.60.0-*.whl -d "$TMP/ray"  # unzip keeps the executables' modes (gcs_server...)
 (cd "$TMP/ray" && rm -rf ray/jars ray/dashboard/client/build ray/rllib ray/serve ray/tune \
     ray/train ray/data ray/llm && tar -cJf - .) > "$DST/ray_slim.tar.xz"
 get "$DST/whl" jsonschema==4.26.0 referencing==0.37.0 rpds-py==0.30.0 \
     jsonschema-specifications==2025.9.1
 get "$DST/emb" gymnasium==1.4.0 farama-notifications==0.0.6 mujoco==3.2.7 glfw==2.11.0 \
-    PyOpenGL==3.1.10 absl-py etils importlib-resources zipp cloudpickle
+    PyOpenGL==3.1.10 absl-py==2.5.1 etils==1.15.0 importlib-resources==7.1.0 zipp==4.1.2 \
+    cloudpickle==3.1.3
 du -sh "$DST"/*

@@ -1,11 +1,13 @@
 """How well each cycle model predicted the trial rollouts that benchmark runs timed.
 
     python scripts/gpu/cycle_model_fit.py docs/results/gpu/graphs/embodied_px_*.json \
-        docs/results/gpu/balance/embodied_px_*.json
+        docs/results/gpu/balance/embodied_px_*.json docs/results/gpu/fixed_hops/*.json \
+        docs/results/gpu/past_limit/*.json
 
 Every run of ``benchmarks/embodied_modes.py`` keeps, per mode, the fitted chained-call costs
 (``profile``: t = alpha + per_item * envs for env and policy) and the short rollouts the recipe
-timed before running (``trials``: co-located, and split at ring-group counts k). For each trial
+timed before running (``trials``: co-located, and split at ring-group counts k), per round
+(runs are named ``#round`` when they have more than one). For each trial
 this prints the measured rollout against two models, as ``loomrl.cycle.cycle_profile`` and the
 planner's ``cycle_time`` build them: "chained" (each call costs alpha + per_item * envs, hop 0)
 and "fixed_hops" (each side costs per_item * envs, the two alphas are the cycle's hop, which
@@ -13,8 +15,9 @@ ring groups overlap). Intercepts and overlap slowdown come from the probe's samp
 run kept them (``cycle_costs``), else from the stored chained profile and predictions. Then, per
 set of trials, whether each model ranked the fastest trial first, and what its pick cost
 against the fastest. Trials whose ring groups were smaller than any group the probe timed
-(marked "*", from runs before the cycle's ``min_group`` existed) are counted apart and left out
-of the ranking: the planner no longer considers such plans.
+(marked "*": from runs before the cycle's ``min_group``, or the first k past it, which trials
+now time) are counted apart and left out of the ranking: the planner's search does not offer
+such plans, only trials do.
 """
 
 from __future__ import annotations
@@ -26,6 +29,16 @@ import sys
 from itertools import groupby
 
 
+def smallest_probed(cc: dict | None, n: int, placement: dict) -> int:
+    """The smallest group of envs the run's probe timed: from its samples where it kept them,
+    else the sizes the recipe probes (n / d for d in 1, 2, 4, 8 that every env worker can take
+    a share of)."""
+    if cc:
+        return min(x for x, _ in cc["samples"]["env"])
+    w = placement.get("env_workers") or len(placement["env_devices"])
+    return min(n // d for d in (1, 2, 4, 8) if n % d == 0 and (n // d) % w == 0)
+
+
 def trial_rows(path: str) -> list[tuple]:
     """(run, mode, plan, measured rollout s, chained s, fixed_hops s) per trial in ``path``."""
     from loomrl.cycle import _fit_line, overlap_slowdown  # the fit and slowdown the recipe used
@@ -34,7 +47,14 @@ def trial_rows(path: str) -> list[tuple]:
     S, n = d["args"]["steps"], d["args"]["num_envs"]
     name = path.rsplit("/", 1)[-1].removesuffix(".json")
     rows = []
-    for r in d["results"]:
+    # every round's trials (a round keeps its own probe, profile and trials; the result's top
+    # level repeats the last round's)
+    rounds = [
+        (f"{name}#{i}" if len(r.get("rounds") or []) > 1 else name, {**r, **rr})
+        for r in d["results"]
+        for i, rr in enumerate(r.get("rounds") or [r])
+    ]
+    for run, r in rounds:
         if not r.get("feasible") or not r.get("trials") or not r.get("profile"):
             continue
         pr, cc = r["profile"], r.get("cycle_costs")
@@ -79,11 +99,9 @@ def trial_rows(path: str) -> list[tuple]:
                 fixed = (S - 1) * period + (k - 1) * max(xa, xb) + xa + xb + hop / 2
             # "*": groups smaller than any the probe timed, which runs since then never plan
             # (the cycle's min_group); such trials come from runs before it.
-            below = (
-                bool(cc) and not col and k >= 2 and n / k < min(x for x, _ in cc["samples"]["env"])
-            )
+            below = not col and k >= 2 and n / k < smallest_probed(cc, n, t["placement"])
             plan = "col" if col else f"k{k}" + ("*" if below else "")
-            rows.append((name, r["mode"], plan, t["rollout_s"], chained, fixed))
+            rows.append((run, r["mode"], plan, t["rollout_s"], chained, fixed))
     return rows
 
 

@@ -63,9 +63,14 @@ fi
 export PYTHONPATH=$PWD:$DEPS
 export RAY_AUTH_MODE=disabled HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export LOOMRL_CACHE=/tmp/lcache
-mkdir -p $LOOMRL_CACHE && cp -r out/gpu_wheels/tok/models $LOOMRL_CACHE/
-python3 -c "from loomrl.models import _cached_smollm2_tokenizer as t; print('smollm2 tokenizer', len(t()))" ||
-    { rm -rf $LOOMRL_CACHE/models/smollm2-135m-instruct; echo "tokenizer: using the char tokenizer"; }
+mkdir -p $LOOMRL_CACHE
+if [ -d out/gpu_wheels/tok/models ]; then  # build_wheels.sh leaves it out: embodied stages need none
+    cp -r out/gpu_wheels/tok/models $LOOMRL_CACHE/
+    python3 -c "from loomrl.models import _cached_smollm2_tokenizer as t; print('smollm2 tokenizer', len(t()))" ||
+        { rm -rf $LOOMRL_CACHE/models/smollm2-135m-instruct; echo "tokenizer: using the char tokenizer"; }
+else
+    echo "tokenizer: none carried, using the char tokenizer"
+fi
 python3 -c "import ray, torch, transformers; print('ray', ray.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
 MODEL=/tmp/random-smollm2-135m-f32
 MODEL05=/tmp/random-0.5b-f32

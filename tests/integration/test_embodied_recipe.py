@@ -221,6 +221,16 @@ def test_ring_groups_stay_as_large_as_the_probe_timed():
     raw = prof.to_dict()
     del raw["cycles"][0]["min_group"]
     assert placement_from_plan(best_split_plan(load_profile(raw)), 64).groups == 64
+    # Trials may look one k past the limit, which the model cannot price: carried below the
+    # probed sizes it ranks k = 8 first, and the trial times it beside k = 4.
+    from loomrl.recipes.embodied_ppo import Config, _near_best_k
+
+    cfg = Config()
+    cfg.env.num_envs = 64
+    past = split_plans(prof, past_limit=True)
+    assert sorted(placement_from_plan(p, 64).groups for p in past) == [1, 2, 4, 8]
+    near = sorted(placement_from_plan(p, 64).groups for p in _near_best_k(past, cfg, None))
+    assert near == [4, 8]
 
 
 def test_trials_time_the_split_cycle_at_the_k_next_to_the_models_best():

@@ -59,6 +59,6 @@ def random_profile(
             raw["cycles"][0]["hop_s"] = float(rng.uniform(0.0, 2.0))
     if cores:
         raw["cpu_cores_per_node"] = int(rng.integers(4, 24))
-    if cycle and v >= 2 and rng.random() < 0.3:  # drawn last: earlier draws stay as they were
+    if cycle and v >= 2 and rng.random() < 0.3:  # ring groups of at least min_group items
         raw["cycles"][0]["min_group"] = int(rng.integers(1, batch + 1))
     return load_profile(raw)

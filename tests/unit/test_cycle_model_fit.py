@@ -35,9 +35,25 @@ def test_trial_rows_from_chained_and_fixed_hops_runs():
     hybrid = next(r for r in d["results"] if r["mode"] == "hybrid")
     update = hybrid["profile"]["actor_train"]["time"]["alpha"]
     planned = [t["predicted_s"] - update for t in hybrid["trials"]["trials"]]
-    chained = [ch for _, mode, _, _, ch, _ in gpu if mode == "hybrid"]
+    # (the result's top level is its last round, the second)
+    chained = [ch for run, mode, _, _, ch, _ in gpu if mode == "hybrid" and run.endswith("#1")]
     assert len(chained) == len(planned) == 3
     assert all(abs(a / b - 1) < 0.01 for a, b in zip(chained, planned, strict=True))
     # There fixed_hops is the closer model at k = 4.
     k4 = [r for r in gpu if r[2] == "k4"]
     assert k4 and all(abs(m / fx - 1) < abs(m / ch - 1) for _, _, _, m, ch, fx in k4)
+
+
+def test_trials_below_the_probed_sizes_are_marked_and_every_round_is_read():
+    fit = _script()
+    # AG planned k = 32 and 64 (groups of 2 and 1 envs) from a probe that timed 16-64 envs.
+    ag = fit.trial_rows(
+        str(ROOT / "docs/results/gpu/fixed_hops/embodied_px_e64_s16_pk2971841286_c2.json")
+    )
+    split = {plan for _, _, plan, *_ in ag if plan != "col"}
+    assert split == {"k32*", "k64*"}
+    assert {run.rsplit("#", 1)[1] for run, *_ in ag} == {"0", "1"}  # both rounds' trials
+    # A run without the probe's samples: its smallest probed group comes from its env workers
+    # (16 envs on 8 workers: 16 and 8), so k = 4 is past it and k = 2 is not.
+    ab = fit.trial_rows(str(ROOT / "docs/results/gpu/graphs/embodied_px_e16_s32_i96_call_ab.json"))
+    assert {"k4*", "k2"} <= {plan for _, _, plan, *_ in ab} and "k4" not in {r[2] for r in ab}

@@ -261,7 +261,7 @@ def test_hop_latency_is_hidden_by_ring_groups_but_not_by_alternation():
 
 def test_min_group_keeps_ring_groups_at_the_sizes_costs_were_measured_at():
     from loomrl.errors import ConfigError
-    from loomrl.plan import exhaustive
+    from loomrl.plan import exhaustive, fixed_plan
 
     raw = two(
         edges=[["A", "B"], ["B", "A"]], cycles=[{"members": ["A", "B"], "steps": 10, "hop_s": 8}]
@@ -280,6 +280,7 @@ def test_min_group_keeps_ring_groups_at_the_sizes_costs_were_measured_at():
     assert exhaustive(p).predicted_s == pytest.approx(146)
     # An explicit tree is evaluated as asked: the limit bounds the search, not fixed plans.
     assert evaluate(cycle("A", "B", 2, split=(1, 1), groups=4), p, 4).predicted_s == 125
+    assert fixed_plan(p, cycle("A", "B", 2, split=(1, 1), groups=4), 4).predicted_s == 125
     for bad in (0, 1.5, "2", True):
         raw["cycles"][0]["min_group"] = bad
         with pytest.raises(ConfigError, match=r"cycles\[0\]\.min_group must be an integer >= 1"):

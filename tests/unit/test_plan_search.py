@@ -46,6 +46,15 @@ def _instances(seed: int, count: int):
         )
 
 
+def _ring_groups(node, batch: int, m: int, stream: bool = False):
+    """(items, k) of every split cycle in a plan tree: a cycle below a spatial node handles a
+    micro-batch of m items at a time, elsewhere the whole batch."""
+    if node.op == "cycle" and node.split is not None:
+        yield (m if stream else batch), node.groups
+    for c in node.children:
+        yield from _ring_groups(c, batch, m, stream or node.op == "spatial")
+
+
 def _dp_times(prof):
     try:
         plans = search_all(prof)
@@ -72,6 +81,8 @@ def test_dp_equals_exhaustive_on_random_instances(seed):
                 assert evaluate(plan.tree, prof, plan.micro_batch).predicted_s == pytest.approx(
                     plan.predicted_s, rel=1e-12
                 )
+                for items, k in _ring_groups(plan.tree, prof.batch, plan.micro_batch):
+                    assert k in prof.cycles[0].group_counts(items), (plan, prof)
         checked += 1
     assert checked == 100 and infeasible > 0
 
