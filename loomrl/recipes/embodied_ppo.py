@@ -69,9 +69,10 @@ class Config:
     # auto_trial_steps and twice that when S is longer) and its prediction re-costed to them;
     # placement=auto times the best co-located and the best split plan, and every plan
     # predicted within auto_trial_margin of the best, among them the split cycle at the
-    # ring-group counts k next to the model's best k; hybrid times
-    # its split cycle at those k, temporal and spatial their one plan; the fastest runs (0 steps:
-    # trust the model alone). Results: trials.json in the run directory.
+    # ring-group counts k next to the model's best k (and at the first k past the group sizes
+    # the probe timed, when the largest allowed k is among them); hybrid times its split cycle
+    # at those k, temporal and spatial their one plan; the fastest runs (0 steps: trust the
+    # model alone). Results: trials.json in the run directory.
     auto_trial_steps: int = 16
     auto_trial_margin: float = 0.5
     # How measured costs become the cycle's model: fixed_hops (a call's fixed cost is hand-off
@@ -395,13 +396,14 @@ def trial(
 
     cluster = run.cluster
     if cfg.run.placement in ("auto", "hybrid"):
-        # The neighbours of the model's best k may include the first k past the probed group
-        # sizes (the cycle's min_group), which the model cannot price: 16 envs on 8 env workers
-        # took 14% less time at k = 4 than at k = 2 on two H200s (call AB), in groups of 4
-        # below the probe's smallest, 8; the trial decides.
-        near = _near_best_k(split_plans(profile, past_limit=True), cfg, hw)
+        # Where the model's best k is the largest the probed group sizes allow (the cycle's
+        # min_group), the trial also times the first k past it, which the model cannot price
+        # (within the margin): 16 envs on 8 env workers took 5-14% less time at k = 4 than at
+        # k = 2 on two H200s (call AB), in groups of 4 below the probe's smallest, 8.
+        splits, past = _past_limit(profile)
+        near = _near_best_k(splits, cfg, hw, past)
     if cfg.run.placement == "auto":
-        plans, splits = search_all(profile), split_plans(profile)
+        plans = search_all(profile)
         # The model errs most between co-located and split cycles (on two H200s split cycles
         # ran 32-47% below its prediction), so the best of each is timed whatever the margin;
         # the margin trims the rest.
@@ -417,19 +419,38 @@ def trial(
     return calibrated_by_trial(profile, plan, rollout_s)
 
 
-def _near_best_k(splits: list[Any], cfg: Config, hw: int | None) -> list[Any]:
+def _near_best_k(
+    splits: list[Any], cfg: Config, hw: int | None, past: Sequence[Any] = ()
+) -> list[Any]:
     """Of ``split_plans`` (one per ring-group count k, fastest first), those at the model's best
     k and at the next smaller and larger k: k is where the model is least sure (how much of each
     call's hand-off a ring hides: the chained model costed k = 2 above k = 1, which then ran
     1.4x faster; fixed_hops was up to 23% off at k = 4), and neighbours bound how many rollouts
-    the trial times."""
+    the trial times. ``past``: plans at the first k past the cycle's ``min_group``, added when
+    the largest k allowed is among those (the model cannot price them, so they do not move the
+    window)."""
     if not splits:
         return []
     by_k = {placement_from_plan(p, cfg.env.num_envs, hw).groups: p for p in splits}
     best_k = placement_from_plan(splits[0], cfg.env.num_envs, hw).groups
     ks = sorted(by_k)
     i = ks.index(best_k)
-    return [by_k[k] for k in ks[max(i - 1, 0) : i + 2]]
+    near = [by_k[k] for k in ks[max(i - 1, 0) : i + 2]]
+    return near + list(past) if by_k[ks[-1]] in near else near
+
+
+def _past_limit(profile: Any) -> tuple[list[Any], list[Any]]:
+    """(split plans at the k the search allows, fastest first; the plan at the first k past the
+    cycle's ``min_group``, if any), from one pass over the split plans."""
+    every = split_plans(profile, past_limit=True)
+    cyc = next(c for c in profile.cycles if tuple(c.members) == (ENV, POLICY))
+    allowed = set(cyc.group_counts(profile.batch))
+    splits = [p for p in every if _groups(p) in allowed]
+    return splits, [p for p in every if _groups(p) not in allowed]
+
+
+def _groups(plan: Any) -> int:
+    return next(x.groups for x in plan.tree.leaves() if x.op == "cycle")
 
 
 def _candidates(

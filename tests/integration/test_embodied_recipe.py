@@ -221,16 +221,70 @@ def test_ring_groups_stay_as_large_as_the_probe_timed():
     raw = prof.to_dict()
     del raw["cycles"][0]["min_group"]
     assert placement_from_plan(best_split_plan(load_profile(raw)), 64).groups == 64
-    # Trials may look one k past the limit, which the model cannot price: carried below the
-    # probed sizes it ranks k = 8 first, and the trial times it beside k = 4.
-    from loomrl.recipes.embodied_ppo import Config, _near_best_k
+    # Carried below the probed sizes the fits would rank k = 8 first; the window of k the trial
+    # times stays where the allowed k put it (4 and its neighbour 2), and k = 8 joins it because
+    # 4 is the largest k allowed.
+    from loomrl.recipes.embodied_ppo import Config, _near_best_k, _past_limit
 
     cfg = Config()
     cfg.env.num_envs = 64
-    past = split_plans(prof, past_limit=True)
-    assert sorted(placement_from_plan(p, 64).groups for p in past) == [1, 2, 4, 8]
-    near = sorted(placement_from_plan(p, 64).groups for p in _near_best_k(past, cfg, None))
-    assert near == [4, 8]
+    every = split_plans(prof, past_limit=True)
+    assert sorted(placement_from_plan(p, 64).groups for p in every) == [1, 2, 4, 8]
+    assert placement_from_plan(every[0], 64).groups == 8
+    splits, past = _past_limit(prof)
+    assert [placement_from_plan(p, 64).groups for p in past] == [8]
+    near = _near_best_k(splits, cfg, None, past)
+    assert sorted(placement_from_plan(p, 64).groups for p in near) == [2, 4, 8]
+    # A window that does not reach the largest allowed k leaves the past-limit plan out (best
+    # k = 1 here: the window is 1 and 2).
+    by_groups = sorted(splits, key=lambda p: placement_from_plan(p, 64).groups)
+    ks = [placement_from_plan(p, 64).groups for p in _near_best_k(by_groups, cfg, None, past)]
+    assert ks == [1, 2]
+
+
+@pytest.mark.parametrize("placement", ["hybrid", "auto", "temporal"])
+def test_trials_time_the_first_k_past_the_probed_sizes_and_only_a_trial_picks_it(
+    placement, monkeypatch
+):
+    from types import SimpleNamespace
+
+    from loomrl.plan import search_all
+    from loomrl.recipes import embodied_ppo
+    from loomrl.recipes.embodied_ppo import Config, trial
+
+    costs = {
+        "samples": {
+            side: [(x, 2e-3 + 1e-4 * x) for x in (16, 32, 64)] for side in ("env", "policy")
+        },
+        "update_s": 0.5,
+    }
+    prof = cycle_profile(costs, num_envs=64, steps=16, devices=2, env_cores=1, cpu_cores_per_node=4)
+    cfg = Config()
+    cfg.env.num_envs, cfg.run.placement = 64, placement
+    chosen = (
+        best_split_plan(prof)
+        if placement == "hybrid"
+        else search_all(prof)["best" if placement == "auto" else placement]
+    )
+    assert placement_from_plan(chosen, 64).groups <= 4  # the search keeps to the probed sizes
+    seen = []
+
+    def fake_choose(run, cfg, cands, steps, probe):  # the k = 8 trial wins wherever it runs
+        seen.append([place.groups for _, place in cands])
+        return next((p for p, place in cands if place.groups == 8), cands[0][0]), 0.16
+
+    monkeypatch.setattr(embodied_ppo, "choose_by_trial", fake_choose)
+    node = SimpleNamespace(num_cpus=4)
+    run = SimpleNamespace(
+        cluster=SimpleNamespace(devices=[SimpleNamespace(node=0)] * 2, nodes=[node])
+    )
+    out = trial(run, cfg, prof, chosen, 16, None, probe=None)
+    if placement == "temporal":  # a pinned temporal plan is timed alone
+        assert seen == [[1]] and placement_from_plan(out, 64).colocated
+    else:
+        assert 8 in seen[0] and 4 in seen[0]
+        assert placement_from_plan(out, 64).groups == 8
+        assert out.predicted_s == pytest.approx(0.5 + 0.16)  # update + the trial's rollout
 
 
 def test_trials_time_the_split_cycle_at_the_k_next_to_the_models_best():

@@ -126,6 +126,12 @@ def test_fit_profile_builds_a_valid_profile():
     assert set(p.components) == {"a", "b"}
     assert p.components["b"].time(2, 3) == pytest.approx(0.2 + 3.0)
     assert len(p.fit_reports) == 2
+    # A cycle given as a CycleSpec keeps every field, not only its members and steps.
+    from loomrl.plan.profile import CycleSpec
+
+    spec = CycleSpec(("a", "b"), 3, overlap_slowdown=1.2, hop_s=0.5, min_group=2)
+    q = fit_profile(samples, 2, 40, 4, [1, 2, 4], edges=[("a", "b"), ("b", "a")], cycles=[spec])
+    assert q.cycles == (spec,)
 
 
 def test_item_cv_adds_the_slowest_ranks_excess_and_zero_is_the_baseline():
