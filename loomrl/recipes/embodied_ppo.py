@@ -396,7 +396,7 @@ def trial(
 
     cluster = run.cluster
     if cfg.run.placement in ("auto", "hybrid"):
-        # Where the model's best k is the largest the probed group sizes allow (the cycle's
+        # Where the k timed reach the largest the probed group sizes allow (the cycle's
         # min_group), the trial also times the first k past it, which the model cannot price
         # (within the margin): 16 envs on 8 env workers took 5-14% less time at k = 4 than at
         # k = 2 on two H200s (call AB), in groups of 4 below the probe's smallest, 8.
