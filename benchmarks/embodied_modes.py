@@ -28,15 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from loomrl.cycle import CYCLE_MODEL_KEYS, CYCLE_MODELS  # no torch or Ray at import
+
 TOLERANCE = 1.05
-
-
-# cycle_costs.json's predictions of the plan that ran, per cycle model (cycle_model).
-ALT_MODELS = {
-    "model_fixed_hops_s": "fixed_hops",
-    "model_chained_s": "chained",
-    "model_split_hops_s": "busy_hops",
-}
 
 
 def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
@@ -96,7 +90,7 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
     tr = json.loads(trials.read_text()) if trials.exists() else None
     costs = out_dir / placement / "cycle_costs.json"  # the probe's costs, two models' s/it
     cycle_costs = json.loads(costs.read_text()) if costs.exists() else None
-    alt = {k: (cycle_costs or {}).get(k) for k in ALT_MODELS}
+    alt = {k: (cycle_costs or {}).get(k) for k in CYCLE_MODEL_KEYS.values()}
     return {
         "mode": placement,
         "feasible": True,
@@ -154,7 +148,7 @@ def _merge(rs: list[dict]) -> dict:
     out["collect_median_s"] = statistics.median(cyc) if cyc else None
     out["predicted_s"] = statistics.median(r["predicted_s"] for r in ok)
     out["model_s"] = statistics.median(r["model_s"] for r in ok)
-    for key in ALT_MODELS:
+    for key in CYCLE_MODEL_KEYS.values():
         vals = [r[key] for r in ok if r.get(key)]
         out[key] = statistics.median(vals) if vals else None
     out["env_steps_per_s"] = ok[0]["env_steps_per_s"] * ok[0]["measured_s"] / out["measured_s"]
@@ -218,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--cycle-model",
-        choices=("auto", "fixed_hops", "chained", "busy_hops"),
+        choices=("auto", *CYCLE_MODELS),
         default=None,
         help="how measured costs become the cycle's model (cycle_model; default: the recipe's)",
     )
@@ -279,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [_placement_key(x["placement"]) for x in r["rounds"] if x["feasible"]]
         if len(set(chosen)) > 1:  # the row above shows the last round's plan
             print(f"{'':<9}plans by round: " + "; ".join(chosen))
-    for key, label in ALT_MODELS.items():
+    for label, key in CYCLE_MODEL_KEYS.items():
         have = [r for r in ok if r.get(key)]
         if have:
             print(

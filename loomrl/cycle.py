@@ -51,10 +51,12 @@ __all__ = [
     "EnvPolicyCycle",
     "best_split_plan",
     "split_plans",
+    "split_plans_and_past",
     "check_cores",
     "cycle_profile",
     "hop_latency",
     "CYCLE_MODELS",
+    "CYCLE_MODEL_KEYS",
     "host_env_workers",
     "measure_costs",
     "overlap_slowdown",
@@ -267,8 +269,15 @@ def time_chain(
     return took, max(env_busy) / n, pol_busy / n
 
 
-# Where a chained call's hand-off goes in the cycle's profile (see cycle_profile).
-CYCLE_MODELS = ("fixed_hops", "chained", "busy_hops")
+# Where a chained call's hand-off goes in the cycle's profile (see cycle_profile), and the key
+# under which a run's cycle_costs.json keeps each model's prediction of the plan that ran
+# (busy_hops keeps the name it had before it had one).
+CYCLE_MODEL_KEYS = {
+    "fixed_hops": "model_fixed_hops_s",
+    "chained": "model_chained_s",
+    "busy_hops": "model_split_hops_s",
+}
+CYCLE_MODELS = tuple(CYCLE_MODEL_KEYS)
 
 
 def overlap_slowdown(samples: dict[str, list[tuple[int, float]]]) -> float:
@@ -476,15 +485,30 @@ def split_plans(profile: Any, past_limit: bool = False) -> list[Any]:
     (a hand-off of one group overlaps the other's work), so runs time the close ones.
     ``past_limit``: also the first k whose groups are smaller than the cycle's ``min_group``,
     priced by carrying the fits below the sizes measured, for a trial to time (not to trust)."""
+    within, past = split_plans_and_past(profile) if past_limit else (_split_plans(profile), [])
+    return sorted(within + past, key=lambda p: p.predicted_s)
+
+
+def split_plans_and_past(profile: Any) -> tuple[list[Any], list[Any]]:
+    """(``split_plans(profile)``; the fastest plan at the first k past the cycle's
+    ``min_group``, in a list of at most one)."""
+    cyc = next(c for c in profile.cycles if tuple(c.members) == (ENV, POLICY))
+    ks = cyc.group_counts(profile.batch)
+    past = [k for k in cyc.group_counts(profile.batch, limited=False) if k > ks[-1]][:1]
+    return _split_plans(profile, ks), _split_plans(profile, past)
+
+
+def _split_plans(profile: Any, ks: list[int] | None = None) -> list[Any]:
+    """The fastest split-cycle plan for each k in ``ks`` (default: the k the cycle allows),
+    fastest first."""
     from loomrl.errors import PlanError
     from loomrl.plan import cycle, fixed_plan, leaf, temporal
 
     n = profile.devices
     a, b = profile.components[ENV], profile.components[POLICY]
-    cyc = next(c for c in profile.cycles if tuple(c.members) == (ENV, POLICY))
-    ks = cyc.group_counts(profile.batch)
-    if past_limit:
-        ks += [k for k in cyc.group_counts(profile.batch, limited=False) if k > ks[-1]][:1]
+    if ks is None:
+        cyc = next(c for c in profile.cycles if tuple(c.members) == (ENV, POLICY))
+        ks = cyc.group_counts(profile.batch)
     rest = [c for c in profile.components if c not in (ENV, POLICY)]
     by_k: dict[int, Any] = {}
     for na in a.valid_devices:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from loomrl.cycle import (
+    CYCLE_MODEL_KEYS,
     CYCLE_MODELS,
     ENV,
     POLICY,
@@ -35,7 +36,7 @@ from loomrl.cycle import (
     host_env_workers,
     measure_costs,
     placement_from_plan,
-    split_plans,
+    split_plans_and_past,
 )
 from loomrl.embodied import PPOConfig
 from loomrl.envs.vec import EnvConfig, check_env_id
@@ -400,7 +401,7 @@ def trial(
         # min_group), the trial also times the first k past it, which the model cannot price
         # (within the margin): 16 envs on 8 env workers took 5-14% less time at k = 4 than at
         # k = 2 on two H200s (call AB), in groups of 4 below the probe's smallest, 8.
-        splits, past = _past_limit(profile)
+        splits, past = split_plans_and_past(profile)
         near = _near_best_k(splits, cfg, hw, past)
     if cfg.run.placement == "auto":
         plans = search_all(profile)
@@ -437,20 +438,6 @@ def _near_best_k(
     i = ks.index(best_k)
     near = [by_k[k] for k in ks[max(i - 1, 0) : i + 2]]
     return near + list(past) if by_k[ks[-1]] in near else near
-
-
-def _past_limit(profile: Any) -> tuple[list[Any], list[Any]]:
-    """(split plans at the k the search allows, fastest first; the plan at the first k past the
-    cycle's ``min_group``, if any), from one pass over the split plans."""
-    every = split_plans(profile, past_limit=True)
-    cyc = next(c for c in profile.cycles if tuple(c.members) == (ENV, POLICY))
-    allowed = set(cyc.group_counts(profile.batch))
-    splits = [p for p in every if _groups(p) in allowed]
-    return splits, [p for p in every if _groups(p) not in allowed]
-
-
-def _groups(plan: Any) -> int:
-    return next(x.groups for x in plan.tree.leaves() if x.op == "cycle")
 
 
 def _candidates(
@@ -690,9 +677,7 @@ def save_costs(
     from loomrl.plan import fixed_plan
 
     models: dict[str, float | None] = {}
-    names = {"fixed_hops": "model_fixed_hops_s", "chained": "model_chained_s"}
-    names["busy_hops"] = "model_split_hops_s"  # the name it had before busy_hops had one
-    for hops, name in (("", "model_s"), *names.items()):
+    for hops, name in (("", "model_s"), *CYCLE_MODEL_KEYS.items()):
         prof = profile if not hops else profile_of_costs(run.cluster, cfg, steps, hw, costs, hops)
         try:
             models[name] = fixed_plan(prof, plan.tree, plan.micro_batch).predicted_s

@@ -29,6 +29,16 @@ import sys
 from itertools import groupby
 
 
+class _Side:
+    """A cycle member as ``loomrl.plan.cost.cycle_time`` prices it: alpha + per_env * envs."""
+
+    def __init__(self, alpha: float, per_env: float):
+        self.alpha, self.per_env = alpha, per_env
+
+    def time(self, devices: int, envs: float) -> float:
+        return self.alpha + self.per_env * envs
+
+
 def smallest_probed(cc: dict | None, n: int, placement: dict) -> int:
     """The smallest group of envs the run's probe timed: from its samples where it kept them,
     else the sizes the recipe probes (n / d for d in 1, 2, 4, 8 that every env worker can take
@@ -42,6 +52,7 @@ def smallest_probed(cc: dict | None, n: int, placement: dict) -> int:
 def trial_rows(path: str) -> list[tuple]:
     """(run, mode, plan, measured rollout s, chained s, fixed_hops s) per trial in ``path``."""
     from loomrl.cycle import _fit_line, overlap_slowdown  # the fit and slowdown the recipe used
+    from loomrl.plan.cost import cycle_time  # the planner's ring, priced the same way
 
     d = json.load(open(path))
     S, n = d["args"]["steps"], d["args"]["num_envs"]
@@ -74,29 +85,27 @@ def trial_rows(path: str) -> list[tuple]:
 
             return side(e, len(pl["env_devices"])), side(p, len(pl["policy_devices"]))
 
+        def spec(t: dict) -> tuple:
+            k = t["placement"]["groups"]
+            return ("coloc", 1) if t["placement"]["colocated"] else ("split", 1, 1, k)
+
         if slow is None:  # recovered from the chained predictions of split trials
             slows = []
             for t in r["trials"]["trials"]:
                 k, (be, bp) = t["placement"]["groups"], per_env(t)
-                ta, tb = ae + be * n / k, ap + bp * n / k
-                if not t["placement"]["colocated"] and k >= 2 and ta + tb > 0:
-                    slows.append((t["predicted_s"] - upd) / (S * k * max(ta, tb) + min(ta, tb)))
+                if not t["placement"]["colocated"] and k >= 2 and ae + ap + be + bp > 0:
+                    base = cycle_time(_Side(ae, be), _Side(ap, bp), S, n, spec(t))
+                    slows.append((t["predicted_s"] - upd) / base)
             slow = statistics.mean(slows) if slows else 1.0
         for t in r["trials"]["trials"]:
             k, (be, bp) = t["placement"]["groups"], per_env(t)
-            g, col = n / k, t["placement"]["colocated"]
-            ta, tb = ae + be * g, ap + bp * g
+            col = t["placement"]["colocated"]
             # fixed_hops: a side whose cost does not grow with envs keeps its intercept
             fe, fp = (be > 1e-9), (bp > 1e-9)
             hop = (ae if fe else 0.0) + (ap if fp else 0.0)
-            xa, xb = (0.0 if fe else ae) + be * g, (0.0 if fp else ap) + bp * g
-            if col or k == 1:
-                chained, fixed = S * (ta + tb), S * (ta + tb) - hop / 2
-            else:
-                chained = slow * (S * k * max(ta, tb) + min(ta, tb))
-                xa, xb = slow * xa, slow * xb
-                period = max(k * max(xa, xb), xa + xb + hop)
-                fixed = (S - 1) * period + (k - 1) * max(xa, xb) + xa + xb + hop / 2
+            xa, xb = _Side(0.0 if fe else ae, be), _Side(0.0 if fp else ap, bp)
+            chained = cycle_time(_Side(ae, be), _Side(ap, bp), S, n, spec(t), slow)
+            fixed = cycle_time(xa, xb, S, n, spec(t), slow, hop)
             # "*": groups smaller than any the probe timed, which runs since then never plan
             # (the cycle's min_group); such trials come from runs before it.
             below = not col and k >= 2 and n / k < smallest_probed(cc, n, t["placement"])

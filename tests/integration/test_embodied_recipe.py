@@ -224,14 +224,15 @@ def test_ring_groups_stay_as_large_as_the_probe_timed():
     # Carried below the probed sizes the fits would rank k = 8 first; the window of k the trial
     # times stays where the allowed k put it (4 and its neighbour 2), and k = 8 joins it because
     # 4 is the largest k allowed.
-    from loomrl.recipes.embodied_ppo import Config, _near_best_k, _past_limit
+    from loomrl.cycle import split_plans_and_past
+    from loomrl.recipes.embodied_ppo import Config, _near_best_k
 
     cfg = Config()
     cfg.env.num_envs = 64
     every = split_plans(prof, past_limit=True)
     assert sorted(placement_from_plan(p, 64).groups for p in every) == [1, 2, 4, 8]
     assert placement_from_plan(every[0], 64).groups == 8
-    splits, past = _past_limit(prof)
+    splits, past = split_plans_and_past(prof)
     assert [placement_from_plan(p, 64).groups for p in past] == [8]
     near = _near_best_k(splits, cfg, None, past)
     assert sorted(placement_from_plan(p, 64).groups for p in near) == [2, 4, 8]
