@@ -12,10 +12,12 @@ module only arranges tensors for them. It knows nothing of Ray: a Ray env worker
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
+import warnings
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +31,8 @@ from loomrl.errors import ConfigError
 from loomrl.policies import make_policy, row_generators
 
 __all__ = [
+    "UPDATE_STATS",
+    "GraphedPPOStep",
     "PPOConfig",
     "RewardScaler",
     "RolloutBuffer",
@@ -36,6 +40,7 @@ __all__ = [
     "TrainResult",
     "collect",
     "compute_advantages",
+    "ppo_step",
     "ppo_update",
     "train_ppo",
 ]
@@ -373,6 +378,123 @@ def compute_advantages(
     return gae(r, buffer.values, buffer.dones.float(), buffer.last_value, gamma, lam)
 
 
+UPDATE_STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "grad_norm")
+
+
+def ppo_step(
+    policy: Any,
+    optimizer: torch.optim.Optimizer,
+    cfg: PPOConfig,
+    mb: dict[str, Tensor],
+    *,
+    validate: bool | None = None,
+) -> Tensor:
+    """One clipped-PPO step on a minibatch: forward, losses, backward, gradient clipping and the
+    optimizer's step. ``mb`` holds ``obs``, ``actions``, ``old_logp``, ``adv``, ``ret`` and
+    ``old_v`` ([M, ...] each). Returns the step's ``UPDATE_STATS`` as one tensor [6] on the
+    device, unread (reading it waits for the device). ``validate`` goes to ``policy.evaluate``
+    when given (False skips torch.distributions' checks, which read the device)."""
+    kw = {} if validate is None else {"validate": validate}
+    logp, ent, v = policy.evaluate(mb["obs"], mb["actions"], **kw)
+    a = mb["adv"]
+    if cfg.norm_adv and a.shape[0] > 1:
+        a = (a - a.mean()) / (a.std() + 1e-8)
+    ones = torch.ones_like(a)
+    pg, st = ppo_policy_loss(logp, mb["old_logp"], a, ones, cfg.clip, cfg.clip, sync_stats=False)
+    vl = value_loss(v, mb["old_v"], mb["ret"], ones, cfg.value_clip)
+    entropy = ent.mean()
+    loss = pg - cfg.ent_coef * entropy + cfg.vf_coef * vl
+    optimizer.zero_grad()
+    loss.backward()
+    gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+    optimizer.step()
+    parts = (pg, vl, entropy, st["approx_kl"], st["clip_frac"], gn)
+    return torch.stack([x.detach().float().reshape(()) for x in parts])
+
+
+class GraphedPPOStep:
+    """``ppo_step`` recorded once as a CUDA graph (forward, backward, clipping and the optimizer
+    step) and replayed for each minibatch.
+
+    The minibatch step of a small policy is a few hundred kernels of microseconds each; launched
+    one by one from Python they take about three times the device's own work
+    (``scripts/gpu/update_profile.py``). A replay launches them all at once.
+
+    Needs an optimizer built with ``capturable=True`` and, when the learning rate changes, a
+    tensor ``lr`` changed in place (a float is recorded into the graph), and a policy whose
+    ``evaluate`` takes ``validate=False``. The first ``warmup`` steps of each layout run eagerly
+    on a side stream, as recording requires (they are real steps); a minibatch of another shape,
+    or parameters or optimizer state at new addresses (moved off the device and back), record
+    again. If recording fails, every later step runs eagerly and ``failed`` says why.
+    """
+
+    def __init__(
+        self, policy: Any, optimizer: torch.optim.Optimizer, cfg: PPOConfig, warmup: int = 2
+    ):
+        self.policy, self.optimizer, self.cfg, self.warmup = policy, optimizer, cfg, warmup
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.key: tuple | None = None
+        self.static_in: dict[str, Tensor] = {}
+        self.static_out: Tensor | None = None
+        self.warm = 0
+        self.captures = 0
+        self.failed: str | None = None
+
+    def release(self) -> None:
+        """Drop the recorded graph and the device memory it holds."""
+        self.graph, self.key, self.static_in, self.static_out, self.warm = None, None, {}, None, 0
+
+    def _key(self, mb: dict[str, Tensor]) -> tuple:
+        state = [t for st in self.optimizer.state.values() for t in st.values()]
+        return (
+            tuple((k, tuple(v.shape), v.dtype, v.device) for k, v in mb.items()),
+            tuple(p.data_ptr() for p in self.policy.parameters()),
+            tuple(t.data_ptr() for t in state if isinstance(t, Tensor)),
+        )
+
+    def __call__(self, mb: dict[str, Tensor]) -> Tensor:
+        if self.failed is not None:
+            return ppo_step(self.policy, self.optimizer, self.cfg, mb)
+        if self.graph is not None and self._key(mb) == self.key:
+            for k, v in mb.items():
+                self.static_in[k].copy_(v)
+            self.graph.replay()
+            return self.static_out.clone()  # type: ignore[union-attr]
+        if self.graph is not None:
+            self.release()
+        device = mb["obs"].device
+        main = torch.cuda.current_stream(device)
+        if self.warm < self.warmup:
+            self.warm += 1
+            side = torch.cuda.Stream(device)
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                row = ppo_step(self.policy, self.optimizer, self.cfg, mb, validate=False)
+            main.wait_stream(side)
+            return row.clone()
+        self.static_in = {k: v.clone() for k, v in mb.items()}
+        self.optimizer.zero_grad(set_to_none=True)  # gradients are allocated by the recording
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                out = ppo_step(
+                    self.policy, self.optimizer, self.cfg, self.static_in, validate=False
+                )
+        except RuntimeError as e:  # an op that cannot be recorded: say so once, run eagerly
+            self.failed = f"{type(e).__name__}: {e}"
+            self.release()
+            self.optimizer.zero_grad(set_to_none=True)
+            warnings.warn(
+                f"the PPO step runs eagerly: recording it as a CUDA graph failed ({self.failed})",
+                stacklevel=2,
+            )
+            return ppo_step(self.policy, self.optimizer, self.cfg, mb)
+        self.graph, self.static_out, self.key = graph, out, self._key(mb)
+        self.captures += 1
+        graph.replay()  # recording ran nothing: this is the step of this minibatch
+        return out.clone()
+
+
 def ppo_update(
     policy: Any,
     optimizer: torch.optim.Optimizer,
@@ -381,56 +503,51 @@ def ppo_update(
     *,
     rewards: Tensor | None = None,
     generator: torch.Generator | None = None,
+    step: Callable[[dict[str, Tensor]], Tensor] | None = None,
 ) -> dict[str, float]:
     """``cfg.epochs`` passes of clipped PPO over the buffer in ``cfg.num_minibatches`` minibatches.
 
     ``rewards`` [T, N] replaces ``buffer.rewards`` (e.g. scaled rewards). ``generator`` drives
-    the minibatch shuffle. Returns mean losses, approx_kl, clip_frac, explained_variance,
-    grad_norm and the number of epochs run (fewer when ``target_kl`` stops early).
+    the minibatch shuffle. ``step`` runs one minibatch (default ``ppo_step`` with ``policy`` and
+    ``optimizer``; e.g. a ``GraphedPPOStep`` on them). Returns mean losses, approx_kl,
+    clip_frac, explained_variance, grad_norm and the number of epochs run (fewer when
+    ``target_kl`` stops early).
     """
     adv, ret = compute_advantages(buffer, cfg.gamma, cfg.gae_lambda, rewards)
     T, N = buffer.num_steps, buffer.num_envs
     B = T * N
-    obs = buffer.obs.reshape(B, *buffer.obs.shape[2:])
-    actions = buffer.actions.reshape(B, *buffer.actions.shape[2:])
-    old_logp, old_v = buffer.logp.reshape(B), buffer.values.reshape(B)
-    adv, ret = adv.reshape(B), ret.reshape(B)
+    old_v = buffer.values.reshape(B)
+    data = {
+        "obs": buffer.obs.reshape(B, *buffer.obs.shape[2:]),
+        "actions": buffer.actions.reshape(B, *buffer.actions.shape[2:]),
+        "old_logp": buffer.logp.reshape(B),
+        "adv": adv.reshape(B),
+        "ret": ret.reshape(B),
+        "old_v": old_v,
+    }
+    ret = data["ret"]
+    if step is None:
+        step = functools.partial(ppo_step, policy, optimizer, cfg)
     mb = max(B // cfg.num_minibatches, 1)
-    sums: dict[str, float] = {}
-    n_mb, epochs_run = 0, 0
+    # Each minibatch's stats stay on the device, read once at the end (and the KL once per
+    # epoch under target_kl): a read per minibatch would make the host wait for the device
+    # every step instead of queueing the next one while it works.
+    rows: list[Tensor] = []
+    epochs_run = 0
     for _epoch in range(cfg.epochs):
         epochs_run += 1
-        perm = torch.randperm(B, generator=generator)
-        kls = []
+        # Drawn on the host (the generator's stream is the same on every device), indexed
+        # where the data is.
+        perm = torch.randperm(B, generator=generator).to(data["obs"].device)
+        first = len(rows)
         for start in range(0, B - mb + 1, mb):
             idx = perm[start : start + mb]
-            logp, ent, v = policy.evaluate(obs[idx], actions[idx])
-            a = adv[idx]
-            if cfg.norm_adv and len(idx) > 1:
-                a = (a - a.mean()) / (a.std() + 1e-8)
-            ones = torch.ones_like(a)
-            pg, st = ppo_policy_loss(logp, old_logp[idx], a, ones, cfg.clip, cfg.clip)
-            vl = value_loss(v, old_v[idx], ret[idx], ones, cfg.value_clip)
-            entropy = ent.mean()
-            loss = pg - cfg.ent_coef * entropy + cfg.vf_coef * vl
-            optimizer.zero_grad()
-            loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
-            optimizer.step()
-            for k, x in (
-                ("policy_loss", pg.item()),
-                ("value_loss", vl.item()),
-                ("entropy", entropy.item()),
-                ("approx_kl", st["approx_kl"]),
-                ("clip_frac", st["clip_frac"]),
-                ("grad_norm", float(gn)),
-            ):
-                sums[k] = sums.get(k, 0.0) + x
-            kls.append(st["approx_kl"])
-            n_mb += 1
-        if cfg.target_kl is not None and np.mean(kls) > cfg.target_kl:
-            break
-    stats = {k: v / max(n_mb, 1) for k, v in sums.items()}
+            rows.append(step({k: v[idx] for k, v in data.items()}))
+        if cfg.target_kl is not None:
+            if float(torch.stack(rows[first:])[:, 3].mean()) > cfg.target_kl:
+                break
+    means = torch.stack(rows).mean(0).tolist()
+    stats = dict(zip(UPDATE_STATS, means, strict=True))
     var_r = ret.var().item()
     stats["explained_variance"] = (
         float("nan") if var_r == 0 else 1.0 - (ret - old_v).var().item() / var_r

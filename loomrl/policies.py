@@ -315,10 +315,14 @@ class _ActorCriticBase(nn.Module):
         logp, _ = self.heads.log_prob(out, self.heads.to_env(a), validate=False)
         return self.heads.to_env(a), logp, value
 
-    def evaluate(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """obs [B, *obs_shape], action [B, *action_shape] -> (logp [B], entropy [B], value [B])."""
+    def evaluate(
+        self, obs: Tensor, action: Tensor, validate: bool | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """obs [B, *obs_shape], action [B, *action_shape] -> (logp [B], entropy [B], value [B]).
+        ``validate=False`` skips torch.distributions' checks of the action (each reads the
+        device, which a CUDA graph cannot record)."""
         out, value = self._forward(obs)
-        logp, ent = self.heads.log_prob(out, action)
+        logp, ent = self.heads.log_prob(out, action, validate)
         return logp, ent, value
 
     @torch.no_grad()

@@ -35,6 +35,7 @@ def ppo_policy_loss(
     clip_high: float = 0.2,
     dual_clip: float | None = None,
     agg: str = "token-mean",
+    sync_stats: bool = True,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate policy loss. logp, old_logp, advantages, mask: [B, T] -> (loss [], stats).
 
@@ -49,7 +50,10 @@ def ppo_policy_loss(
 
     Stats (python floats, over valid tokens): ``clip_frac`` (tokens where the clipped
     branch is active), ``dual_clip_frac``, ``ratio_mean``, ``ratio_max`` and
-    ``approx_kl`` (k3 estimate of KL(old || new)).
+    ``approx_kl`` (k3 estimate of KL(old || new)). ``sync_stats=False`` leaves them as
+    detached 0-d tensors on the inputs' device: each float is a wait for the device, and a
+    training loop that reads them once per update instead of once per minibatch keeps the
+    device's queue full.
     """
     _check_shapes("ppo_policy_loss", logp=logp, old_logp=old_logp, advantages=advantages, mask=mask)
     problems = []
@@ -80,14 +84,17 @@ def ppo_policy_loss(
     with torch.no_grad():
         m = mask.to(torch.bool)
         fm = m.to(ratio.dtype)
-        any_valid = bool(m.any())
+        # 0 where no token is valid, without asking the device whether any is.
+        ratio_max = torch.where(m, ratio, torch.zeros_like(ratio)).max()
         stats = {
-            "clip_frac": float(masked_mean(clip_active.to(ratio.dtype), fm)),
-            "dual_clip_frac": float(masked_mean(dual_active.to(ratio.dtype), fm)),
-            "ratio_mean": float(masked_mean(ratio, fm)),
-            "ratio_max": float(ratio[m].max()) if any_valid else 0.0,
-            "approx_kl": float(masked_mean(kl_penalty(old_logp, logp, "k3"), fm)),
+            "clip_frac": masked_mean(clip_active.to(ratio.dtype), fm),
+            "dual_clip_frac": masked_mean(dual_active.to(ratio.dtype), fm),
+            "ratio_mean": masked_mean(ratio, fm),
+            "ratio_max": ratio_max if ratio.numel() else ratio.new_zeros(()),
+            "approx_kl": masked_mean(kl_penalty(old_logp, logp, "k3"), fm),
         }
+        if sync_stats:
+            stats = dict(zip(stats, torch.stack(list(stats.values())).tolist(), strict=True))
     return loss, stats
 
 

@@ -58,8 +58,9 @@ class Config:
     # feature_dim: 512} for the CNN or {hidden: [256, 256]} for the MLP (over ppo.hidden); a
     # factory gets them as **kwargs. Built-in policies' keys are checked before any worker starts.
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
-    # On a GPU, replay the built-in policy's forward as CUDA graphs (one per group size): the
-    # same numbers, one launch per call instead of hundreds. No effect on CPU or user policies.
+    # On a GPU, replay the built-in policy's forward as CUDA graphs (one per group size), and
+    # each PPO minibatch step (forward, backward, clipping, Adam) as one: the same numbers, one
+    # launch per call instead of hundreds. No effect on CPU or user policies.
     policy_cuda_graphs: bool = True
     groups: int | None = None  # pin the ring groups k (None: the plan's)
     pipelined: bool = True  # False: wait after every env step (the unpipelined loop)
@@ -243,6 +244,10 @@ def main(cfg: Config) -> dict:
         (sha,), (graphs,) = wait(policy.param_sha256(), policy.graph_status())
         if graphs["failed"]:
             run.logger.echo(f"policy_cuda_graphs: the policy ran eagerly ({graphs['failed']})")
+        if graphs["update_failed"]:
+            run.logger.echo(
+                f"policy_cuda_graphs: the PPO step ran eagerly ({graphs['update_failed']})"
+            )
         plot_run(run.dir)
         return run.summary(
             it + 1,
@@ -482,42 +487,62 @@ def choose_by_trial(
     cost per rollout plus a cost per step. A candidate with as many env workers as the
     cost probe's ``probe`` workers is timed on those (their devices may differ from the plan's:
     with host-core env workers only rendering depends on the device, and a co-located plan
-    alternates, so nothing renders beside a running policy); others on fresh workers, thrown
-    away after. The run starts from the launch state either way (``plan_cycle`` rebuilds the
-    probe's workers when it keeps them).
+    alternates, so nothing renders beside a running policy), the candidates there taking turns
+    rollout by rollout; others on fresh workers, one after another, thrown away after. The run
+    starts from the launch state either way (``plan_cycle`` rebuilds the probe's workers when it
+    keeps them).
     """
     L, t0, rows = cfg.auto_trial_steps, time.perf_counter(), []
     lengths = (steps,) if steps <= 2 * L else (L, 2 * L)
+    reps = 3 if len(lengths) == 1 else 2
     fits = [probe is not None and probe.can_time(p) for _, p in candidates]
     # Candidates the probe's workers can run go first: fresh workers for the others may need
     # the probe's cores.
     order = sorted(range(len(candidates)), key=lambda i: not fits[i])
-    candidates = [candidates[i] for i in order]
-    for (plan, place), reuse in zip(candidates, [fits[i] for i in order], strict=True):
-        if reuse:
-            envs, policy = probe.env, probe.policy  # type: ignore[union-attr]
-            cyc = EnvPolicyCycle(
-                envs, policy, cfg.env.num_envs // place.workers, place.groups, cfg.pipelined
+    candidates, fits = [candidates[i] for i in order], [fits[i] for i in order]
+    timed: list[dict[int, list[float]]] = [{n: [] for n in lengths} for _ in candidates]
+    shared = [i for i, f in enumerate(fits) if f]
+    if shared:
+        # On the probe's workers the candidates take turns, one timed rollout each per pass:
+        # a host's speed drifts within seconds, and turns spread a slow spell over all of
+        # them rather than over whichever ran during it.
+        envs, policy = probe.env, probe.policy  # type: ignore[union-attr]
+        cycles = {
+            i: EnvPolicyCycle(
+                envs,
+                policy,
+                cfg.env.num_envs // candidates[i][1].workers,
+                candidates[i][1].groups,
+                cfg.pipelined,
             )
-        else:
-            try:
-                envs, policy, cyc = start_cycle(run.cluster, cfg, place)
-            except PlacementError:  # the node's cores: the probe gives its own back first
-                if probe is None or not probe.alive:
-                    raise
-                probe.kill()
-                envs, policy, cyc = start_cycle(run.cluster, cfg, place)
+            for i in shared
+        }
+        for i in shared:
+            cycles[i].collect(min(lengths))  # warm-up (a group size's first calls record graphs)
+        for _ in range(reps):
+            for i in shared:
+                for n in lengths:
+                    timed[i][n].append(cycles[i].collect(n).wall_s)
+    for i, (_, place) in enumerate(candidates):
+        if fits[i]:
+            continue
+        try:
+            envs, policy, cyc = start_cycle(run.cluster, cfg, place)
+        except PlacementError:  # the node's cores: the probe gives its own back first
+            if probe is None or not probe.alive:
+                raise
+            probe.kill()
+            envs, policy, cyc = start_cycle(run.cluster, cfg, place)
         try:
             cyc.collect(min(lengths))
-            timed: dict[int, list[float]] = {n: [] for n in lengths}
-            for _ in range(3 if len(lengths) == 1 else 2):
+            for _ in range(reps):
                 for n in lengths:
-                    timed[n].append(cyc.collect(n).wall_s)
+                    timed[i][n].append(cyc.collect(n).wall_s)
         finally:
-            if not reuse:
-                envs.kill()
-                policy.kill()
-        med = {n: statistics.median(v) for n, v in timed.items()}
+            envs.kill()
+            policy.kill()
+    for (plan, place), reuse, t in zip(candidates, fits, timed, strict=True):
+        med = {n: statistics.median(v) for n, v in t.items()}
         if len(lengths) == 1:
             rollout_s = med[steps]
         else:
@@ -528,7 +553,7 @@ def choose_by_trial(
                 "placement": place.describe(),
                 "predicted_s": plan.predicted_s,
                 "probe_workers": reuse,
-                "timed_s": {str(n): v for n, v in timed.items()},
+                "timed_s": {str(n): v for n, v in t.items()},
                 "rollout_s": rollout_s,
             }
         )

@@ -141,7 +141,7 @@ class PolicyWorker(Worker):
         )
         if self.graphs:
             self.net.use_cuda_graphs()
-        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=ppo.lr, eps=ppo.adam_eps)
+        self.optimizer, self.train_step = self._trainer(self.net)
         self.normalizer = (
             RunningMeanStd(self.obs_shape) if ppo.normalize_obs and not self.pixels else None
         )
@@ -158,6 +158,26 @@ class PolicyWorker(Worker):
         self.updates = 0
 
     # -- helpers ----------------------------------------------------------------------------------
+    def _trainer(self, net: Any) -> tuple[Any, Any]:
+        """The optimizer for ``net`` and the PPO step that drives it (None: eager ``ppo_step``).
+
+        On a GPU, Adam is fused (one kernel per step rather than a dozen over the parameters),
+        and with ``cuda_graphs`` and a built-in policy the whole minibatch step is recorded as a
+        CUDA graph (``GraphedPPOStep``; Adam then capturable, its learning rate a tensor): the
+        update of a small policy is bound by kernel launches, not arithmetic."""
+        import torch
+
+        from loomrl.embodied import GraphedPPOStep
+
+        lr, eps = self.ppo.lr, self.ppo.adam_eps
+        if not str(self.device).startswith("cuda"):
+            return torch.optim.Adam(net.parameters(), lr=lr, eps=eps), None
+        if not (self.graphs and callable(getattr(net, "use_cuda_graphs", None))):
+            return torch.optim.Adam(net.parameters(), lr=lr, eps=eps, fused=True), None
+        lr_t = torch.tensor(lr, device=self.device)
+        opt = torch.optim.Adam(net.parameters(), lr=lr_t, eps=eps, fused=True, capturable=True)
+        return opt, GraphedPPOStep(net, opt, self.ppo)
+
     def _prep(self, raw: np.ndarray) -> Any:
         import torch
 
@@ -301,7 +321,10 @@ class PolicyWorker(Worker):
             raise RuntimeError("update() before a rollout finished; run the cycle first")
         t0 = time.perf_counter()
         for g in self.optimizer.param_groups:
-            g["lr"] = self.ppo.lr * lr_frac
+            if isinstance(g["lr"], torch.Tensor):
+                g["lr"].fill_(self.ppo.lr * lr_frac)  # in place: a recorded step reads it there
+            else:
+                g["lr"] = self.ppo.lr * lr_frac
         buf = self.buffer
         rewards = None
         if self.scaler is not None:
@@ -311,7 +334,13 @@ class PolicyWorker(Worker):
             buf = _to_device(buf, self.device)
             rewards = rewards.to(self.device) if rewards is not None else None
         stats = ppo_update(
-            self.net, self.optimizer, buf, self.ppo, rewards=rewards, generator=self.shuffle
+            self.net,
+            self.optimizer,
+            buf,
+            self.ppo,
+            rewards=rewards,
+            generator=self.shuffle,
+            step=self.train_step,
         )
         self.updates += 1
         if self.device != "cpu":
@@ -369,7 +398,7 @@ class PolicyWorker(Worker):
         net = copy.deepcopy(self.net)
         if callable(getattr(net, "use_cuda_graphs", None)):
             net.use_cuda_graphs(False)  # a throw-away copy: recording a graph would be waste
-        opt = torch.optim.Adam(net.parameters(), lr=self.ppo.lr, eps=self.ppo.adam_eps)
+        opt, step = self._trainer(net)  # as the updates will run (a graph is recorded below)
         obs = torch.as_tensor(raw).to(self.device)
         with torch.no_grad():
             # Row-wise act would take as long as a rollout; one action repeated is enough here.
@@ -393,10 +422,10 @@ class PolicyWorker(Worker):
         if self.device != "cpu":
             # The first backward on a GPU loads kernels and tunes convolutions (about a second
             # for the pixel CNN), a cost the run pays once, not per update: keep it out.
-            ppo_update(net, opt, buf, one_epoch)
+            ppo_update(net, opt, buf, one_epoch, step=step)
             torch.cuda.synchronize()
         t = time.perf_counter()
-        ppo_update(net, opt, buf, one_epoch)
+        ppo_update(net, opt, buf, one_epoch, step=step)
         if self.device != "cpu":
             torch.cuda.synchronize()
         return (time.perf_counter() - t) * self.ppo.epochs
@@ -431,10 +460,14 @@ class PolicyWorker(Worker):
         """Whether act replays CUDA graphs (GPU, ``cuda_graphs``, a built-in policy), how many
         forwards were recorded, and why recording failed if it did (act then runs eagerly)."""
         cache = getattr(self.net, "_graphs", None)
+        step = self.train_step
         return {
             "enabled": self.graphs and cache is not None and cache.failed is None,
             "captures": int(getattr(self.net, "graph_captures", 0)),
             "failed": None if cache is None else cache.failed,
+            # The PPO step of updates (GraphedPPOStep): recorded graphs, and why recording failed.
+            "update_captures": 0 if step is None else step.captures,
+            "update_failed": None if step is None else step.failed,
         }
 
     # -- time-sharing -------------------------------------------------------------------------------
@@ -458,6 +491,8 @@ class PolicyWorker(Worker):
         release = getattr(self.net, "release_graphs", None)
         if callable(release):
             release()
+        if self.train_step is not None:
+            self.train_step.release()
 
 
 def _to_device(buf: Any, device: str) -> Any:

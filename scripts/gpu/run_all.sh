@@ -13,6 +13,8 @@
 #   policy_call (where one pixel policy call spends its time, alone and beside EGL renderers; PC_SIZES
 #   rows per call "1,8,32,64", PC_POLICY_KWARGS a JSON object, PC_TAG a suffix for its output)
 #   policy_launches (the same call timed in fresh processes one after another: spread per launch)
+#   update_profile (one PPO update of the pixel policy: copy, GAE, Adam vs fused Adam, top operators;
+#   UP_SWEEP="16:32 64:16" num_envs:S)
 #   core_speed (a Python loop and the policy's forward, pinned to each core in turn, in sweeps)
 # Needs (carried, ignored by git): out/gpu_wheels/ray_slim.tar.xz, out/gpu_wheels/whl/*.whl,
 # out/gpu_wheels/tok/models/smollm2-135m-instruct (tokenizer only), optionally out/gpu_wheels/emb/*.whl
@@ -133,6 +135,11 @@ for s in "${STAGES[@]}"; do
     policy_call) stage policy_call${PC_TAG:-} 150 python3 scripts/gpu/policy_call.py --renderers ${PC_RENDERERS:-4} \
         ${PC_SIZES:+--sizes "$PC_SIZES"} ${PC_POLICY_KWARGS:+--policy-kwargs "$PC_POLICY_KWARGS"} \
         --out "$OUT/policy_call${PC_TAG:-}.json" ;;
+    update_profile) for c in ${UP_SWEEP:-16:32 64:16}; do  # num_envs:S per shape
+        e=${c%%:*}; st=${c##*:}
+        stage "update_profile_e${e}_s${st}" 120 python3 scripts/gpu/update_profile.py --num-envs "$e" --steps "$st" \
+            --out "$OUT/update_profile_e${e}_s${st}.json"
+    done ;;
     *) echo "unknown stage $s" ;;
     esac
 done

@@ -54,7 +54,13 @@ def test_cli_runs_two_iterations_and_writes_the_summary(cluster, tmp_path):
     assert s["plan"]["mode"] in ("temporal", "hybrid", "spatial")
     assert s["predicted_iteration_s"] > 0 and s["measured_iteration_s"] > 0
     assert len(s["param_sha256"]) == 64
-    assert s["policy_cuda_graphs"] == {"enabled": False, "captures": 0, "failed": None}  # CPU
+    assert s["policy_cuda_graphs"] == {  # CPU: neither act nor the PPO step is recorded
+        "enabled": False,
+        "captures": 0,
+        "failed": None,
+        "update_captures": 0,
+        "update_failed": None,
+    }
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2]
     assert (out / "plan.json").exists() and (out / "profile.json").exists()
@@ -286,6 +292,53 @@ def test_trials_time_the_first_k_past_the_probed_sizes_and_only_a_trial_picks_it
         assert 8 in seen[0] and 4 in seen[0]
         assert placement_from_plan(out, 64).groups == 8
         assert out.predicted_s == pytest.approx(0.5 + 0.16)  # update + the trial's rollout
+
+
+def test_trial_candidates_on_the_probes_workers_take_turns(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from loomrl.recipes import embodied_ppo
+    from loomrl.recipes.embodied_ppo import Config, choose_by_trial
+
+    calls = []
+    # Seconds per step: k = 2 is the faster plan, and the host turns 3x slower after four
+    # rollouts. One candidate after the other, k = 1 would be timed before the slow spell and
+    # k = 2 in it, and k = 1 would win; taking turns, both meet it alike.
+    per_step = {1: 0.010, 2: 0.008}
+    slow = iter([1, 1, 1, 1, 3, 3, 3, 3])
+
+    class FakeCycle:
+        def __init__(self, envs, policy, envs_per_worker, groups, pipelined):
+            self.k = groups
+
+        def collect(self, n):
+            calls.append((self.k, n))
+            return SimpleNamespace(wall_s=per_step[self.k] * n * next(slow))
+
+    monkeypatch.setattr(embodied_ppo, "EnvPolicyCycle", FakeCycle)
+    cfg = Config()
+    cfg.env.num_envs, cfg.auto_trial_steps = 8, 8
+    probe = SimpleNamespace(
+        env=SimpleNamespace(world_size=2), policy=None, can_time=lambda place: True
+    )
+    cands = [
+        (
+            SimpleNamespace(predicted_s=1.0),
+            SimpleNamespace(
+                workers=2,
+                groups=k,
+                describe=lambda k=k: {"mode": "hybrid", "colocated": False, "groups": k},
+            ),
+        )
+        for k in (1, 2)
+    ]
+    run = SimpleNamespace(dir=tmp_path, logger=SimpleNamespace(echo=lambda msg: None))
+    plan, rollout_s = choose_by_trial(run, cfg, cands, 16, probe)
+    # A warm-up each, then three passes of one 16-step rollout per candidate.
+    assert calls == [(1, 16), (2, 16)] + [(1, 16), (2, 16)] * 3
+    assert plan is cands[1][0] and rollout_s == pytest.approx(0.008 * 16 * 3)
+    rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
+    assert [len(r["timed_s"]["16"]) for r in rows] == [3, 3]
 
 
 def test_trials_time_the_split_cycle_at_the_k_next_to_the_models_best():

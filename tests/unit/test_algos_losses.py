@@ -113,6 +113,17 @@ def test_ppo_symmetric_clip():
     close(logp.grad, [0.0, -0.5 / 4, 1.1 / 4, 6.0 / 4])
 
 
+def test_ppo_stats_left_on_the_device_are_the_same_numbers():
+    logp, old, adv, m = _ppo_inputs()
+    _, read = ppo_policy_loss(logp, old, adv, m, dual_clip=2.5)
+    _, unread = ppo_policy_loss(logp, old, adv, m, dual_clip=2.5, sync_stats=False)
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in unread.values())
+    assert {k: v.item() for k, v in unread.items()} == read
+    # No valid token: every stat is 0, ratio_max included, without asking whether any is.
+    _, empty = ppo_policy_loss(logp, old, adv, torch.zeros(4, dtype=f64), sync_stats=False)
+    assert {k: v.item() for k, v in empty.items()} == dict.fromkeys(read, 0.0)
+
+
 def test_ppo_clip_higher():
     logp, old, adv, m = _ppo_inputs()
     loss, _ = ppo_policy_loss(logp, old, adv, m, clip_low=0.2, clip_high=0.28)

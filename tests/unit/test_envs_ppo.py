@@ -9,12 +9,14 @@ from torch import nn
 
 import loomrl.envs.testing  # noqa: F401  (registers loomrl-test/* envs)
 from loomrl.embodied import (
+    UPDATE_STATS,
     PPOConfig,
     RewardScaler,
     RolloutBuffer,
     RunningMeanStd,
     collect,
     compute_advantages,
+    ppo_step,
     ppo_update,
     train_ppo,
 )
@@ -210,6 +212,37 @@ def test_ppo_update_runs_and_is_reproducible(make):
         assert np.isfinite(s1[k]), k
     assert s1 == s2 and all(torch.equal(a, b) for a, b in zip(p1, p2, strict=True))
     assert s1["epochs"] == 2
+
+
+@pytest.mark.parametrize("target_kl", [None, 1e-12])
+def test_ppo_update_runs_each_minibatch_through_its_step(target_kl):
+    env = VecEnv(EnvConfig("InvertedPendulum-v5", num_envs=4, seed=0))
+    cfg = PPOConfig(rollout_steps=256, epochs=3, num_minibatches=4, target_kl=target_kl)
+    buf = collect(env, MLPActorCritic(4, env.single_action_space, seed=1), 64)
+    policies = [MLPActorCritic(4, env.single_action_space, seed=0) for _ in range(2)]
+    opts = [torch.optim.Adam(p.parameters(), lr=3e-4, eps=1e-5) for p in policies]
+    rows, sizes = [], []
+
+    def step(mb):  # what a GraphedPPOStep is to ppo_update: a callable on one minibatch
+        sizes.append({k: len(v) for k, v in mb.items()})
+        rows.append(ppo_step(policies[1], opts[1], cfg, mb))
+        return rows[-1]
+
+    gens = [torch.Generator().manual_seed(0) for _ in range(2)]
+    plain = ppo_update(policies[0], opts[0], buf, cfg, generator=gens[0])
+    stepped = ppo_update(policies[1], opts[1], buf, cfg, generator=gens[1], step=step)
+    assert plain == stepped
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(policies[0].parameters(), policies[1].parameters(), strict=True)
+    )
+    # Minibatches of 256 / 4 rows; under a tiny target_kl the first epoch's KL ends the update.
+    epochs = 1 if target_kl else 3
+    assert stepped["epochs"] == epochs and len(rows) == 4 * epochs
+    assert all(set(s.values()) == {64} for s in sizes)
+    # The stats are the minibatches' means, read once at the end.
+    means = torch.stack(rows).mean(0).tolist()
+    assert [stepped[k] for k in UPDATE_STATS] == means
 
 
 def test_ppo_config_reports_problems():

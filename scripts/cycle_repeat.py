@@ -1,0 +1,95 @@
+"""How much one plan's rollout time varies on this machine, and whether what runs between
+rollouts changes it: the embodied benchmark's CPU config, planned once, then its cycle timed
+back to back, after each PPO update (as in a run), and after a pause.
+
+    python scripts/cycle_repeat.py --placement hybrid --out cycle_repeat_hybrid.json
+
+A trial times a few rollouts and predicts a run's; when rollouts of one plan on one set of
+workers spread more than the gap between two plans, no trial can rank them reliably, and a
+prediction is off by that spread whatever the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+
+
+def main() -> None:
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config, plan_cycle, start_cycle
+    from loomrl.run import Run
+    from loomrl.worker import wait
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--placement", default="hybrid", choices=["temporal", "hybrid", "auto"])
+    ap.add_argument("--num-envs", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=64, help="steps per env per rollout (S)")
+    ap.add_argument("--reps", type=int, default=6, help="rollouts per pattern")
+    ap.add_argument("--out", default="cycle_repeat.json")
+    args = ap.parse_args()
+
+    S, n = args.steps, args.num_envs
+    with tempfile.TemporaryDirectory() as tmp:
+        overrides = [
+            "env.env_id=InvertedPendulum-v5",
+            f"env.num_envs={n}",
+            "env.cpu_cores=1",
+            f"ppo.rollout_steps={S * n}",
+            "ppo.epochs=2",
+            "ppo.num_minibatches=4",
+            f"run.placement={args.placement}",
+            f"run.output_dir={tmp}/run",
+            "run.tensorboard=false",
+            "run.progress=false",
+            "run.num_gpus=0",
+        ]
+        cfg = load_config(Config, None, overrides)
+        run = Run(cfg, cfg.run)
+        res: dict = {"args": vars(args)}
+        try:
+            place, probe = plan_cycle(run, cfg, S)
+            res["placement"], res["predicted_s"] = place.describe(), place.predicted_s
+            _, policy, cycle = start_cycle(run.cluster, cfg, place, probe)
+            cycle.collect(S)  # warm-up
+
+            def after_update() -> float:
+                r = cycle.collect(S).wall_s
+                wait(policy.update(1.0))
+                return r
+
+            def after_pause() -> float:
+                r = cycle.collect(S).wall_s
+                time.sleep(0.05)
+                return r
+
+            patterns = [
+                ("back_to_back", lambda: cycle.collect(S).wall_s),
+                ("after_update", after_update),
+                ("after_pause", after_pause),
+                ("back_to_back_again", lambda: cycle.collect(S).wall_s),
+            ]
+            for name, fn in patterns:
+                res[name] = [fn() for _ in range(args.reps)]
+        finally:
+            run.close()
+    every = [x for k, v in res.items() if isinstance(v, list) for x in v]
+    lo, hi, med = min(every), max(every), statistics.median(every)
+    res["spread"] = {"min": lo, "median": med, "max": hi}
+    print(f"{args.placement} {place.describe()}: predicted {res['predicted_s']:.3f} s/iteration")
+    for name, _ in patterns:
+        v = res[name]
+        print(f"  {name:<19} median {statistics.median(v):.3f} s  {[round(x, 3) for x in v]}")
+    print(
+        f"  every rollout: {lo:.3f}-{hi:.3f} s, median {med:.3f} "
+        f"({100 * (lo / med - 1):+.0f}% to {100 * (hi / med - 1):+.0f}%)"
+    )
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
