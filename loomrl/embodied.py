@@ -38,10 +38,12 @@ __all__ = [
     "RolloutBuffer",
     "RunningMeanStd",
     "TrainResult",
+    "capturable_adam",
     "collect",
     "compute_advantages",
     "ppo_step",
     "ppo_update",
+    "set_lr",
     "train_ppo",
 ]
 
@@ -412,25 +414,49 @@ def ppo_step(
     return torch.stack([x.detach().float().reshape(()) for x in parts])
 
 
+def capturable_adam(params: Any, lr: float, eps: float, device: Any) -> torch.optim.Adam:
+    """Adam that a ``GraphedPPOStep`` can record: fused (one kernel per step), capturable, and
+    with its learning rate a tensor on ``device``, changed in place (``set_lr``)."""
+    lr_t = torch.tensor(lr, device=device)
+    return torch.optim.Adam(params, lr=lr_t, eps=eps, fused=True, capturable=True)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set every group's learning rate: in place where it is a tensor (a recorded step reads
+    it there), else replaced."""
+    for g in optimizer.param_groups:
+        if isinstance(g["lr"], Tensor):
+            g["lr"].fill_(lr)
+        else:
+            g["lr"] = lr
+
+
 class GraphedPPOStep:
     """``ppo_step`` recorded once as a CUDA graph (forward, backward, clipping and the optimizer
     step) and replayed for each minibatch.
 
     The minibatch step of a small policy is a few hundred kernels of microseconds each; launched
-    one by one from Python they take about three times the device's own work
-    (``scripts/gpu/update_profile.py``). A replay launches them all at once.
+    one by one from Python, a pixel policy's update took 3.5-4x as long as replaying them
+    (``scripts/gpu/update_profile.py``).
 
-    Needs an optimizer built with ``capturable=True`` and, when the learning rate changes, a
-    tensor ``lr`` changed in place (a float is recorded into the graph), and a policy whose
-    ``evaluate`` takes ``validate=False``. The first ``warmup`` steps of each layout run eagerly
-    on a side stream, as recording requires (they are real steps); a minibatch of another shape,
-    or parameters or optimizer state at new addresses (moved off the device and back), record
-    again. If recording fails, every later step runs eagerly and ``failed`` says why.
+    Needs a capturable optimizer (``capturable_adam``) and a policy whose ``evaluate`` takes
+    ``validate=False``. A replay reads tensors only: the learning rate must be a tensor changed
+    in place (a float would be recorded into the graph), and every other setting (clip,
+    coefficients, max_grad_norm, Adam's betas and eps) is fixed when the step is recorded. The
+    first ``warmup`` (>= 1) steps of each layout run eagerly on a side stream, as recording
+    requires (they are real steps, and create the optimizer's state); a minibatch of another
+    shape, or parameters or optimizer state at new addresses (moved off the device and back),
+    record again. If recording fails, every later step runs eagerly and ``failed`` says why.
     """
 
     def __init__(
         self, policy: Any, optimizer: torch.optim.Optimizer, cfg: PPOConfig, warmup: int = 2
     ):
+        if warmup < 1:
+            raise ValueError(
+                f"GraphedPPOStep: warmup={warmup} must be >= 1 (the optimizer's state has to "
+                "exist before the step is recorded)"
+            )
         self.policy, self.optimizer, self.cfg, self.warmup = policy, optimizer, cfg, warmup
         self.graph: torch.cuda.CUDAGraph | None = None
         self.key: tuple | None = None
@@ -480,12 +506,16 @@ class GraphedPPOStep:
                 out = ppo_step(
                     self.policy, self.optimizer, self.cfg, self.static_in, validate=False
                 )
-        except RuntimeError as e:  # an op that cannot be recorded: say so once, run eagerly
+        except RuntimeError as e:  # an op that cannot be recorded
             self.failed = f"{type(e).__name__}: {e}"
+        if self.failed is not None:
+            # Out of the except block, so that the failed recording's autograd graph (held by
+            # the exception's frames there) is gone before the eager step runs.
             self.release()
             self.optimizer.zero_grad(set_to_none=True)
             warnings.warn(
-                f"the PPO step runs eagerly: recording it as a CUDA graph failed ({self.failed})",
+                f"the PPO step runs eagerly: recording it as a CUDA graph failed ({self.failed}); "
+                "policy_cuda_graphs: false skips the attempt",
                 stacklevel=2,
             )
             return ppo_step(self.policy, self.optimizer, self.cfg, mb)
@@ -525,7 +555,6 @@ def ppo_update(
         "ret": ret.reshape(B),
         "old_v": old_v,
     }
-    ret = data["ret"]
     if step is None:
         step = functools.partial(ppo_step, policy, optimizer, cfg)
     mb = max(B // cfg.num_minibatches, 1)
@@ -548,10 +577,8 @@ def ppo_update(
                 break
     means = torch.stack(rows).mean(0).tolist()
     stats = dict(zip(UPDATE_STATS, means, strict=True))
-    var_r = ret.var().item()
-    stats["explained_variance"] = (
-        float("nan") if var_r == 0 else 1.0 - (ret - old_v).var().item() / var_r
-    )
+    var_r, var_err = torch.stack([data["ret"].var(), (data["ret"] - old_v).var()]).tolist()
+    stats["explained_variance"] = float("nan") if var_r == 0 else 1.0 - var_err / var_r
     stats["epochs"] = float(epochs_run)
     return stats
 

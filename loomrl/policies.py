@@ -311,7 +311,9 @@ class _ActorCriticBase(nn.Module):
         out, value = graphed if graphed is not None else self._rows(obs)
         a = self.heads.sample(out, generators, deterministic, eps)
         # Unchecked: every check would stall a GPU call (non-finite actions are refused by
-        # the env, which names them); training's evaluate() keeps torch's default checks.
+        # the env, which names them). Training's evaluate() keeps torch's default checks
+        # unless its caller passes validate=False (a step recorded as a CUDA graph, whose
+        # non-finite weights then surface here, at the env, in the next rollout).
         logp, _ = self.heads.log_prob(out, self.heads.to_env(a), validate=False)
         return self.heads.to_env(a), logp, value
 

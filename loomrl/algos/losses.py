@@ -36,7 +36,7 @@ def ppo_policy_loss(
     dual_clip: float | None = None,
     agg: str = "token-mean",
     sync_stats: bool = True,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, float] | dict[str, Tensor]]:
     """Clipped surrogate policy loss. logp, old_logp, advantages, mask: [B, T] -> (loss [], stats).
 
     Per token, with ``ratio = exp(logp - old_logp)``::
@@ -84,13 +84,17 @@ def ppo_policy_loss(
     with torch.no_grad():
         m = mask.to(torch.bool)
         fm = m.to(ratio.dtype)
-        # 0 where no token is valid, without asking the device whether any is.
-        ratio_max = torch.where(m, ratio, torch.zeros_like(ratio)).max()
+        # 0 where no token is valid, without asking the device whether any is (ratios are > 0).
+        ratio_max = (
+            torch.where(m, ratio, torch.zeros_like(ratio)).max()
+            if ratio.numel()
+            else ratio.new_zeros(())
+        )
         stats = {
             "clip_frac": masked_mean(clip_active.to(ratio.dtype), fm),
             "dual_clip_frac": masked_mean(dual_active.to(ratio.dtype), fm),
             "ratio_mean": masked_mean(ratio, fm),
-            "ratio_max": ratio_max if ratio.numel() else ratio.new_zeros(()),
+            "ratio_max": ratio_max,
             "approx_kl": masked_mean(kl_penalty(old_logp, logp, "k3"), fm),
         }
         if sync_stats:

@@ -59,8 +59,9 @@ class Config:
     # factory gets them as **kwargs. Built-in policies' keys are checked before any worker starts.
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
     # On a GPU, replay the built-in policy's forward as CUDA graphs (one per group size), and
-    # each PPO minibatch step (forward, backward, clipping, Adam) as one: the same numbers, one
-    # launch per call instead of hundreds. No effect on CPU or user policies.
+    # each PPO minibatch step (forward, backward, clipping, Adam) as one: one launch per call
+    # instead of hundreds, the bits of the same calls run eagerly (Adam is then capturable;
+    # off, it is the plain fused Adam). No effect on CPU or user policies.
     policy_cuda_graphs: bool = True
     groups: int | None = None  # pin the ring groups k (None: the plan's)
     pipelined: bool = True  # False: wait after every env step (the unpipelined loop)
@@ -517,12 +518,7 @@ def choose_by_trial(
             )
             for i in shared
         }
-        for i in shared:
-            cycles[i].collect(min(lengths))  # warm-up (a group size's first calls record graphs)
-        for _ in range(reps):
-            for i in shared:
-                for n in lengths:
-                    timed[i][n].append(cycles[i].collect(n).wall_s)
+        _time_in_turns(cycles, timed, lengths, reps)
     for i, (_, place) in enumerate(candidates):
         if fits[i]:
             continue
@@ -534,10 +530,7 @@ def choose_by_trial(
             probe.kill()
             envs, policy, cyc = start_cycle(run.cluster, cfg, place)
         try:
-            cyc.collect(min(lengths))
-            for _ in range(reps):
-                for n in lengths:
-                    timed[i][n].append(cyc.collect(n).wall_s)
+            _time_in_turns({i: cyc}, timed, lengths, reps)
         finally:
             envs.kill()
             policy.kill()
@@ -573,6 +566,20 @@ def choose_by_trial(
         f"{took:.1f}s; measured {steps}-step rollout: {each}"
     )
     return candidates[pick][0], rows[pick]["rollout_s"]
+
+
+def _time_in_turns(
+    cycles: dict[int, Any], timed: list[dict[int, list[float]]], lengths: tuple, reps: int
+) -> None:
+    """A warm-up rollout of each cycle (a group size's first calls record graphs), then
+    ``reps`` passes in which each cycle in turn times one rollout of each length into
+    ``timed[i]``."""
+    for cyc in cycles.values():
+        cyc.collect(min(lengths))
+    for _ in range(reps):
+        for i, cyc in cycles.items():
+            for n in lengths:
+                timed[i][n].append(cyc.collect(n).wall_s)
 
 
 def calibrated_by_trial(profile: Any, plan: Any, rollout_s: float) -> Any:

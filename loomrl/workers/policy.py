@@ -167,15 +167,14 @@ class PolicyWorker(Worker):
         update of a small policy is bound by kernel launches, not arithmetic."""
         import torch
 
-        from loomrl.embodied import GraphedPPOStep
+        from loomrl.embodied import GraphedPPOStep, capturable_adam
 
         lr, eps = self.ppo.lr, self.ppo.adam_eps
         if not str(self.device).startswith("cuda"):
             return torch.optim.Adam(net.parameters(), lr=lr, eps=eps), None
         if not (self.graphs and callable(getattr(net, "use_cuda_graphs", None))):
             return torch.optim.Adam(net.parameters(), lr=lr, eps=eps, fused=True), None
-        lr_t = torch.tensor(lr, device=self.device)
-        opt = torch.optim.Adam(net.parameters(), lr=lr_t, eps=eps, fused=True, capturable=True)
+        opt = capturable_adam(net.parameters(), lr, eps, self.device)
         return opt, GraphedPPOStep(net, opt, self.ppo)
 
     def _prep(self, raw: np.ndarray) -> Any:
@@ -315,16 +314,12 @@ class PolicyWorker(Worker):
         """PPO on the last rollout (GAE, clipped policy and value losses); ``lr_frac`` scales lr."""
         import torch
 
-        from loomrl.embodied import ppo_update
+        from loomrl.embodied import ppo_update, set_lr
 
         if self.buffer is None:
             raise RuntimeError("update() before a rollout finished; run the cycle first")
         t0 = time.perf_counter()
-        for g in self.optimizer.param_groups:
-            if isinstance(g["lr"], torch.Tensor):
-                g["lr"].fill_(self.ppo.lr * lr_frac)  # in place: a recorded step reads it there
-            else:
-                g["lr"] = self.ppo.lr * lr_frac
+        set_lr(self.optimizer, self.ppo.lr * lr_frac)
         buf = self.buffer
         rewards = None
         if self.scaler is not None:
@@ -422,7 +417,12 @@ class PolicyWorker(Worker):
         if self.device != "cpu":
             # The first backward on a GPU loads kernels and tunes convolutions (about a second
             # for the pixel CNN), a cost the run pays once, not per update: keep it out.
-            ppo_update(net, opt, buf, one_epoch, step=step)
+            # A recorded step is recorded after its warm-up steps: run until it is (or failed),
+            # so that the timed epoch replays as the run's updates will.
+            for _ in range(4):
+                ppo_update(net, opt, buf, one_epoch, step=step)
+                if step is None or step.captures or step.failed:
+                    break
             torch.cuda.synchronize()
         t = time.perf_counter()
         ppo_update(net, opt, buf, one_epoch, step=step)
@@ -458,7 +458,8 @@ class PolicyWorker(Worker):
 
     def graph_status(self) -> dict[str, Any]:
         """Whether act replays CUDA graphs (GPU, ``cuda_graphs``, a built-in policy), how many
-        forwards were recorded, and why recording failed if it did (act then runs eagerly)."""
+        forwards were recorded, and why recording failed if it did (act then runs eagerly); the
+        same for the PPO step of updates (``update_captures``, ``update_failed``)."""
         cache = getattr(self.net, "_graphs", None)
         step = self.train_step
         return {

@@ -15,7 +15,14 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from loomrl.embodied import GraphedPPOStep, PPOConfig, RolloutBuffer, ppo_update  # noqa: E402
+from loomrl.embodied import (  # noqa: E402
+    GraphedPPOStep,
+    PPOConfig,
+    RolloutBuffer,
+    capturable_adam,
+    ppo_update,
+    set_lr,
+)
 from loomrl.policies import make_policy  # noqa: E402
 from loomrl.workers.policy import _to_device  # noqa: E402
 
@@ -48,13 +55,7 @@ def _buffer(space, T, N, seed):
 
 
 def _trainer(net, ppo):
-    return torch.optim.Adam(
-        net.parameters(),
-        lr=torch.tensor(ppo.lr, device="cuda"),
-        eps=ppo.adam_eps,
-        fused=True,
-        capturable=True,
-    )
+    return capturable_adam(net.parameters(), ppo.lr, ppo.adam_eps, "cuda")
 
 
 def _params(net):
@@ -83,7 +84,7 @@ def test_graphed_step_matches_the_eager_step(kind, monkeypatch):
             eager.cpu()
             eager.cuda()
         for opt in (e_opt, g_opt):
-            opt.param_groups[0]["lr"].fill_(ppo.lr * frac)
+            set_lr(opt, ppo.lr * frac)
         buf = _buffer(SPACES[kind], T, N, seed=i)
         s_e = ppo_update(eager, e_opt, buf, ppo, generator=e_gen)
         s_g = ppo_update(graphed, g_opt, buf, ppo, generator=g_gen, step=step)

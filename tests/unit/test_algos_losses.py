@@ -122,6 +122,8 @@ def test_ppo_stats_left_on_the_device_are_the_same_numbers():
     # No valid token: every stat is 0, ratio_max included, without asking whether any is.
     _, empty = ppo_policy_loss(logp, old, adv, torch.zeros(4, dtype=f64), sync_stats=False)
     assert {k: v.item() for k, v in empty.items()} == dict.fromkeys(read, 0.0)
+    z = torch.zeros(0, dtype=f64)  # and no token at all
+    assert ppo_policy_loss(z, z, z, z)[1] == dict.fromkeys(read, 0.0)
 
 
 def test_ppo_clip_higher():

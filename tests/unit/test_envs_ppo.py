@@ -10,6 +10,7 @@ from torch import nn
 import loomrl.envs.testing  # noqa: F401  (registers loomrl-test/* envs)
 from loomrl.embodied import (
     UPDATE_STATS,
+    GraphedPPOStep,
     PPOConfig,
     RewardScaler,
     RolloutBuffer,
@@ -18,6 +19,7 @@ from loomrl.embodied import (
     compute_advantages,
     ppo_step,
     ppo_update,
+    set_lr,
     train_ppo,
 )
 from loomrl.envs import EnvConfig, VecEnv
@@ -243,6 +245,22 @@ def test_ppo_update_runs_each_minibatch_through_its_step(target_kl):
     # The stats are the minibatches' means, read once at the end.
     means = torch.stack(rows).mean(0).tolist()
     assert [stepped[k] for k in UPDATE_STATS] == means
+
+
+def test_set_lr_and_the_recorded_steps_warm_up_checks():
+    import gymnasium as gym
+
+    net = MLPActorCritic(4, gym.spaces.Box(-3.0, 3.0, (1,), np.float32), seed=0)
+    plain = torch.optim.Adam(net.parameters(), lr=1e-3)
+    tensor_lr = torch.optim.Adam(net.parameters(), lr=torch.tensor(1e-3))
+    held = tensor_lr.param_groups[0]["lr"]
+    set_lr(plain, 5e-4)
+    set_lr(tensor_lr, 5e-4)
+    assert plain.param_groups[0]["lr"] == 5e-4
+    # A tensor learning rate changes in place: a recorded step reads that very tensor.
+    assert tensor_lr.param_groups[0]["lr"] is held and held.item() == pytest.approx(5e-4)
+    with pytest.raises(ValueError, match=r"warmup=0 must be >= 1"):
+        GraphedPPOStep(net, plain, PPOConfig(), warmup=0)
 
 
 def test_ppo_config_reports_problems():
