@@ -341,6 +341,60 @@ def test_trial_candidates_on_the_probes_workers_take_turns(monkeypatch, tmp_path
     assert [len(r["timed_s"]["16"]) for r in rows] == [3, 3]
 
 
+def test_a_trial_candidate_on_fresh_workers_is_timed_after_the_probes_and_thrown_away(
+    monkeypatch, tmp_path
+):
+    from types import SimpleNamespace
+
+    from loomrl.recipes import embodied_ppo
+    from loomrl.recipes.embodied_ppo import Config, choose_by_trial
+
+    calls, killed = [], []
+
+    class FakeCycle:  # 0.01 s per step and 0.05 s per rollout for any plan
+        def __init__(self, envs, policy, envs_per_worker, groups, pipelined, tag="probe"):
+            self.tag = (tag, groups)
+
+        def collect(self, n):
+            calls.append((*self.tag, n))
+            return SimpleNamespace(wall_s=0.05 + 0.01 * n)
+
+    def fresh_cycle(cluster, cfg, place):
+        def worker(name):
+            return SimpleNamespace(kill=lambda: killed.append(name))
+
+        return (
+            worker("env"),
+            worker("policy"),
+            FakeCycle(None, None, 0, place.groups, True, "fresh"),
+        )
+
+    monkeypatch.setattr(embodied_ppo, "EnvPolicyCycle", FakeCycle)
+    monkeypatch.setattr(embodied_ppo, "start_cycle", fresh_cycle)
+    cfg = Config()
+    cfg.env.num_envs, cfg.auto_trial_steps = 8, 8
+
+    def cand(workers, k):
+        mode = {"mode": "hybrid", "colocated": False, "groups": k}
+        return SimpleNamespace(predicted_s=1.0), SimpleNamespace(
+            workers=workers, groups=k, describe=lambda: mode
+        )
+
+    probe = SimpleNamespace(
+        env=SimpleNamespace(world_size=2), policy=None, can_time=lambda p: p.workers == 2
+    )
+    cands = [cand(4, 1), cand(2, 2)]  # the fresh-worker one first: it still runs last
+    run = SimpleNamespace(cluster=None, dir=tmp_path, logger=SimpleNamespace(echo=lambda msg: None))
+    _, rollout_s = choose_by_trial(run, cfg, cands, 32, probe)
+    # S = 32 > 2 L: rollouts of 8 and 16 steps, twice each after a warm-up of 8.
+    each = [8, 8, 16, 8, 16]
+    assert calls == [("probe", 2, n) for n in each] + [("fresh", 1, n) for n in each]
+    assert killed == ["env", "policy"]
+    assert rollout_s == pytest.approx(0.05 + 0.01 * 32)  # fixed cost + 32 steps, from 8 and 16
+    rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
+    assert [r["probe_workers"] for r in rows] == [True, False]
+
+
 def test_trials_time_the_split_cycle_at_the_k_next_to_the_models_best():
     from loomrl.recipes.embodied_ppo import Config, _near_best_k
 
