@@ -479,36 +479,34 @@ def best_split_plan(profile: Any) -> Any:
     return plans[0] if plans else None
 
 
-def split_plans(profile: Any, past_limit: bool = False) -> list[Any]:
+def split_plans(profile: Any) -> list[Any]:
     """For each number of ring groups k, the fastest split-cycle plan (see ``best_split_plan``),
     fastest first. The choice of k rests on per-call fixed costs that a ring hides partly
-    (a hand-off of one group overlaps the other's work), so runs time the close ones.
-    ``past_limit``: also the first k whose groups are smaller than the cycle's ``min_group``,
-    priced by carrying the fits below the sizes measured, for a trial to time (not to trust)."""
-    within, past = split_plans_and_past(profile) if past_limit else (_split_plans(profile), [])
-    return sorted(within + past, key=lambda p: p.predicted_s)
+    (a hand-off of one group overlaps the other's work), so runs time the close ones."""
+    return _split_plans(profile, _env_policy_cycle(profile).group_counts(profile.batch))
 
 
 def split_plans_and_past(profile: Any) -> tuple[list[Any], list[Any]]:
-    """(``split_plans(profile)``; the fastest plan at the first k past the cycle's
-    ``min_group``, in a list of at most one)."""
-    cyc = next(c for c in profile.cycles if tuple(c.members) == (ENV, POLICY))
+    """(``split_plans(profile)``; the fastest plan at the first k whose groups are smaller than
+    the cycle's ``min_group``, in a list of at most one: priced by carrying the fits below the
+    sizes measured, for a trial to time, not to trust)."""
+    cyc = _env_policy_cycle(profile)
     ks = cyc.group_counts(profile.batch)
     past = [k for k in cyc.group_counts(profile.batch, limited=False) if k > ks[-1]][:1]
     return _split_plans(profile, ks), _split_plans(profile, past)
 
 
-def _split_plans(profile: Any, ks: list[int] | None = None) -> list[Any]:
-    """The fastest split-cycle plan for each k in ``ks`` (default: the k the cycle allows),
-    fastest first."""
+def _env_policy_cycle(profile: Any) -> Any:
+    return next(c for c in profile.cycles if tuple(c.members) == (ENV, POLICY))
+
+
+def _split_plans(profile: Any, ks: list[int]) -> list[Any]:
+    """The fastest split-cycle plan for each k in ``ks``, fastest first."""
     from loomrl.errors import PlanError
     from loomrl.plan import cycle, fixed_plan, leaf, temporal
 
     n = profile.devices
     a, b = profile.components[ENV], profile.components[POLICY]
-    if ks is None:
-        cyc = next(c for c in profile.cycles if tuple(c.members) == (ENV, POLICY))
-        ks = cyc.group_counts(profile.batch)
     rest = [c for c in profile.components if c not in (ENV, POLICY)]
     by_k: dict[int, Any] = {}
     for na in a.valid_devices:

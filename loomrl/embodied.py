@@ -675,8 +675,7 @@ def _train_ppo(
     target_step = target_time = None
     for update in range(num_updates):
         if ppo_cfg.anneal_lr:
-            for g in optimizer.param_groups:
-                g["lr"] = ppo_cfg.lr * (1.0 - update / num_updates)
+            set_lr(optimizer, ppo_cfg.lr * (1.0 - update / num_updates))
         buf = collect(env, policy, T, groups, normalizer=normalizer, obs_clip=ppo_cfg.obs_clip)
         rewards = None
         if scaler is not None:

@@ -417,12 +417,11 @@ class PolicyWorker(Worker):
         if self.device != "cpu":
             # The first backward on a GPU loads kernels and tunes convolutions (about a second
             # for the pixel CNN), a cost the run pays once, not per update: keep it out.
-            # A recorded step is recorded after its warm-up steps: run until it is (or failed),
-            # so that the timed epoch replays as the run's updates will.
-            for _ in range(4):
+            ppo_update(net, opt, buf, one_epoch, step=step)
+            # A step is recorded after its warm-up steps: go on until it is (every minibatch
+            # brings that closer, or fails it), so that the timed epoch replays as updates will.
+            while step is not None and not (step.captures or step.failed):
                 ppo_update(net, opt, buf, one_epoch, step=step)
-                if step is None or step.captures or step.failed:
-                    break
             torch.cuda.synchronize()
         t = time.perf_counter()
         ppo_update(net, opt, buf, one_epoch, step=step)

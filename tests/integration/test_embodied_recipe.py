@@ -235,10 +235,10 @@ def test_ring_groups_stay_as_large_as_the_probe_timed():
 
     cfg = Config()
     cfg.env.num_envs = 64
-    every = split_plans(prof, past_limit=True)
+    splits, past = split_plans_and_past(prof)
+    every = sorted(splits + past, key=lambda p: p.predicted_s)
     assert sorted(placement_from_plan(p, 64).groups for p in every) == [1, 2, 4, 8]
     assert placement_from_plan(every[0], 64).groups == 8
-    splits, past = split_plans_and_past(prof)
     assert [placement_from_plan(p, 64).groups for p in past] == [8]
     near = _near_best_k(splits, cfg, None, past)
     assert sorted(placement_from_plan(p, 64).groups for p in near) == [2, 4, 8]
