@@ -12,7 +12,9 @@ iteration from the measured costs ("model"), the prediction after the recipe tim
 short real rollouts ("pred", what the run reports), the measured median after warm-up, and
 env-steps/s. Exits 1 when a
 plan auto chose (in any round) is more than 5% slower than the best measured plan (runs of the
-same placement, e.g. auto and the mode it picked, are pooled: they ran one plan). The last line reads
+same placement, e.g. auto and the mode it picked, are pooled: they ran one plan). Beside the pooled
+time per placement it prints the fastest and slowest run of it (the noise a prediction is judged
+against) and how many runs (a mode in a round) were predicted within 5%. The last line reads
 ``auto_mode: <mode> best_mode: <mode> auto_vs_best: <ratio>``; the line before it, when both
 ran, ``hybrid_vs_temporal`` (temporal's measured s/it over hybrid's).
 """
@@ -179,6 +181,40 @@ def _pooled_by_placement(runs: dict[str, list[dict]]) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def _spread_by_placement(runs: dict[str, list[dict]]) -> dict[str, list[float]]:
+    """Per distinct placement, the fastest and slowest run's measured s/it: the same plan run
+    again on fresh workers, the noise a prediction is judged against."""
+    per: dict[str, list[float]] = {}
+    for rs in runs.values():
+        for r in rs:
+            if r["feasible"]:
+                per.setdefault(_placement_key(r["placement"]), []).append(r["measured_s"])
+    return {k: [min(v), max(v)] for k, v in per.items()}
+
+
+def _round_errors(runs: dict[str, list[dict]]) -> list[dict]:
+    """Every feasible run's prediction error, (measured - predicted) / predicted, by round."""
+    return [
+        {"mode": mode, "round": i, "error": (r["measured_s"] - r["predicted_s"]) / r["predicted_s"]}
+        for mode, rs in runs.items()
+        for i, r in enumerate(rs)
+        if r["feasible"]
+    ]
+
+
+def _verdict(runs: dict[str, list[dict]]) -> tuple[float, dict[str, float]]:
+    """auto's slowest pick over the best plan (NaN without auto), and the pooled s/it by placement.
+
+    Runs with the same placement ran the same plan: their iterations are pooled, so that the
+    verdict compares plans, not the machine's drift between two runs of one plan. Every round's
+    choice is judged: a plan auto picked in one round and not the next was still its choice."""
+    pooled = _pooled_by_placement(runs)
+    picked = {_placement_key(r["placement"]) for r in runs.get("auto", []) if r["feasible"]}
+    if not picked:
+        return float("nan"), pooled
+    return max(pooled[k] for k in picked) / min(pooled.values()), pooled
+
+
 def _json_object(text: str) -> dict:
     """--policy-kwargs: a JSON object (argparse reports anything else as a usage error)."""
     value = json.loads(text)
@@ -282,22 +318,29 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['mode']} {100 * (r['measured_s'] / r[key] - 1):+.1f}%" for r in have
                 )
             )
-    # Runs with the same placement ran the same plan: their iterations are pooled, so that the
-    # verdict compares plans, not the machine's drift between two runs of one plan.
-    pooled = _pooled_by_placement(runs)
-    if auto and best:
-        # Every round's choice is judged: a plan auto picked in one round and not the next
-        # was still its choice there.
-        picked = {_placement_key(x["placement"]) for x in auto["rounds"] if x["feasible"]}
-        auto_s = max(pooled[k] for k in picked)
-        best_s = min(pooled.values())
-        ratio = auto_s / best_s
+    ratio, pooled = _verdict(runs)
+    spread = _spread_by_placement(runs)
+    if pooled:
         print(
-            "per placement, all runs pooled (s/it): "
-            + ", ".join(f"{k}: {v:.3f}" for k, v in sorted(pooled.items(), key=lambda kv: kv[1]))
+            "per placement, all runs pooled (s/it; fastest and slowest run): "
+            + ", ".join(
+                f"{k}: {v:.3f} ({spread[k][0]:.3f}-{spread[k][1]:.3f})"
+                for k, v in sorted(pooled.items(), key=lambda kv: kv[1])
+            )
         )
-    else:
-        ratio = float("nan")
+    errors = _round_errors(runs)
+    if errors:
+        off = [e for e in errors if abs(e["error"]) > TOLERANCE - 1]
+        print(
+            f"predictions within {100 * (TOLERANCE - 1):.0f}%: {len(errors) - len(off)} of "
+            f"{len(errors)} runs"
+            + (
+                "; off by more: "
+                + ", ".join(f"{e['mode']} round {e['round']} {100 * e['error']:+.1f}%" for e in off)
+                if off
+                else ""
+            )
+        )
     steal = [x.get("steal_share") for rs in runs.values() for x in rs]
     steal = [x for x in steal if x is not None]
     if steal:
@@ -319,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
                     "best_mode": best_mode,
                     "auto_vs_best": ratio,
                     "pooled_by_placement": pooled,
+                    "spread_by_placement": spread,
+                    "round_errors": errors,
                 },
                 indent=2,
             )

@@ -1,6 +1,6 @@
 """How much one plan's rollout time varies on this machine, and whether what runs between
 rollouts changes it: the embodied benchmark's CPU config, planned once, then its cycle timed
-back to back, after each PPO update (as in a run), and after a pause.
+back to back, after a PPO update (as in a run), and after a pause, the three taking turns.
 
     python scripts/cycle_repeat.py --placement hybrid --out cycle_repeat_hybrid.json
 
@@ -29,6 +29,7 @@ def main() -> None:
     ap.add_argument("--num-envs", type=int, default=8)
     ap.add_argument("--steps", type=int, default=64, help="steps per env per rollout (S)")
     ap.add_argument("--reps", type=int, default=6, help="rollouts per pattern")
+    ap.add_argument("--pause", type=float, default=0.05, help="seconds idle before a rollout")
     ap.add_argument("--out", default="cycle_repeat.json")
     args = ap.parse_args()
 
@@ -56,31 +57,25 @@ def main() -> None:
             _, policy, cycle = start_cycle(run.cluster, cfg, place, probe)
             cycle.collect(S)  # warm-up
 
-            def after_update() -> float:
-                r = cycle.collect(S).wall_s
-                wait(policy.update(1.0))
-                return r
-
-            def after_pause() -> float:
-                r = cycle.collect(S).wall_s
-                time.sleep(0.05)
-                return r
-
-            patterns = [
-                ("back_to_back", lambda: cycle.collect(S).wall_s),
-                ("after_update", after_update),
-                ("after_pause", after_pause),
-                ("back_to_back_again", lambda: cycle.collect(S).wall_s),
-            ]
-            for name, fn in patterns:
-                res[name] = [fn() for _ in range(args.reps)]
+            # Each timed rollout comes right after its pattern's prelude, and the patterns take
+            # turns, so that the host's slow and fast spells fall on all of them alike.
+            preludes = {
+                "back_to_back": lambda: None,
+                "after_update": lambda: wait(policy.update(1.0)),
+                "after_pause": lambda: time.sleep(args.pause),
+            }
+            res.update({name: [] for name in preludes})
+            for _ in range(args.reps):
+                for name, prelude in preludes.items():
+                    prelude()
+                    res[name].append(cycle.collect(S).wall_s)
         finally:
             run.close()
     every = [x for k, v in res.items() if isinstance(v, list) for x in v]
     lo, hi, med = min(every), max(every), statistics.median(every)
     res["spread"] = {"min": lo, "median": med, "max": hi}
     print(f"{args.placement} {place.describe()}: predicted {res['predicted_s']:.3f} s/iteration")
-    for name, _ in patterns:
+    for name in preludes:
         v = res[name]
         print(f"  {name:<19} median {statistics.median(v):.3f} s  {[round(x, 3) for x in v]}")
     print(

@@ -75,8 +75,12 @@ class Config:
     # ring-group counts k next to the model's best k (and at the first k past the group sizes
     # the probe timed, when the largest allowed k is among them); hybrid times its split cycle
     # at those k, temporal and spatial their one plan; the fastest runs (0 steps: trust the
-    # model alone). Results: trials.json in the run directory.
-    auto_trial_steps: int = 16
+    # model alone). Results: trials.json in the run directory. A rollout estimated from two
+    # shorter ones carries their noise magnified (3 x the longer - 2 x the shorter): on a 2-core
+    # host a 64-step rollout estimated from medians of 2 rollouts of 16 and of 32 steps spread
+    # 17-19% around the truth, against 6-12% for the median of 3 rollouts of 64 steps
+    # (scripts/trial_lengths.py), so rollouts up to 64 steps are timed whole.
+    auto_trial_steps: int = 32
     auto_trial_margin: float = 0.5
     # How measured costs become the cycle's model: fixed_hops (a call's fixed cost is hand-off
     # latency that ring groups overlap), chained (each call costs what it took, hand-off

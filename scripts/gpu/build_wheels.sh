@@ -5,6 +5,8 @@
 #                    wheel, 79 MB, is over the 64 MiB a device call carries)
 #   whl/             Ray's schema dependencies
 #   emb/             gymnasium and MuJoCo (3.2.7, as pyproject pins) with their pure-Python needs
+#   .gl/             the Debian GL loader packages MuJoCo's EGL rendering needs there (apt-get
+#                    download on this Debian machine; run_all.sh unpacks them into /)
 # The SmolLM2 tokenizer (tok/) is not built here: the embodied stages do not need it.
 # Usage: bash scripts/gpu/build_wheels.sh   (then carry ["out/gpu_wheels", ".gl"])
 set -euo pipefail
@@ -29,4 +31,6 @@ get "$DST/whl" jsonschema==4.26.0 referencing==0.37.0 rpds-py==0.30.0 \
 get "$DST/emb" gymnasium==1.4.0 farama-notifications==0.0.6 mujoco==3.2.7 glfw==2.11.0 \
     PyOpenGL==3.1.10 absl-py==2.5.1 etils==1.15.0 importlib-resources==7.1.0 zipp==4.1.2 \
     cloudpickle==3.1.3
-du -sh "$DST"/*
+mkdir -p .gl
+(cd .gl && apt-get download -q libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
+du -sh "$DST"/* .gl

@@ -1,0 +1,101 @@
+"""Whether a trial should time an S-step rollout whole or estimate it from two shorter ones:
+one plan's rollouts of L, 2L and S steps timed in turns (after a PPO update each, as in a run),
+then both estimators resampled from them against the median of the S-step rollouts.
+
+    python scripts/trial_lengths.py --placement hybrid --out trial_lengths.json
+
+The estimate from L and 2L is 3 x m(2L) - 2 x m(L) at S = 4L: their noise, magnified. The
+recipe's trials use it only for rollouts longer than 2 x auto_trial_steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+
+
+def _summary(est: list[float], truth: float) -> dict[str, float]:
+    return {
+        "bias": statistics.fmean(est) / truth - 1,
+        "spread": statistics.pstdev(est) / truth,
+        "within_5pct": sum(abs(x / truth - 1) <= 0.05 for x in est) / len(est),
+    }
+
+
+def main() -> None:
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config, plan_cycle, start_cycle
+    from loomrl.run import Run
+    from loomrl.worker import wait
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--placement", default="hybrid", choices=["temporal", "hybrid", "auto"])
+    ap.add_argument("--num-envs", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=64, help="S, the rollout to predict")
+    ap.add_argument("--short", type=int, default=16, help="L: the estimate times L and 2L")
+    ap.add_argument("--reps", type=int, default=20, help="rollouts of each length")
+    ap.add_argument("--out", default="trial_lengths.json")
+    args = ap.parse_args()
+
+    S, L, n = args.steps, args.short, args.num_envs
+    with tempfile.TemporaryDirectory() as tmp:
+        overrides = [
+            "env.env_id=InvertedPendulum-v5",
+            f"env.num_envs={n}",
+            "env.cpu_cores=1",
+            f"ppo.rollout_steps={S * n}",
+            "ppo.epochs=2",
+            "ppo.num_minibatches=4",
+            f"run.placement={args.placement}",
+            f"run.output_dir={tmp}/run",
+            "run.tensorboard=false",
+            "run.progress=false",
+            "run.num_gpus=0",
+        ]
+        cfg = load_config(Config, None, overrides)
+        run = Run(cfg, cfg.run)
+        try:
+            place, probe = plan_cycle(run, cfg, S)
+            _, policy, cycle = start_cycle(run.cluster, cfg, place, probe)
+            cycle.collect(L)  # warm-up
+            timed: dict[int, list[float]] = {L: [], 2 * L: [], S: []}
+            for _ in range(args.reps):
+                for steps, v in timed.items():
+                    v.append(cycle.collect(steps).wall_s)
+                wait(policy.update(1.0))
+        finally:
+            run.close()
+    truth = statistics.median(timed[S])
+    gen = random.Random(0)
+    # As the trials estimate: medians of 2 rollouts of L and of 2L, or of 3 rollouts of S.
+    from_short, whole = [], []
+    for _ in range(20000):
+        a = statistics.median(gen.sample(timed[L], 2))
+        b = statistics.median(gen.sample(timed[2 * L], 2))
+        per_step = max(0.0, (b - a) / L)
+        from_short.append(max(0.0, a - L * per_step) + S * per_step)
+        whole.append(statistics.median(gen.sample(timed[S], 3)))
+    res = {
+        "args": vars(args),
+        "placement": place.describe(),
+        "timed_s": {str(k): v for k, v in timed.items()},
+        "median_s": truth,
+        "from_short": _summary(from_short, truth),
+        "whole": _summary(whole, truth),
+    }
+    print(f"{args.placement} k={place.groups}: median {S}-step rollout {truth:.3f} s")
+    for name in ("from_short", "whole"):
+        r = res[name]
+        print(
+            f"  {name:<10} bias {100 * r['bias']:+.1f}%  spread {100 * r['spread']:.1f}%  "
+            f"within 5% {100 * r['within_5pct']:.0f}% of draws"
+        )
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

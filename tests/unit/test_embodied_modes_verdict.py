@@ -1,0 +1,92 @@
+"""benchmarks/embodied_modes.py: the verdict judges every round's pick against the best plan,
+and the per-run prediction errors and per-placement spreads it prints."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location(
+        "embodied_modes", ROOT / "benchmarks/embodied_modes.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(k: int, measured: float, predicted: float, its: list[float]) -> dict:
+    place = {
+        "env_devices": [0],
+        "env_workers": 8,
+        "policy_devices": [0] if k == 1 else [1],
+        "groups": k,
+        "colocated": k == 1,
+        "mode": "temporal" if k == 1 else "hybrid",
+    }
+    return {
+        "feasible": True,
+        "placement": place,
+        "measured_s": measured,
+        "predicted_s": predicted,
+        "iteration_s": [2.0, *its],  # the first is warm-up and is left out
+    }
+
+
+def test_a_slower_pick_in_any_round_fails_the_verdict():
+    b = _bench()
+    runs = {
+        "temporal": [_run(1, 0.5, 0.5, [0.5, 0.5])],
+        "hybrid": [_run(4, 0.30, 0.31, [0.30, 0.30])],
+        # auto ran k = 2 first (10% slower than k = 4), then k = 4
+        "auto": [_run(2, 0.33, 0.32, [0.33, 0.33]), _run(4, 0.30, 0.30, [0.30, 0.30])],
+    }
+    ratio, pooled = b._verdict(runs)
+    assert ratio == pytest.approx(0.33 / 0.30) and ratio > b.TOLERANCE
+    assert len(pooled) == 3
+    # auto and hybrid ran one plan at k = 4: their iterations pool
+    runs["auto"] = [_run(4, 0.32, 0.30, [0.32, 0.32])]
+    ratio, pooled = b._verdict(runs)
+    key = next(k for k in pooled if "k=4" in k)
+    assert pooled[key] == pytest.approx(0.31) and ratio == pytest.approx(1.0)
+    assert math.isnan(b._verdict({"temporal": runs["temporal"]})[0])  # no auto, no verdict
+
+
+def test_round_errors_and_spread_by_placement():
+    b = _bench()
+    runs = {
+        "temporal": [_run(1, 0.50, 0.50, [0.5]), _run(1, 0.60, 0.50, [0.6])],
+        "hybrid": [_run(4, 0.30, 0.32, [0.3]), {"feasible": False, "reason": "x"}],
+    }
+    errs = b._round_errors(runs)
+    assert [(e["mode"], e["round"]) for e in errs] == [
+        ("temporal", 0),
+        ("temporal", 1),
+        ("hybrid", 0),
+    ]
+    assert [round(e["error"], 4) for e in errs] == [0.0, 0.2, -0.0625]
+    spread = b._spread_by_placement(runs)
+    assert sorted(spread.values()) == [[0.3, 0.3], [0.5, 0.6]]
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        # call AQ: auto ran k = 2 in two of three rounds, 11.4% slower than k = 4
+        ("docs/results/gpu/update_graphs/embodied_px_e16_s32.json", 1.114),
+        # call AU: k = 8 in both rounds, as hybrid
+        ("docs/results/gpu/turns/embodied_px_e64_s16_c2_call_au.json", 1.000),
+    ],
+)
+def test_verdict_on_stored_gpu_runs(path, expected):
+    b = _bench()
+    d = json.loads((ROOT / path).read_text())
+    runs = {r["mode"]: r["rounds"] for r in d["results"]}
+    assert b._verdict(runs)[0] == pytest.approx(expected, abs=5e-4)
