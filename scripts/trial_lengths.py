@@ -1,6 +1,9 @@
 """Whether a trial should time an S-step rollout whole or estimate it from two shorter ones:
-one plan's rollouts of L, 2L and S steps timed in turns (after a PPO update each, as in a run),
-then both estimators resampled from them against the median of the S-step rollouts.
+one plan's rollouts of L, 2L and S steps timed in turns (a PPO update after each pass, as in a
+run), then both estimators resampled from them against the median of the S-step rollouts.
+Resampling treats the rollouts as independent draws, though the host's slow spells make
+rollouts seconds apart alike, and judges the whole-rollout estimate on the rollouts it draws
+from: read the spreads as a comparison of the two estimators, not as a trial's error.
 
     python scripts/trial_lengths.py --placement hybrid --out trial_lengths.json
 
@@ -39,6 +42,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20, help="rollouts of each length")
     ap.add_argument("--out", default="trial_lengths.json")
     args = ap.parse_args()
+    if args.steps <= 2 * args.short:
+        ap.error(
+            f"--steps {args.steps}: must exceed 2 x --short ({2 * args.short}), the only case estimated"
+        )
 
     S, L, n = args.steps, args.short, args.num_envs
     with tempfile.TemporaryDirectory() as tmp:

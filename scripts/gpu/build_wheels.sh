@@ -31,6 +31,7 @@ get "$DST/whl" jsonschema==4.26.0 referencing==0.37.0 rpds-py==0.30.0 \
 get "$DST/emb" gymnasium==1.4.0 farama-notifications==0.0.6 mujoco==3.2.7 glfw==2.11.0 \
     PyOpenGL==3.1.10 absl-py==2.5.1 etils==1.15.0 importlib-resources==7.1.0 zipp==4.1.2 \
     cloudpickle==3.1.3
-mkdir -p .gl
+rm -rf .gl && mkdir .gl  # stale packages would be unpacked too
+# (apt-get download needs the package lists: run apt-get update first on a machine without them)
 (cd .gl && apt-get download -q libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
 du -sh "$DST"/* .gl

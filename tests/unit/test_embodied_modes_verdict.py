@@ -59,17 +59,32 @@ def test_a_slower_pick_in_any_round_fails_the_verdict():
     assert math.isnan(b._verdict({"temporal": runs["temporal"]})[0])  # no auto, no verdict
 
 
+def test_the_slower_pick_counts_in_any_round_and_against_plans_auto_never_ran():
+    b = _bench()
+    k4, k2 = _run(4, 0.30, 0.30, [0.30, 0.30]), _run(2, 0.36, 0.35, [0.36, 0.36])
+    # a slower pick in the middle round, between two good ones
+    runs = {"temporal": [_run(1, 0.5, 0.5, [0.5])], "auto": [k4, k2, k4]}
+    assert b._verdict(runs)[0] == pytest.approx(1.2)
+    # the best plan is hybrid's k = 4, which auto never ran
+    runs = {"hybrid": [k4], "auto": [k2, k2]}
+    assert b._verdict(runs)[0] == pytest.approx(1.2)
+    # every auto round infeasible: no verdict
+    runs["auto"] = [{"feasible": False, "reason": "x"}]
+    assert math.isnan(b._verdict(runs)[0])
+
+
 def test_round_errors_and_spread_by_placement():
     b = _bench()
     runs = {
         "temporal": [_run(1, 0.50, 0.50, [0.5]), _run(1, 0.60, 0.50, [0.6])],
-        "hybrid": [_run(4, 0.30, 0.32, [0.3]), {"feasible": False, "reason": "x"}],
+        # an infeasible first round keeps its number: the feasible one is round 1
+        "hybrid": [{"feasible": False, "reason": "x"}, _run(4, 0.30, 0.32, [0.3])],
     }
     errs = b._round_errors(runs)
     assert [(e["mode"], e["round"]) for e in errs] == [
         ("temporal", 0),
         ("temporal", 1),
-        ("hybrid", 0),
+        ("hybrid", 1),
     ]
     assert [round(e["error"], 4) for e in errs] == [0.0, 0.2, -0.0625]
     spread = b._spread_by_placement(runs)
