@@ -12,16 +12,49 @@ prediction is off by that spread whatever the model.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from typing import Any
 
 
-def main() -> None:
+@contextlib.contextmanager
+def one_plan(placement: str, num_envs: int, steps: int) -> Iterator[tuple[Any, Any, Any]]:
+    """The embodied benchmark's CPU config (InvertedPendulum-v5, state observations, one core per
+    env worker), planned for ``placement`` at S = ``steps`` and launched: yields the placement,
+    the policy worker and the cycle; the run is closed on exit."""
     from loomrl.config import load_config
     from loomrl.recipes.embodied_ppo import Config, plan_cycle, start_cycle
     from loomrl.run import Run
+
+    with tempfile.TemporaryDirectory() as tmp:
+        overrides = [
+            "env.env_id=InvertedPendulum-v5",
+            f"env.num_envs={num_envs}",
+            "env.cpu_cores=1",
+            f"ppo.rollout_steps={steps * num_envs}",
+            "ppo.epochs=2",
+            "ppo.num_minibatches=4",
+            f"run.placement={placement}",
+            f"run.output_dir={tmp}/run",
+            "run.tensorboard=false",
+            "run.progress=false",
+            "run.num_gpus=0",
+        ]
+        cfg = load_config(Config, None, overrides)
+        run = Run(cfg, cfg.run)
+        try:
+            place, probe = plan_cycle(run, cfg, steps)
+            _, policy, cycle = start_cycle(run.cluster, cfg, place, probe)
+            yield place, policy, cycle
+        finally:
+            run.close()
+
+
+def main() -> None:
     from loomrl.worker import wait
 
     ap = argparse.ArgumentParser()
@@ -33,44 +66,24 @@ def main() -> None:
     ap.add_argument("--out", default="cycle_repeat.json")
     args = ap.parse_args()
 
-    S, n = args.steps, args.num_envs
-    with tempfile.TemporaryDirectory() as tmp:
-        overrides = [
-            "env.env_id=InvertedPendulum-v5",
-            f"env.num_envs={n}",
-            "env.cpu_cores=1",
-            f"ppo.rollout_steps={S * n}",
-            "ppo.epochs=2",
-            "ppo.num_minibatches=4",
-            f"run.placement={args.placement}",
-            f"run.output_dir={tmp}/run",
-            "run.tensorboard=false",
-            "run.progress=false",
-            "run.num_gpus=0",
-        ]
-        cfg = load_config(Config, None, overrides)
-        run = Run(cfg, cfg.run)
-        res: dict = {"args": vars(args)}
-        try:
-            place, probe = plan_cycle(run, cfg, S)
-            res["placement"], res["predicted_s"] = place.describe(), place.predicted_s
-            _, policy, cycle = start_cycle(run.cluster, cfg, place, probe)
-            cycle.collect(S)  # warm-up
+    S = args.steps
+    res: dict = {"args": vars(args)}
+    with one_plan(args.placement, args.num_envs, S) as (place, policy, cycle):
+        res["placement"], res["predicted_s"] = place.describe(), place.predicted_s
+        cycle.collect(S)  # warm-up
 
-            # Each timed rollout comes right after its pattern's prelude, and the patterns take
-            # turns, so that the host's slow and fast spells fall on all of them alike.
-            preludes = {
-                "back_to_back": lambda: None,
-                "after_update": lambda: wait(policy.update(1.0)),
-                "after_pause": lambda: time.sleep(args.pause),
-            }
-            res.update({name: [] for name in preludes})
-            for _ in range(args.reps):
-                for name, prelude in preludes.items():
-                    prelude()
-                    res[name].append(cycle.collect(S).wall_s)
-        finally:
-            run.close()
+        # Each timed rollout comes right after its pattern's prelude, and the patterns take
+        # turns, so that the host's slow and fast spells fall on all of them alike.
+        preludes = {
+            "back_to_back": lambda: None,
+            "after_update": lambda: wait(policy.update(1.0)),
+            "after_pause": lambda: time.sleep(args.pause),
+        }
+        res.update({name: [] for name in preludes})
+        for _ in range(args.reps):
+            for name, prelude in preludes.items():
+                prelude()
+                res[name].append(cycle.collect(S).wall_s)
     every = [x for k, v in res.items() if isinstance(v, list) for x in v]
     lo, hi, med = min(every), max(every), statistics.median(every)
     res["spread"] = {"min": lo, "median": med, "max": hi}

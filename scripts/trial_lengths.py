@@ -17,7 +17,6 @@ import argparse
 import json
 import random
 import statistics
-import tempfile
 
 
 def _summary(est: list[float], truth: float) -> dict[str, float]:
@@ -29,9 +28,8 @@ def _summary(est: list[float], truth: float) -> dict[str, float]:
 
 
 def main() -> None:
-    from loomrl.config import load_config
-    from loomrl.recipes.embodied_ppo import Config, plan_cycle, start_cycle
-    from loomrl.run import Run
+    from cycle_repeat import one_plan  # beside this script: its setup, shared
+
     from loomrl.worker import wait
 
     ap = argparse.ArgumentParser()
@@ -47,34 +45,14 @@ def main() -> None:
             f"--steps {args.steps}: must exceed 2 x --short ({2 * args.short}), the only case estimated"
         )
 
-    S, L, n = args.steps, args.short, args.num_envs
-    with tempfile.TemporaryDirectory() as tmp:
-        overrides = [
-            "env.env_id=InvertedPendulum-v5",
-            f"env.num_envs={n}",
-            "env.cpu_cores=1",
-            f"ppo.rollout_steps={S * n}",
-            "ppo.epochs=2",
-            "ppo.num_minibatches=4",
-            f"run.placement={args.placement}",
-            f"run.output_dir={tmp}/run",
-            "run.tensorboard=false",
-            "run.progress=false",
-            "run.num_gpus=0",
-        ]
-        cfg = load_config(Config, None, overrides)
-        run = Run(cfg, cfg.run)
-        try:
-            place, probe = plan_cycle(run, cfg, S)
-            _, policy, cycle = start_cycle(run.cluster, cfg, place, probe)
-            cycle.collect(L)  # warm-up
-            timed: dict[int, list[float]] = {L: [], 2 * L: [], S: []}
-            for _ in range(args.reps):
-                for steps, v in timed.items():
-                    v.append(cycle.collect(steps).wall_s)
-                wait(policy.update(1.0))
-        finally:
-            run.close()
+    S, L = args.steps, args.short
+    with one_plan(args.placement, args.num_envs, S) as (place, policy, cycle):
+        cycle.collect(L)  # warm-up
+        timed: dict[int, list[float]] = {L: [], 2 * L: [], S: []}
+        for _ in range(args.reps):
+            for steps, v in timed.items():
+                v.append(cycle.collect(steps).wall_s)
+            wait(policy.update(1.0))
     truth = statistics.median(timed[S])
     gen = random.Random(0)
     # As the trials estimate: medians of 2 rollouts of L and of 2L, or of 3 rollouts of S.
