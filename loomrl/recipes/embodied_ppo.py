@@ -494,7 +494,8 @@ def choose_by_trial(
     cost probe's ``probe`` workers is timed on those (their devices may differ from the plan's:
     with host-core env workers only rendering depends on the device, and a co-located plan
     alternates, so nothing renders beside a running policy), the candidates there taking turns
-    rollout by rollout; others on fresh workers, one after another, thrown away after. The run
+    rollout by rollout, and those that come out closer to the best than their rollouts' spread
+    taking more turns; others on fresh workers, one after another, thrown away after. The run
     starts from the launch state either way (``plan_cycle`` rebuilds the probe's workers when it
     keeps them).
     """
@@ -524,6 +525,13 @@ def choose_by_trial(
             for i in shared
         }
         _time_in_turns(cycles, timed, lengths, reps)
+        # Plans closer than their own rollouts' spread are not ranked yet: the close ones take
+        # more turns (up to 2 x reps more passes, no warm-up), which narrows their medians.
+        for _ in range(2 * reps):
+            close = _close_to_best({i: timed[i] for i in shared}, steps, L)
+            if len(close) < 2:
+                break
+            _time_in_turns({i: cycles[i] for i in sorted(close)}, timed, lengths, 1, warm_up=False)
     for i, (_, place) in enumerate(candidates):
         if fits[i]:
             continue
@@ -540,12 +548,7 @@ def choose_by_trial(
             envs.kill()
             policy.kill()
     for (plan, place), reuse, t in zip(candidates, fits, timed, strict=True):
-        med = {n: statistics.median(v) for n, v in t.items()}
-        if len(lengths) == 1:
-            rollout_s = med[steps]
-        else:
-            per_step = max(0.0, (med[2 * L] - med[L]) / L)
-            rollout_s = max(0.0, med[L] - L * per_step) + steps * per_step
+        rollout_s = _trial_estimate(t, steps, L)
         rows.append(
             {
                 "placement": place.describe(),
@@ -573,13 +576,51 @@ def choose_by_trial(
     return candidates[pick][0], rows[pick]["rollout_s"]
 
 
+def _trial_estimate(timed: dict[int, list[float]], steps: int, L: int) -> float:
+    """Seconds of a ``steps``-step rollout from timed rollouts (lists by length): the median
+    of those of ``steps`` steps, or a fixed cost plus a cost per step from the medians at L
+    and 2L."""
+    med = {n: statistics.median(v) for n, v in timed.items()}
+    if steps in med:
+        return med[steps]
+    per_step = max(0.0, (med[2 * L] - med[L]) / L)
+    return max(0.0, med[L] - L * per_step) + steps * per_step
+
+
+def _close_to_best(timed: dict[int, dict[int, list[float]]], steps: int, L: int) -> list[int]:
+    """The candidates (keys of ``timed``) whose estimate is above the best one's by less than
+    the larger of the two's noise, the best first; ``[]`` when no other is that close: such a
+    ranking rests on the host, not on the plans. Noise is the median absolute deviation of a
+    candidate's longest rollouts over their median (one stalled rollout does not move it)."""
+    if len(timed) < 2:
+        return []
+    est = {i: _trial_estimate(t, steps, L) for i, t in timed.items()}
+
+    def noise(i: int) -> float:
+        v = timed[i][max(timed[i])]
+        m = statistics.median(v)
+        return statistics.median(abs(x - m) for x in v) / m if m > 0 else 0.0
+
+    best = min(est, key=est.__getitem__)
+    close = [
+        i
+        for i in sorted(est, key=est.__getitem__)
+        if i != best and est[i] - est[best] < est[best] * max(noise(i), noise(best))
+    ]
+    return [best, *close] if close else []
+
+
 def _time_in_turns(
-    cycles: dict[int, Any], timed: list[dict[int, list[float]]], lengths: tuple, reps: int
+    cycles: dict[int, Any],
+    timed: list[dict[int, list[float]]],
+    lengths: tuple,
+    reps: int,
+    warm_up: bool = True,
 ) -> None:
     """A warm-up rollout of each cycle (a group size's first calls record graphs), then
     ``reps`` passes in which each cycle in turn times one rollout of each length into
     ``timed[i]``."""
-    for cyc in cycles.values():
+    for cyc in cycles.values() if warm_up else ():
         cyc.collect(min(lengths))
     for _ in range(reps):
         for i, cyc in cycles.items():

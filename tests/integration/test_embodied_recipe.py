@@ -341,6 +341,61 @@ def test_trial_candidates_on_the_probes_workers_take_turns(monkeypatch, tmp_path
     assert [len(r["timed_s"]["16"]) for r in rows] == [3, 3]
 
 
+@pytest.mark.parametrize(
+    ("k1", "k2", "extra"),
+    [
+        # Close after three passes (11% apart, noise 20%), 14% apart with noise 10% after one more.
+        ([0.16, 0.192, 0.128] + [0.16] * 9, [0.176, 0.12, 0.144] + [0.136] * 9, 1),
+        # The same plan twice: never ranked, so the extra passes stop at 2 x 3.
+        ([0.128, 0.192, 0.16] * 4, [0.128, 0.192, 0.16] * 4, 6),
+    ],
+)
+def test_trial_candidates_closer_than_their_noise_take_more_turns(
+    monkeypatch, tmp_path, k1, k2, extra
+):
+    from types import SimpleNamespace
+
+    from loomrl.recipes import embodied_ppo
+    from loomrl.recipes.embodied_ppo import Config, choose_by_trial
+
+    calls = []
+    times = {1: iter([1.0, *k1]), 2: iter([1.0, *k2])}  # the first is the warm-up
+
+    class FakeCycle:
+        def __init__(self, envs, policy, envs_per_worker, groups, pipelined):
+            self.k = groups
+
+        def collect(self, n):
+            calls.append((self.k, n))
+            return SimpleNamespace(wall_s=next(times[self.k]))
+
+    monkeypatch.setattr(embodied_ppo, "EnvPolicyCycle", FakeCycle)
+    cfg = Config()
+    cfg.env.num_envs, cfg.auto_trial_steps = 8, 8
+    probe = SimpleNamespace(
+        env=SimpleNamespace(world_size=2), policy=None, can_time=lambda place: True
+    )
+    cands = [
+        (
+            SimpleNamespace(predicted_s=1.0),
+            SimpleNamespace(
+                workers=2,
+                groups=k,
+                describe=lambda k=k: {"mode": "hybrid", "colocated": False, "groups": k},
+            ),
+        )
+        for k in (1, 2)
+    ]
+    run = SimpleNamespace(dir=tmp_path, logger=SimpleNamespace(echo=lambda msg: None))
+    plan, rollout_s = choose_by_trial(run, cfg, cands, 16, probe)
+    # A warm-up each, three passes, then the extra passes: both close, both timed, in turns.
+    assert calls == [(1, 16), (2, 16)] + [(1, 16), (2, 16)] * (3 + extra)
+    rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
+    assert [len(r["timed_s"]["16"]) for r in rows] == [3 + extra] * 2
+    if extra == 1:
+        assert plan is cands[1][0] and rollout_s == pytest.approx(0.140)
+
+
 def test_a_trial_candidate_on_fresh_workers_is_timed_after_the_probes_and_thrown_away(
     monkeypatch, tmp_path
 ):
