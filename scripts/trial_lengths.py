@@ -28,7 +28,8 @@ def _summary(est: list[float], truth: float) -> dict[str, float]:
 
 
 def main() -> None:
-    from cycle_repeat import one_plan  # beside this script: its setup, shared
+    # beside this script (on the path when run as python scripts/trial_lengths.py): its setup
+    from cycle_repeat import one_plan
 
     from loomrl.worker import wait
 

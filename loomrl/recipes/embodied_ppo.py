@@ -494,8 +494,9 @@ def choose_by_trial(
     cost probe's ``probe`` workers is timed on those (their devices may differ from the plan's:
     with host-core env workers only rendering depends on the device, and a co-located plan
     alternates, so nothing renders beside a running policy), the candidates there taking turns
-    rollout by rollout, and those that come out closer to the best than their rollouts' spread
-    taking more turns; others on fresh workers, one after another, thrown away after. The run
+    rollout by rollout, and those that come out closer to the best of them than their rollouts'
+    noise taking up to 2 x reps more passes; others on fresh workers, one after another, thrown
+    away after. The run
     starts from the launch state either way (``plan_cycle`` rebuilds the probe's workers when it
     keeps them).
     """
@@ -591,7 +592,10 @@ def _close_to_best(timed: dict[int, dict[int, list[float]]], steps: int, L: int)
     """The candidates (keys of ``timed``) whose estimate is above the best one's by less than
     the larger of the two's noise, the best first; ``[]`` when no other is that close: such a
     ranking rests on the host, not on the plans. Noise is the median absolute deviation of a
-    candidate's longest rollouts over their median (one stalled rollout does not move it)."""
+    candidate's longest rollouts over their median (one stalled rollout does not move it; with
+    three rollouts it is the smaller gap to the middle one, so it errs towards fewer extra
+    turns). Where the estimate comes from rollouts of L and 2L steps it is noisier than the 2L
+    rollouts this reads."""
     if len(timed) < 2:
         return []
     est = {i: _trial_estimate(t, steps, L) for i, t in timed.items()}

@@ -359,7 +359,8 @@ def test_trial_candidates_closer_than_their_noise_take_more_turns(
     from loomrl.recipes.embodied_ppo import Config, choose_by_trial
 
     calls = []
-    times = {1: iter([1.0, *k1]), 2: iter([1.0, *k2])}  # the first is the warm-up
+    # The first is the warm-up; k = 4 is far slower and never close, so never timed again.
+    times = {1: iter([1.0, *k1]), 2: iter([1.0, *k2]), 4: iter([1.0] + [0.3] * 3)}
 
     class FakeCycle:
         def __init__(self, envs, policy, envs_per_worker, groups, pipelined):
@@ -384,14 +385,15 @@ def test_trial_candidates_closer_than_their_noise_take_more_turns(
                 describe=lambda k=k: {"mode": "hybrid", "colocated": False, "groups": k},
             ),
         )
-        for k in (1, 2)
+        for k in (1, 2, 4)
     ]
     run = SimpleNamespace(dir=tmp_path, logger=SimpleNamespace(echo=lambda msg: None))
     plan, rollout_s = choose_by_trial(run, cfg, cands, 16, probe)
-    # A warm-up each, three passes, then the extra passes: both close, both timed, in turns.
-    assert calls == [(1, 16), (2, 16)] + [(1, 16), (2, 16)] * (3 + extra)
+    # A warm-up each, three passes, then the extra passes: the close two, in turns.
+    first = [(1, 16), (2, 16), (4, 16)]
+    assert calls == first * 4 + [(1, 16), (2, 16)] * extra
     rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
-    assert [len(r["timed_s"]["16"]) for r in rows] == [3 + extra] * 2
+    assert [len(r["timed_s"]["16"]) for r in rows] == [3 + extra, 3 + extra, 3]
     if extra == 1:
         assert plan is cands[1][0] and rollout_s == pytest.approx(0.140)
 
