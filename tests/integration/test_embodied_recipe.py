@@ -398,6 +398,48 @@ def test_trial_candidates_closer_than_their_noise_take_more_turns(
         assert plan is cands[1][0] and rollout_s == pytest.approx(0.140)
 
 
+def test_close_candidates_timed_at_two_lengths_take_more_passes_of_both(monkeypatch, tmp_path):
+    from itertools import cycle
+    from types import SimpleNamespace
+
+    from loomrl.recipes import embodied_ppo
+    from loomrl.recipes.embodied_ppo import Config, choose_by_trial
+
+    calls = []
+
+    class FakeCycle:  # the same plan twice: 8 steps 0.1 s, 16 steps 0.12-0.2 s, never ranked
+        def __init__(self, envs, policy, envs_per_worker, groups, pipelined):
+            self.k, self.long = groups, cycle([0.16, 0.2, 0.12])
+
+        def collect(self, n):
+            calls.append((self.k, n))
+            return SimpleNamespace(wall_s=0.1 if n == 8 else next(self.long))
+
+    monkeypatch.setattr(embodied_ppo, "EnvPolicyCycle", FakeCycle)
+    cfg = Config()
+    cfg.env.num_envs, cfg.auto_trial_steps = 8, 8
+    probe = SimpleNamespace(
+        env=SimpleNamespace(world_size=2), policy=None, can_time=lambda place: True
+    )
+    cands = [
+        (
+            SimpleNamespace(predicted_s=1.0),
+            SimpleNamespace(
+                workers=2,
+                groups=k,
+                describe=lambda k=k: {"mode": "hybrid", "colocated": False, "groups": k},
+            ),
+        )
+        for k in (1, 2)
+    ]
+    run = SimpleNamespace(dir=tmp_path, logger=SimpleNamespace(echo=lambda msg: None))
+    choose_by_trial(run, cfg, cands, 32, probe)
+    # S = 32 > 2L: two passes of 8- and 16-step rollouts, then 2 x 2 more for the close pair.
+    assert calls == [(1, 8), (2, 8)] + [(1, 8), (1, 16), (2, 8), (2, 16)] * (2 + 4)
+    rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
+    assert [len(r["timed_s"][n]) for r in rows for n in ("8", "16")] == [6, 6, 6, 6]
+
+
 def test_a_trial_candidate_on_fresh_workers_is_timed_after_the_probes_and_thrown_away(
     monkeypatch, tmp_path
 ):
