@@ -381,6 +381,7 @@ def compute_advantages(
 
 
 UPDATE_STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "grad_norm")
+_KL = UPDATE_STATS.index("approx_kl")
 
 
 def ppo_step(
@@ -573,7 +574,7 @@ def ppo_update(
             idx = perm[start : start + mb]
             rows.append(step({k: v[idx] for k, v in data.items()}))
         if cfg.target_kl is not None:
-            if float(torch.stack(rows[first:])[:, 3].mean()) > cfg.target_kl:
+            if float(torch.stack(rows[first:])[:, _KL].mean()) > cfg.target_kl:
                 break
     means = torch.stack(rows).mean(0).tolist()
     stats = dict(zip(UPDATE_STATS, means, strict=True))

@@ -69,18 +69,18 @@ class Config:
     window: int = 10  # episodes in the reported episode_return
     probe_reps: int = 5  # timed calls per size when measuring costs for the planner
     # On measured costs the plan is timed on short real rollouts (rollouts of S steps, or of
-    # auto_trial_steps and twice that when S is longer than twice auto_trial_steps) and its prediction re-costed to them;
-    # placement=auto times the best co-located and the best split plan, and every plan
-    # predicted within auto_trial_margin of the best, among them the split cycle at the
-    # ring-group counts k next to the model's best k (and at the first k past the group sizes
-    # the probe timed, when the largest allowed k is among them); hybrid times its split cycle
-    # at those k, temporal and spatial their one plan; the fastest runs (0 steps: trust the
-    # model alone). Results: trials.json in the run directory. A rollout estimated from two
-    # shorter ones carries their noise magnified (at S = 4L: 3 x the longer - 2 x the shorter):
-    # on a 2-core host a 64-step rollout estimated from medians of 2 rollouts of 16 and of 32
-    # steps had a standard deviation of 17-19% of the median, against 6-12% for the median of 3
-    # rollouts of 64 steps
-    # (scripts/trial_lengths.py), so rollouts up to 64 steps are timed whole.
+    # auto_trial_steps and twice that when S is longer than twice auto_trial_steps) and its
+    # prediction re-costed to them; placement=auto times the best co-located and the best split
+    # plan, and every plan predicted within auto_trial_margin of the best, among them the split
+    # cycle at the ring-group counts k next to the model's best k (and at the first k past the
+    # group sizes the probe timed, when the largest allowed k is among them); hybrid times its
+    # split cycle at those k, temporal and spatial their one plan; the fastest runs (0 steps:
+    # trust the model alone). Results: trials.json in the run directory. A rollout estimated
+    # from two shorter ones carries their noise magnified (at S = 4L: 3 x the longer - 2 x the
+    # shorter): on a 2-core host a 64-step rollout estimated from medians of 2 rollouts of 16
+    # and of 32 steps had a standard deviation of 17-19% of the median, against 6-12% for the
+    # median of 3 rollouts of 64 steps (scripts/trial_lengths.py), so rollouts up to 64 steps
+    # are timed whole.
     auto_trial_steps: int = 32
     auto_trial_margin: float = 0.5
     # How measured costs become the cycle's model: fixed_hops (a call's fixed cost is hand-off
@@ -496,9 +496,8 @@ def choose_by_trial(
     alternates, so nothing renders beside a running policy), the candidates there taking turns
     rollout by rollout, and those that come out closer to the best of them than their rollouts'
     noise taking up to 2 x reps more passes; others on fresh workers, one after another, thrown
-    away after. The run
-    starts from the launch state either way (``plan_cycle`` rebuilds the probe's workers when it
-    keeps them).
+    away after. The run starts from the launch state either way (``plan_cycle`` rebuilds the
+    probe's workers when it keeps them).
     """
     L, t0, rows = cfg.auto_trial_steps, time.perf_counter(), []
     lengths = (steps,) if steps <= 2 * L else (L, 2 * L)

@@ -294,11 +294,34 @@ def test_trials_time_the_first_k_past_the_probed_sizes_and_only_a_trial_picks_it
         assert out.predicted_s == pytest.approx(0.5 + 0.16)  # update + the trial's rollout
 
 
-def test_trial_candidates_on_the_probes_workers_take_turns(monkeypatch, tmp_path):
+def _trial_cand(k: int, workers: int = 2) -> tuple:
+    """A (plan, placement) trial candidate: a split cycle at k groups on ``workers`` env workers."""
+    from types import SimpleNamespace
+
+    mode = {"mode": "hybrid", "colocated": False, "groups": k}
+    return SimpleNamespace(predicted_s=1.0), SimpleNamespace(
+        workers=workers, groups=k, describe=lambda: mode
+    )
+
+
+def _trial_on_fakes(monkeypatch, tmp_path, fake_cycle, cands, steps, fits=lambda place: True):
+    """``choose_by_trial`` over ``cands`` (8 envs, auto_trial_steps 8), ``fake_cycle`` standing
+    for the cycle; the probe has 2 env workers and can time the candidates ``fits`` says."""
     from types import SimpleNamespace
 
     from loomrl.recipes import embodied_ppo
     from loomrl.recipes.embodied_ppo import Config, choose_by_trial
+
+    monkeypatch.setattr(embodied_ppo, "EnvPolicyCycle", fake_cycle)
+    cfg = Config()
+    cfg.env.num_envs, cfg.auto_trial_steps = 8, 8
+    probe = SimpleNamespace(env=SimpleNamespace(world_size=2), policy=None, can_time=fits)
+    run = SimpleNamespace(cluster=None, dir=tmp_path, logger=SimpleNamespace(echo=lambda msg: None))
+    return choose_by_trial(run, cfg, cands, steps, probe)
+
+
+def test_trial_candidates_on_the_probes_workers_take_turns(monkeypatch, tmp_path):
+    from types import SimpleNamespace
 
     calls = []
     # Seconds per step: k = 2 is the faster plan, and the host turns 3x slower after four
@@ -315,25 +338,8 @@ def test_trial_candidates_on_the_probes_workers_take_turns(monkeypatch, tmp_path
             calls.append((self.k, n))
             return SimpleNamespace(wall_s=per_step[self.k] * n * next(slow))
 
-    monkeypatch.setattr(embodied_ppo, "EnvPolicyCycle", FakeCycle)
-    cfg = Config()
-    cfg.env.num_envs, cfg.auto_trial_steps = 8, 8
-    probe = SimpleNamespace(
-        env=SimpleNamespace(world_size=2), policy=None, can_time=lambda place: True
-    )
-    cands = [
-        (
-            SimpleNamespace(predicted_s=1.0),
-            SimpleNamespace(
-                workers=2,
-                groups=k,
-                describe=lambda k=k: {"mode": "hybrid", "colocated": False, "groups": k},
-            ),
-        )
-        for k in (1, 2)
-    ]
-    run = SimpleNamespace(dir=tmp_path, logger=SimpleNamespace(echo=lambda msg: None))
-    plan, rollout_s = choose_by_trial(run, cfg, cands, 16, probe)
+    cands = [_trial_cand(k) for k in (1, 2)]
+    plan, rollout_s = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16)
     # A warm-up each, then three passes of one 16-step rollout per candidate.
     assert calls == [(1, 16), (2, 16)] + [(1, 16), (2, 16)] * 3
     assert plan is cands[1][0] and rollout_s == pytest.approx(0.008 * 16 * 3)
@@ -355,9 +361,6 @@ def test_trial_candidates_closer_than_their_noise_take_more_turns(
 ):
     from types import SimpleNamespace
 
-    from loomrl.recipes import embodied_ppo
-    from loomrl.recipes.embodied_ppo import Config, choose_by_trial
-
     calls = []
     # The first is the warm-up; k = 4 is far slower and never close, so never timed again.
     times = {1: iter([1.0, *k1]), 2: iter([1.0, *k2]), 4: iter([1.0] + [0.3] * 3)}
@@ -370,25 +373,8 @@ def test_trial_candidates_closer_than_their_noise_take_more_turns(
             calls.append((self.k, n))
             return SimpleNamespace(wall_s=next(times[self.k]))
 
-    monkeypatch.setattr(embodied_ppo, "EnvPolicyCycle", FakeCycle)
-    cfg = Config()
-    cfg.env.num_envs, cfg.auto_trial_steps = 8, 8
-    probe = SimpleNamespace(
-        env=SimpleNamespace(world_size=2), policy=None, can_time=lambda place: True
-    )
-    cands = [
-        (
-            SimpleNamespace(predicted_s=1.0),
-            SimpleNamespace(
-                workers=2,
-                groups=k,
-                describe=lambda k=k: {"mode": "hybrid", "colocated": False, "groups": k},
-            ),
-        )
-        for k in (1, 2, 4)
-    ]
-    run = SimpleNamespace(dir=tmp_path, logger=SimpleNamespace(echo=lambda msg: None))
-    plan, rollout_s = choose_by_trial(run, cfg, cands, 16, probe)
+    cands = [_trial_cand(k) for k in (1, 2, 4)]
+    plan, rollout_s = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16)
     # A warm-up each, three passes, then the extra passes: the close two, in turns.
     first = [(1, 16), (2, 16), (4, 16)]
     assert calls == first * 4 + [(1, 16), (2, 16)] * extra
@@ -402,9 +388,6 @@ def test_close_candidates_timed_at_two_lengths_take_more_passes_of_both(monkeypa
     from itertools import cycle
     from types import SimpleNamespace
 
-    from loomrl.recipes import embodied_ppo
-    from loomrl.recipes.embodied_ppo import Config, choose_by_trial
-
     calls = []
 
     class FakeCycle:  # the same plan twice: 8 steps 0.1 s, 16 steps 0.12-0.2 s, never ranked
@@ -415,25 +398,8 @@ def test_close_candidates_timed_at_two_lengths_take_more_passes_of_both(monkeypa
             calls.append((self.k, n))
             return SimpleNamespace(wall_s=0.1 if n == 8 else next(self.long))
 
-    monkeypatch.setattr(embodied_ppo, "EnvPolicyCycle", FakeCycle)
-    cfg = Config()
-    cfg.env.num_envs, cfg.auto_trial_steps = 8, 8
-    probe = SimpleNamespace(
-        env=SimpleNamespace(world_size=2), policy=None, can_time=lambda place: True
-    )
-    cands = [
-        (
-            SimpleNamespace(predicted_s=1.0),
-            SimpleNamespace(
-                workers=2,
-                groups=k,
-                describe=lambda k=k: {"mode": "hybrid", "colocated": False, "groups": k},
-            ),
-        )
-        for k in (1, 2)
-    ]
-    run = SimpleNamespace(dir=tmp_path, logger=SimpleNamespace(echo=lambda msg: None))
-    choose_by_trial(run, cfg, cands, 32, probe)
+    cands = [_trial_cand(k) for k in (1, 2)]
+    _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 32)
     # S = 32 > 2L: two passes of 8- and 16-step rollouts, then 2 x 2 more for the close pair.
     assert calls == [(1, 8), (2, 8)] + [(1, 8), (1, 16), (2, 8), (2, 16)] * (2 + 4)
     rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
@@ -446,7 +412,6 @@ def test_a_trial_candidate_on_fresh_workers_is_timed_after_the_probes_and_thrown
     from types import SimpleNamespace
 
     from loomrl.recipes import embodied_ppo
-    from loomrl.recipes.embodied_ppo import Config, choose_by_trial
 
     calls, killed = [], []
 
@@ -468,23 +433,12 @@ def test_a_trial_candidate_on_fresh_workers_is_timed_after_the_probes_and_thrown
             FakeCycle(None, None, 0, place.groups, True, "fresh"),
         )
 
-    monkeypatch.setattr(embodied_ppo, "EnvPolicyCycle", FakeCycle)
     monkeypatch.setattr(embodied_ppo, "start_cycle", fresh_cycle)
-    cfg = Config()
-    cfg.env.num_envs, cfg.auto_trial_steps = 8, 8
-
-    def cand(workers, k):
-        mode = {"mode": "hybrid", "colocated": False, "groups": k}
-        return SimpleNamespace(predicted_s=1.0), SimpleNamespace(
-            workers=workers, groups=k, describe=lambda: mode
-        )
-
-    probe = SimpleNamespace(
-        env=SimpleNamespace(world_size=2), policy=None, can_time=lambda p: p.workers == 2
+    # the fresh-worker one first: it still runs last
+    cands = [_trial_cand(1, workers=4), _trial_cand(2)]
+    _, rollout_s = _trial_on_fakes(
+        monkeypatch, tmp_path, FakeCycle, cands, 32, fits=lambda p: p.workers == 2
     )
-    cands = [cand(4, 1), cand(2, 2)]  # the fresh-worker one first: it still runs last
-    run = SimpleNamespace(cluster=None, dir=tmp_path, logger=SimpleNamespace(echo=lambda msg: None))
-    _, rollout_s = choose_by_trial(run, cfg, cands, 32, probe)
     # S = 32 > 2 L: rollouts of 8 and 16 steps, twice each after a warm-up of 8.
     each = [8, 8, 16, 8, 16]
     assert calls == [("probe", 2, n) for n in each] + [("fresh", 1, n) for n in each]
