@@ -16,7 +16,10 @@ same placement, e.g. auto and the mode it picked, are pooled: they ran one plan)
 time per placement it prints the fastest and slowest run of it (the noise a prediction is judged
 against) and how many runs (a mode in a round) were predicted within 5%. The last line reads
 ``auto_mode: <mode> best_mode: <mode> auto_vs_best: <ratio>``; the line before it, when both
-ran, ``hybrid_vs_temporal`` (temporal's measured s/it over hybrid's).
+ran, ``hybrid_vs_temporal`` (temporal's measured s/it over hybrid's). With ``--rounds`` every
+mode runs once per round, each round starting one mode later. ``--out`` is rewritten after every
+run (``"complete": false`` and the raw ``runs`` so far) and at the end with the summary
+(``"complete": true``), so a benchmark cut off by a time limit keeps what it measured.
 """
 
 from __future__ import annotations
@@ -215,6 +218,21 @@ def _verdict(runs: dict[str, list[dict]]) -> tuple[float, dict[str, float]]:
     return max(pooled[k] for k in picked) / min(pooled.values()), pooled
 
 
+def round_order(modes: list[str], rnd: int) -> list[str]:
+    """The modes of round ``rnd``: the list turned by ``rnd`` places, so that over as many
+    rounds as modes each mode runs once in every position."""
+    i = rnd % len(modes) if modes else 0
+    return modes[i:] + modes[:i]
+
+
+def _write(path: str, doc: dict) -> None:
+    """Write ``doc`` as JSON through a temporary file, so that a run killed mid-write leaves the
+    previous version whole."""
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2))
+    tmp.replace(path)
+
+
 def _json_object(text: str) -> dict:
     """--policy-kwargs: a JSON object (argparse reports anything else as a usage error)."""
     value = json.loads(text)
@@ -272,12 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     runs: dict[str, list[dict]] = {m: [] for m in args.modes.split(",")}
     with tempfile.TemporaryDirectory() as tmp:
-        # Rounds interleave the modes so that drifting load on a shared machine hits all alike.
+        # Rounds interleave the modes so that drifting load on a shared machine hits all alike,
+        # and each round starts one mode later, so that no mode always runs right after another.
         for rnd in range(args.rounds):
-            for mode in runs:
+            for mode in round_order(list(runs), rnd):
                 r = run_mode(mode, args, Path(tmp) / f"round{rnd}")
                 runs[mode].append(r)
                 print(f"{mode}: {r.get('measured_s') or r.get('reason')}", file=sys.stderr)
+                if args.out:  # what ran so far survives a run cut off by a time limit
+                    _write(
+                        args.out,
+                        {"args": vars(args), "load_average": load, "complete": False, "runs": runs},
+                    )
     cluster.shutdown()
     results = [_merge(rs) for rs in runs.values()]
 
@@ -352,21 +376,20 @@ def main(argv: list[str] | None = None) -> int:
     auto_mode = auto["plan_mode"] if auto else "none"
     best_mode = best["plan_mode"] if best else "none"
     if args.out:
-        Path(args.out).write_text(
-            json.dumps(
-                {
-                    "args": vars(args),
-                    "load_average": load,
-                    "results": results,
-                    "auto_mode": auto_mode,
-                    "best_mode": best_mode,
-                    "auto_vs_best": ratio,
-                    "pooled_by_placement": pooled,
-                    "spread_by_placement": spread,
-                    "round_errors": errors,
-                },
-                indent=2,
-            )
+        _write(
+            args.out,
+            {
+                "args": vars(args),
+                "load_average": load,
+                "complete": True,
+                "results": results,
+                "auto_mode": auto_mode,
+                "best_mode": best_mode,
+                "auto_vs_best": ratio,
+                "pooled_by_placement": pooled,
+                "spread_by_placement": spread,
+                "round_errors": errors,
+            },
         )
     print(f"auto_mode: {auto_mode} best_mode: {best_mode} auto_vs_best: {ratio:.3f}")
     return 0 if ratio == ratio and ratio <= TOLERANCE else 1

@@ -105,3 +105,68 @@ def test_verdict_on_stored_gpu_runs(path, expected):
     d = json.loads((ROOT / path).read_text())
     runs = {r["mode"]: r["rounds"] for r in d["results"]}
     assert b._verdict(runs)[0] == pytest.approx(expected, abs=5e-4)
+
+
+def test_rounds_turn_the_mode_order():
+    bench = _bench()
+    modes = ["temporal", "hybrid", "auto"]
+    orders = [bench.round_order(modes, r) for r in range(4)]
+    assert orders[0] == modes
+    assert orders[1] == ["hybrid", "auto", "temporal"]
+    assert orders[3] == modes
+    # over as many rounds as modes, every mode runs once in every position
+    for pos in range(3):
+        assert sorted(o[pos] for o in orders[:3]) == sorted(modes)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_out_holds_every_finished_run_when_a_later_one_is_cut_off(tmp_path, monkeypatch):
+    """A run killed mid-benchmark (a time limit) leaves the runs before it in --out."""
+    import loomrl.cluster
+
+    bench = _bench()
+
+    class FakeCluster:
+        def shutdown(self):
+            pass
+
+    monkeypatch.setattr(loomrl.cluster.Cluster, "start", staticmethod(lambda **kw: FakeCluster()))
+    calls = []
+
+    def fake_run_mode(mode, args, out_dir):
+        calls.append((mode, out_dir.name))
+        if len(calls) == stop_at:
+            raise _Stop  # this run never finishes
+        k, t = (1, 0.5) if mode == "temporal" else (4, 0.3)
+        r = _run(k, t, t, [t, t])
+        plan_mode = r["placement"]["mode"]
+        return {
+            **r,
+            "mode": mode,
+            "plan_mode": plan_mode,
+            "model_s": t,
+            "collect_s": [t, t],
+            "env_steps_per_s": 100.0,
+        }
+
+    monkeypatch.setattr(bench, "run_mode", fake_run_mode)
+    out = tmp_path / "bench.json"
+    stop_at = 5
+    with pytest.raises(_Stop):
+        bench.main(["--modes", "temporal,hybrid,auto", "--rounds", "2", "--out", str(out)])
+    assert [m for m, _ in calls] == ["temporal", "hybrid", "auto", "hybrid", "auto"]
+    assert [d for _, d in calls] == ["round0"] * 3 + ["round1"] * 2
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False
+    assert {m: len(rs) for m, rs in doc["runs"].items()} == {"temporal": 1, "hybrid": 2, "auto": 1}
+    assert not out.with_name("bench.json.tmp").exists()
+    # Uncut, the same benchmark ends with the whole summary, the verdict included.
+    calls.clear()
+    stop_at = 0
+    rc = bench.main(["--modes", "temporal,hybrid,auto", "--rounds", "2", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert (rc, doc["complete"], doc["auto_vs_best"]) == (0, True, 1.0)
+    assert [r["mode"] for r in doc["results"]] == ["temporal", "hybrid", "auto"]
