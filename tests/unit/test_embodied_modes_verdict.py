@@ -98,6 +98,8 @@ def test_round_errors_and_spread_by_placement():
         ("docs/results/gpu/update_graphs/embodied_px_e16_s32.json", 1.114),
         # call AU: k = 8 in both rounds, as hybrid
         ("docs/results/gpu/turns/embodied_px_e64_s16_c2_call_au.json", 1.000),
+        # call AY, one H200: k = 4 then k = 2, pooled 0.362 and 0.357 s/it
+        ("docs/results/gpu/one_h200/embodied_px_e16_s32_c3.json", 1.015),
     ],
 )
 def test_verdict_on_stored_gpu_runs(path, expected):
