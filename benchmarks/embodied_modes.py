@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {m: [] for m in args.modes.split(",")}
     with tempfile.TemporaryDirectory() as tmp:
         # Rounds interleave the modes so that drifting load on a shared machine hits all alike,
-        # and each round starts one mode later, so that no mode always runs right after another.
+        # and each round starts one mode later, so that no mode always runs first or last.
         for rnd in range(args.rounds):
             for mode in round_order(list(runs), rnd):
                 r = run_mode(mode, args, Path(tmp) / f"round{rnd}")

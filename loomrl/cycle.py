@@ -62,6 +62,7 @@ __all__ = [
     "overlap_slowdown",
     "placement_from_plan",
     "time_chain",
+    "RING_LAYOUTS",
     "ring_groups",
 ]
 
@@ -84,18 +85,28 @@ class Part:
     hi: int
 
 
-def ring_groups(workers: int, envs_per_worker: int, k: int) -> list[list[Part]]:
+RING_LAYOUTS = ("slices", "blocks")
+
+
+def ring_groups(
+    workers: int, envs_per_worker: int, k: int, layout: str = "slices"
+) -> list[list[Part]]:
     """Cut ``workers * envs_per_worker`` envs into ``k`` groups.
 
-    With ``k <= envs_per_worker`` group g is slice g of every worker (all env workers step every
-    group together); otherwise groups are contiguous slices of the global env order.
+    ``slices``: with ``k <= envs_per_worker`` group g is slice g of every worker (all env
+    workers step every group together, each making k calls a step); otherwise, as ``blocks``,
+    groups are contiguous slices of the global env order, so a group spans whole workers where
+    k divides the worker count (each worker then makes one call a step, and only the workers of
+    one group step at a time).
     """
     n = workers * envs_per_worker
     if not 1 <= k <= n:
         raise ConfigError(
             [f"groups={k}: must be between 1 and the number of envs ({n}); each group needs an env"]
         )
-    if k <= envs_per_worker:
+    if layout not in RING_LAYOUTS:
+        raise ConfigError([f"layout={layout!r}: must be one of {', '.join(RING_LAYOUTS)}"])
+    if k <= envs_per_worker and layout == "slices":
         b = np.linspace(0, envs_per_worker, k + 1).round().astype(int)
         return [[Part(w, int(b[g]), int(b[g + 1])) for w in range(workers)] for g in range(k)]
     b = np.linspace(0, n, k + 1).round().astype(int)
@@ -139,11 +150,12 @@ class EnvPolicyCycle:
         envs_per_worker: int,
         groups: int = 1,
         pipelined: bool = True,
+        layout: str = "slices",
     ):
         self.envs, self.policy = envs, policy
         self.workers = envs.world_size
         self.num_envs = self.workers * envs_per_worker
-        self.groups = ring_groups(self.workers, envs_per_worker, groups)
+        self.groups = ring_groups(self.workers, envs_per_worker, groups, layout)
         self.pipelined = pipelined
         # Views per rank, made once: building a view costs more than a call.
         self._env = [envs.on(w) for w in range(self.workers)]
@@ -181,8 +193,10 @@ class EnvPolicyCycle:
 
     @staticmethod
     def _ref(h: Handle) -> Any:
-        # A top-level ObjectRef argument is resolved by Ray in the callee: data flows worker to
-        # worker while the driver goes on submitting.
+        # A top-level ObjectRef argument is resolved by Ray before the call runs, while the
+        # driver goes on submitting. Objects under Ray's inline limit (100 KiB by default) come
+        # back to the driver, their owner, and go out again inside the next call; larger ones
+        # travel worker to worker through the object store.
         return h.refs[0]
 
 

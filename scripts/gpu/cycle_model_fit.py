@@ -60,11 +60,14 @@ def trial_rows(path: str) -> list[tuple]:
     rows = []
     # every round's trials (a round keeps its own probe, profile and trials; the result's top
     # level repeats the last round's)
-    rounds = [
-        (f"{name}#{i}" if len(r.get("rounds") or []) > 1 else name, {**r, **rr})
-        for r in d["results"]
-        for i, rr in enumerate(r.get("rounds") or [r])
-    ]
+    if "results" in d:
+        rounds = [
+            (f"{name}#{i}" if len(r.get("rounds") or []) > 1 else name, {**r, **rr})
+            for r in d["results"]
+            for i, rr in enumerate(r.get("rounds") or [r])
+        ]
+    else:  # a benchmark cut off before its summary ("complete": false): its raw runs by mode
+        rounds = [(f"{name}#{i}", rr) for rs in d["runs"].values() for i, rr in enumerate(rs)]
     for run, r in rounds:
         if not r.get("feasible") or not r.get("trials") or not r.get("profile"):
             continue

@@ -13,7 +13,9 @@ repeated with
 
 Then it runs the real cycle on the pixel workers with k = 1 (env and policy alternate: the
 temporal cycle) and k = 2, 4 (pipelined groups), interleaved over rounds, so that the ratio of
-k = 1 to k = 2 is measured on the same processes. Before that, ``measure_costs`` (the probe
+k = 1 to k = 2 is measured on the same processes; with ``--layouts slices,blocks`` also k = 2, 4
+with each group on whole env workers (``k=2b``, ``k=4b``: one call per worker a step, one
+group's workers stepping at a time) beside the default slices of every worker. Before that, ``measure_costs`` (the probe
 the recipe plans with) times the same workers, and the planner's cycle model predicts each k
 from it twice: from the chains alone (hand-offs inside the components' costs, no hop) and from
 the workers' busy times plus the cycle's hop latency. Prints one table and writes JSON.
@@ -73,6 +75,12 @@ def main() -> None:
         "--graphs",
         action="store_true",
         help="the policy's forward as CUDA graphs (the recipe's default; results so far: eager)",
+    )
+    p.add_argument(
+        "--layouts",
+        default="slices",
+        help="ring layouts of the split cycle, comma-separated (loomrl.cycle.RING_LAYOUTS); "
+        "blocks runs appear as k=<k>b",
     )
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -149,14 +157,20 @@ def main() -> None:
     probe_sizes = sorted({n // d for d in (1, 2, 4) if (n // d) % w == 0})
     costs = measure_costs(env_px, pol_rows, n, probe_sizes, args.steps)
     res["probe_samples"] = costs["samples"]
-    cycles: dict = {1: [], 2: [], 4: []}
     per_worker = n // w
+    # (k, layout): blocks only where they cut differently (k > 1 divides the worker count)
+    runs = [(k, "slices") for k in (1, 2, 4) if k <= per_worker]
+    if "blocks" in args.layouts.split(","):
+        runs += [(k, "blocks") for k in (2, 4) if k <= w and w % k == 0]
+    cycles: dict = {(k if lay == "slices" else f"{k}b"): [] for k, lay in runs}
+    busy: dict = {key: [] for key in cycles}
     for _ in range(args.rounds):
-        for k in cycles:
-            if k > per_worker:
-                continue
-            cyc = EnvPolicyCycle(env_px, pol_rows, per_worker, k, True)
-            cycles[k].append(cyc.collect(args.steps).wall_s / args.steps)
+        for (k, lay), key in zip(runs, cycles, strict=True):
+            cyc = EnvPolicyCycle(env_px, pol_rows, per_worker, k, True, layout=lay)
+            r = cyc.collect(args.steps)
+            cycles[key].append(r.wall_s / args.steps)
+            busy[key].append((r.env_busy_s / w, r.policy_busy_s))
+    res["cycle_busy_s"] = {str(k): v for k, v in busy.items()}
     res["cycle_step_s"] = {k: v for k, v in cycles.items() if v}
     env_px.kill()  # its cores go to the state env workers
     if not args.no_variants:
@@ -197,6 +211,7 @@ def main() -> None:
                 )
                 / args.steps
                 for k in med
+                if isinstance(k, int)
             },
         }
     res["model"] = models
@@ -204,10 +219,14 @@ def main() -> None:
         pred = "  ".join(
             f"{label} {1e3 * m['step_s'][k]:6.2f} ({100 * (v - m['step_s'][k]) / m['step_s'][k]:+.0f}%)"
             for label, m in models.items()
+            if k in m["step_s"]
         )
+        eb = statistics.median(b[0] for b in busy[k])
+        pb = statistics.median(b[1] for b in busy[k])
         print(
             f"cycle k={k}: {1e3 * v:7.2f} ms per step ({[round(1e3 * x, 2) for x in cycles[k]]})"
-            f"  k=1 / k={k}: {med[1] / v:.3f}  predicted: {pred}"
+            f"  k=1 / k={k}: {med[1] / v:.3f}  busy env {eb:.3f} s, policy {pb:.3f} s"
+            f"  predicted: {pred}"
         )
     print(
         "hop_s {:.2f} ms, overlap slowdown {:.2f} (busy) / {:.2f} (chains)".format(

@@ -13,6 +13,7 @@ from loomrl import wait
 from loomrl.cycle import EnvPolicyCycle, ring_groups
 from loomrl.embodied import PPOConfig, RewardScaler, RunningMeanStd, collect, ppo_update
 from loomrl.envs.vec import EnvConfig, VecEnv
+from loomrl.errors import ConfigError
 from loomrl.policies import make_policy
 from loomrl.workers.env import EnvWorker, worker_env_config
 from loomrl.workers.policy import PolicyWorker
@@ -36,6 +37,15 @@ def test_ring_groups_cut_every_worker_or_the_global_order():
         [(1, 0, 1)],
         [(1, 1, 2)],
     ]
+    g = ring_groups(2, 4, 2, layout="blocks")  # a group per worker, one call a step each
+    assert [[(p.worker, p.lo, p.hi) for p in parts] for parts in g] == [[(0, 0, 4)], [(1, 0, 4)]]
+    g = ring_groups(4, 2, 2, layout="blocks")  # a group spans two whole workers
+    assert [[(p.worker, p.lo, p.hi) for p in parts] for parts in g] == [
+        [(0, 0, 2), (1, 0, 2)],
+        [(2, 0, 2), (3, 0, 2)],
+    ]
+    with pytest.raises(ConfigError, match="layout='rows': must be one of slices, blocks"):
+        ring_groups(2, 4, 2, layout="rows")
 
 
 def _reference(iterations: int):
@@ -58,7 +68,7 @@ def _reference(iterations: int):
 
 
 def test_pipelined_cycle_matches_the_unpipelined_reference(cluster):
-    ref = _reference(3)
+    ref = _reference(4)
     envs = cluster.launch(
         EnvWorker, 2, worker_env_config(ENV, 2), devices=[0, 1], num_cpus=0.5, name="env_t"
     )
@@ -80,6 +90,7 @@ def test_pipelined_cycle_matches_the_unpipelined_reference(cluster):
                 EnvPolicyCycle(envs, policy, 2, groups=2, pipelined=True),  # a group per slice
                 EnvPolicyCycle(envs, policy, 2, groups=4, pipelined=True),  # one env per group
                 EnvPolicyCycle(envs, policy, 2, groups=1, pipelined=False),  # plain alternation
+                EnvPolicyCycle(envs, policy, 2, 2, True, layout="blocks"),  # a group per worker
             ]
             for cycle, (want, params) in zip(cycles, ref, strict=True):
                 res = cycle.collect(STEPS)

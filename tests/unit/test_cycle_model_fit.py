@@ -57,3 +57,23 @@ def test_trials_below_the_probed_sizes_are_marked_and_every_round_is_read():
     # (16 envs on 8 workers: 16 and 8), so k = 4 is past it and k = 2 is not.
     ab = fit.trial_rows(str(ROOT / "docs/results/gpu/graphs/embodied_px_e16_s32_i96_call_ab.json"))
     assert {"k4*", "k2"} <= {plan for _, _, plan, *_ in ab} and "k4" not in {r[2] for r in ab}
+
+
+def test_a_benchmark_cut_off_before_its_summary_is_read_from_its_raw_runs(tmp_path):
+    """embodied_modes rewrites --out after every run ("complete": false, the runs by mode):
+    such a file yields the same trial rows as the summary would."""
+    import json
+
+    fit = _script()
+    src = ROOT / "docs/results/gpu/one_h200/embodied_px_e16_s32_c3.json"
+    d = json.loads(src.read_text())
+    partial = {
+        "args": d["args"],
+        "complete": False,
+        "runs": {r["mode"]: r["rounds"] for r in d["results"]},
+    }
+    cut = tmp_path / src.name
+    cut.write_text(json.dumps(partial))
+    whole, raw = fit.trial_rows(str(src)), fit.trial_rows(str(cut))
+    assert len(whole) == len(raw) > 0
+    assert sorted(r[1:] for r in whole) == sorted(r[1:] for r in raw)
