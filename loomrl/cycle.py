@@ -62,7 +62,9 @@ __all__ = [
     "overlap_slowdown",
     "placement_from_plan",
     "time_chain",
+    "HANDOFFS",
     "RING_LAYOUTS",
+    "resolve_handoff",
     "ring_groups",
 ]
 
@@ -140,6 +142,34 @@ class CollectResult:
     env_steps: int = 0  # transitions over all envs
 
 
+HANDOFFS = ("auto", "driver", "direct")
+
+
+def resolve_handoff(handoff: str, groups: list[list[Part]], pipelined: bool) -> str:
+    """How results pass between env workers and the policy: ``driver`` (the driver submits every
+    call, each result passed on as an object reference) or ``direct`` (each env worker calls the
+    policy itself, one message per hand-off instead of two; only where every group lies on one
+    env worker, pipelined). ``auto``: direct where it applies, else driver."""
+    if handoff not in HANDOFFS:
+        raise ConfigError([f"cycle_handoff={handoff!r}: must be one of {', '.join(HANDOFFS)}"])
+    split = [g for g, parts in enumerate(groups) if len(parts) > 1]
+    if handoff == "direct" and (split or not pipelined):
+        why = (
+            f"group {split[0]} spans env workers {[p.worker for p in groups[split[0]]]}"
+            if split
+            else "the cycle is not pipelined (pipelined=false)"
+        )
+        raise ConfigError(
+            [
+                f"cycle_handoff=direct: {why}; direct hand-offs need every group on one env "
+                "worker and a pipelined cycle. Use cycle_handoff=auto (direct where it applies)"
+            ]
+        )
+    if handoff == "auto":
+        return "direct" if pipelined and not split else "driver"
+    return handoff
+
+
 class EnvPolicyCycle:
     """Drives env workers and one policy worker through S steps per ``collect``."""
 
@@ -151,12 +181,14 @@ class EnvPolicyCycle:
         groups: int = 1,
         pipelined: bool = True,
         layout: str = "slices",
+        handoff: str = "driver",
     ):
         self.envs, self.policy = envs, policy
         self.workers = envs.world_size
         self.num_envs = self.workers * envs_per_worker
         self.groups = ring_groups(self.workers, envs_per_worker, groups, layout)
         self.pipelined = pipelined
+        self.handoff = resolve_handoff(handoff, self.groups, pipelined)
         # Views per rank, made once: building a view costs more than a call.
         self._env = [envs.on(w) for w in range(self.workers)]
 
@@ -165,6 +197,8 @@ class EnvPolicyCycle:
         if steps < 1:
             raise ConfigError([f"steps={steps}: a rollout needs at least one step"])
         t0 = time.perf_counter()
+        if self.handoff == "direct":
+            return self._collect_direct(steps, t0)
         self.policy.begin(steps)
         cur = [[self._ref(self._env[p.worker].observe(p.lo, p.hi)) for p in g] for g in self.groups]
         for t in range(steps):
@@ -180,6 +214,22 @@ class EnvPolicyCycle:
         # every group's last step, which depends on all before it), naming the worker that raised.
         closes = [self.policy.close_group(*cur[g]) for g in range(len(self.groups))]
         *_, pol, env_stats = wait(*closes, self.policy.finish(), self.envs.pop_stats())
+        return self._result(steps, t0, pol, env_stats)
+
+    def _collect_direct(self, steps: int, t0: float) -> CollectResult:
+        """Each env worker drives its own groups and calls the policy itself (run_groups)."""
+        # Calls from different processes reach the policy in no set order: its buffer must be
+        # ready before any env worker calls, and finish() must wait for every group's last step.
+        wait(self.policy.begin(steps))
+        actor = self.policy.actors[0]
+        mine: dict[int, list[tuple[int, int]]] = {}
+        for (p,) in self.groups:
+            mine.setdefault(p.worker, []).append((p.lo, p.hi))
+        wait(*[self._env[w].run_groups(actor, parts, steps) for w, parts in mine.items()])
+        pol, env_stats = wait(self.policy.finish(), self.envs.pop_stats())
+        return self._result(steps, t0, pol, env_stats)
+
+    def _result(self, steps: int, t0: float, pol: list, env_stats: list) -> CollectResult:
         out = CollectResult(wall_s=time.perf_counter() - t0, steps=steps)
         out.policy_busy_s = pol[0]["policy_busy_s"]
         for s in env_stats:

@@ -70,10 +70,10 @@ class Config:
     probe_reps: int = 5  # timed calls per size when measuring costs for the planner
     # On measured costs the plan is timed on short real rollouts (rollouts of S steps, or of
     # auto_trial_steps and twice that when S is longer than twice auto_trial_steps) and its
-    # prediction re-costed to them; placement=auto times the best co-located and the best split
-    # plan, and every plan predicted within auto_trial_margin of the best, among them the split
-    # cycle at the ring-group counts k next to the model's best k (and at the first k past the
-    # group sizes the probe timed, when the largest allowed k is among them); hybrid times its
+    # prediction re-costed to them; placement=auto times the best co-located plan and the split
+    # cycle at the model's best k and the k next to it (and at the first k past the group sizes
+    # the probe timed, when the largest allowed k is among them), whatever their predictions,
+    # and every other plan predicted within auto_trial_margin of the best; hybrid times its
     # split cycle at those k, temporal and spatial their one plan; the fastest runs (0 steps:
     # trust the model alone). Results: trials.json in the run directory. A rollout estimated
     # from two shorter ones carries their noise magnified (at S = 4L: 3 x the longer - 2 x the
@@ -91,6 +91,13 @@ class Config:
     # Under every model the planner keeps ring groups as large as the probe's smallest group
     # (the cycle's min_group): fixed_hops carried below it planned k = 32 and 64 on a GPU.
     cycle_model: str = "auto"
+    # How results pass between env workers and the policy: auto (each env worker calls the
+    # policy itself, one message per hand-off, where every ring group lies on one env worker and
+    # the cycle is pipelined; otherwise as driver) or driver (the driver submits every call, each
+    # result passed on as an object reference: two messages per hand-off). The trajectories are
+    # the same; on the 2-core CPU machine the direct calls ran the split cycle's rollouts
+    # 1.2-1.5x faster (scripts/handoff_cycle.py). The run summary's cycle_handoff says which ran.
+    cycle_handoff: str = "auto"
     run: RunConfig = field(default_factory=RunConfig)
 
     def validate(self) -> list[str]:
@@ -117,6 +124,11 @@ class Config:
             )
         if self.auto_trial_margin < 0:
             p.append(f"auto_trial_margin: must be >= 0, got {self.auto_trial_margin}")
+        if self.cycle_handoff not in ("auto", "driver"):
+            p.append(
+                f"cycle_handoff: {self.cycle_handoff!r} is not one of auto, driver (auto calls "
+                "the policy directly wherever the plan allows it)"
+            )
         if self.cycle_model not in ("auto", *CYCLE_MODELS):
             p.append(
                 f"cycle_model: {self.cycle_model!r} is not one of auto, {', '.join(CYCLE_MODELS)}"
@@ -260,6 +272,7 @@ def main(cfg: Config) -> dict:
             sha,
             metrics,
             placement=place.describe(),
+            cycle_handoff=cycle.handoff,
             probe_workers_reused=probe is not None,
             policy_cuda_graphs=graphs,
             env_steps_per_s=(S * cfg.env.num_envs / run.measured_iteration_s()),
@@ -316,7 +329,9 @@ def start_cycle(
         except BaseException:
             envs.kill()
             raise
-    cycle = EnvPolicyCycle(envs, policy, cfg.env.num_envs // w, place.groups, cfg.pipelined)
+    cycle = EnvPolicyCycle(
+        envs, policy, cfg.env.num_envs // w, place.groups, cfg.pipelined, handoff=cfg.cycle_handoff
+    )
     return envs, policy, cycle
 
 
@@ -400,10 +415,10 @@ def _chosen(run: Run, profile: Any, placement: str) -> Any:
 def trial(
     run: Run, cfg: Config, profile: Any, plan: Any, steps: int, hw: int | None, probe: Probe
 ) -> Any:
-    """Time ``plan`` (auto: and the best co-located and split plans, and every other plan
-    predicted within the margin; hybrid: and the split cycle at the neighbouring k within the
-    margin, one of them possibly past the probed group sizes) on real rollouts and return the
-    fastest, re-costed to its measured rollout."""
+    """Time ``plan`` (auto: and the best co-located plan, the split cycle at the model's best
+    k and its neighbours, and every other plan predicted within the margin; hybrid: and the
+    split cycle at those k, one of them possibly past the probed group sizes) on real rollouts
+    and return the fastest, re-costed to its measured rollout."""
     from loomrl.plan import search_all
 
     cluster = run.cluster
@@ -417,12 +432,15 @@ def trial(
     if cfg.run.placement == "auto":
         plans = search_all(profile)
         # The model errs most between co-located and split cycles (on two H200s split cycles
-        # ran 32-47% below its prediction), so the best of each is timed whatever the margin;
-        # the margin trims the rest.
-        always = [plans.get("temporal"), splits[0] if splits else None]
-        cands = _candidates(plan, [plans.get("spatial"), *near], cfg, cluster, hw, always)
+        # ran 32-47% below its prediction) and in k, so the best co-located plan and the split
+        # cycle at the k next to the model's best are timed whatever the margin; the margin
+        # trims the rest. (With the env worker calling the policy directly, cycle_handoff auto,
+        # the probe's chained costs predicted 0.46-0.59 s an iteration for CPU split cycles at
+        # k = 2 whose rollouts ran 0.19-0.27 s: beyond the margin, one went untimed in a run.)
+        always = [plans.get("temporal"), *near]
+        cands = _candidates(plan, [plans.get("spatial")], cfg, cluster, hw, always)
     elif cfg.run.placement == "hybrid":
-        cands = _candidates(plan, near, cfg, cluster, hw)
+        cands = _candidates(plan, [], cfg, cluster, hw, always=near)
     else:
         place = placement_from_plan(plan, cfg.env.num_envs, hw)
         check_cores(place, cfg.env.cpu_cores, cluster)  # before any worker is launched for it
@@ -521,6 +539,7 @@ def choose_by_trial(
                 cfg.env.num_envs // candidates[i][1].workers,
                 candidates[i][1].groups,
                 cfg.pipelined,
+                handoff=cfg.cycle_handoff,
             )
             for i in shared
         }

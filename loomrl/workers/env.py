@@ -7,8 +7,9 @@ worker reserves its CPU cores through ``Cluster.launch(..., num_cpus=env.cpu_cor
 
 ``step`` takes the policy's output for a whole group (a list with one action array per env
 worker part of that group) and the part it should apply, so the policy's result can be passed
-to every env worker of the group as one Ray object reference, without a round trip through the
-driver. Every reply carries what the policy needs next: the observations to act on and the
+to every env worker of the group as one Ray object reference while the driver goes on
+submitting. Where every group lies on one env worker, ``run_groups`` lets the worker call the
+policy itself instead (``EnvPolicyCycle(handoff="direct")``). Every reply carries what the policy needs next: the observations to act on and the
 (global env id, env step) keys of those rows.
 
 A pixel env worker placed on a GPU renders (EGL) on that GPU: rendering beside the policy on one
@@ -19,6 +20,7 @@ wins.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -117,6 +119,36 @@ class EnvWorker(Worker):
             "env_ids": np.asarray(ids),
             "env_steps": steps,
         }
+
+    def run_groups(self, policy: Any, parts: list[tuple[int, int]], steps: int) -> int:
+        """Drive this worker's ring groups (local envs ``[lo, hi)`` each) through ``steps`` steps,
+        calling the ``policy`` actor itself: each hand-off is one message, policy to env, where
+        a driver-submitted cycle's takes two (the policy's result goes back to the driver, the
+        result's owner, which sends it on with the next call). The policy acts on each group
+        as it would through the driver (same calls, same order per group), so the trajectories
+        are the same. Groups take turns: while this worker steps one, the policy acts on the
+        next. Returns the number of policy calls made."""
+        import ray
+
+        pending = [policy.act.remote(0, self.observe(lo, hi)) for lo, hi in parts]
+        try:
+            for t in range(steps):
+                for g, (lo, hi) in enumerate(parts):
+                    reply = self.step(ray.get(pending[g]), 0, lo, hi)
+                    last = t + 1 == steps
+                    pending[g] = (
+                        policy.close_group.remote(reply)
+                        if last
+                        else policy.act.remote(t + 1, reply)
+                    )
+            ray.get(pending)  # the policy has recorded every group's last step on return
+        except BaseException:
+            # No call of this rollout may still be running when the error reaches the driver:
+            # the next rollout's begin() would race it for the policy's buffer.
+            with contextlib.suppress(Exception):
+                ray.wait(pending, num_returns=len(pending), timeout=60)
+            raise
+        return len(parts) * (steps + 1)
 
     def sample_actions(self, n: int, seed: int = 0) -> np.ndarray:
         """``n`` random valid actions (for timing the simulator without a policy)."""

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from loomrl import wait
-from loomrl.cycle import EnvPolicyCycle, ring_groups
+from loomrl.cycle import EnvPolicyCycle, resolve_handoff, ring_groups
 from loomrl.embodied import PPOConfig, RewardScaler, RunningMeanStd, collect, ppo_update
 from loomrl.envs.vec import EnvConfig, VecEnv
 from loomrl.errors import ConfigError
@@ -68,7 +68,7 @@ def _reference(iterations: int):
 
 
 def test_pipelined_cycle_matches_the_unpipelined_reference(cluster):
-    ref = _reference(4)
+    ref = _reference(6)
     envs = cluster.launch(
         EnvWorker, 2, worker_env_config(ENV, 2), devices=[0, 1], num_cpus=0.5, name="env_t"
     )
@@ -91,7 +91,11 @@ def test_pipelined_cycle_matches_the_unpipelined_reference(cluster):
                 EnvPolicyCycle(envs, policy, 2, groups=4, pipelined=True),  # one env per group
                 EnvPolicyCycle(envs, policy, 2, groups=1, pipelined=False),  # plain alternation
                 EnvPolicyCycle(envs, policy, 2, 2, True, layout="blocks"),  # a group per worker
+                # each env worker drives its groups and calls the policy itself
+                EnvPolicyCycle(envs, policy, 2, 2, True, layout="blocks", handoff="direct"),
+                EnvPolicyCycle(envs, policy, 2, 4, True, handoff="auto"),  # two groups a worker
             ]
+            assert [c.handoff for c in cycles[-2:]] == ["direct", "direct"]
             for cycle, (want, params) in zip(cycles, ref, strict=True):
                 res = cycle.collect(STEPS)
                 got = wait(policy.rollout())[0]
@@ -140,7 +144,8 @@ def test_env_worker_offsets_make_workers_one_batch(cluster):
         envs.kill()
 
 
-def test_a_failing_env_step_surfaces_from_collect(cluster):
+@pytest.mark.parametrize("handoff", ["driver", "direct"])
+def test_a_failing_env_step_surfaces_from_collect(cluster, handoff):
     from loomrl.errors import RemoteError
 
     envs = cluster.launch(
@@ -160,14 +165,35 @@ def test_a_failing_env_step_surfaces_from_collect(cluster):
             name="policy_f",
         )
         try:
-            cycle = EnvPolicyCycle(envs, policy, ENV.num_envs, groups=2)
+            cycle = EnvPolicyCycle(envs, policy, ENV.num_envs, groups=2, handoff=handoff)
             wait(envs.reset())
             wait(envs.offload())  # stepping an offloaded VecEnv raises in the env worker
             with pytest.raises(RemoteError, match="offloaded"):
                 cycle.collect(3)
             wait(envs.onload())
             assert cycle.collect(3).env_steps == 3 * ENV.num_envs
+            assert cycle.handoff == handoff
         finally:
             policy.kill()
     finally:
         envs.kill()
+
+
+def test_handoff_is_direct_only_where_every_group_lies_on_one_env_worker():
+    one_each = ring_groups(2, 2, 4)  # groups of one env, each on one worker
+    spans = ring_groups(2, 2, 1)  # one group over both workers
+    assert resolve_handoff("auto", one_each, pipelined=True) == "direct"
+    assert resolve_handoff("auto", spans, pipelined=True) == "driver"
+    assert resolve_handoff("auto", one_each, pipelined=False) == "driver"
+    assert resolve_handoff("driver", one_each, pipelined=True) == "driver"
+    assert resolve_handoff("direct", one_each, pipelined=True) == "direct"
+    with pytest.raises(
+        ConfigError, match=r"group 0 spans env workers \[0, 1\].*cycle_handoff=auto"
+    ):
+        resolve_handoff("direct", spans, pipelined=True)
+    with pytest.raises(ConfigError, match="not pipelined"):
+        resolve_handoff("direct", one_each, pipelined=False)
+    with pytest.raises(
+        ConfigError, match="cycle_handoff='ray': must be one of auto, driver, direct"
+    ):
+        resolve_handoff("ray", one_each, pipelined=True)

@@ -54,6 +54,9 @@ def test_cli_runs_two_iterations_and_writes_the_summary(cluster, tmp_path):
     assert s["plan"]["mode"] in ("temporal", "hybrid", "spatial")
     assert s["predicted_iteration_s"] > 0 and s["measured_iteration_s"] > 0
     assert len(s["param_sha256"]) == 64
+    # cycle_handoff auto: env workers call the policy themselves where each group is on one
+    spans = s["placement"]["env_workers"] > 1 and s["placement"]["groups"] == 1
+    assert s["cycle_handoff"] == ("driver" if spans else "direct")
     assert s["policy_cuda_graphs"] == {  # CPU: neither act nor the PPO step is recorded
         "enabled": False,
         "captures": 0,
@@ -81,20 +84,28 @@ def test_same_weights_under_every_placement(cluster, tmp_path):
     from loomrl.recipes.embodied_ppo import Config, main
 
     out = {}
-    for placement, groups in (("temporal", None), ("hybrid", 4)):
+    for placement, groups, handoff in (
+        ("temporal", None, "auto"),
+        ("hybrid", 4, "auto"),
+        ("hybrid", 2, "driver"),
+    ):
+        key = f"{placement}{groups or ''}"
         extra = [
             f"run.placement={placement}",
-            f"run.output_dir={tmp_path / placement}",
+            f"cycle_handoff={handoff}",
+            f"run.output_dir={tmp_path / key}",
             f"run.profile={ROOT / 'examples/profiles/embodied_pixels_cpu2.yaml'}",  # no probing
         ]
         if groups:
             extra.append(f"groups={groups}")
-        out[placement] = main(load_config(Config, EXAMPLE, [*TINY, *extra]))
-    t, h = out["temporal"], out["hybrid"]
+        out[key] = main(load_config(Config, EXAMPLE, [*TINY, *extra]))
+    t, h, d = out["temporal"], out["hybrid4"], out["hybrid2"]
     assert t["placement"]["colocated"] and not h["placement"]["colocated"]
-    assert h["placement"]["groups"] == 4
-    assert t["param_sha256"] == h["param_sha256"]
-    assert t["metrics"]["episode_return"] == h["metrics"]["episode_return"]
+    assert h["placement"]["groups"] == 4 and d["placement"]["groups"] == 2
+    assert (h["cycle_handoff"], d["cycle_handoff"]) == ("direct", "driver")
+    for other in (h, d):
+        assert t["param_sha256"] == other["param_sha256"]
+        assert t["metrics"]["episode_return"] == other["metrics"]["episode_return"]
 
 
 def test_plan_from_a_profile_file_skips_measuring(cluster, tmp_path):
@@ -292,6 +303,47 @@ def test_trials_time_the_first_k_past_the_probed_sizes_and_only_a_trial_picks_it
         assert 8 in seen[0] and 4 in seen[0]
         assert placement_from_plan(out, 64).groups == 8
         assert out.predicted_s == pytest.approx(0.5 + 0.16)  # update + the trial's rollout
+
+
+@pytest.mark.parametrize("placement", ["hybrid", "auto"])
+def test_split_cycles_at_the_k_next_to_the_best_are_timed_whatever_the_margin(
+    placement, monkeypatch
+):
+    """The model can misprice a split cycle by more than the margin (direct hand-offs it never
+    probed): the k next to its best are timed even at margin 0; for auto, the best co-located
+    plan too."""
+    from types import SimpleNamespace
+
+    from loomrl.plan import search_all
+    from loomrl.recipes import embodied_ppo
+    from loomrl.recipes.embodied_ppo import Config, _near_best_k, trial
+
+    prof = cycle_profile(
+        _costs(), num_envs=16, steps=16, devices=2, env_cores=1, cpu_cores_per_node=2
+    )
+    cfg = Config()
+    cfg.env.num_envs, cfg.run.placement, cfg.auto_trial_margin = 16, placement, 0.0
+    splits = split_plans(prof)
+    near = sorted(placement_from_plan(p, 16).groups for p in _near_best_k(splits, cfg, None))
+    assert len(near) >= 2
+    # at margin 0 the neighbours' own predictions would have left them out
+    best = best_split_plan(prof) if placement == "hybrid" else search_all(prof)["best"]
+    assert any(p.predicted_s > best.predicted_s for p in splits)
+    seen = []
+
+    def fake_choose(run, cfg, cands, steps, probe):
+        seen.append(sorted((place.colocated, place.groups) for _, place in cands))
+        return cands[0][0], 0.1
+
+    monkeypatch.setattr(embodied_ppo, "choose_by_trial", fake_choose)
+    node = SimpleNamespace(num_cpus=2)
+    run = SimpleNamespace(
+        cluster=SimpleNamespace(devices=[SimpleNamespace(node=0)] * 2, nodes=[node])
+    )
+    trial(run, cfg, prof, best, 16, None, probe=None)
+    (timed,) = seen
+    assert [k for colocated, k in timed if not colocated] == near
+    assert any(colocated for colocated, _ in timed) == (placement == "auto")
 
 
 def _trial_cand(k: int, workers: int = 2) -> tuple:
@@ -677,6 +729,8 @@ def test_cycle_models_place_hand_offs_in_the_cycle_or_in_the_calls():
 
     with pytest.raises(ConfigError, match=r"cycle_model: 'fixed' is not one of auto, fixed_hops"):
         load_config(Config, EXAMPLE, ["cycle_model=fixed"])
+    with pytest.raises(ConfigError, match=r"cycle_handoff: 'direct' is not one of auto, driver"):
+        load_config(Config, EXAMPLE, ["cycle_handoff=direct"])
 
 
 def test_cycle_model_auto_is_fixed_hops_beside_accelerators_and_chained_on_cpu_slots():
