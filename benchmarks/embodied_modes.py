@@ -110,6 +110,7 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
         "plan_mode": s["plan"]["mode"],
         "placement": s["placement"],
         "probe_workers_reused": s.get("probe_workers_reused"),
+        "cycle_handoff": s.get("cycle_handoff"),  # driver or direct
         "policy_cuda_graphs": s.get("policy_cuda_graphs"),
         "predicted_s": s["predicted_iteration_s"],
         "measured_s": measured,

@@ -2,8 +2,11 @@
 
 **Running it.** ``EnvPolicyCycle.collect(S)`` runs S steps of every env. The envs are cut into
 ``k`` groups; each step of each group is two worker calls, ``policy.act`` then ``env.step`` on
-the group's envs, chained by Ray object references (the env replies go straight to the policy
-worker and its actions straight to the env workers; the driver only submits). Calls to one worker
+the group's envs, chained by Ray object references (the driver submits every call without
+waiting; a small result returns to the driver, its owner, which sends it on inside the next
+call). Where every group lies on one env worker, ``handoff="direct"`` has each env worker drive
+its own groups and call the policy itself (``EnvWorker.run_groups``): one message per hand-off
+instead of two, the same calls in the same order per group. Calls to one worker
 run in submission order, so submitting group 0, group 1, ... step after step gives the ring
 pipeline of PLANNER.md: while the env workers step group g the policy already infers for group
 g + 1, and k groups are in flight. With k = 1 (and always when env and policy share devices) the
@@ -13,7 +16,8 @@ same trajectories as that reference (tested), because every row's action depends
 observation and a generator keyed by (seed, env id, env step).
 
 A group is one slice of every env worker's envs (``k <= envs per worker``), so every env worker
-steps its share of each group in parallel, matching the cost model's ``t_env(n_env, M / k)``.
+steps its share of each group in parallel, matching the cost model's ``t_env(n_env, M / k)``;
+``layout="blocks"`` puts each group on whole env workers instead.
 
 **Planning it.** ``measure_costs`` times a few calls of ``env.step`` / ``policy.act`` at the group
 sizes that matter and one PPO minibatch; ``cycle_profile`` turns them into a workload profile
@@ -140,9 +144,22 @@ class CollectResult:
     policy_busy_s: float = 0.0
     steps: int = 0
     env_steps: int = 0  # transitions over all envs
+    env_calls: int = 0  # env.step calls, over env workers
+    policy_calls: int = 0  # policy.act calls
 
 
 HANDOFFS = ("auto", "driver", "direct")
+# After a failed direct rollout: how long the driver waits for the other env workers' calls
+# before reporting the error anyway (a rollout that takes longer has bigger problems).
+SETTLE_S = 60.0
+
+
+def _settle(refs: list[Any], timeout: float) -> None:
+    """Wait until ``refs`` are done, failed or not, or ``timeout`` passes; read none of them."""
+    import ray
+
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=timeout)
 
 
 def resolve_handoff(handoff: str, groups: list[list[Part]], pipelined: bool) -> str:
@@ -151,7 +168,7 @@ def resolve_handoff(handoff: str, groups: list[list[Part]], pipelined: bool) -> 
     policy itself, one message per hand-off instead of two; only where every group lies on one
     env worker, pipelined). ``auto``: direct where it applies, else driver."""
     if handoff not in HANDOFFS:
-        raise ConfigError([f"cycle_handoff={handoff!r}: must be one of {', '.join(HANDOFFS)}"])
+        raise ConfigError([f"handoff={handoff!r}: must be one of {', '.join(HANDOFFS)}"])
     split = [g for g, parts in enumerate(groups) if len(parts) > 1]
     if handoff == "direct" and (split or not pipelined):
         why = (
@@ -161,8 +178,8 @@ def resolve_handoff(handoff: str, groups: list[list[Part]], pipelined: bool) -> 
         )
         raise ConfigError(
             [
-                f"cycle_handoff=direct: {why}; direct hand-offs need every group on one env "
-                "worker and a pipelined cycle. Use cycle_handoff=auto (direct where it applies)"
+                f"handoff='direct': {why}; direct hand-offs need every group on one env "
+                "worker and a pipelined cycle. Use handoff='auto' (direct where it applies)"
             ]
         )
     if handoff == "auto":
@@ -225,14 +242,25 @@ class EnvPolicyCycle:
         mine: dict[int, list[tuple[int, int]]] = {}
         for (p,) in self.groups:
             mine.setdefault(p.worker, []).append((p.lo, p.hi))
-        wait(*[self._env[w].run_groups(actor, parts, steps) for w, parts in mine.items()])
+        runs = [self._env[w].run_groups(actor, parts, steps) for w, parts in mine.items()]
+        try:
+            wait(*runs)
+        except BaseException:
+            # The other env workers may still be calling the policy: let them finish, then close
+            # the rollout as the driver path does, so the next rollout starts on a clean buffer
+            # and counters. Bounded, so that a hung worker cannot hide the error.
+            _settle([r for h in runs for r in h.refs], SETTLE_S)
+            _settle([*self.policy.finish().refs, *self.envs.pop_stats().refs], SETTLE_S)
+            raise
         pol, env_stats = wait(self.policy.finish(), self.envs.pop_stats())
         return self._result(steps, t0, pol, env_stats)
 
     def _result(self, steps: int, t0: float, pol: list, env_stats: list) -> CollectResult:
         out = CollectResult(wall_s=time.perf_counter() - t0, steps=steps)
         out.policy_busy_s = pol[0]["policy_busy_s"]
+        out.policy_calls = int(pol[0]["policy_calls"])
         for s in env_stats:
+            out.env_calls += s["calls"]
             out.returns += s["returns"]
             out.lengths += s["lengths"]
             out.successes += s["successes"]

@@ -70,6 +70,7 @@ def main() -> None:
     res: dict = {"args": vars(args)}
     with one_plan(args.placement, args.num_envs, S) as (place, policy, cycle):
         res["placement"], res["predicted_s"] = place.describe(), place.predicted_s
+        res["handoff"] = cycle.handoff  # driver or direct (the recipe's cycle_handoff)
         cycle.collect(S)  # warm-up
 
         # Each timed rollout comes right after its pattern's prelude, and the patterns take
@@ -87,7 +88,10 @@ def main() -> None:
     every = [x for k, v in res.items() if isinstance(v, list) for x in v]
     lo, hi, med = min(every), max(every), statistics.median(every)
     res["spread"] = {"min": lo, "median": med, "max": hi}
-    print(f"{args.placement} {place.describe()}: predicted {res['predicted_s']:.3f} s/iteration")
+    print(
+        f"{args.placement} {place.describe()}, hand-offs {res['handoff']}: "
+        f"predicted {res['predicted_s']:.3f} s/iteration"
+    )
     for name in preludes:
         v = res[name]
         print(f"  {name:<19} median {statistics.median(v):.3f} s  {[round(x, 3) for x in v]}")

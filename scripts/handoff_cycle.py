@@ -51,7 +51,13 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(
-                {"args": vars(args), "rollout_s": timed, "median_s": med, "ratio": ratios},
+                {
+                    "args": vars(args),
+                    "placement": place.describe(),
+                    "rollout_s": timed,
+                    "median_s": med,
+                    "ratio": ratios,
+                },
                 f,
                 indent=2,
             )

@@ -26,6 +26,7 @@ from loomrl.cycle import (
     CYCLE_MODEL_KEYS,
     CYCLE_MODELS,
     ENV,
+    HANDOFFS,
     POLICY,
     CyclePlacement,
     EnvPolicyCycle,
@@ -91,12 +92,15 @@ class Config:
     # Under every model the planner keeps ring groups as large as the probe's smallest group
     # (the cycle's min_group): fixed_hops carried below it planned k = 32 and 64 on a GPU.
     cycle_model: str = "auto"
-    # How results pass between env workers and the policy: auto (each env worker calls the
-    # policy itself, one message per hand-off, where every ring group lies on one env worker and
-    # the cycle is pipelined; otherwise as driver) or driver (the driver submits every call, each
-    # result passed on as an object reference: two messages per hand-off). The trajectories are
-    # the same; on the 2-core CPU machine the direct calls ran the split cycle's rollouts
-    # 1.2-1.5x faster (scripts/handoff_cycle.py). The run summary's cycle_handoff says which ran.
+    # How results pass between env workers and the policy: driver (the driver submits every
+    # call, each result passed on as an object reference: two messages per hand-off), direct
+    # (each env worker calls the policy itself, one message, wherever every ring group lies on
+    # one env worker and the cycle is pipelined; elsewhere as driver), or auto: direct on a
+    # CPU-only cluster, where it was measured (the split cycle's rollouts 1.2-1.5x faster on the
+    # 2-core machine, scripts/handoff_cycle.py), driver beside accelerators, where it was not.
+    # The trajectories are the same. The probe times its chains through the driver, so the model
+    # prices direct cycles as driver ones; the trials time them as they run. The run summary's
+    # cycle_handoff and trials.json say which ran.
     cycle_handoff: str = "auto"
     run: RunConfig = field(default_factory=RunConfig)
 
@@ -124,11 +128,8 @@ class Config:
             )
         if self.auto_trial_margin < 0:
             p.append(f"auto_trial_margin: must be >= 0, got {self.auto_trial_margin}")
-        if self.cycle_handoff not in ("auto", "driver"):
-            p.append(
-                f"cycle_handoff: {self.cycle_handoff!r} is not one of auto, driver (auto calls "
-                "the policy directly wherever the plan allows it)"
-            )
+        if self.cycle_handoff not in HANDOFFS:
+            p.append(f"cycle_handoff: {self.cycle_handoff!r} is not one of {', '.join(HANDOFFS)}")
         if self.cycle_model not in ("auto", *CYCLE_MODELS):
             p.append(
                 f"cycle_model: {self.cycle_model!r} is not one of auto, {', '.join(CYCLE_MODELS)}"
@@ -330,9 +331,22 @@ def start_cycle(
             envs.kill()
             raise
     cycle = EnvPolicyCycle(
-        envs, policy, cfg.env.num_envs // w, place.groups, cfg.pipelined, handoff=cfg.cycle_handoff
+        envs,
+        policy,
+        cfg.env.num_envs // w,
+        place.groups,
+        cfg.pipelined,
+        handoff=handoff(cfg, cluster),
     )
     return envs, policy, cycle
+
+
+def handoff(cfg: Config, cluster: Any) -> str:
+    """The cycle's ``handoff`` for ``cfg.cycle_handoff``: ``direct`` asks for direct calls
+    wherever they apply (the cycle's ``auto``); ``auto`` does so only on a CPU-only cluster."""
+    if cfg.cycle_handoff == "driver" or (cfg.cycle_handoff == "auto" and cluster.has_cuda):
+        return "driver"
+    return "auto"
 
 
 MODES = ("auto", "temporal", "spatial", "hybrid")
@@ -527,6 +541,7 @@ def choose_by_trial(
     candidates, fits = [candidates[i] for i in order], [fits[i] for i in order]
     timed: list[dict[int, list[float]]] = [{n: [] for n in lengths} for _ in candidates]
     shared = [i for i, f in enumerate(fits) if f]
+    ran: dict[int, str] = {}
     if shared:
         # On the probe's workers the candidates take turns, one timed rollout each per pass:
         # a host's speed drifts within seconds, and turns spread a slow spell over all of
@@ -539,10 +554,11 @@ def choose_by_trial(
                 cfg.env.num_envs // candidates[i][1].workers,
                 candidates[i][1].groups,
                 cfg.pipelined,
-                handoff=cfg.cycle_handoff,
+                handoff=handoff(cfg, run.cluster),
             )
             for i in shared
         }
+        ran.update({i: c.handoff for i, c in cycles.items()})
         _time_in_turns(cycles, timed, lengths, reps)
         # Plans closer than their own rollouts' spread are not ranked yet: the close ones take
         # more turns (up to 2 x reps more passes, no warm-up), which narrows their medians.
@@ -561,16 +577,18 @@ def choose_by_trial(
                 raise
             probe.kill()
             envs, policy, cyc = start_cycle(run.cluster, cfg, place)
+        ran[i] = cyc.handoff
         try:
             _time_in_turns({i: cyc}, timed, lengths, reps)
         finally:
             envs.kill()
             policy.kill()
-    for (plan, place), reuse, t in zip(candidates, fits, timed, strict=True):
+    for i, ((plan, place), reuse, t) in enumerate(zip(candidates, fits, timed, strict=True)):
         rollout_s = _trial_estimate(t, steps, L)
         rows.append(
             {
                 "placement": place.describe(),
+                "handoff": ran[i],  # how the cycle timed passed results: driver or direct
                 "predicted_s": plan.predicted_s,
                 "probe_workers": reuse,
                 "timed_s": {str(n): v for n, v in t.items()},

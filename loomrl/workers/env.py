@@ -9,8 +9,9 @@ worker reserves its CPU cores through ``Cluster.launch(..., num_cpus=env.cpu_cor
 worker part of that group) and the part it should apply, so the policy's result can be passed
 to every env worker of the group as one Ray object reference while the driver goes on
 submitting. Where every group lies on one env worker, ``run_groups`` lets the worker call the
-policy itself instead (``EnvPolicyCycle(handoff="direct")``). Every reply carries what the policy needs next: the observations to act on and the
-(global env id, env step) keys of those rows.
+policy itself instead (``EnvPolicyCycle(handoff="direct")``). Every reply carries what the
+policy needs next: the observations to act on and the (global env id, env step) keys of those
+rows.
 
 A pixel env worker placed on a GPU renders (EGL) on that GPU: rendering beside the policy on one
 GPU slowed both sides when they ran at once (a split cycle), while rendering on a GPU of its
@@ -20,7 +21,6 @@ wins.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -32,7 +32,7 @@ import numpy as np
 from loomrl.envs.vec import EnvConfig, VecEnv
 from loomrl.worker import Worker
 
-__all__ = ["EnvWorker", "StepReply", "egl_device_for"]
+__all__ = ["EnvWorker", "PolicyCallError", "StepReply", "egl_device_for"]
 
 StepReply = dict[str, Any]
 """What ``EnvWorker.observe`` / ``step`` return, arrays indexed by row of the stepped slice:
@@ -120,35 +120,35 @@ class EnvWorker(Worker):
             "env_steps": steps,
         }
 
-    def run_groups(self, policy: Any, parts: list[tuple[int, int]], steps: int) -> int:
+    def run_groups(self, policy: Any, parts: list[tuple[int, int]], steps: int) -> None:
         """Drive this worker's ring groups (local envs ``[lo, hi)`` each) through ``steps`` steps,
         calling the ``policy`` actor itself: each hand-off is one message, policy to env, where
         a driver-submitted cycle's takes two (the policy's result goes back to the driver, the
         result's owner, which sends it on with the next call). The policy acts on each group
         as it would through the driver (same calls, same order per group), so the trajectories
         are the same. Groups take turns: while this worker steps one, the policy acts on the
-        next. Returns the number of policy calls made."""
+        next. A failed policy call is raised as ``PolicyCallError``, naming the call."""
         import ray
 
         pending = [policy.act.remote(0, self.observe(lo, hi)) for lo, hi in parts]
         try:
             for t in range(steps):
                 for g, (lo, hi) in enumerate(parts):
-                    reply = self.step(ray.get(pending[g]), 0, lo, hi)
+                    reply = self.step(_policy_result(pending[g], "act", t, lo, hi), 0, lo, hi)
                     last = t + 1 == steps
                     pending[g] = (
                         policy.close_group.remote(reply)
                         if last
                         else policy.act.remote(t + 1, reply)
                     )
-            ray.get(pending)  # the policy has recorded every group's last step on return
+            for g, (lo, hi) in enumerate(parts):
+                _policy_result(pending[g], "close_group", steps - 1, lo, hi)
         except BaseException:
-            # No call of this rollout may still be running when the error reaches the driver:
-            # the next rollout's begin() would race it for the policy's buffer.
-            with contextlib.suppress(Exception):
-                ray.wait(pending, num_returns=len(pending), timeout=60)
+            # None of this worker's policy calls may still run when the error reaches the
+            # driver: the next rollout's begin() would race them for the policy's buffer.
+            # Bounded, as the driver's own wait is (loomrl.cycle.SETTLE_S).
+            ray.wait(pending, num_returns=len(pending), timeout=60)
             raise
-        return len(parts) * (steps + 1)
 
     def sample_actions(self, n: int, seed: int = 0) -> np.ndarray:
         """``n`` random valid actions (for timing the simulator without a policy)."""
@@ -198,6 +198,27 @@ class EnvWorker(Worker):
 
     def close(self) -> None:
         self.venv.close()
+
+
+class PolicyCallError(RuntimeError):
+    """A policy call an env worker made itself (direct hand-offs) failed or found the policy
+    worker gone; the message names the call, the step and the rows."""
+
+
+def _policy_result(ref: Any, call: str, t: int, lo: int, hi: int) -> Any:
+    import ray
+    from ray import exceptions as rex
+
+    try:
+        return ray.get(ref)
+    except (rex.RayTaskError, rex.RayActorError) as e:
+        gone = isinstance(e, rex.RayActorError)
+        what = "the policy worker died" if gone else "the policy worker raised"
+        cause = getattr(e, "cause", None) or e
+        raise PolicyCallError(
+            f"policy.{call} at step {t} for this worker's envs [{lo}, {hi}): {what}: "
+            f"{type(cause).__name__}: {cause}"
+        ) from None
 
 
 def worker_env_config(env: EnvConfig, workers: int) -> EnvConfig:

@@ -171,7 +171,9 @@ def test_a_failing_env_step_surfaces_from_collect(cluster, handoff):
             with pytest.raises(RemoteError, match="offloaded"):
                 cycle.collect(3)
             wait(envs.onload())
-            assert cycle.collect(3).env_steps == 3 * ENV.num_envs
+            res = cycle.collect(3)
+            # the failed rollout's calls do not count in the next one: 2 groups x 3 steps each
+            assert (res.env_calls, res.policy_calls) == (6, 6)
             assert cycle.handoff == handoff
         finally:
             policy.kill()
@@ -188,12 +190,53 @@ def test_handoff_is_direct_only_where_every_group_lies_on_one_env_worker():
     assert resolve_handoff("driver", one_each, pipelined=True) == "driver"
     assert resolve_handoff("direct", one_each, pipelined=True) == "direct"
     with pytest.raises(
-        ConfigError, match=r"group 0 spans env workers \[0, 1\].*cycle_handoff=auto"
+        ConfigError, match=r"group 0 spans env workers \[0, 1\].*handoff='auto'"
     ):
         resolve_handoff("direct", spans, pipelined=True)
     with pytest.raises(ConfigError, match="not pipelined"):
         resolve_handoff("direct", one_each, pipelined=False)
     with pytest.raises(
-        ConfigError, match="cycle_handoff='ray': must be one of auto, driver, direct"
+        ConfigError, match="handoff='ray': must be one of auto, driver, direct"
     ):
         resolve_handoff("ray", one_each, pipelined=True)
+
+
+class _ActFailsForWorker0(PolicyWorker):
+    """Raises in act at step 2 on the rows of env worker 0 only; the other worker's group goes on."""
+
+    def act(self, t, *parts):
+        if t == 2 and int(parts[0]["env_ids"][0]) == 0:
+            raise ValueError("act refused these rows")
+        return super().act(t, *parts)
+
+
+def test_a_failing_policy_call_in_a_direct_rollout_is_named_and_leaves_nothing_behind(cluster):
+    """Direct hand-offs, two env workers: the policy raising for one worker's group is reported
+    as the policy's act, and the next rollout starts clean (no call of the failed one leaks
+    into its counts), as through the driver."""
+    from loomrl.errors import RemoteError
+
+    envs = cluster.launch(
+        EnvWorker, 2, worker_env_config(ENV, 2), devices=[0, 1], num_cpus=0.5, name="env_d"
+    )
+    try:
+        sp = wait(envs.on(0).spaces())[0]
+        args = (sp["observation_space"], sp["action_space"], ENV.num_envs, PPO, ENV.seed)
+        bad = cluster.launch(_ActFailsForWorker0, 1, *args, devices=[2], name="policy_bad")
+        try:
+            cycle = EnvPolicyCycle(envs, bad, 2, 2, True, layout="blocks", handoff="direct")
+            with pytest.raises(RemoteError, match=r"policy\.act at step 2 .*raised.*refused"):
+                cycle.collect(STEPS)
+        finally:
+            bad.kill()
+        good = cluster.launch(PolicyWorker, 1, *args, devices=[2], name="policy_good")
+        try:
+            cycle = EnvPolicyCycle(envs, good, 2, 2, True, layout="blocks", handoff="direct")
+            res = cycle.collect(STEPS)
+            # one act per group and step, one env call per group and step: nothing left over
+            assert (res.policy_calls, res.env_calls) == (2 * STEPS, 2 * STEPS)
+            assert res.env_steps == STEPS * ENV.num_envs
+        finally:
+            good.kill()
+    finally:
+        envs.kill()

@@ -13,6 +13,8 @@ from loomrl.cycle import (
     check_cores,
     cycle_profile,
     placement_from_plan,
+    resolve_handoff,
+    ring_groups,
     split_plans,
 )
 from loomrl.errors import ConfigError, PlacementError
@@ -54,9 +56,13 @@ def test_cli_runs_two_iterations_and_writes_the_summary(cluster, tmp_path):
     assert s["plan"]["mode"] in ("temporal", "hybrid", "spatial")
     assert s["predicted_iteration_s"] > 0 and s["measured_iteration_s"] > 0
     assert len(s["param_sha256"]) == 64
-    # cycle_handoff auto: env workers call the policy themselves where each group is on one
-    spans = s["placement"]["env_workers"] > 1 and s["placement"]["groups"] == 1
-    assert s["cycle_handoff"] == ("driver" if spans else "direct")
+    # cycle_handoff auto on CPU slots: env workers call the policy themselves where every group
+    # lies on one of them
+    pl = s["placement"]
+    groups = ring_groups(pl["env_workers"], 4 // pl["env_workers"], pl["groups"])  # TINY: 4 envs
+    assert s["cycle_handoff"] == resolve_handoff("auto", groups, pipelined=True)
+    trials = json.loads((out / "trials.json").read_text())["trials"]
+    assert all(t["handoff"] in ("driver", "direct") for t in trials)
     assert s["policy_cuda_graphs"] == {  # CPU: neither act nor the PPO step is recorded
         "enabled": False,
         "captures": 0,
@@ -323,12 +329,12 @@ def test_split_cycles_at_the_k_next_to_the_best_are_timed_whatever_the_margin(
     )
     cfg = Config()
     cfg.env.num_envs, cfg.run.placement, cfg.auto_trial_margin = 16, placement, 0.0
-    splits = split_plans(prof)
-    near = sorted(placement_from_plan(p, 16).groups for p in _near_best_k(splits, cfg, None))
+    near_plans = _near_best_k(split_plans(prof), cfg, None)
+    near = sorted(placement_from_plan(p, 16).groups for p in near_plans)
     assert len(near) >= 2
-    # at margin 0 the neighbours' own predictions would have left them out
+    # at margin 0 a neighbour's own prediction would have left it out
     best = best_split_plan(prof) if placement == "hybrid" else search_all(prof)["best"]
-    assert any(p.predicted_s > best.predicted_s for p in splits)
+    assert [p for p in near_plans if p.predicted_s > best.predicted_s]
     seen = []
 
     def fake_choose(run, cfg, cands, steps, probe):
@@ -368,7 +374,11 @@ def _trial_on_fakes(monkeypatch, tmp_path, fake_cycle, cands, steps, fits=lambda
     cfg = Config()
     cfg.env.num_envs, cfg.auto_trial_steps = 8, 8
     probe = SimpleNamespace(env=SimpleNamespace(world_size=2), policy=None, can_time=fits)
-    run = SimpleNamespace(cluster=None, dir=tmp_path, logger=SimpleNamespace(echo=lambda msg: None))
+    run = SimpleNamespace(
+        cluster=SimpleNamespace(has_cuda=False),
+        dir=tmp_path,
+        logger=SimpleNamespace(echo=lambda msg: None),
+    )
     return choose_by_trial(run, cfg, cands, steps, probe)
 
 
@@ -383,7 +393,8 @@ def test_trial_candidates_on_the_probes_workers_take_turns(monkeypatch, tmp_path
     slow = iter([1, 1, 1, 1, 3, 3, 3, 3])
 
     class FakeCycle:
-        def __init__(self, envs, policy, envs_per_worker, groups, pipelined):
+        def __init__(self, envs, policy, envs_per_worker, groups, pipelined, handoff="driver"):
+            self.handoff = handoff
             self.k = groups
 
         def collect(self, n):
@@ -418,7 +429,8 @@ def test_trial_candidates_closer_than_their_noise_take_more_turns(
     times = {1: iter([1.0, *k1]), 2: iter([1.0, *k2]), 4: iter([1.0] + [0.3] * 3)}
 
     class FakeCycle:
-        def __init__(self, envs, policy, envs_per_worker, groups, pipelined):
+        def __init__(self, envs, policy, envs_per_worker, groups, pipelined, handoff="driver"):
+            self.handoff = handoff
             self.k = groups
 
         def collect(self, n):
@@ -443,7 +455,8 @@ def test_close_candidates_timed_at_two_lengths_take_more_passes_of_both(monkeypa
     calls = []
 
     class FakeCycle:  # the same plan twice: 8 steps 0.1 s, 16 steps 0.12-0.2 s, never ranked
-        def __init__(self, envs, policy, envs_per_worker, groups, pipelined):
+        def __init__(self, envs, policy, envs_per_worker, groups, pipelined, handoff="driver"):
+            self.handoff = handoff
             self.k, self.long = groups, cycle([0.16, 0.2, 0.12])
 
         def collect(self, n):
@@ -468,8 +481,10 @@ def test_a_trial_candidate_on_fresh_workers_is_timed_after_the_probes_and_thrown
     calls, killed = [], []
 
     class FakeCycle:  # 0.01 s per step and 0.05 s per rollout for any plan
-        def __init__(self, envs, policy, envs_per_worker, groups, pipelined, tag="probe"):
-            self.tag = (tag, groups)
+        def __init__(
+            self, envs, policy, envs_per_worker, groups, pipelined, handoff="driver", tag="probe"
+        ):
+            self.tag, self.handoff = (tag, groups), handoff
 
         def collect(self, n):
             calls.append((*self.tag, n))
@@ -482,7 +497,7 @@ def test_a_trial_candidate_on_fresh_workers_is_timed_after_the_probes_and_thrown
         return (
             worker("env"),
             worker("policy"),
-            FakeCycle(None, None, 0, place.groups, True, "fresh"),
+            FakeCycle(None, None, 0, place.groups, True, tag="fresh"),
         )
 
     monkeypatch.setattr(embodied_ppo, "start_cycle", fresh_cycle)
@@ -729,8 +744,29 @@ def test_cycle_models_place_hand_offs_in_the_cycle_or_in_the_calls():
 
     with pytest.raises(ConfigError, match=r"cycle_model: 'fixed' is not one of auto, fixed_hops"):
         load_config(Config, EXAMPLE, ["cycle_model=fixed"])
-    with pytest.raises(ConfigError, match=r"cycle_handoff: 'direct' is not one of auto, driver"):
-        load_config(Config, EXAMPLE, ["cycle_handoff=direct"])
+    with pytest.raises(
+        ConfigError, match=r"cycle_handoff: 'ray' is not one of auto, driver, direct"
+    ):
+        load_config(Config, EXAMPLE, ["cycle_handoff=ray"])
+
+
+@pytest.mark.parametrize(
+    ("asked", "cuda", "expected"),
+    [
+        ("auto", False, "auto"),  # CPU-only: direct wherever every group is on one env worker
+        ("auto", True, "driver"),  # beside accelerators direct was not measured
+        ("direct", True, "auto"),
+        ("driver", False, "driver"),
+    ],
+)
+def test_cycle_handoff_auto_calls_directly_only_on_cpu_only_clusters(asked, cuda, expected):
+    from types import SimpleNamespace
+
+    from loomrl.recipes.embodied_ppo import Config, handoff
+
+    cfg = Config()
+    cfg.cycle_handoff = asked
+    assert handoff(cfg, SimpleNamespace(has_cuda=cuda)) == expected
 
 
 def test_cycle_model_auto_is_fixed_hops_beside_accelerators_and_chained_on_cpu_slots():
