@@ -189,15 +189,11 @@ def test_handoff_is_direct_only_where_every_group_lies_on_one_env_worker():
     assert resolve_handoff("auto", one_each, pipelined=False) == "driver"
     assert resolve_handoff("driver", one_each, pipelined=True) == "driver"
     assert resolve_handoff("direct", one_each, pipelined=True) == "direct"
-    with pytest.raises(
-        ConfigError, match=r"group 0 spans env workers \[0, 1\].*handoff='auto'"
-    ):
+    with pytest.raises(ConfigError, match=r"group 0 spans env workers \[0, 1\].*handoff='auto'"):
         resolve_handoff("direct", spans, pipelined=True)
     with pytest.raises(ConfigError, match="not pipelined"):
         resolve_handoff("direct", one_each, pipelined=False)
-    with pytest.raises(
-        ConfigError, match="handoff='ray': must be one of auto, driver, direct"
-    ):
+    with pytest.raises(ConfigError, match="handoff='ray': must be one of auto, driver, direct"):
         resolve_handoff("ray", one_each, pipelined=True)
 
 
