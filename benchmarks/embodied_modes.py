@@ -147,7 +147,7 @@ def _merge(rs: list[dict]) -> dict:
     ok = [r for r in rs if r["feasible"]]
     if not ok:
         return rs[0]
-    warm = [t for r in ok for t in (r["iteration_s"][1:] or r["iteration_s"])]
+    warm = [t for r in ok for t in _warm(r)]
     out = dict(ok[-1])
     out["measured_s"] = statistics.median(warm)
     cyc = [t for r in ok for t in (r["collect_s"][1:] or r["collect_s"])]
@@ -174,26 +174,36 @@ def _placement_key(pl: dict) -> str:
     return f"env {_env_where(pl)} policy {pl['policy_devices']} k={pl['groups']} {where}"
 
 
-def _pooled_by_placement(runs: dict[str, list[dict]]) -> dict[str, float]:
-    """Median warm iteration time per distinct placement over every run that used it."""
-    times: dict[str, list[float]] = {}
+def _warm(r: dict) -> list[float]:
+    """A run's iteration times after the first (warm-up), or all of them when there is one."""
+    return r["iteration_s"][1:] or r["iteration_s"]
+
+
+def _by_placement(runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Every feasible run, grouped by its placement (runs of one placement ran one plan)."""
+    per: dict[str, list[dict]] = {}
     for rs in runs.values():
         for r in rs:
             if r["feasible"]:
-                warm = r["iteration_s"][1:] or r["iteration_s"]
-                times.setdefault(_placement_key(r["placement"]), []).extend(warm)
-    return {k: statistics.median(v) for k, v in times.items()}
+                per.setdefault(_placement_key(r["placement"]), []).append(r)
+    return per
+
+
+def _pooled_by_placement(runs: dict[str, list[dict]]) -> dict[str, float]:
+    """Median warm iteration time per distinct placement over every run that used it."""
+    return {
+        k: statistics.median(t for r in rs for t in _warm(r))
+        for k, rs in _by_placement(runs).items()
+    }
 
 
 def _spread_by_placement(runs: dict[str, list[dict]]) -> dict[str, list[float]]:
     """Per distinct placement, the fastest and slowest run's measured s/it: the same plan run
     again on fresh workers, the noise a prediction is judged against."""
-    per: dict[str, list[float]] = {}
-    for rs in runs.values():
-        for r in rs:
-            if r["feasible"]:
-                per.setdefault(_placement_key(r["placement"]), []).append(r["measured_s"])
-    return {k: [min(v), max(v)] for k, v in per.items()}
+    return {
+        k: [min(r["measured_s"] for r in rs), max(r["measured_s"] for r in rs)]
+        for k, rs in _by_placement(runs).items()
+    }
 
 
 def _round_errors(runs: dict[str, list[dict]]) -> list[dict]:

@@ -149,12 +149,13 @@ class CollectResult:
 
 
 HANDOFFS = ("auto", "driver", "direct")
-# After a failed direct rollout: how long the driver waits for the other env workers' calls
-# before reporting the error anyway (a rollout that takes longer has bigger problems).
+# After a failed direct rollout: how long the driver waits for the other env workers' calls, and
+# an env worker for its own policy calls, before reporting the error anyway (a rollout that
+# takes longer has bigger problems).
 SETTLE_S = 60.0
 
 
-def _settle(refs: list[Any], timeout: float) -> None:
+def settle(refs: list[Any], timeout: float = SETTLE_S) -> None:
     """Wait until ``refs`` are done, failed or not, or ``timeout`` passes; read none of them."""
     import ray
 
@@ -249,8 +250,8 @@ class EnvPolicyCycle:
             # The other env workers may still be calling the policy: let them finish, then close
             # the rollout as the driver path does, so the next rollout starts on a clean buffer
             # and counters. Bounded, so that a hung worker cannot hide the error.
-            _settle([r for h in runs for r in h.refs], SETTLE_S)
-            _settle([*self.policy.finish().refs, *self.envs.pop_stats().refs], SETTLE_S)
+            settle([r for h in runs for r in h.refs])
+            settle([*self.policy.finish().refs, *self.envs.pop_stats().refs])
             raise
         pol, env_stats = wait(self.policy.finish(), self.envs.pop_stats())
         return self._result(steps, t0, pol, env_stats)

@@ -31,6 +31,7 @@ def main() -> None:
     # beside this script (on the path when run as python scripts/trial_lengths.py): its setup
     from cycle_repeat import one_plan
 
+    from loomrl.recipes.embodied_ppo import _trial_estimate  # the trials' own estimate
     from loomrl.worker import wait
 
     ap = argparse.ArgumentParser()
@@ -59,11 +60,9 @@ def main() -> None:
     # As the trials estimate: medians of 2 rollouts of L and of 2L, or of 3 rollouts of S.
     from_short, whole = [], []
     for _ in range(20000):
-        a = statistics.median(gen.sample(timed[L], 2))
-        b = statistics.median(gen.sample(timed[2 * L], 2))
-        per_step = max(0.0, (b - a) / L)
-        from_short.append(max(0.0, a - L * per_step) + S * per_step)
-        whole.append(statistics.median(gen.sample(timed[S], 3)))
+        short = {n: gen.sample(timed[n], 2) for n in (L, 2 * L)}
+        from_short.append(_trial_estimate(short, S, L))
+        whole.append(_trial_estimate({S: gen.sample(timed[S], 3)}, S, L))
     res = {
         "args": vars(args),
         "placement": place.describe(),

@@ -547,6 +547,7 @@ def choose_by_trial(
         # a host's speed drifts within seconds, and turns spread a slow spell over all of
         # them rather than over whichever ran during it.
         envs, policy = probe.env, probe.policy  # type: ignore[union-attr]
+        how = handoff(cfg, run.cluster)
         cycles = {
             i: EnvPolicyCycle(
                 envs,
@@ -554,7 +555,7 @@ def choose_by_trial(
                 cfg.env.num_envs // candidates[i][1].workers,
                 candidates[i][1].groups,
                 cfg.pipelined,
-                handoff=handoff(cfg, run.cluster),
+                handoff=how,
             )
             for i in shared
         }

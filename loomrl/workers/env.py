@@ -128,7 +128,7 @@ class EnvWorker(Worker):
         as it would through the driver (same calls, same order per group), so the trajectories
         are the same. Groups take turns: while this worker steps one, the policy acts on the
         next. A failed policy call is raised as ``PolicyCallError``, naming the call."""
-        import ray
+        from loomrl.cycle import settle
 
         pending = [policy.act.remote(0, self.observe(lo, hi)) for lo, hi in parts]
         try:
@@ -146,8 +146,7 @@ class EnvWorker(Worker):
         except BaseException:
             # None of this worker's policy calls may still run when the error reaches the
             # driver: the next rollout's begin() would race them for the policy's buffer.
-            # Bounded, as the driver's own wait is (loomrl.cycle.SETTLE_S).
-            ray.wait(pending, num_returns=len(pending), timeout=60)
+            settle(pending)
             raise
 
     def sample_actions(self, n: int, seed: int = 0) -> np.ndarray:

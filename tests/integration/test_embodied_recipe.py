@@ -382,24 +382,30 @@ def _trial_on_fakes(monkeypatch, tmp_path, fake_cycle, cands, steps, fits=lambda
     return choose_by_trial(run, cfg, cands, steps, probe)
 
 
-def test_trial_candidates_on_the_probes_workers_take_turns(monkeypatch, tmp_path):
+def _fake_cycle(calls: list, wall_s) -> type:
+    """A stand-in for EnvPolicyCycle: ``collect(n)`` records (k, n) in ``calls`` and takes
+    ``wall_s(k, n)`` seconds."""
     from types import SimpleNamespace
 
+    class FakeCycle:
+        def __init__(self, envs, policy, envs_per_worker, groups, pipelined, handoff="driver"):
+            self.k, self.handoff = groups, handoff
+
+        def collect(self, n):
+            calls.append((self.k, n))
+            return SimpleNamespace(wall_s=wall_s(self.k, n))
+
+    return FakeCycle
+
+
+def test_trial_candidates_on_the_probes_workers_take_turns(monkeypatch, tmp_path):
     calls = []
     # Seconds per step: k = 2 is the faster plan, and the host turns 3x slower after four
     # rollouts. One candidate after the other, k = 1 would be timed before the slow spell and
     # k = 2 in it, and k = 1 would win; taking turns, both meet it alike.
     per_step = {1: 0.010, 2: 0.008}
     slow = iter([1, 1, 1, 1, 3, 3, 3, 3])
-
-    class FakeCycle:
-        def __init__(self, envs, policy, envs_per_worker, groups, pipelined, handoff="driver"):
-            self.handoff = handoff
-            self.k = groups
-
-        def collect(self, n):
-            calls.append((self.k, n))
-            return SimpleNamespace(wall_s=per_step[self.k] * n * next(slow))
+    FakeCycle = _fake_cycle(calls, lambda k, n: per_step[k] * n * next(slow))
 
     cands = [_trial_cand(k) for k in (1, 2)]
     plan, rollout_s = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16)
@@ -422,20 +428,10 @@ def test_trial_candidates_on_the_probes_workers_take_turns(monkeypatch, tmp_path
 def test_trial_candidates_closer_than_their_noise_take_more_turns(
     monkeypatch, tmp_path, k1, k2, extra
 ):
-    from types import SimpleNamespace
-
     calls = []
     # The first is the warm-up; k = 4 is far slower and never close, so never timed again.
     times = {1: iter([1.0, *k1]), 2: iter([1.0, *k2]), 4: iter([1.0] + [0.3] * 3)}
-
-    class FakeCycle:
-        def __init__(self, envs, policy, envs_per_worker, groups, pipelined, handoff="driver"):
-            self.handoff = handoff
-            self.k = groups
-
-        def collect(self, n):
-            calls.append((self.k, n))
-            return SimpleNamespace(wall_s=next(times[self.k]))
+    FakeCycle = _fake_cycle(calls, lambda k, n: next(times[k]))
 
     cands = [_trial_cand(k) for k in (1, 2, 4)]
     plan, rollout_s = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16)
@@ -450,18 +446,11 @@ def test_trial_candidates_closer_than_their_noise_take_more_turns(
 
 def test_close_candidates_timed_at_two_lengths_take_more_passes_of_both(monkeypatch, tmp_path):
     from itertools import cycle
-    from types import SimpleNamespace
 
     calls = []
-
-    class FakeCycle:  # the same plan twice: 8 steps 0.1 s, 16 steps 0.12-0.2 s, never ranked
-        def __init__(self, envs, policy, envs_per_worker, groups, pipelined, handoff="driver"):
-            self.handoff = handoff
-            self.k, self.long = groups, cycle([0.16, 0.2, 0.12])
-
-        def collect(self, n):
-            calls.append((self.k, n))
-            return SimpleNamespace(wall_s=0.1 if n == 8 else next(self.long))
+    # the same plan twice: 8 steps 0.1 s, 16 steps 0.12-0.2 s, never ranked
+    long = {k: cycle([0.16, 0.2, 0.12]) for k in (1, 2)}
+    FakeCycle = _fake_cycle(calls, lambda k, n: 0.1 if n == 8 else next(long[k]))
 
     cands = [_trial_cand(k) for k in (1, 2)]
     _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 32)
