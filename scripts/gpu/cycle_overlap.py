@@ -15,7 +15,10 @@ Then it runs the real cycle on the pixel workers with k = 1 (env and policy alte
 temporal cycle) and k = 2, 4 (pipelined groups), interleaved over rounds, so that the ratio of
 k = 1 to k = 2 is measured on the same processes; with ``--layouts slices,blocks`` also k = 2, 4
 with each group on whole env workers (``k=2b``, ``k=4b``: one call per worker a step, one
-group's workers stepping at a time) beside the default slices of every worker. Before that, ``measure_costs`` (the probe
+group's workers stepping at a time) beside the default slices of every worker; with
+``--handoffs driver,direct`` also each run whose groups lie on one env worker with the env
+workers calling the policy themselves (``k=4bd``). Every path's first rollout is untimed and
+each round starts one path later. Before that, ``measure_costs`` (the probe
 the recipe plans with) times the same workers, and the planner's cycle model predicts each k
 from it twice: from the chains alone (hand-offs inside the components' costs, no hop) and from
 the workers' busy times plus the cycle's hop latency. Prints one table and writes JSON.
@@ -82,6 +85,12 @@ def main() -> None:
         help="ring layouts of the split cycle, comma-separated (loomrl.cycle.RING_LAYOUTS); "
         "blocks runs appear as k=<k>b",
     )
+    p.add_argument(
+        "--handoffs",
+        default="driver",
+        help="hand-offs of the split cycle, comma-separated (loomrl.cycle.HANDOFFS); direct runs "
+        "(only where every group lies on one env worker) appear with a trailing d, e.g. k=4bd",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -90,7 +99,7 @@ def main() -> None:
     import ray
 
     from loomrl.cluster import Cluster
-    from loomrl.config import load_config
+    from loomrl.config import ConfigError, load_config
     from loomrl.cycle import EnvPolicyCycle, cycle_profile, measure_costs
     from loomrl.plan.cost import cycle_time
     from loomrl.recipes.embodied_ppo import Config
@@ -161,13 +170,28 @@ def main() -> None:
     # (k, layout): blocks only where they cut differently (k > 1 divides the worker count)
     runs = [(k, "slices") for k in (1, 2, 4) if k <= per_worker]
     if "blocks" in args.layouts.split(","):
-        runs += [(k, "blocks") for k in (2, 4) if k <= w and w % k == 0]
-    cycles: dict = {(k if lay == "slices" else f"{k}b"): [] for k, lay in runs}
+        runs += [(k, "blocks") for k in sorted({2, 4, w}) if 1 < k <= w and w % k == 0]
+    handoffs = args.handoffs.split(",")
+    made = {}  # key -> cycle; direct only where its groups allow it
+    for k, lay in runs:
+        for how in handoffs:
+            key = k if lay == "slices" else f"{k}b"
+            if how == "direct":
+                key = f"{key}d"
+            try:
+                made[key] = EnvPolicyCycle(
+                    env_px, pol_rows, per_worker, k, True, layout=lay, handoff=how
+                )
+            except ConfigError as e:
+                print(f"skipped k={k} {lay} {how}: {e}")
+    cycles: dict = {key: [] for key in made}
     busy: dict = {key: [] for key in cycles}
-    for _ in range(args.rounds):
-        for (k, lay), key in zip(runs, cycles, strict=True):
-            cyc = EnvPolicyCycle(env_px, pol_rows, per_worker, k, True, layout=lay)
-            r = cyc.collect(args.steps)
+    for c in made.values():  # untimed: each path's first rollout
+        c.collect(args.steps)
+    for r_ in range(args.rounds):
+        keys = list(made)
+        for key in keys[r_ % len(keys) :] + keys[: r_ % len(keys)]:
+            r = made[key].collect(args.steps)
             cycles[key].append(r.wall_s / args.steps)
             busy[key].append((r.env_busy_s / w, r.policy_busy_s))
     res["cycle_busy_s"] = {str(k): v for k, v in busy.items()}
