@@ -16,7 +16,8 @@ same placement, e.g. auto and the mode it picked, are pooled: they ran one plan)
 time per placement it prints the fastest and slowest run of it (the noise a prediction is judged
 against) and how many runs (a mode in a round) were predicted within 5%. The last line reads
 ``auto_mode: <mode> best_mode: <mode> auto_vs_best: <ratio>``; the line before it, when both
-ran, ``hybrid_vs_temporal`` (temporal's measured s/it over hybrid's). With ``--rounds`` every
+ran, ``hybrid_vs_temporal`` (temporal's measured s/it over hybrid's; in ``--out`` too, null
+when either did not run). With ``--rounds`` every
 mode runs once per round, each round starting one mode later. ``--out`` is rewritten after every
 run (``"complete": false`` and the raw ``runs`` so far) and at the end with the summary
 (``"complete": true``), so a benchmark cut off by a time limit keeps what it measured.
@@ -381,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     if steal:
         print(f"host CPU steal during the runs: {100 * min(steal):.1f}-{100 * max(steal):.1f}%")
     by_mode = {r["mode"]: r for r in ok}
+    speedup = None
     if "temporal" in by_mode and "hybrid" in by_mode:
         speedup = by_mode["temporal"]["measured_s"] / by_mode["hybrid"]["measured_s"]
         print(f"hybrid_vs_temporal (temporal s/it / hybrid s/it): {speedup:.3f}")
@@ -400,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
                 "pooled_by_placement": pooled,
                 "spread_by_placement": spread,
                 "round_errors": errors,
+                "hybrid_vs_temporal": speedup,
             },
         )
     print(f"auto_mode: {auto_mode} best_mode: {best_mode} auto_vs_best: {ratio:.3f}")

@@ -350,6 +350,9 @@ def handoff(cfg: Config, cluster: Any) -> str:
 
 
 MODES = ("auto", "temporal", "spatial", "hybrid")
+# How many k past its window a trial may walk while the window's edge keeps winning: each step
+# costs a warm-up and reps rollouts of two cycles.
+TRIAL_WALK = 3
 
 
 def host_workers(cluster: Any, cfg: Config) -> int | None:
@@ -443,6 +446,7 @@ def trial(
         # k = 2 on two H200s (call AB), in groups of 4 below the probe's smallest, 8.
         splits, past = split_plans_and_past(profile)
         near = _near_best_k(splits, cfg, hw, past)
+        ladder = _ladder([*splits, *past], cfg, cluster, hw)
     if cfg.run.placement == "auto":
         plans = search_all(profile)
         # The model errs most between co-located and split cycles (on two H200s split cycles
@@ -458,8 +462,8 @@ def trial(
     else:
         place = placement_from_plan(plan, cfg.env.num_envs, hw)
         check_cores(place, cfg.env.cpu_cores, cluster)  # before any worker is launched for it
-        cands = [(plan, place)]
-    plan, rollout_s = choose_by_trial(run, cfg, cands, steps, probe)
+        cands, ladder = [(plan, place)], []
+    plan, rollout_s = choose_by_trial(run, cfg, cands, steps, probe, ladder)
     return calibrated_by_trial(profile, plan, rollout_s)
 
 
@@ -481,6 +485,20 @@ def _near_best_k(
     i = ks.index(best_k)
     near = [by_k[k] for k in ks[max(i - 1, 0) : i + 2]]
     return near + list(past) if by_k[ks[-1]] in near else near
+
+
+def _ladder(plans: list[Any], cfg: Config, cluster: Any, hw: int | None) -> list[tuple]:
+    """(plan, placement) of split ``plans`` that fit the cores, by ring-group count k: the
+    rungs a trial may walk along past its window (``choose_by_trial``)."""
+    out = []
+    for plan in plans:
+        place = placement_from_plan(plan, cfg.env.num_envs, hw)
+        try:
+            check_cores(place, cfg.env.cpu_cores, cluster)
+        except PlacementError:
+            continue
+        out.append((plan, place))
+    return sorted(out, key=lambda c: c[1].groups)
 
 
 def _candidates(
@@ -513,7 +531,12 @@ def _candidates(
 
 
 def choose_by_trial(
-    run: Run, cfg: Config, candidates: list[tuple], steps: int, probe: Probe | None = None
+    run: Run,
+    cfg: Config,
+    candidates: list[tuple],
+    steps: int,
+    probe: Probe | None = None,
+    ladder: Sequence[tuple] = (),
 ) -> tuple[Any, float]:
     """Time short real rollouts of each candidate plan; return the fastest and its estimated
     seconds for a ``steps``-step rollout.
@@ -530,6 +553,13 @@ def choose_by_trial(
     noise taking up to 2 x reps more passes; others on fresh workers, one after another, thrown
     away after. The run starts from the launch state either way (``plan_cycle`` rebuilds the
     probe's workers when it keeps them).
+
+    ``ladder``: split candidates at every k (``_ladder``). Where the fastest candidate timed on
+    the probe's workers is the smallest or largest k timed, and the next k beyond it is on the
+    ladder, that one is timed too, in turns with the fastest, and so on while the edge keeps
+    winning (at most ``TRIAL_WALK`` more): the model's window of k can sit off the best k
+    (Humanoid-v5 states on one H200: the window k = 4, 8, 16, k = 4 fastest, while k = 2 ran
+    its rollouts 13% faster than k = 4, scripts/gpu/RESULTS.md call BF).
     """
     L, t0, rows = cfg.auto_trial_steps, time.perf_counter(), []
     lengths = (steps,) if steps <= 2 * L else (L, 2 * L)
@@ -540,6 +570,7 @@ def choose_by_trial(
     order = sorted(range(len(candidates)), key=lambda i: not fits[i])
     candidates, fits = [candidates[i] for i in order], [fits[i] for i in order]
     timed: list[dict[int, list[float]]] = [{n: [] for n in lengths} for _ in candidates]
+    walk_from = len(candidates)
     shared = [i for i, f in enumerate(fits) if f]
     ran: dict[int, str] = {}
     if shared:
@@ -561,6 +592,27 @@ def choose_by_trial(
         }
         ran.update({i: c.handoff for i, c in cycles.items()})
         _time_in_turns(cycles, timed, lengths, reps)
+        for _ in range(TRIAL_WALK):
+            best = min(shared, key=lambda i: _trial_estimate(timed[i], steps, L))
+            rung = _next_rung(best, candidates, [candidates[i] for i in shared], ladder)
+            if rung is None or not probe.can_time(rung[1]):  # type: ignore[union-attr]
+                break
+            i = len(candidates)
+            candidates.append(rung)
+            fits.append(True)
+            timed.append({n: [] for n in lengths})
+            shared.append(i)
+            cycles[i] = EnvPolicyCycle(
+                envs,
+                policy,
+                cfg.env.num_envs // rung[1].workers,
+                rung[1].groups,
+                cfg.pipelined,
+                handoff=how,
+            )
+            ran[i] = cycles[i].handoff
+            cycles[i].collect(min(lengths))  # its warm-up; the fastest had one
+            _time_in_turns({best: cycles[best], i: cycles[i]}, timed, lengths, reps, False)
         # Plans closer than their own rollouts' spread are not ranked yet: the close ones take
         # more turns (up to 2 x reps more passes, no warm-up), which narrows their medians.
         for _ in range(2 * reps):
@@ -594,6 +646,7 @@ def choose_by_trial(
                 "probe_workers": reuse,
                 "timed_s": {str(n): v for n, v in t.items()},
                 "rollout_s": rollout_s,
+                "walked": i >= walk_from,  # timed because the fastest sat at the window's edge
             }
         )
     pick = min(range(len(rows)), key=lambda i: rows[i]["rollout_s"])
@@ -612,6 +665,28 @@ def choose_by_trial(
         f"{took:.1f}s; measured {steps}-step rollout: {each}"
     )
     return candidates[pick][0], rows[pick]["rollout_s"]
+
+
+def _next_rung(
+    best: int, candidates: list[tuple], timed: list[tuple], ladder: Sequence[tuple]
+) -> tuple | None:
+    """The ladder's next (plan, placement) past the k ``timed`` (candidates timed so far) span,
+    on the side where ``candidates[best]`` sits at their edge; None where the best is inside
+    the span, not a rung of the ladder, or no rung lies beyond it. Pure."""
+
+    def key(c: tuple) -> str:
+        return json.dumps(c[1].describe(), sort_keys=True)
+
+    rungs = [key(c) for c in ladder]
+    if key(candidates[best]) not in rungs:
+        return None
+    at = [rungs.index(key(c)) for c in timed if key(c) in rungs]
+    j = rungs.index(key(candidates[best]))
+    if j == min(at) and j > 0:
+        return ladder[j - 1]
+    if j == max(at) and j + 1 < len(ladder):
+        return ladder[j + 1]
+    return None
 
 
 def _trial_estimate(timed: dict[int, list[float]], steps: int, L: int) -> float:

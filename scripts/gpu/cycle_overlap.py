@@ -64,6 +64,12 @@ def main() -> None:
     p.add_argument("--env-workers", type=int, default=4)
     p.add_argument("--env-cores", type=float, default=4.0)
     p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--env", default=None, help="gymnasium id (default: the recipe's env.env_id)")
+    p.add_argument(
+        "--state",
+        action="store_true",
+        help="state observations on the timed workers (an MLP policy; no renderer on the GPU)",
+    )
     p.add_argument("--steps", type=int, default=32, help="S of the cycle runs")
     p.add_argument("--calls", type=int, default=40, help="calls per timed chain")
     p.add_argument("--reps", type=int, default=3)
@@ -113,6 +119,7 @@ def main() -> None:
         f"env.num_envs={n}",
         f"env.image_size={args.image_size}",
         f"env.cpu_cores={args.env_cores}",
+        *([f"env.env_id={args.env}"] if args.env else []),
     ]
     cfg_px = load_config(Config, None, [*base, "env.pixels=true"])
     cfg_st = load_config(Config, None, [*base, "env.pixels=false"])
@@ -132,7 +139,8 @@ def main() -> None:
             env=render_env,
         )
 
-    env_px = launch_env(cfg_px)
+    # --state: the timed workers step state envs; the variants' state rows are then the same
+    env_px = launch_env(cfg_st if args.state else cfg_px)
     sp = wait(env_px.on(0).spaces())[0]
 
     def launch_policy(kwargs):
@@ -197,7 +205,7 @@ def main() -> None:
     res["cycle_busy_s"] = {str(k): v for k, v in busy.items()}
     res["cycle_step_s"] = {k: v for k, v in cycles.items() if v}
     env_px.kill()  # its cores go to the state env workers
-    if not args.no_variants:
+    if not args.no_variants and not args.state:
         env_st = launch_env(cfg_st)
         res["state_env_rows"] = sides(env_st, pol_rows, reply_of, sizes, args.calls, args.reps)
         env_st.kill()
@@ -205,7 +213,8 @@ def main() -> None:
     res["load_average_end"] = os.getloadavg()
     cluster.shutdown()
 
-    print(f"num_envs={n} env_workers={w} image={args.image_size} (s per call, medians)")
+    obs = "state" if args.state else f"pixels {args.image_size}"
+    print(f"num_envs={n} env_workers={w} obs={obs} (s per call, medians)")
     for name in ("pixels_rows", "pixels_batched", "state_env_rows"):
         for x, r in res.get(name, {}).items():
             print(

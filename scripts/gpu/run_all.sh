@@ -8,6 +8,8 @@
 #   the policy's forward eagerly, then as CUDA graphs (the default); EMB_ENV_CORES (default 4) cores per
 #   env worker; EMB_POLICY_KWARGS a JSON object for the policy's constructor, EMB_TAG names it in
 #   the output (default: its checksum))
+#   embodied_state (state observations of ST_ENV, default Humanoid-v5: no renderer on the GPU,
+#   the env's MuJoCo steps on host cores; EMB_SWEEP num_envs:S, default "64:32", EMB_ENV_CORES...)
 #   overlap (env and policy costs alone and at once, and the cycle at k = 1, 2, 4 on the same
 #   workers: scripts/gpu/cycle_overlap.py at OV_SWEEP="16:4:4 64:4:4", num_envs:workers:cores)
 #   policy_call (where one pixel policy call spends its time, alone and beside EGL renderers; PC_SIZES
@@ -122,6 +124,13 @@ for s in "${STAGES[@]}"; do
                 --modes ${EMB_MODES:-temporal,hybrid,auto} --epochs ${EMB_EPOCHS:-2} --env-cores ${EMB_ENV_CORES:-4} \
                 ${fl[@]+"${fl[@]}"} --out "$OUT/embodied_px_e${e}_s${st}${sfx}.json"
         done
+    done ;;
+    embodied_state) for c in ${EMB_SWEEP:-64:32}; do  # state observations of ST_ENV, num_envs:S per config
+        e=${c%%:*}; st=${c##*:}; name="embodied_state_${ST_ENV:-Humanoid-v5}_e${e}_s${st}_c${EMB_ENV_CORES:-4}"
+        stage "$name" ${EMB_CAP:-258} python3 benchmarks/embodied_modes.py --device cuda --env "${ST_ENV:-Humanoid-v5}" \
+            --num-envs "$e" --steps "$st" --iterations ${EMB_ITERS:-4} --rounds ${EMB_ROUNDS:-1} \
+            --modes ${EMB_MODES:-temporal,hybrid,auto} --epochs ${EMB_EPOCHS:-2} --env-cores ${EMB_ENV_CORES:-4} \
+            --out "$OUT/$name.json"
     done ;;
     overlap) for c in ${OV_SWEEP:-16:4:4 64:4:4}; do  # num_envs:env workers:cores per worker
         IFS=: read -r e w co <<< "$c"

@@ -293,7 +293,9 @@ def test_trials_time_the_first_k_past_the_probed_sizes_and_only_a_trial_picks_it
     assert placement_from_plan(chosen, 64).groups <= 4  # the search keeps to the probed sizes
     seen = []
 
-    def fake_choose(run, cfg, cands, steps, probe):  # the k = 8 trial wins wherever it runs
+    def fake_choose(
+        run, cfg, cands, steps, probe, ladder=()
+    ):  # the k = 8 trial wins wherever it runs
         seen.append([place.groups for _, place in cands])
         return next((p for p, place in cands if place.groups == 8), cands[0][0]), 0.16
 
@@ -337,7 +339,7 @@ def test_split_cycles_at_the_k_next_to_the_best_are_timed_whatever_the_margin(
     assert [p for p in near_plans if p.predicted_s > best.predicted_s]
     seen = []
 
-    def fake_choose(run, cfg, cands, steps, probe):
+    def fake_choose(run, cfg, cands, steps, probe, ladder=()):
         seen.append(sorted((place.colocated, place.groups) for _, place in cands))
         return cands[0][0], 0.1
 
@@ -362,7 +364,9 @@ def _trial_cand(k: int, workers: int = 2) -> tuple:
     )
 
 
-def _trial_on_fakes(monkeypatch, tmp_path, fake_cycle, cands, steps, fits=lambda place: True):
+def _trial_on_fakes(
+    monkeypatch, tmp_path, fake_cycle, cands, steps, fits=lambda place: True, ladder=()
+):
     """``choose_by_trial`` over ``cands`` (8 envs, auto_trial_steps 8), ``fake_cycle`` standing
     for the cycle; the probe has 2 env workers and can time the candidates ``fits`` says."""
     from types import SimpleNamespace
@@ -379,7 +383,7 @@ def _trial_on_fakes(monkeypatch, tmp_path, fake_cycle, cands, steps, fits=lambda
         dir=tmp_path,
         logger=SimpleNamespace(echo=lambda msg: None),
     )
-    return choose_by_trial(run, cfg, cands, steps, probe)
+    return choose_by_trial(run, cfg, cands, steps, probe, ladder)
 
 
 def _fake_cycle(calls: list, wall_s) -> type:
@@ -396,6 +400,74 @@ def _fake_cycle(calls: list, wall_s) -> type:
             return SimpleNamespace(wall_s=wall_s(self.k, n))
 
     return FakeCycle
+
+
+def test_a_trial_walks_past_its_window_while_the_edge_wins(monkeypatch, tmp_path):
+    calls = []
+    # Seconds per step by k: the window is k = 4 and 8, the best k is 2 (beyond it).
+    per_step = {1: 0.012, 2: 0.006, 4: 0.008, 8: 0.010, 16: 0.020}
+    FakeCycle = _fake_cycle(calls, lambda k, n: per_step[k] * n)
+    cands = [_trial_cand(k) for k in (4, 8)]
+    ladder = [_trial_cand(k) for k in (1, 2, 4, 8, 16)]
+    plan, rollout_s = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16, ladder=ladder)
+    # The window's warm-ups and three passes; k = 2 (past the edge k = 4) with a warm-up and
+    # three passes in turns with k = 4; k = 2 wins at the new edge, so k = 1 in turns with
+    # k = 2; k = 1 loses and the walk stops (k = 16, on the other side, is never timed).
+    assert calls == (
+        [(4, 16), (8, 16)] * 4
+        + [(2, 16)]
+        + [(4, 16), (2, 16)] * 3
+        + [(1, 16)]
+        + [(2, 16), (1, 16)] * 3
+    )
+    assert plan is ladder[1][0] and rollout_s == pytest.approx(0.006 * 16)
+    rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
+    assert [(r["placement"]["groups"], r["walked"]) for r in rows] == [
+        (4, False),
+        (8, False),
+        (2, True),
+        (1, True),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("window", "fits", "timed_ks"),
+    [
+        ((2, 4, 8), lambda p: True, {2, 4, 8}),  # the best (k = 4) inside the window: no walk
+        ((8, 16), lambda p: True, {2, 4, 8, 16}),  # down from 8: 4 wins, then 2 loses
+        ((8, 16), lambda p: p.groups != 4, {8, 16}),  # the next rung not on the probe's workers
+    ],
+)
+def test_a_trial_walks_only_from_the_edge_and_only_on_the_probes_workers(
+    monkeypatch, tmp_path, window, fits, timed_ks
+):
+    calls = []
+    per_step = {1: 0.012, 2: 0.009, 4: 0.006, 8: 0.008, 16: 0.010}
+    FakeCycle = _fake_cycle(calls, lambda k, n: per_step[k] * n)
+    ladder = [_trial_cand(k) for k in (1, 2, 4, 8, 16)]
+    cands = [_trial_cand(k) for k in window]
+    plan, _ = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16, fits=fits, ladder=ladder)
+    assert {k for k, _ in calls} == timed_ks
+    best = min(timed_ks, key=per_step.__getitem__)
+    assert plan is next(c[0] for c in [*cands, *ladder] if c[1].groups == best)
+
+
+def test_the_next_rung_is_past_the_edge_the_best_sits_on():
+    from loomrl.recipes.embodied_ppo import _next_rung
+
+    ladder = [_trial_cand(k) for k in (1, 2, 4, 8)]
+    timed = [_trial_cand(k) for k in (2, 4)]
+    assert _next_rung(0, timed, timed, ladder)[1].groups == 1
+    assert _next_rung(1, timed, timed, ladder)[1].groups == 8
+    # at the ladder's ends, inside the span, or not a rung (a co-located plan): nothing
+    ends = [ladder[0], ladder[3]]
+    assert _next_rung(0, ends, ends, ladder) is None and _next_rung(1, ends, ends, ladder) is None
+    # one plan timed is both edges: up the ladder from k = 1
+    assert _next_rung(0, ladder[:1], ladder[:1], ladder)[1].groups == 2
+    assert _next_rung(1, ladder[:3], ladder[:3], ladder) is None
+    colocated = _trial_cand(1)
+    colocated[1].describe = lambda: {"mode": "temporal", "colocated": True, "groups": 1}
+    assert _next_rung(0, [colocated, *timed], [colocated, *timed], ladder) is None
 
 
 def test_trial_candidates_on_the_probes_workers_take_turns(monkeypatch, tmp_path):

@@ -171,4 +171,5 @@ def test_out_holds_every_finished_run_when_a_later_one_is_cut_off(tmp_path, monk
     rc = bench.main(["--modes", "temporal,hybrid,auto", "--rounds", "2", "--out", str(out)])
     doc = json.loads(out.read_text())
     assert (rc, doc["complete"], doc["auto_vs_best"]) == (0, True, 1.0)
+    assert doc["hybrid_vs_temporal"] == pytest.approx(0.5 / 0.3)
     assert [r["mode"] for r in doc["results"]] == ["temporal", "hybrid", "auto"]
