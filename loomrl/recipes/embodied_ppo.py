@@ -75,7 +75,9 @@ class Config:
     # cycle at the model's best k and the k next to it (and at the first k past the group sizes
     # the probe timed, when the largest allowed k is among them), whatever their predictions,
     # and every other plan predicted within auto_trial_margin of the best; hybrid times its
-    # split cycle at those k, temporal and spatial their one plan; the fastest runs (0 steps:
+    # split cycle at those k, temporal and spatial their one plan; where the fastest of auto's
+    # or hybrid's split cycles is at the edge of the k timed, the next k beyond is timed too,
+    # while the edge keeps winning (up to TRIAL_WALK more); the fastest runs (0 steps:
     # trust the model alone). Results: trials.json in the run directory. A rollout estimated
     # from two shorter ones carries their noise magnified (at S = 4L: 3 x the longer - 2 x the
     # shorter): on a 2-core host a 64-step rollout estimated from medians of 2 rollouts of 16
@@ -366,8 +368,9 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> tuple[CyclePlacement, tuple
     """Choose the plan (measured costs, a profile file, or a plan file) and map it to workers.
 
     On measured costs, the plan is then timed on short real rollouts (``trial``): placement=auto
-    times every close candidate and keeps the fastest, hybrid its split cycle at the close k,
-    temporal or spatial its one plan. Either
+    times every close candidate and keeps the fastest, hybrid its split cycle at the close k
+    (both walking on to the next k while the edge of those timed wins), temporal or spatial its
+    one plan. Either
     way the plan's prediction is re-costed to the rollout the trial measured. When the plan
     places its workers as the probe's were, the probe's workers are rebuilt to their launch
     state and returned for the run (the prediction then comes from the very processes that
@@ -434,8 +437,9 @@ def trial(
 ) -> Any:
     """Time ``plan`` (auto: and the best co-located plan, the split cycle at the model's best
     k and its neighbours, and every other plan predicted within the margin; hybrid: and the
-    split cycle at those k, one of them possibly past the probed group sizes) on real rollouts
-    and return the fastest, re-costed to its measured rollout."""
+    split cycle at those k, one of them possibly past the probed group sizes; both: and the k
+    past those while the edge wins, ``choose_by_trial``'s ladder) on real rollouts and return
+    the fastest, re-costed to its measured rollout."""
     from loomrl.plan import search_all
 
     cluster = run.cluster
@@ -473,8 +477,8 @@ def _near_best_k(
     """Of ``split_plans`` (one per ring-group count k, fastest first), those at the model's best
     k and at the next smaller and larger k: k is where the model is least sure (how much of each
     call's hand-off a ring hides: the chained model costed k = 2 above k = 1, which then ran
-    1.4x faster; fixed_hops was up to 23% off at k = 4), and neighbours bound how many rollouts
-    the trial times. ``past``: plans at the first k past the cycle's ``min_group``, added when
+    1.4x faster; fixed_hops was up to 23% off at k = 4), and neighbours keep the first rollouts
+    few (the trial walks on from the window's edge where that wins). ``past``: plans at the first k past the cycle's ``min_group``, added when
     the largest k allowed is among those (the model cannot price them, so they do not move the
     window)."""
     if not splits:
@@ -555,11 +559,15 @@ def choose_by_trial(
     probe's workers when it keeps them).
 
     ``ladder``: split candidates at every k (``_ladder``). Where the fastest candidate timed on
-    the probe's workers is the smallest or largest k timed, and the next k beyond it is on the
-    ladder, that one is timed too, in turns with the fastest, and so on while the edge keeps
-    winning (at most ``TRIAL_WALK`` more): the model's window of k can sit off the best k
-    (Humanoid-v5 states on one H200: the window k = 4, 8, 16, k = 4 fastest, while k = 2 ran
-    its rollouts 13% faster than k = 4, scripts/gpu/RESULTS.md call BF).
+    the probe's workers is the lowest or highest rung of the ladder timed there (a co-located
+    plan on the probe's workers runs the same cycle as the rung at k = 1 and counts as it), and
+    a rung lies beyond it, that one is timed too, in turns with the fastest, and so on while the
+    edge keeps winning (at most ``TRIAL_WALK`` more): the model's window of k can sit off the
+    best k (Humanoid-v5 states on one H200: the window k = 4, 8, 16, k = 4 fastest, while k = 2
+    ran its rollouts 13% faster than k = 4, scripts/gpu/RESULTS.md call BF). The fastest's
+    median then pools its rollouts from before and during the walk, the others' only from
+    before: a slow spell during the walk can favour them, which the extra passes for close
+    candidates (below) narrow but do not undo.
     """
     L, t0, rows = cfg.auto_trial_steps, time.perf_counter(), []
     lengths = (steps,) if steps <= 2 * L else (L, 2 * L)
@@ -656,7 +664,7 @@ def choose_by_trial(
     )
     each = ", ".join(
         f"{r['placement']['mode']}{'' if r['placement']['colocated'] else ' split'} "
-        f"k={r['placement']['groups']}: {r['rollout_s']:.3f}s"
+        f"k={r['placement']['groups']}{' (walked)' if r['walked'] else ''}: {r['rollout_s']:.3f}s"
         for r in rows
     )
     what = "candidate plans" if len(rows) > 1 else "plan"
@@ -670,12 +678,14 @@ def choose_by_trial(
 def _next_rung(
     best: int, candidates: list[tuple], timed: list[tuple], ladder: Sequence[tuple]
 ) -> tuple | None:
-    """The ladder's next (plan, placement) past the k ``timed`` (candidates timed so far) span,
-    on the side where ``candidates[best]`` sits at their edge; None where the best is inside
-    the span, not a rung of the ladder, or no rung lies beyond it. Pure."""
+    """The ladder's next (plan, placement) past the rungs ``timed`` (candidates timed on the
+    probe's workers so far) span, on the side where ``candidates[best]`` sits at their edge;
+    None where the best is inside the span, not a rung, or no rung lies beyond it. On the
+    probe's workers a candidate's cycle is its env workers and ring groups, so those identify
+    a rung (a co-located plan is the rung at k = 1 of its workers). Pure."""
 
-    def key(c: tuple) -> str:
-        return json.dumps(c[1].describe(), sort_keys=True)
+    def key(c: tuple) -> tuple[int, int]:
+        return c[1].workers, c[1].groups
 
     rungs = [key(c) for c in ladder]
     if key(candidates[best]) not in rungs:

@@ -124,7 +124,9 @@ def main() -> None:
     cfg_px = load_config(Config, None, [*base, "env.pixels=true"])
     cfg_st = load_config(Config, None, [*base, "env.pixels=false"])
     cluster = Cluster.start(log_to_driver=False)
-    res: dict = {"args": vars(args), "load_average_start": os.getloadavg()}
+    # With --state the timed rows (kept under "pixels_rows", the key readers know) are states.
+    obs = "state" if args.state else f"pixels {args.image_size}"
+    res: dict = {"args": vars(args), "obs": obs, "load_average_start": os.getloadavg()}
 
     render_env = {"MUJOCO_EGL_DEVICE_ID": args.render_device} if args.render_device else None
 
@@ -213,12 +215,11 @@ def main() -> None:
     res["load_average_end"] = os.getloadavg()
     cluster.shutdown()
 
-    obs = "state" if args.state else f"pixels {args.image_size}"
     print(f"num_envs={n} env_workers={w} obs={obs} (s per call, medians)")
     for name in ("pixels_rows", "pixels_batched", "state_env_rows"):
         for x, r in res.get(name, {}).items():
             print(
-                f"{name:<16} size {x:>3}: env {1e3 * r['env']:7.2f} ms  policy "
+                f"{name.replace('pixels_', 'timed_' if args.state else 'pixels_'):<16} size {x:>3}: env {1e3 * r['env']:7.2f} ms  policy "
                 f"{1e3 * r['policy']:7.2f} ms  both {1e3 * r['both']:7.2f} ms  "
                 f"slowdown {r['slowdown']:.2f}"
             )

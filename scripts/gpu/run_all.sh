@@ -9,7 +9,8 @@
 #   env worker; EMB_POLICY_KWARGS a JSON object for the policy's constructor, EMB_TAG names it in
 #   the output (default: its checksum))
 #   embodied_state (state observations of ST_ENV, default Humanoid-v5: no renderer on the GPU,
-#   the env's MuJoCo steps on host cores; EMB_SWEEP num_envs:S, default "64:32", EMB_ENV_CORES...)
+#   the env's MuJoCo steps on host cores; ST_SWEEP num_envs:S, default "64:32"; EMB_ENV_CORES,
+#   EMB_ROUNDS, EMB_ITERS, EMB_MODES, EMB_EPOCHS, EMB_CAP as for embodied_sweep)
 #   overlap (env and policy costs alone and at once, and the cycle at k = 1, 2, 4 on the same
 #   workers: scripts/gpu/cycle_overlap.py at OV_SWEEP="16:4:4 64:4:4", num_envs:workers:cores)
 #   policy_call (where one pixel policy call spends its time, alone and beside EGL renderers; PC_SIZES
@@ -125,7 +126,7 @@ for s in "${STAGES[@]}"; do
                 ${fl[@]+"${fl[@]}"} --out "$OUT/embodied_px_e${e}_s${st}${sfx}.json"
         done
     done ;;
-    embodied_state) for c in ${EMB_SWEEP:-64:32}; do  # state observations of ST_ENV, num_envs:S per config
+    embodied_state) for c in ${ST_SWEEP:-64:32}; do  # state observations of ST_ENV, num_envs:S per config
         e=${c%%:*}; st=${c##*:}; name="embodied_state_${ST_ENV:-Humanoid-v5}_e${e}_s${st}_c${EMB_ENV_CORES:-4}"
         stage "$name" ${EMB_CAP:-258} python3 benchmarks/embodied_modes.py --device cuda --env "${ST_ENV:-Humanoid-v5}" \
             --num-envs "$e" --steps "$st" --iterations ${EMB_ITERS:-4} --rounds ${EMB_ROUNDS:-1} \

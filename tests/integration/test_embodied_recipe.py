@@ -291,12 +291,11 @@ def test_trials_time_the_first_k_past_the_probed_sizes_and_only_a_trial_picks_it
         else search_all(prof)["best" if placement == "auto" else placement]
     )
     assert placement_from_plan(chosen, 64).groups <= 4  # the search keeps to the probed sizes
-    seen = []
+    seen, ladders = [], []
 
-    def fake_choose(
-        run, cfg, cands, steps, probe, ladder=()
-    ):  # the k = 8 trial wins wherever it runs
+    def fake_choose(run, cfg, cands, steps, probe, ladder=()):  # k = 8 wins wherever it runs
         seen.append([place.groups for _, place in cands])
+        ladders.append([place.groups for _, place in ladder])
         return next((p for p, place in cands if place.groups == 8), cands[0][0]), 0.16
 
     monkeypatch.setattr(embodied_ppo, "choose_by_trial", fake_choose)
@@ -307,8 +306,10 @@ def test_trials_time_the_first_k_past_the_probed_sizes_and_only_a_trial_picks_it
     out = trial(run, cfg, prof, chosen, 16, None, probe=None)
     if placement == "temporal":  # a pinned temporal plan is timed alone
         assert seen == [[1]] and placement_from_plan(out, 64).colocated
+        assert ladders == [[]]  # nothing to walk
     else:
         assert 8 in seen[0] and 4 in seen[0]
+        assert ladders == [[1, 2, 4, 8]]  # the first k past the probed sizes is a rung too
         assert placement_from_plan(out, 64).groups == 8
         assert out.predicted_s == pytest.approx(0.5 + 0.16)  # update + the trial's rollout
 
@@ -337,10 +338,11 @@ def test_split_cycles_at_the_k_next_to_the_best_are_timed_whatever_the_margin(
     # at margin 0 a neighbour's own prediction would have left it out
     best = best_split_plan(prof) if placement == "hybrid" else search_all(prof)["best"]
     assert [p for p in near_plans if p.predicted_s > best.predicted_s]
-    seen = []
+    seen, ladders = [], []
 
     def fake_choose(run, cfg, cands, steps, probe, ladder=()):
         seen.append(sorted((place.colocated, place.groups) for _, place in cands))
+        ladders.append(ladder)
         return cands[0][0], 0.1
 
     monkeypatch.setattr(embodied_ppo, "choose_by_trial", fake_choose)
@@ -352,6 +354,13 @@ def test_split_cycles_at_the_k_next_to_the_best_are_timed_whatever_the_margin(
     (timed,) = seen
     assert [k for colocated, k in timed if not colocated] == near
     assert any(colocated for colocated, _ in timed) == (placement == "auto")
+    # The ladder the trial may walk: a split plan at every k the profile allows, by k.
+    (ladder,) = ladders
+    assert [place.groups for _, place in ladder] == sorted(
+        placement_from_plan(p, 16).groups for p in split_plans(prof)
+    )
+    assert [place.groups for _, place in ladder] == [1, 2, 4, 8, 16]
+    assert not any(place.colocated for _, place in ladder)
 
 
 def _trial_cand(k: int, workers: int = 2) -> tuple:
@@ -465,9 +474,79 @@ def test_the_next_rung_is_past_the_edge_the_best_sits_on():
     # one plan timed is both edges: up the ladder from k = 1
     assert _next_rung(0, ladder[:1], ladder[:1], ladder)[1].groups == 2
     assert _next_rung(1, ladder[:3], ladder[:3], ladder) is None
+    elsewhere = _trial_cand(1, workers=4)  # a co-located plan on other workers: not a rung
+    elsewhere[1].describe = lambda: {"mode": "temporal", "colocated": True, "groups": 1}
+    assert _next_rung(0, [elsewhere, *timed], [elsewhere, *timed], ladder) is None
+    # On the probe's workers a co-located plan runs the rung at k = 1: k = 2 is not at the edge
+    # then, and the split k = 1 is not timed a second time.
     colocated = _trial_cand(1)
     colocated[1].describe = lambda: {"mode": "temporal", "colocated": True, "groups": 1}
-    assert _next_rung(0, [colocated, *timed], [colocated, *timed], ladder) is None
+    both = [colocated, *timed]
+    assert _next_rung(1, both, both, ladder) is None
+    assert _next_rung(2, both, both, ladder)[1].groups == 8
+
+
+def test_a_trial_walks_at_most_trial_walk_rungs(monkeypatch, tmp_path):
+    from loomrl.recipes.embodied_ppo import TRIAL_WALK
+
+    calls = []
+    ks = (1, 2, 4, 8, 16, 32, 64)  # the smaller the k the faster: the edge always wins
+    FakeCycle = _fake_cycle(calls, lambda k, n: 0.001 * (1 + ks.index(k)) * n)
+    cands = [_trial_cand(k) for k in (32, 64)]
+    ladder = [_trial_cand(k) for k in ks]
+    plan, _ = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16, ladder=ladder)
+    walked = [k for k in (16, 8, 4, 2, 1) if (k, 16) in calls]
+    assert TRIAL_WALK == 3 and walked == [16, 8, 4]
+    assert plan is ladder[2][0]  # k = 4, the last rung timed
+
+
+def test_a_walk_beside_a_co_located_plan_and_one_on_fresh_workers(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from loomrl.recipes import embodied_ppo
+
+    calls, per_step = [], {1: 0.010, 2: 0.008, 4: 0.006}
+
+    class FakeCycle:
+        def __init__(
+            self, envs, policy, envs_per_worker, groups, pipelined, handoff="driver", tag="probe"
+        ):
+            self.tag, self.handoff = (tag, groups), handoff
+
+        def collect(self, n):
+            calls.append((*self.tag, n))
+            return SimpleNamespace(
+                wall_s=(0.02 if self.tag[0] == "fresh" else per_step[self.tag[1]]) * n
+            )
+
+    def fresh_cycle(cluster, cfg, place):
+        gone = SimpleNamespace(kill=lambda: None)
+        return gone, gone, FakeCycle(None, None, 0, place.groups, True, tag="fresh")
+
+    monkeypatch.setattr(embodied_ppo, "start_cycle", fresh_cycle)
+    colocated = _trial_cand(1)
+    colocated[1].describe = lambda: {"mode": "temporal", "colocated": True, "groups": 1}
+    fresh = _trial_cand(1, workers=4)
+    cands = [fresh, colocated, _trial_cand(2)]
+    ladder = [_trial_cand(k) for k in (1, 2, 4)]
+    plan, _ = _trial_on_fakes(
+        monkeypatch, tmp_path, FakeCycle, cands, 16, fits=lambda p: p.workers == 2, ladder=ladder
+    )
+    # k = 2 wins at the top of the rungs timed (the co-located plan is the rung k = 1), so k = 4
+    # is timed in turns with it; the split k = 1 never is; the fresh workers' plan runs last.
+    probe_ks = [k for tag, k, _ in calls if tag == "probe"]
+    assert probe_ks.count(4) == 4 and probe_ks.count(1) == 4  # a warm-up and 3 passes each
+    assert [c[0] for c in calls][-4:] == ["fresh"] * 4
+    assert plan is ladder[2][0]
+    doc = json.loads((tmp_path / "trials.json").read_text())
+    rows = doc["trials"]
+    assert [(r["placement"]["groups"], r["walked"], r["probe_workers"]) for r in rows] == [
+        (1, False, True),
+        (2, False, True),
+        (1, False, False),
+        (4, True, True),
+    ]
+    assert doc["chosen"] == 3
 
 
 def test_trial_candidates_on_the_probes_workers_take_turns(monkeypatch, tmp_path):
