@@ -478,9 +478,9 @@ def _near_best_k(
     k and at the next smaller and larger k: k is where the model is least sure (how much of each
     call's hand-off a ring hides: the chained model costed k = 2 above k = 1, which then ran
     1.4x faster; fixed_hops was up to 23% off at k = 4), and neighbours keep the first rollouts
-    few (the trial walks on from the window's edge where that wins). ``past``: plans at the first k past the cycle's ``min_group``, added when
-    the largest k allowed is among those (the model cannot price them, so they do not move the
-    window)."""
+    few (the trial walks on from the window's edge where that wins). ``past``: plans at the
+    first k past the cycle's ``min_group``, added when the largest k allowed is among those (the
+    model cannot price them, so they do not move the window)."""
     if not splits:
         return []
     by_k = {placement_from_plan(p, cfg.env.num_envs, hw).groups: p for p in splits}
