@@ -554,7 +554,8 @@ def choose_by_trial(
     with host-core env workers only rendering depends on the device, and a co-located plan
     alternates, so nothing renders beside a running policy), the candidates there taking turns
     rollout by rollout, and those that come out closer to the best of them than their rollouts'
-    noise taking up to 2 x reps more passes; others on fresh workers, one after another, thrown
+    noise taking up to 2 x reps more passes (candidates whose cycle is the same there, the same
+    env workers and ring groups, timed once); others on fresh workers, one after another, thrown
     away after. The run starts from the launch state either way (``plan_cycle`` rebuilds the
     probe's workers when it keeps them).
 
@@ -580,6 +581,16 @@ def choose_by_trial(
     timed: list[dict[int, list[float]]] = [{n: [] for n in lengths} for _ in candidates]
     walk_from = len(candidates)
     shared = [i for i, f in enumerate(fits) if f]
+    # On the probe's workers a plan's cycle is its env workers and ring groups: candidates
+    # sharing both (a co-located plan and the split one at k = 1 on as many workers) run the
+    # same rollouts, timed once for the first of them.
+    first: dict[tuple[int, int], int] = {}
+    alias = {}
+    for i in shared:
+        j = first.setdefault((candidates[i][1].workers, candidates[i][1].groups), i)
+        if j != i:
+            alias[i] = j
+    shared = [i for i in shared if i not in alias]
     ran: dict[int, str] = {}
     if shared:
         # On the probe's workers the candidates take turns, one timed rollout each per pass:
@@ -628,6 +639,8 @@ def choose_by_trial(
             if len(close) < 2:
                 break
             _time_in_turns({i: cycles[i] for i in sorted(close)}, timed, lengths, 1, warm_up=False)
+        for i, j in alias.items():  # ties go to the first, the order candidates came in
+            timed[i], ran[i] = timed[j], ran[j]
     for i, (_, place) in enumerate(candidates):
         if fits[i]:
             continue

@@ -549,6 +549,19 @@ def test_a_walk_beside_a_co_located_plan_and_one_on_fresh_workers(monkeypatch, t
     assert doc["chosen"] == 3
 
 
+def test_candidates_running_the_same_cycle_on_the_probe_are_timed_once(monkeypatch, tmp_path):
+    calls = []
+    FakeCycle = _fake_cycle(calls, lambda k, n: {1: 0.006, 2: 0.008}[k] * n)
+    colocated = _trial_cand(1)
+    colocated[1].describe = lambda: {"mode": "temporal", "colocated": True, "groups": 1}
+    cands = [colocated, _trial_cand(1), _trial_cand(2)]  # the first two: 2 workers, k = 1
+    plan, rollout_s = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16)
+    assert calls == [(1, 16), (2, 16)] * 4  # a warm-up and three passes of one k = 1 cycle
+    rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
+    assert rows[0]["timed_s"] == rows[1]["timed_s"] and len(rows[0]["timed_s"]["16"]) == 3
+    assert plan is colocated[0] and rollout_s == pytest.approx(0.006 * 16)  # the tie: the first
+
+
 def test_trial_candidates_on_the_probes_workers_take_turns(monkeypatch, tmp_path):
     calls = []
     # Seconds per step: k = 2 is the faster plan, and the host turns 3x slower after four
