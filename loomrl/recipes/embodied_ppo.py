@@ -554,8 +554,9 @@ def choose_by_trial(
     with host-core env workers only rendering depends on the device, and a co-located plan
     alternates, so nothing renders beside a running policy), the candidates there taking turns
     rollout by rollout, and those that come out closer to the best of them than their rollouts'
-    noise taking up to 2 x reps more passes (candidates whose cycle is the same there, the same
-    env workers and ring groups, timed once); others on fresh workers, one after another, thrown
+    noise taking up to 2 x reps more passes; candidates whose rollouts there are the same cycle
+    (``_same_cycle``) are timed once, for the first of them in that order, the others sharing
+    its timings and losing ties to it. Others on fresh workers, one after another, thrown
     away after. The run starts from the launch state either way (``plan_cycle`` rebuilds the
     probe's workers when it keeps them).
 
@@ -581,13 +582,11 @@ def choose_by_trial(
     timed: list[dict[int, list[float]]] = [{n: [] for n in lengths} for _ in candidates]
     walk_from = len(candidates)
     shared = [i for i, f in enumerate(fits) if f]
-    # On the probe's workers a plan's cycle is its env workers and ring groups: candidates
-    # sharing both (a co-located plan and the split one at k = 1 on as many workers) run the
-    # same rollouts, timed once for the first of them.
-    first: dict[tuple[int, int], int] = {}
-    alias = {}
+    slots = not run.cluster.has_cuda
+    first: dict[tuple, int] = {}
+    alias = {}  # candidate -> the one whose timed cycle it shares
     for i in shared:
-        j = first.setdefault((candidates[i][1].workers, candidates[i][1].groups), i)
+        j = first.setdefault(_same_cycle(candidates[i][1], slots), i)
         if j != i:
             alias[i] = j
     shared = [i for i in shared if i not in alias]
@@ -613,7 +612,7 @@ def choose_by_trial(
         _time_in_turns(cycles, timed, lengths, reps)
         for _ in range(TRIAL_WALK):
             best = min(shared, key=lambda i: _trial_estimate(timed[i], steps, L))
-            rung = _next_rung(best, candidates, [candidates[i] for i in shared], ladder)
+            rung = _next_rung(best, candidates, [candidates[i] for i in shared], ladder, slots)
             if rung is None or not probe.can_time(rung[1]):  # type: ignore[union-attr]
                 break
             i = len(candidates)
@@ -639,7 +638,7 @@ def choose_by_trial(
             if len(close) < 2:
                 break
             _time_in_turns({i: cycles[i] for i in sorted(close)}, timed, lengths, 1, warm_up=False)
-        for i, j in alias.items():  # ties go to the first, the order candidates came in
+        for i, j in alias.items():
             timed[i], ran[i] = timed[j], ran[j]
     for i, (_, place) in enumerate(candidates):
         if fits[i]:
@@ -668,8 +667,10 @@ def choose_by_trial(
                 "timed_s": {str(n): v for n, v in t.items()},
                 "rollout_s": rollout_s,
                 "walked": i >= walk_from,  # timed because the fastest sat at the window's edge
+                "same_cycle_as": alias.get(i),  # not run itself: that row's timings are its own
             }
         )
+    # min keeps the first of equal times: an alias never wins over the row it shares
     pick = min(range(len(rows)), key=lambda i: rows[i]["rollout_s"])
     took = time.perf_counter() - t0
     (run.dir / "trials.json").write_text(
@@ -688,17 +689,30 @@ def choose_by_trial(
     return candidates[pick][0], rows[pick]["rollout_s"]
 
 
+def _same_cycle(place: Any, slots: bool) -> tuple:
+    """What identifies a candidate's rollouts on the probe's workers: its env workers and ring
+    groups, so a co-located plan there runs the split cycle at k = 1 (with host-core env
+    workers only rendering depends on the device, and a co-located cycle alternates). On a
+    CPU-only cluster (``slots``) a device is a core, and a co-located plan puts env and policy on
+    one core where the probe has two: there co-location tells them apart. Pure."""
+    return (place.workers, place.groups, place.colocated and slots)
+
+
 def _next_rung(
-    best: int, candidates: list[tuple], timed: list[tuple], ladder: Sequence[tuple]
+    best: int,
+    candidates: list[tuple],
+    timed: list[tuple],
+    ladder: Sequence[tuple],
+    slots: bool = False,
 ) -> tuple | None:
     """The ladder's next (plan, placement) past the rungs ``timed`` (candidates timed on the
     probe's workers so far) span, on the side where ``candidates[best]`` sits at their edge;
-    None where the best is inside the span, not a rung, or no rung lies beyond it. On the
-    probe's workers a candidate's cycle is its env workers and ring groups, so those identify
-    a rung (a co-located plan is the rung at k = 1 of its workers). Pure."""
+    None where the best is inside the span, not a rung, or no rung lies beyond it. A rung is
+    identified by ``_same_cycle`` (beside accelerators a co-located plan is the rung at k = 1
+    of its workers). Pure."""
 
-    def key(c: tuple) -> tuple[int, int]:
-        return c[1].workers, c[1].groups
+    def key(c: tuple) -> tuple:
+        return _same_cycle(c[1], slots)
 
     rungs = [key(c) for c in ladder]
     if key(candidates[best]) not in rungs:

@@ -363,21 +363,30 @@ def test_split_cycles_at_the_k_next_to_the_best_are_timed_whatever_the_margin(
     assert not any(place.colocated for _, place in ladder)
 
 
-def _trial_cand(k: int, workers: int = 2) -> tuple:
-    """A (plan, placement) trial candidate: a split cycle at k groups on ``workers`` env workers."""
+def _trial_cand(k: int, workers: int = 2, colocated: bool = False) -> tuple:
+    """A (plan, placement) trial candidate: a split cycle at k groups on ``workers`` env workers
+    (``colocated``: a temporal plan, k = 1)."""
     from types import SimpleNamespace
 
-    mode = {"mode": "hybrid", "colocated": False, "groups": k}
+    mode = {"mode": "temporal" if colocated else "hybrid", "colocated": colocated, "groups": k}
     return SimpleNamespace(predicted_s=1.0), SimpleNamespace(
-        workers=workers, groups=k, describe=lambda: mode
+        workers=workers, groups=k, colocated=colocated, describe=lambda: mode
     )
 
 
 def _trial_on_fakes(
-    monkeypatch, tmp_path, fake_cycle, cands, steps, fits=lambda place: True, ladder=()
+    monkeypatch,
+    tmp_path,
+    fake_cycle,
+    cands,
+    steps,
+    fits=lambda place: True,
+    ladder=(),
+    has_cuda=False,
 ):
     """``choose_by_trial`` over ``cands`` (8 envs, auto_trial_steps 8), ``fake_cycle`` standing
-    for the cycle; the probe has 2 env workers and can time the candidates ``fits`` says."""
+    for the cycle; the probe has 2 env workers and can time the candidates ``fits`` says; the
+    cluster is CPU-only unless ``has_cuda``."""
     from types import SimpleNamespace
 
     from loomrl.recipes import embodied_ppo
@@ -388,7 +397,7 @@ def _trial_on_fakes(
     cfg.env.num_envs, cfg.auto_trial_steps = 8, 8
     probe = SimpleNamespace(env=SimpleNamespace(world_size=2), policy=None, can_time=fits)
     run = SimpleNamespace(
-        cluster=SimpleNamespace(has_cuda=False),
+        cluster=SimpleNamespace(has_cuda=has_cuda),
         dir=tmp_path,
         logger=SimpleNamespace(echo=lambda msg: None),
     )
@@ -474,16 +483,16 @@ def test_the_next_rung_is_past_the_edge_the_best_sits_on():
     # one plan timed is both edges: up the ladder from k = 1
     assert _next_rung(0, ladder[:1], ladder[:1], ladder)[1].groups == 2
     assert _next_rung(1, ladder[:3], ladder[:3], ladder) is None
-    elsewhere = _trial_cand(1, workers=4)  # a co-located plan on other workers: not a rung
-    elsewhere[1].describe = lambda: {"mode": "temporal", "colocated": True, "groups": 1}
+    elsewhere = _trial_cand(1, workers=4, colocated=True)  # on other workers: not a rung
     assert _next_rung(0, [elsewhere, *timed], [elsewhere, *timed], ladder) is None
-    # On the probe's workers a co-located plan runs the rung at k = 1: k = 2 is not at the edge
-    # then, and the split k = 1 is not timed a second time.
-    colocated = _trial_cand(1)
-    colocated[1].describe = lambda: {"mode": "temporal", "colocated": True, "groups": 1}
+    # Beside accelerators a co-located plan on the probe's workers runs the rung at k = 1: k = 2
+    # is not at the edge then, and the split k = 1 is not timed a second time.
+    colocated = _trial_cand(1, colocated=True)
     both = [colocated, *timed]
     assert _next_rung(1, both, both, ladder) is None
     assert _next_rung(2, both, both, ladder)[1].groups == 8
+    # On CPU core slots it puts env and policy on one core: not a rung, k = 2 is the edge.
+    assert _next_rung(1, both, both, ladder, slots=True)[1].groups == 1
 
 
 def test_a_trial_walks_at_most_trial_walk_rungs(monkeypatch, tmp_path):
@@ -524,13 +533,19 @@ def test_a_walk_beside_a_co_located_plan_and_one_on_fresh_workers(monkeypatch, t
         return gone, gone, FakeCycle(None, None, 0, place.groups, True, tag="fresh")
 
     monkeypatch.setattr(embodied_ppo, "start_cycle", fresh_cycle)
-    colocated = _trial_cand(1)
-    colocated[1].describe = lambda: {"mode": "temporal", "colocated": True, "groups": 1}
+    colocated = _trial_cand(1, colocated=True)
     fresh = _trial_cand(1, workers=4)
     cands = [fresh, colocated, _trial_cand(2)]
     ladder = [_trial_cand(k) for k in (1, 2, 4)]
     plan, _ = _trial_on_fakes(
-        monkeypatch, tmp_path, FakeCycle, cands, 16, fits=lambda p: p.workers == 2, ladder=ladder
+        monkeypatch,
+        tmp_path,
+        FakeCycle,
+        cands,
+        16,
+        fits=lambda p: p.workers == 2,
+        ladder=ladder,
+        has_cuda=True,
     )
     # k = 2 wins at the top of the rungs timed (the co-located plan is the rung k = 1), so k = 4
     # is timed in turns with it; the split k = 1 never is; the fresh workers' plan runs last.
@@ -549,17 +564,34 @@ def test_a_walk_beside_a_co_located_plan_and_one_on_fresh_workers(monkeypatch, t
     assert doc["chosen"] == 3
 
 
-def test_candidates_running_the_same_cycle_on_the_probe_are_timed_once(monkeypatch, tmp_path):
+@pytest.mark.parametrize("colocated_first", [True, False])
+def test_candidates_running_the_same_cycle_on_the_probe_are_timed_once(
+    monkeypatch, tmp_path, colocated_first
+):
     calls = []
     FakeCycle = _fake_cycle(calls, lambda k, n: {1: 0.006, 2: 0.008}[k] * n)
-    colocated = _trial_cand(1)
-    colocated[1].describe = lambda: {"mode": "temporal", "colocated": True, "groups": 1}
-    cands = [colocated, _trial_cand(1), _trial_cand(2)]  # the first two: 2 workers, k = 1
-    plan, rollout_s = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16)
+    pair = [_trial_cand(1, colocated=True), _trial_cand(1)]  # 2 workers, k = 1 both
+    pair = pair if colocated_first else pair[::-1]
+    cands = [*pair, _trial_cand(2)]
+    plan, rollout_s = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16, has_cuda=True)
     assert calls == [(1, 16), (2, 16)] * 4  # a warm-up and three passes of one k = 1 cycle
-    rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
+    doc = json.loads((tmp_path / "trials.json").read_text())
+    rows = doc["trials"]
     assert rows[0]["timed_s"] == rows[1]["timed_s"] and len(rows[0]["timed_s"]["16"]) == 3
-    assert plan is colocated[0] and rollout_s == pytest.approx(0.006 * 16)  # the tie: the first
+    assert [r["same_cycle_as"] for r in rows] == [None, 0, None]
+    assert rows[1]["handoff"] == rows[0]["handoff"]
+    # the tie goes to the first of the pair, whichever kind it is
+    assert doc["chosen"] == 0 and plan is pair[0][0] and rollout_s == pytest.approx(0.006 * 16)
+
+
+def test_on_cpu_slots_a_co_located_plan_is_timed_apart_from_the_split_one(monkeypatch, tmp_path):
+    calls = []
+    FakeCycle = _fake_cycle(calls, lambda k, n: {1: 0.006, 2: 0.008}[k] * n)
+    cands = [_trial_cand(1, colocated=True), _trial_cand(1), _trial_cand(2)]
+    _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16)  # a CPU-only cluster
+    assert calls == [(1, 16), (1, 16), (2, 16)] * 4
+    rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
+    assert [r["same_cycle_as"] for r in rows] == [None, None, None]
 
 
 def test_trial_candidates_on_the_probes_workers_take_turns(monkeypatch, tmp_path):
