@@ -151,7 +151,7 @@ def _merge(rs: list[dict]) -> dict:
     warm = [t for r in ok for t in _warm(r)]
     out = dict(ok[-1])
     out["measured_s"] = statistics.median(warm)
-    cyc = [t for r in ok for t in (r["collect_s"][1:] or r["collect_s"])]
+    cyc = [t for r in ok for t in _warm(r, "collect_s")]
     out["collect_median_s"] = statistics.median(cyc) if cyc else None
     out["predicted_s"] = statistics.median(r["predicted_s"] for r in ok)
     out["model_s"] = statistics.median(r["model_s"] for r in ok)
@@ -175,9 +175,10 @@ def _placement_key(pl: dict) -> str:
     return f"env {_env_where(pl)} policy {pl['policy_devices']} k={pl['groups']} {where}"
 
 
-def _warm(r: dict) -> list[float]:
-    """A run's iteration times after the first (warm-up), or all of them when there is one."""
-    return r["iteration_s"][1:] or r["iteration_s"]
+def _warm(r: dict, key: str = "iteration_s") -> list[float]:
+    """A run's times under ``key`` (per iteration) after the first (warm-up), or all of them
+    when there is one."""
+    return r[key][1:] or r[key]
 
 
 def _by_placement(runs: dict[str, list[dict]]) -> dict[str, list[dict]]:

@@ -491,18 +491,21 @@ def _near_best_k(
     return near + list(past) if by_k[ks[-1]] in near else near
 
 
+def _fitting_place(plan: Any, cfg: Config, cluster: Any, hw: int | None) -> Any:
+    """``plan``'s placement, or None where it does not fit the cores."""
+    place = placement_from_plan(plan, cfg.env.num_envs, hw)
+    try:
+        check_cores(place, cfg.env.cpu_cores, cluster)
+    except PlacementError:
+        return None
+    return place
+
+
 def _ladder(plans: list[Any], cfg: Config, cluster: Any, hw: int | None) -> list[tuple]:
     """(plan, placement) of split ``plans`` that fit the cores, by ring-group count k: the
     rungs a trial may walk along past its window (``choose_by_trial``)."""
-    out = []
-    for plan in plans:
-        place = placement_from_plan(plan, cfg.env.num_envs, hw)
-        try:
-            check_cores(place, cfg.env.cpu_cores, cluster)
-        except PlacementError:
-            continue
-        out.append((plan, place))
-    return sorted(out, key=lambda c: c[1].groups)
+    placed = [(plan, _fitting_place(plan, cfg, cluster, hw)) for plan in plans]
+    return sorted([c for c in placed if c[1] is not None], key=lambda c: c[1].groups)
 
 
 def _candidates(
@@ -521,10 +524,8 @@ def _candidates(
     for plan in [best, *always, *others]:
         if plan is None or (plan.predicted_s > limit and not any(plan is a for a in always)):
             continue
-        place = placement_from_plan(plan, cfg.env.num_envs, hw)
-        try:
-            check_cores(place, cfg.env.cpu_cores, cluster)
-        except PlacementError:
+        place = _fitting_place(plan, cfg, cluster, hw)
+        if place is None:
             continue
         key = json.dumps(place.describe(), sort_keys=True)
         if key not in seen:
@@ -561,9 +562,10 @@ def choose_by_trial(
     probe's workers when it keeps them).
 
     ``ladder``: split candidates at every k (``_ladder``). Where the fastest candidate timed on
-    the probe's workers is the lowest or highest rung of the ladder timed there (a co-located
-    plan on the probe's workers runs the same cycle as the rung at k = 1 and counts as it), and
-    a rung lies beyond it, that one is timed too, in turns with the fastest, and so on while the
+    the probe's workers is the lowest or highest rung of the ladder timed there (beside
+    accelerators a co-located plan on the probe's workers runs the rung at k = 1:
+    ``_same_cycle``), and a rung lies beyond it, that one is timed too, in turns with the
+    fastest, and so on while the
     edge keeps winning (at most ``TRIAL_WALK`` more): the model's window of k can sit off the
     best k (Humanoid-v5 states on one H200: the window k = 4, 8, 16, k = 4 fastest, while k = 2
     ran its rollouts 13% faster than k = 4, scripts/gpu/RESULTS.md call BF). The fastest's
@@ -595,19 +597,19 @@ def choose_by_trial(
         # On the probe's workers the candidates take turns, one timed rollout each per pass:
         # a host's speed drifts within seconds, and turns spread a slow spell over all of
         # them rather than over whichever ran during it.
-        envs, policy = probe.env, probe.policy  # type: ignore[union-attr]
         how = handoff(cfg, run.cluster)
-        cycles = {
-            i: EnvPolicyCycle(
-                envs,
-                policy,
-                cfg.env.num_envs // candidates[i][1].workers,
-                candidates[i][1].groups,
+
+        def on_probe(place: Any) -> EnvPolicyCycle:
+            return EnvPolicyCycle(
+                probe.env,  # type: ignore[union-attr]
+                probe.policy,  # type: ignore[union-attr]
+                cfg.env.num_envs // place.workers,
+                place.groups,
                 cfg.pipelined,
                 handoff=how,
             )
-            for i in shared
-        }
+
+        cycles = {i: on_probe(candidates[i][1]) for i in shared}
         ran.update({i: c.handoff for i, c in cycles.items()})
         _time_in_turns(cycles, timed, lengths, reps)
         for _ in range(TRIAL_WALK):
@@ -620,14 +622,7 @@ def choose_by_trial(
             fits.append(True)
             timed.append({n: [] for n in lengths})
             shared.append(i)
-            cycles[i] = EnvPolicyCycle(
-                envs,
-                policy,
-                cfg.env.num_envs // rung[1].workers,
-                rung[1].groups,
-                cfg.pipelined,
-                handoff=how,
-            )
+            cycles[i] = on_probe(rung[1])
             ran[i] = cycles[i].handoff
             cycles[i].collect(min(lengths))  # its warm-up; the fastest had one
             _time_in_turns({best: cycles[best], i: cycles[i]}, timed, lengths, reps, False)
