@@ -68,6 +68,8 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
         overrides.append("run.pin_cores=false")
     if args.no_graphs:
         overrides.append("policy_cuda_graphs=false")
+    if args.no_batch_render:
+        overrides.append("env.batch_render=false")
     if args.cycle_model:
         overrides.append(f"cycle_model={args.cycle_model}")
     for key, value in args.policy_kwargs.items():
@@ -276,6 +278,11 @@ def main(argv: list[str] | None = None) -> int:
         "--no-graphs",
         action="store_true",
         help="run a GPU policy's forward eagerly, not as CUDA graphs (policy_cuda_graphs)",
+    )
+    p.add_argument(
+        "--no-batch-render",
+        action="store_true",
+        help="render pixel observations env by env through gymnasium (env.batch_render=false)",
     )
     p.add_argument(
         "--cycle-model",

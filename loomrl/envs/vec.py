@@ -62,6 +62,10 @@ class EnvConfig:
     ``frame_skip`` repeats each action that many simulator steps (rewards summed); MuJoCo envs
     already integrate several physics steps per ``step``, so 1 is the usual value for them.
     ``cpu_cores`` is what the planner reserves for the worker holding this VecEnv.
+    ``batch_render`` draws the pixel observations of all envs in one GL pass and one read-back
+    (``loomrl.envs.render``) where the env allows it, with the same frames; False, or an env
+    that does not allow it (``VecEnv.render_path`` says why), renders env by env through
+    gymnasium.
     """
 
     env_id: str = "InvertedPendulum-v5"
@@ -73,6 +77,7 @@ class EnvConfig:
     max_episode_steps: int | None = None
     cpu_cores: float = 1.0
     render_backend: str = "egl"
+    batch_render: bool = True
     clip_actions: bool = True
     max_failures: int = 10
     failure_window: int = 1000
@@ -315,6 +320,8 @@ class VecEnv:
         self.episodes_cut = 0  # episodes abandoned by offload()
         self._failures: collections.deque[int] = collections.deque()
         self._stats = EpisodeStats()
+        self._tiles: Any = None  # a TiledRenderer while pixels are drawn in one pass
+        self.render_path: str | None = None  # "batched", or why frames are drawn env by env
         self._loaded = False
         self.onload()
         probe = self._slots[0].env
@@ -398,19 +405,46 @@ class VecEnv:
         offload/onload at the same step are identical except that episodes were cut there."""
         if self._loaded:
             return
-        for i, slot in enumerate(self._slots):
+        for slot in self._slots:
             slot.env = self._make()
+        if self.cfg.pixels:
+            self._start_tiles()
+        for i, slot in enumerate(self._slots):
             if slot.rng_state is not None:
                 slot.env.reset(seed=self.cfg.seed + self.index_offset + i)  # initialise, then
                 slot.env.unwrapped.np_random = _generator_from_state(slot.rng_state)
-                slot.obs = self._observe(slot, slot.env.reset()[0])
+                slot.obs = self._observe(i, slot.env.reset()[0])
                 slot.episode_return, slot.episode_length = 0.0, 0
         self._loaded = True
+
+    def _start_tiles(self) -> None:
+        from loomrl.envs.render import TiledRenderer, tileable
+
+        if not self.cfg.batch_render:
+            self.render_path = "env by env: batch_render is off"
+            return
+        reason = tileable(self._slots[0].env)
+        if reason is None:
+            tiles = TiledRenderer(self._slots[0].env, self.num_envs)
+            if all(tiles.compatible(slot.env) for slot in self._slots):
+                self._tiles, self.render_path = tiles, "batched"
+                return
+            tiles.close()
+            reason = "its envs differ in size or in meshes and textures"
+        self.render_path = f"env by env: {reason}"
+
+    def _stop_tiles(self, reason: str | None = None) -> None:
+        if self._tiles is not None:
+            self._tiles.close()
+            self._tiles = None
+            if reason is not None:
+                self.render_path = f"env by env: {reason}"
 
     def offload(self) -> None:
         """Close the simulators (GL contexts, MuJoCo data) and keep only their RNG states."""
         if not self._loaded:
             return
+        self._stop_tiles()
         for slot in self._slots:
             if slot.seeded:
                 slot.rng_state = slot.env.unwrapped.np_random.bit_generator.state
@@ -422,6 +456,7 @@ class VecEnv:
 
     def close(self) -> None:
         if self._loaded:
+            self._stop_tiles()
             for slot in self._slots:
                 slot.env.close()
                 slot.env = None
@@ -440,20 +475,36 @@ class VecEnv:
         return self.obs  # type: ignore[return-value]
 
     def _reset_slot(self, i: int, slot: _Slot) -> None:
+        slot.obs = self._observe(i, self._reset_env(i, slot))
+
+    def _reset_env(self, i: int, slot: _Slot) -> Any:
+        """Start env i's next episode (seed + i the first time); its raw observation."""
         if slot.seeded:
             raw, _ = slot.env.reset()
         else:
             raw, _ = slot.env.reset(seed=self.cfg.seed + self.index_offset + i)
             slot.seeded = True
-        slot.obs = self._observe(slot, raw)
         slot.episode_return, slot.episode_length = 0.0, 0
+        return raw
 
-    def _observe(self, slot: _Slot, raw: Any) -> np.ndarray:
-        if self.cfg.pixels:
-            return resize_image(slot.env.render(), self.cfg.image_size)
-        import gymnasium as gym
+    def _observe(self, i: int, raw: Any) -> np.ndarray:
+        return self._observe_many([i], [raw])[0]
 
-        return np.asarray(gym.spaces.flatten(slot.env.observation_space, raw), dtype=np.float32)
+    def _observe_many(self, ids: list[int], raws: list[Any]) -> list[np.ndarray]:
+        """Observations of envs ``ids`` (positions in this VecEnv) from their raw ones."""
+        slots = [self._slots[i] for i in ids]
+        if not self.cfg.pixels:
+            import gymnasium as gym
+
+            return [
+                np.asarray(gym.spaces.flatten(s.env.observation_space, raw), dtype=np.float32)
+                for s, raw in zip(slots, raws, strict=True)
+            ]
+        if self._tiles is not None:
+            frames = self._tiles.render([s.env for s in slots], ids)
+        else:
+            frames = [s.env.render() for s in slots]
+        return [resize_image(f, self.cfg.image_size) for f in frames]
 
     def step(self, actions: Any, envs: slice | None = None) -> StepResult:
         """Step every env (or the contiguous ``envs`` slice) with ``actions[n, *action_shape]``."""
@@ -468,7 +519,9 @@ class VecEnv:
         term = np.zeros(n, bool)
         trunc = np.zeros(n, bool)
         failed = np.zeros(n, bool)
-        obs, final = [], []
+        obs: list[Any] = [None] * n
+        final: list[Any] = [None] * n
+        stepped = []  # (k, i, raw, info) of the envs whose step did not raise
         for k, i in enumerate(idx):
             slot = self._slots[i]
             try:
@@ -476,27 +529,34 @@ class VecEnv:
             except Exception as e:  # a simulator bug or instability: isolate it, keep training
                 self._record_failure(i, slot, e)
                 failed[k] = True
-                final.append(slot.obs)
+                final[k] = slot.obs
                 self._recover(i, slot)
-                obs.append(slot.obs)
+                obs[k] = slot.obs
                 self.env_steps[i] += 1
                 continue
             rew[k], term[k], trunc[k] = r, te, tr
             slot.episode_return += r
             slot.episode_length += 1
-            next_obs = self._observe(slot, raw)
-            final.append(next_obs)
-            if te or tr:
+            self.env_steps[i] += 1
+            stepped.append((k, i, raw, info))
+        # Observations are taken after every env has stepped so that pixels are drawn in one
+        # pass; envs are independent, so the order changes no result.
+        seen = self._observe_many([x[1] for x in stepped], [x[2] for x in stepped])
+        ended = []
+        for (k, i, _, info), next_obs in zip(stepped, seen, strict=True):
+            slot = self._slots[i]
+            final[k] = next_obs
+            if term[k] or trunc[k]:
                 self._stats.returns.append(slot.episode_return)
                 self._stats.lengths.append(slot.episode_length)
                 if "is_success" in info:
                     self._stats.successes.append(float(info["is_success"]))
-                self._reset_slot(i, slot)
-                obs.append(slot.obs)
+                ended.append((k, i, self._reset_env(i, slot)))
             else:
-                slot.obs = next_obs
-                obs.append(next_obs)
-            self.env_steps[i] += 1
+                slot.obs = obs[k] = next_obs
+        starts = self._observe_many([x[1] for x in ended], [x[2] for x in ended])
+        for (k, i, _), first in zip(ended, starts, strict=True):
+            self._slots[i].obs = obs[k] = first
         return StepResult(np.stack(obs), np.stack(final), rew, term, trunc, failed)
 
     def _step_one(self, slot: _Slot, action: np.ndarray) -> tuple[Any, float, bool, bool, dict]:
@@ -578,14 +638,18 @@ class VecEnv:
                 )
             )
         rng = slot.env.unwrapped.np_random.bit_generator.state
+        if self._tiles is not None:
+            self._tiles.forget(slot.env)
         try:
             slot.env.close()
         except Exception:
             pass  # a broken simulator may fail to close too; it is being discarded
         slot.env = self._make()
+        if self._tiles is not None and not self._tiles.compatible(slot.env):
+            self._stop_tiles("a recreated env differs in size or in meshes and textures")
         slot.env.reset(seed=self.cfg.seed + self.index_offset + i)
         slot.env.unwrapped.np_random = _generator_from_state(rng)
-        slot.obs = self._observe(slot, slot.env.reset()[0])
+        slot.obs = self._observe(i, slot.env.reset()[0])
 
     # -- statistics ---------------------------------------------------------------------------
     def pop_episode_stats(self) -> EpisodeStats:

@@ -5,7 +5,8 @@
 #   calibrated temporal plan, everything resident) embodied embodied_px (pixels, MuJoCo EGL)
 #   embodied_sweep (pixels at several num_envs:S, EMB_SWEEP="16:32 32:32 64:16", EMB_IMAGE=64; SKIP_MODELS=1;
 #   EMB_VARIANTS="nopin pin" runs each config with env workers unpinned, then pinned; "eager pin":
-#   the policy's forward eagerly, then as CUDA graphs (the default); EMB_ENV_CORES (default 4) cores per
+#   the policy's forward eagerly, then as CUDA graphs (the default); "nobatch pin": pixels drawn env by
+#   env through gymnasium, then in one pass per worker (the default); EMB_ENV_CORES (default 4) cores per
 #   env worker; EMB_POLICY_KWARGS a JSON object for the policy's constructor, EMB_TAG names it in
 #   the output (default: its checksum))
 #   embodied_state (state observations of ST_ENV, default Humanoid-v5: no renderer on the GPU,
@@ -15,6 +16,8 @@
 #   workers: scripts/gpu/cycle_overlap.py at OV_SWEEP="16:4:4 64:4:4", num_envs:workers:cores)
 #   policy_call (where one pixel policy call spends its time, alone and beside EGL renderers; PC_SIZES
 #   rows per call "1,8,32,64", PC_POLICY_KWARGS a JSON object, PC_TAG a suffix for its output)
+#   render_batch (pixels drawn env by env against one pass per worker: frames compared, steps timed
+#   with RB_SIZES envs per process "4,16" in RB_PROCS processes at once "1,4")
 #   policy_launches (the same call timed in fresh processes one after another: spread per launch)
 #   update_profile (one PPO update of the pixel policy: copy, GAE, Adam vs fused Adam, top operators;
 #   UP_SWEEP="16:32 64:16" num_envs:S)
@@ -114,6 +117,7 @@ for s in "${STAGES[@]}"; do
             fl=(); sfx=""
             [ "$v" = nopin ] && { fl+=(--no-pin); sfx="_nopin"; }
             [ "$v" = eager ] && { fl+=(--no-graphs); sfx="_eager"; }
+            [ "$v" = nobatch ] && { fl+=(--no-batch-render); sfx="_nobatch"; }
             img=${EMB_IMAGE:-64}; [ "$img" != 64 ] && sfx="_i${img}${sfx}"
             [ "${EMB_ENV_CORES:-4}" != 4 ] && sfx="_c${EMB_ENV_CORES}${sfx}"
             if [ -n "${EMB_POLICY_KWARGS:-}" ]; then  # one argument, spaces and brackets kept
@@ -139,6 +143,8 @@ for s in "${STAGES[@]}"; do
             --env-workers "$w" --env-cores "$co" --steps ${OV_STEPS:-32} ${OV_FLAGS:-} \
             ${OV_RENDER:+--render-device "$OV_RENDER"} --out "$OUT/overlap_e${e}_w${w}${OV_RENDER:+_r$OV_RENDER}.json"
     done ;;
+    render_batch) stage render_batch ${RB_CAP:-150} python3 scripts/gpu/render_batch.py --sizes ${RB_SIZES:-4,16} \
+        --procs ${RB_PROCS:-1,4} --out "$OUT/render_batch.json" ;;
     policy_launches) stage policy_launches 200 python3 scripts/gpu/policy_launches.py --launches ${PL_LAUNCHES:-8} \
         --out "$OUT/policy_launches.json" ;;
     core_speed) stage core_speed 200 python3 scripts/gpu/core_speed.py --sweeps ${CS_SWEEPS:-3} --out "$OUT/core_speed.json" ;;
