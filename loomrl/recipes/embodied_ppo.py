@@ -75,9 +75,9 @@ class Config:
     # cycle at the model's best k and the k next to it (and at the first k past the group sizes
     # the probe timed, when the largest allowed k is among them), whatever their predictions,
     # and every other plan predicted within auto_trial_margin of the best; hybrid times its
-    # split cycle at those k, temporal and spatial their one plan; where the fastest of auto's
-    # or hybrid's split cycles is at the edge of the k timed, the next k beyond is timed too,
-    # while the edge keeps winning (up to TRIAL_WALK more); the fastest runs (0 steps:
+    # split cycle at those k, temporal and spatial their one plan; while the fastest of auto's
+    # or hybrid's split cycles has an untimed k next to it, that k is timed too (up to
+    # TRIAL_WALK more); the fastest runs (0 steps:
     # trust the model alone). Results: trials.json in the run directory. A rollout estimated
     # from two shorter ones carries their noise magnified (at S = 4L: 3 x the longer - 2 x the
     # shorter): on a 2-core host a 64-step rollout estimated from medians of 2 rollouts of 16
@@ -352,8 +352,8 @@ def handoff(cfg: Config, cluster: Any) -> str:
 
 
 MODES = ("auto", "temporal", "spatial", "hybrid")
-# How many k past its window a trial may walk while the window's edge keeps winning: each step
-# costs a warm-up and reps rollouts of two cycles.
+# How many k beyond its window a trial may walk while the fastest has an untimed k next to it:
+# each step costs a warm-up and reps rollouts of two cycles.
 TRIAL_WALK = 3
 
 
@@ -369,7 +369,7 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> tuple[CyclePlacement, tuple
 
     On measured costs, the plan is then timed on short real rollouts (``trial``): placement=auto
     times every close candidate and keeps the fastest, hybrid its split cycle at the close k
-    (both walking on to the next k while the edge of those timed wins), temporal or spatial its
+    (both walking on to an untimed k next to the fastest), temporal or spatial its
     one plan. Either
     way the plan's prediction is re-costed to the rollout the trial measured. When the plan
     places its workers as the probe's were, the probe's workers are rebuilt to their launch
@@ -438,7 +438,7 @@ def trial(
     """Time ``plan`` (auto: and the best co-located plan, the split cycle at the model's best
     k and its neighbours, and every other plan predicted within the margin; hybrid: and the
     split cycle at those k, one of them possibly past the probed group sizes; both: and the k
-    past those while the edge wins, ``choose_by_trial``'s ladder) on real rollouts and return
+    next to the fastest while untimed, ``choose_by_trial``'s ladder) on real rollouts and return
     the fastest, re-costed to its measured rollout."""
     from loomrl.plan import search_all
 
@@ -478,7 +478,7 @@ def _near_best_k(
     k and at the next smaller and larger k: k is where the model is least sure (how much of each
     call's hand-off a ring hides: the chained model costed k = 2 above k = 1, which then ran
     1.4x faster; fixed_hops was up to 23% off at k = 4), and neighbours keep the first rollouts
-    few (the trial walks on from the window's edge where that wins). ``past``: plans at the
+    few (the trial walks on to an untimed k next to the fastest). ``past``: plans at the
     first k past the cycle's ``min_group``, added when the largest k allowed is among those (the
     model cannot price them, so they do not move the window)."""
     if not splits:
@@ -503,7 +503,7 @@ def _fitting_place(plan: Any, cfg: Config, cluster: Any, hw: int | None) -> Any:
 
 def _ladder(plans: list[Any], cfg: Config, cluster: Any, hw: int | None) -> list[tuple]:
     """(plan, placement) of split ``plans`` that fit the cores, by ring-group count k: the
-    rungs a trial may walk along past its window (``choose_by_trial``)."""
+    rungs a trial may walk along beyond its window (``choose_by_trial``)."""
     placed = [(plan, _fitting_place(plan, cfg, cluster, hw)) for plan in plans]
     return sorted([c for c in placed if c[1] is not None], key=lambda c: c[1].groups)
 
@@ -561,17 +561,16 @@ def choose_by_trial(
     away after. The run starts from the launch state either way (``plan_cycle`` rebuilds the
     probe's workers when it keeps them).
 
-    ``ladder``: split candidates at every k (``_ladder``). Where the fastest candidate timed on
-    the probe's workers is the lowest or highest rung of the ladder timed there (beside
+    ``ladder``: split candidates at every k (``_ladder``). While the fastest candidate timed on
+    the probe's workers has a rung next to it on the ladder that was not timed there (beside
     accelerators a co-located plan on the probe's workers runs the rung at k = 1:
-    ``_same_cycle``), and a rung lies beyond it, that one is timed too, in turns with the
-    fastest, and so on while the
-    edge keeps winning (at most ``TRIAL_WALK`` more): the model's window of k can sit off the
-    best k (Humanoid-v5 states on one H200: the window k = 4, 8, 16, k = 4 fastest, while k = 2
-    ran its rollouts 13% faster than k = 4, scripts/gpu/RESULTS.md call BF). The fastest's
-    median then pools its rollouts from before and during the walk, the others' only from
-    before: a slow spell during the walk can favour them, which the extra passes for close
-    candidates (below) narrow but do not undo.
+    ``_same_cycle``), that rung is timed too, in turns with the fastest (``_next_rung``; at most
+    ``TRIAL_WALK`` more): the model's window of k can sit off the best k (Humanoid-v5 states on
+    one H200: the window k = 4, 8, 16, k = 4 fastest, while k = 2 ran its rollouts 13% faster
+    than k = 4, scripts/gpu/RESULTS.md call BF), or leave a gap beside it (a co-located plan
+    timed as k = 1 beside the window 4, 8, 16). The fastest's median then pools its rollouts
+    from before and during the walk, the others' only from before: a slow spell during the walk
+    can favour them, which the extra passes for close candidates (below) narrow but do not undo.
     """
     L, t0, rows = cfg.auto_trial_steps, time.perf_counter(), []
     lengths = (steps,) if steps <= 2 * L else (L, 2 * L)
@@ -661,7 +660,7 @@ def choose_by_trial(
                 "probe_workers": reuse,
                 "timed_s": {str(n): v for n, v in t.items()},
                 "rollout_s": rollout_s,
-                "walked": i >= walk_from,  # timed because the fastest sat at the window's edge
+                "walked": i >= walk_from,  # timed because it was next to the fastest, untimed
                 "same_cycle_as": alias.get(i),  # not run itself: that row's timings are its own
             }
         )
@@ -700,9 +699,13 @@ def _next_rung(
     ladder: Sequence[tuple],
     slots: bool = False,
 ) -> tuple | None:
-    """The ladder's next (plan, placement) past the rungs ``timed`` (candidates timed on the
-    probe's workers so far) span, on the side where ``candidates[best]`` sits at their edge;
-    None where the best is inside the span, not a rung, or no rung lies beyond it. A rung is
+    """The ladder's rung next to ``candidates[best]`` that no candidate in ``timed`` (those
+    timed on the probe's workers so far) has run: the one below it first, else the one above;
+    None where both were timed (the best is a local minimum of the rungs), the best is not a
+    rung, or the ladder ends there. Past the edge of the rungs timed, that is the next one out;
+    inside them, a gap: with a co-located plan as the rung at k = 1 beside a window of k = 4,
+    8, 16, the best k = 4 has k = 2 untimed below it (pixels on one H200, 64 envs: k = 2's
+    rollouts ran 12% under k = 4's in one trial set, scripts/gpu/RESULTS.md). A rung is
     identified by ``_same_cycle`` (beside accelerators a co-located plan is the rung at k = 1
     of its workers). Pure."""
 
@@ -712,12 +715,11 @@ def _next_rung(
     rungs = [key(c) for c in ladder]
     if key(candidates[best]) not in rungs:
         return None
-    at = [rungs.index(key(c)) for c in timed if key(c) in rungs]
+    done = {key(c) for c in timed}
     j = rungs.index(key(candidates[best]))
-    if j == min(at) and j > 0:
-        return ladder[j - 1]
-    if j == max(at) and j + 1 < len(ladder):
-        return ladder[j + 1]
+    for n in (j - 1, j + 1):
+        if 0 <= n < len(ladder) and rungs[n] not in done:
+            return ladder[n]
     return None
 
 

@@ -470,19 +470,23 @@ def test_a_trial_walks_only_from_the_edge_and_only_on_the_probes_workers(
     assert plan is next(c[0] for c in [*cands, *ladder] if c[1].groups == best)
 
 
-def test_the_next_rung_is_past_the_edge_the_best_sits_on():
+def test_the_next_rung_is_an_untimed_neighbour_of_the_best():
     from loomrl.recipes.embodied_ppo import _next_rung
 
     ladder = [_trial_cand(k) for k in (1, 2, 4, 8)]
     timed = [_trial_cand(k) for k in (2, 4)]
     assert _next_rung(0, timed, timed, ladder)[1].groups == 1
     assert _next_rung(1, timed, timed, ladder)[1].groups == 8
-    # at the ladder's ends, inside the span, or not a rung (a co-located plan): nothing
+    # gaps next to the best are filled: k = 1 and 8 timed, k = 2 and 4 not
     ends = [ladder[0], ladder[3]]
-    assert _next_rung(0, ends, ends, ladder) is None and _next_rung(1, ends, ends, ladder) is None
-    # one plan timed is both edges: up the ladder from k = 1
+    assert _next_rung(0, ends, ends, ladder)[1].groups == 2
+    assert _next_rung(1, ends, ends, ladder)[1].groups == 4
+    # both neighbours untimed: the lower first
+    assert _next_rung(0, ladder[2:3], ladder[2:3], ladder)[1].groups == 2
+    # at the ladder's end with its one neighbour timed, or between timed neighbours: nothing
     assert _next_rung(0, ladder[:1], ladder[:1], ladder)[1].groups == 2
     assert _next_rung(1, ladder[:3], ladder[:3], ladder) is None
+    assert _next_rung(3, ladder, ladder, ladder) is None
     elsewhere = _trial_cand(1, workers=4, colocated=True)  # on other workers: not a rung
     assert _next_rung(0, [elsewhere, *timed], [elsewhere, *timed], ladder) is None
     # Beside accelerators a co-located plan on the probe's workers runs the rung at k = 1: k = 2
@@ -493,6 +497,24 @@ def test_the_next_rung_is_past_the_edge_the_best_sits_on():
     assert _next_rung(2, both, both, ladder)[1].groups == 8
     # On CPU core slots it puts env and policy on one core: not a rung, k = 2 is the edge.
     assert _next_rung(1, both, both, ladder, slots=True)[1].groups == 1
+
+
+def test_a_trial_fills_the_gap_between_a_co_located_plan_and_its_window(monkeypatch, tmp_path):
+    # Beside accelerators auto times the co-located plan (the rung k = 1) and the window 4, 8,
+    # 16; k = 4 is the fastest of those, but k = 2, between k = 1 and the window, is faster
+    # still (pixels on one H200, 64 envs). The walk times it and keeps it.
+    calls = []
+    per_step = {1: 0.010, 2: 0.006, 4: 0.008, 8: 0.012, 16: 0.020}
+    FakeCycle = _fake_cycle(calls, lambda k, n: per_step[k] * n)
+    cands = [_trial_cand(1, colocated=True), *(_trial_cand(k) for k in (4, 8, 16))]
+    ladder = [_trial_cand(k) for k in (1, 2, 4, 8, 16)]
+    plan, rollout_s = _trial_on_fakes(
+        monkeypatch, tmp_path, FakeCycle, cands, 16, ladder=ladder, has_cuda=True
+    )
+    assert plan is ladder[1][0] and rollout_s == pytest.approx(0.006 * 16)
+    rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
+    assert [(r["placement"]["groups"], r["walked"]) for r in rows][-1] == (2, True)
+    assert sum(1 for k, _ in calls if k == 1) == 4  # the split k = 1 is not timed again
 
 
 def test_a_trial_walks_at_most_trial_walk_rungs(monkeypatch, tmp_path):
