@@ -9,6 +9,11 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if not os.path.exists("/dev/nvidia0"):
+    # The session cluster's GPUs are logical on a machine without any: pixel env workers on
+    # them would ask EGL for devices 1, 2, 3 that do not exist. Render on EGL's first device.
+    # (Ray's workers inherit this environment when the session cluster starts.)
+    os.environ.setdefault("MUJOCO_EGL_DEVICE_ID", "0")
 
 
 def _has_cuda() -> bool:

@@ -230,6 +230,13 @@ def main(cfg: Config) -> dict:
             )
         place, probe = plan_cycle(run, cfg, S)
         envs, policy, cycle = start_cycle(run.cluster, cfg, place, probe)
+        if cfg.env.pixels:
+            path = wait(envs.on(0).spaces())[0]["render_path"]
+            run.logger.echo(
+                "pixels: drawn in one pass per env worker"
+                if path == "batched"
+                else f"pixels: drawn {path}"
+            )
         recent: deque[float] = deque(maxlen=cfg.window)
         metrics: dict[str, Any] = {}
         it = 0

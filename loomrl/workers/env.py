@@ -74,6 +74,7 @@ class EnvWorker(Worker):
             "action_space": self.venv.single_action_space,
             "num_envs": self.venv.num_envs,
             "index_offset": self.venv.index_offset,
+            "render_path": self.venv.render_path,  # pixels: "batched" or why env by env
         }
 
     def config(self) -> dict[str, Any]:

@@ -114,6 +114,37 @@ def test_same_weights_under_every_placement(cluster, tmp_path):
         assert t["metrics"]["episode_return"] == other["metrics"]["episode_return"]
 
 
+def test_same_weights_under_every_placement_with_pixels(cluster, tmp_path, capfd):
+    """With pixels drawn in one pass per env worker, each env in its own cell: two env workers
+    whose groups are slices of both (k = 2), or one group (k = 1), see the same frames, so the
+    weights are equal."""
+    from loomrl.config import load_config
+    from loomrl.envs import probe_rendering
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    if (why := probe_rendering("egl", timeout_s=60)) is not None:
+        pytest.skip(f"headless EGL rendering unavailable: {why}")
+    pixels = [
+        "env.pixels=true",
+        # 64x64: at 16x16 a frame drawn in another cell rounds too few pixels differently for
+        # two iterations to show it
+        "env.image_size=64",
+        "policy_kwargs.channels=[4,8,8]",
+        "policy_kwargs.feature_dim=16",
+        f"run.profile={ROOT / 'examples/profiles/embodied_pixels_cpu2.yaml'}",  # no probing
+    ]
+    out = {}
+    for placement, groups in (("temporal", None), ("hybrid", 2)):
+        extra = [f"run.placement={placement}", f"run.output_dir={tmp_path / placement}"]
+        if groups:
+            extra.append(f"groups={groups}")
+        out[placement] = main(load_config(Config, EXAMPLE, [*TINY, *pixels, *extra]))
+    t, h = out["temporal"], out["hybrid"]
+    assert t["placement"]["groups"] == 1 and h["placement"]["groups"] == 2
+    assert t["param_sha256"] == h["param_sha256"]
+    assert "pixels: drawn in one pass per env worker" in capfd.readouterr().err
+
+
 def test_plan_from_a_profile_file_skips_measuring(cluster, tmp_path):
     from loomrl.cli import main as cli
     from loomrl.plan import load_profile, search_all
