@@ -3,102 +3,146 @@
 gymnasium's MuJoCo envs each render through their own offscreen viewer: one draw and one
 ``glReadPixels`` per env per step. The read-back waits for the GPU to finish, so a worker with
 n envs stops n times a step, and on a GPU shared with the policy every stop also waits for the
-policy's work to yield. ``TiledRenderer`` draws the n scenes into n viewports of one offscreen
-buffer and reads the buffer back once.
+policy's work to yield. ``TiledRenderer`` draws the scenes into cells of one offscreen buffer
+and reads the buffer back once (on one H200, 4 processes of 16 envs stepped 11x faster:
+scripts/gpu/RESULTS.md, calls BI-BK).
 
 The scene is built as gymnasium builds it: from each env's own model and data, with gymnasium's
 camera rules (a free camera looking at the median geom position from ``model.stat.extent``
 away when the viewer is created, then ``default_camera_config``, then the env's
 ``camera_id``) and the env's visual options, at the env's render size. The frames differ from
 gymnasium's only where the rasteriser rounds an edge differently at another place in the
-buffer: on Mesa about 1 value in 100,000 (edge pixels, by up to 63 of 255; tested). Each env
-keeps its own cell of the grid, so its frames do not depend on which envs are drawn with it
-(a ring group's frames are the whole batch's). Only the GPU assets (meshes, textures, height fields) come
-from the first env's model, so every env drawn must share them; ``tileable`` checks that and
-that the env renders through ``MujocoEnv.render`` unchanged (envs that move markers before
-drawing, such as gymnasium-robotics' Fetch, override it and keep their own viewers).
+buffer: measured on Mesa, about 1 value in 100,000, edge pixels by up to 63 of 255; on an H200
+a few values by 1 (the tests bound the share of differing values at 1 in 1,000).
+
+An env's cell follows from its global index alone (``cell_of``), whatever worker holds it and
+whichever envs are drawn with it: its frames are the same under every plan, ring groups and
+env-worker counts alike. Envs of one call that share a cell are drawn in further passes, one
+read-back each.
+
+Only the GPU assets (meshes, textures, height fields) come from the first env's model, so every
+env drawn must share them (``mismatch``); ``tileable`` checks that the env draws through
+gymnasium's own ``MujocoEnv.render`` and ``MujocoRenderer`` and stock wrappers (an env or a
+wrapper that changes the scene before drawing keeps its own viewer).
 
 Needs ``mujoco`` (imported when the renderer is built); no torch.
 """
 
 from __future__ import annotations
 
-import math
+from collections import defaultdict
 from typing import Any
 
 import numpy as np
 
 # Model arrays that MjrContext uploads to the GPU: envs drawn by one context must agree on them.
 _ASSET_ARRAYS = ("mesh_vert", "mesh_face", "mesh_normal", "tex_data", "hfield_data", "skin_vert")
+# The grid: at most 8 x 8 cells and 2048 pixels a side (an offscreen buffer of 2048^2 with 4x
+# multisampling is ~130 MB of GPU memory); it depends on the frame size only, so a cell does
+# not depend on the worker.
+MAX_SIDE_CELLS = 8
+MAX_SIDE_PIXELS = 2048
+_RENDERER_ATTRS = (
+    "model",
+    "data",
+    "width",
+    "height",
+    "max_geom",
+    "camera_id",
+    "default_cam_config",
+    "_vopt",
+)
 
 
 def tileable(env: Any) -> str | None:
     """None if ``env`` can be drawn by a ``TiledRenderer``, else why not (for the log)."""
+    import gymnasium as gym
     from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
+    from gymnasium.envs.mujoco.mujoco_rendering import MujocoRenderer
+    from gymnasium.wrappers.common import OrderEnforcing, PassiveEnvChecker
 
-    u = getattr(env, "unwrapped", env)
+    stock = {gym.Wrapper.render, OrderEnforcing.render, PassiveEnvChecker.render}
+    w = env
+    while isinstance(w, gym.Wrapper):
+        if type(w).render not in stock:
+            return f"its wrapper {type(w).__name__} has its own render()"
+        w = w.env
+    u = w
     if not isinstance(u, MujocoEnv):
         return f"{type(u).__name__} is not a gymnasium MujocoEnv"
     if type(u).render is not MujocoEnv.render:
-        return f"{type(u).__name__} overrides render() (it may change the scene before drawing)"
+        return f"{type(u).__name__} has its own render() (it may change the scene before drawing)"
     if getattr(u, "render_mode", None) != "rgb_array":
         return f"render_mode is {getattr(u, 'render_mode', None)!r}, not 'rgb_array'"
     r = getattr(u, "mujoco_renderer", None)
-    missing = [
-        a
-        for a in ("model", "data", "width", "height", "max_geom", "camera_id", "default_cam_config")
-        if not hasattr(r, a)
-    ]
+    if type(r) is not MujocoRenderer:
+        return f"its mujoco_renderer is a {type(r).__name__}, not gymnasium's MujocoRenderer"
+    missing = [a for a in _RENDERER_ATTRS if not hasattr(r, a)]
     if missing:
         return f"its mujoco_renderer lacks {missing} (a gymnasium version this code does not know)"
     return None
 
 
-def _same_assets(a: Any, b: Any) -> bool:
-    for name in _ASSET_ARRAYS:
-        x, y = getattr(a, name, None), getattr(b, name, None)
-        if (x is None) != (y is None):
-            return False
-        if x is not None and not np.array_equal(x, y):
-            return False
-    return True
+def grid_side(width: int, height: int) -> int:
+    """Cells per side of the grid for frames of ``width`` x ``height``. Pure."""
+    return max(1, min(MAX_SIDE_CELLS, MAX_SIDE_PIXELS // max(width, height)))
+
+
+def cell_of(global_index: int, side: int) -> int:
+    """The cell an env with this global index is drawn in. Pure."""
+    return global_index % (side * side)
 
 
 class TiledRenderer:
-    """Draws any subset of ``capacity`` envs built like ``first`` into one buffer per call."""
+    """Draws envs built like ``first`` (``mismatch`` is None) into the cells of one buffer."""
 
-    def __init__(self, first: Any, capacity: int):
+    def __init__(self, first: Any):
         import mujoco
 
         self._mj = mujoco
         r = first.unwrapped.mujoco_renderer
         self.width, self.height = int(r.width), int(r.height)
-        self.cols = max(1, math.ceil(math.sqrt(capacity)))
-        self.rows = max(1, math.ceil(capacity / self.cols))
-        self.capacity = capacity
+        self.side = grid_side(self.width, self.height)
         self._model = r.model
-        w, h = self.cols * self.width, self.rows * self.height
+        w, h = self.side * self.width, self.side * self.height
+        self._views: dict[int, tuple[Any, Any, Any]] = {}  # id(env) -> (env, camera, option)
         self._gl = mujoco.GLContext(w, h)
-        self._gl.make_current()
-        # MjrContext sizes its offscreen buffer from the model's visual settings; raise them to
-        # the whole grid for this context only and put them back for the env.
-        vis = self._model.vis.global_
-        old = vis.offwidth, vis.offheight
-        vis.offwidth, vis.offheight = max(old[0], w), max(old[1], h)
+        self._con = None
         try:
-            self._con = mujoco.MjrContext(self._model, mujoco.mjtFontScale.mjFONTSCALE_150)
-        finally:
-            vis.offwidth, vis.offheight = old
-        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._con)
+            self._gl.make_current()
+            # MjrContext sizes its offscreen buffer from the model's visual settings; raise them
+            # to the whole grid for this context only and put them back for the env.
+            vis = self._model.vis.global_
+            old = vis.offwidth, vis.offheight
+            vis.offwidth, vis.offheight = max(old[0], w), max(old[1], h)
+            try:
+                self._con = mujoco.MjrContext(self._model, mujoco.mjtFontScale.mjFONTSCALE_150)
+            finally:
+                vis.offwidth, vis.offheight = old
+            if self._con.offWidth < w or self._con.offHeight < h:
+                raise RuntimeError(
+                    f"the GL driver gave a {self._con.offWidth}x{self._con.offHeight} buffer "
+                    f"for a {w}x{h} grid"
+                )
+            mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._con)
+        except BaseException:
+            self.close()
+            raise
         self._scene = mujoco.MjvScene(self._model, int(r.max_geom))
         self._pert = mujoco.MjvPerturb()
-        self._views: dict[int, tuple[Any, Any, Any]] = {}  # id(env) -> (env, camera, option)
 
-    def compatible(self, env: Any) -> bool:
+    def mismatch(self, env: Any) -> str | None:
+        """None if ``env`` can be drawn here (its frame size and GPU assets are the first
+        env's), else which of them differs."""
         r = env.unwrapped.mujoco_renderer
-        return (int(r.width), int(r.height)) == (self.width, self.height) and _same_assets(
-            r.model, self._model
-        )
+        size = (int(r.width), int(r.height))
+        if size != (self.width, self.height):
+            return f"its frames are {size[0]}x{size[1]}, not {self.width}x{self.height}"
+        for name in _ASSET_ARRAYS:
+            x, y = getattr(r.model, name, None), getattr(self._model, name, None)
+            if (x is None) != (y is None) or (x is not None and not np.array_equal(x, y)):
+                return f"its model's {name} differs from the first env's"
+        return None
 
     def _view(self, env: Any) -> tuple[Any, Any]:
         """The env's camera and visual options, set up the first time the env is drawn, as
@@ -119,34 +163,46 @@ class TiledRenderer:
             else:
                 setattr(cam, key, value)
         if r.camera_id is not None:
-            cam.type = (
-                mj.mjtCamera.mjCAMERA_FREE if r.camera_id == -1 else mj.mjtCamera.mjCAMERA_FIXED
-            )
+            free = r.camera_id == -1
+            cam.type = mj.mjtCamera.mjCAMERA_FREE if free else mj.mjtCamera.mjCAMERA_FIXED
             cam.fixedcamid = r.camera_id
         opt = mj.MjvOption()
-        for flag, value in (getattr(r, "_vopt", None) or {}).items():
+        for flag, value in (r._vopt or {}).items():
             opt.flags[flag] = value
-        self._views[id(env)] = (env, cam, opt)
+        self._views[id(env)] = (env, cam, opt)  # the env itself: its id cannot be reused
         return cam, opt
 
     def forget(self, env: Any) -> None:
         """Drop ``env``'s camera (it was closed or replaced)."""
         self._views.pop(id(env), None)
 
-    def render(self, envs: list[Any], cells: list[int]) -> list[np.ndarray]:
-        """One [height, width, 3] uint8 frame per env, in order; env ``envs[n]`` is drawn in
-        grid cell ``cells[n]`` (its index in the worker), so its frame never depends on which
-        other envs are drawn with it."""
+    def render(self, envs: list[Any], global_ids: list[int]) -> list[np.ndarray]:
+        """One [height, width, 3] uint8 frame per env, in order; ``global_ids``: the envs'
+        global indices, which fix their cells."""
+        if len(envs) != len(global_ids):
+            raise ValueError(f"{len(envs)} envs but {len(global_ids)} global indices")
+        # Envs sharing a cell go to successive passes: pass p holds each cell's p-th env.
+        passes: list[list[int]] = []
+        seen: dict[int, int] = defaultdict(int)
+        for n, g in enumerate(global_ids):
+            cell = cell_of(g, self.side)
+            p = seen[cell]
+            seen[cell] += 1
+            if p == len(passes):
+                passes.append([])
+            passes[p].append(n)
+        frames: list[Any] = [None] * len(envs)
+        for members in passes:
+            cells = [cell_of(global_ids[n], self.side) for n in members]
+            for n, f in zip(members, self._pass([envs[n] for n in members], cells), strict=True):
+                frames[n] = f
+        return frames
+
+    def _pass(self, envs: list[Any], cells: list[int]) -> list[np.ndarray]:
+        """Draw ``envs`` into distinct ``cells`` and read them back at once."""
         mj = self._mj
-        if len(envs) != len(cells):
-            raise ValueError(f"{len(envs)} envs but {len(cells)} cells")
-        if not envs:
-            return []
-        bad = [c for c in cells if not 0 <= c < self.capacity]
-        if bad:
-            raise ValueError(f"cells {bad} outside the grid of {self.capacity}")
         self._gl.make_current()
-        places = [divmod(c, self.cols) for c in cells]
+        places = [divmod(c, self.side) for c in cells]  # (row, col)
         for env, (row, col) in zip(envs, places, strict=True):
             cam, opt = self._view(env)
             r = env.unwrapped.mujoco_renderer
@@ -172,9 +228,12 @@ class TiledRenderer:
         return frames
 
     def close(self) -> None:
+        if self._gl is None:
+            return
+        self._gl.make_current()
         if self._con is not None:
-            self._gl.make_current()
             self._con.free()
             self._con = None
-            self._gl.free()
+        self._gl.free()
+        self._gl = None
         self._views.clear()

@@ -63,9 +63,9 @@ class EnvConfig:
     already integrate several physics steps per ``step``, so 1 is the usual value for them.
     ``cpu_cores`` is what the planner reserves for the worker holding this VecEnv.
     ``batch_render`` draws the pixel observations of all envs in one GL pass and one read-back
-    (``loomrl.envs.render``) where the env allows it, with the same frames; False, or an env
-    that does not allow it (``VecEnv.render_path`` says why), renders env by env through
-    gymnasium.
+    (``loomrl.envs.render``) where the env allows it, with gymnasium's frames up to the
+    rounding of a few edge pixels; False, or an env that does not allow it
+    (``VecEnv.render_path`` says why), renders env by env through gymnasium.
     """
 
     env_id: str = "InvertedPendulum-v5"
@@ -321,6 +321,7 @@ class VecEnv:
         self._failures: collections.deque[int] = collections.deque()
         self._stats = EpisodeStats()
         self._tiles: Any = None  # a TiledRenderer while pixels are drawn in one pass
+        self._alone: set[int] = set()  # envs it cannot draw: drawn by themselves
         self.render_path: str | None = None  # "batched", or why frames are drawn env by env
         self._loaded = False
         self.onload()
@@ -420,25 +421,39 @@ class VecEnv:
     def _start_tiles(self) -> None:
         from loomrl.envs.render import TiledRenderer, tileable
 
+        self._alone = set()
         if not self.cfg.batch_render:
             self.render_path = "env by env: batch_render is off"
             return
         reason = tileable(self._slots[0].env)
         if reason is None:
-            tiles = TiledRenderer(self._slots[0].env, self.num_envs)
-            if all(tiles.compatible(slot.env) for slot in self._slots):
-                self._tiles, self.render_path = tiles, "batched"
-                return
-            tiles.close()
-            reason = "its envs differ in size or in meshes and textures"
-        self.render_path = f"env by env: {reason}"
+            try:
+                self._tiles = TiledRenderer(self._slots[0].env)
+            except Exception as e:  # a GL driver without room for the grid, say
+                reason = f"the one-pass renderer did not start ({type(e).__name__}: {e})"
+        if reason is not None:
+            self.render_path = f"env by env: {reason}"
+            return
+        self.render_path = "batched"
+        for i, slot in enumerate(self._slots):
+            self._check_tile(i, slot)
 
-    def _stop_tiles(self, reason: str | None = None) -> None:
+    def _check_tile(self, i: int, slot: _Slot) -> None:
+        """Draw env i by itself, through gymnasium, if the one-pass renderer cannot draw it."""
+        reason = self._tiles.mismatch(slot.env)
+        if reason is None:
+            self._alone.discard(i)
+            return
+        self._alone.add(i)
+        self.render_path = (
+            f"batched, but env(s) {sorted(self.index_offset + j for j in self._alone)} "
+            f"by themselves: env {self.index_offset + i}: {reason}"
+        )
+
+    def _stop_tiles(self) -> None:
         if self._tiles is not None:
             self._tiles.close()
             self._tiles = None
-            if reason is not None:
-                self.render_path = f"env by env: {reason}"
 
     def offload(self) -> None:
         """Close the simulators (GL contexts, MuJoCo data) and keep only their RNG states."""
@@ -500,10 +515,19 @@ class VecEnv:
                 np.asarray(gym.spaces.flatten(s.env.observation_space, raw), dtype=np.float32)
                 for s, raw in zip(slots, raws, strict=True)
             ]
-        if self._tiles is not None:
-            frames = self._tiles.render([s.env for s in slots], ids)
-        else:
+        if self._tiles is None:
             frames = [s.env.render() for s in slots]
+        else:
+            frames = [None] * len(ids)
+            tiled = [n for n, i in enumerate(ids) if i not in self._alone]
+            got = self._tiles.render(
+                [slots[n].env for n in tiled], [self.index_offset + ids[n] for n in tiled]
+            )
+            for n, f in zip(tiled, got, strict=True):
+                frames[n] = f
+            for n, i in enumerate(ids):
+                if i in self._alone:
+                    frames[n] = slots[n].env.render()
         return [resize_image(f, self.cfg.image_size) for f in frames]
 
     def step(self, actions: Any, envs: slice | None = None) -> StepResult:
@@ -522,12 +546,13 @@ class VecEnv:
         obs: list[Any] = [None] * n
         final: list[Any] = [None] * n
         stepped = []  # (k, i, raw, info) of the envs whose step did not raise
+        too_many: EnvFailureError | None = None  # raised once every env's state is consistent
         for k, i in enumerate(idx):
             slot = self._slots[i]
             try:
                 raw, r, te, tr, info = self._step_one(slot, actions[k])
             except Exception as e:  # a simulator bug or instability: isolate it, keep training
-                self._record_failure(i, slot, e)
+                too_many = too_many or self._record_failure(i, slot, e)
                 failed[k] = True
                 final[k] = slot.obs
                 self._recover(i, slot)
@@ -557,6 +582,8 @@ class VecEnv:
         starts = self._observe_many([x[1] for x in ended], [x[2] for x in ended])
         for (k, i, _), first in zip(ended, starts, strict=True):
             self._slots[i].obs = obs[k] = first
+        if too_many is not None:
+            raise too_many
         return StepResult(np.stack(obs), np.stack(final), rew, term, trunc, failed)
 
     def _step_one(self, slot: _Slot, action: np.ndarray) -> tuple[Any, float, bool, bool, dict]:
@@ -606,20 +633,24 @@ class VecEnv:
         return a
 
     # -- failures -----------------------------------------------------------------------------
-    def _record_failure(self, i: int, slot: _Slot, e: BaseException) -> None:
+    def _record_failure(self, i: int, slot: _Slot, e: BaseException) -> EnvFailureError | None:
+        """Record env i's failure; the error to raise (after the step) when there were too many."""
         gi = self.index_offset + i
         msg = f"{type(e).__name__}: {e}"
         self.events.append(EnvEvent("env_error", gi, self.vec_steps, slot.episode_length, msg))
         self._failures.append(self.vec_steps)
         while self._failures and self._failures[0] <= self.vec_steps - self.cfg.failure_window:
             self._failures.popleft()
-        if len(self._failures) > self.cfg.max_failures:
-            raise EnvFailureError(
-                f"{self.cfg.env_id}: {len(self._failures)} simulator failures within the last "
-                f"{self.cfg.failure_window} steps (max_failures={self.cfg.max_failures}); the last, in "
-                f"env {gi} at episode step {slot.episode_length}: {msg}. Fix the environment, or raise "
-                "EnvConfig.max_failures / lower failure_window if such failures are expected."
-            ) from e
+        if len(self._failures) <= self.cfg.max_failures:
+            return None
+        err = EnvFailureError(
+            f"{self.cfg.env_id}: {len(self._failures)} simulator failures within the last "
+            f"{self.cfg.failure_window} steps (max_failures={self.cfg.max_failures}); the last, in "
+            f"env {gi} at episode step {slot.episode_length}: {msg}. Fix the environment, or raise "
+            "EnvConfig.max_failures / lower failure_window if such failures are expected."
+        )
+        err.__cause__ = e
+        return err
 
     def _recover(self, i: int, slot: _Slot) -> None:
         """Reset a failed env; if even that raises, replace the simulator."""
@@ -645,8 +676,8 @@ class VecEnv:
         except Exception:
             pass  # a broken simulator may fail to close too; it is being discarded
         slot.env = self._make()
-        if self._tiles is not None and not self._tiles.compatible(slot.env):
-            self._stop_tiles("a recreated env differs in size or in meshes and textures")
+        if self._tiles is not None:  # a fresh env: its first frame sets its camera, either way
+            self._check_tile(i, slot)
         slot.env.reset(seed=self.cfg.seed + self.index_offset + i)
         slot.env.unwrapped.np_random = _generator_from_state(rng)
         slot.obs = self._observe(i, slot.env.reset()[0])

@@ -18,7 +18,7 @@ import json
 import statistics
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -231,11 +231,11 @@ def main(cfg: Config) -> dict:
         place, probe = plan_cycle(run, cfg, S)
         envs, policy, cycle = start_cycle(run.cluster, cfg, place, probe)
         if cfg.env.pixels:
-            path = wait(envs.on(0).spaces())[0]["render_path"]
+            paths = sorted({sp["render_path"] for sp in wait(envs.spaces())})
             run.logger.echo(
                 "pixels: drawn in one pass per env worker"
-                if path == "batched"
-                else f"pixels: drawn {path}"
+                if paths == ["batched"]
+                else "pixels: drawn " + "; ".join(paths)
             )
         recent: deque[float] = deque(maxlen=cfg.window)
         metrics: dict[str, Any] = {}
@@ -618,10 +618,12 @@ def choose_by_trial(
         cycles = {i: on_probe(candidates[i][1]) for i in shared}
         ran.update({i: c.handoff for i, c in cycles.items()})
         _time_in_turns(cycles, timed, lengths, reps)
+        can_time = probe.can_time  # type: ignore[union-attr]
         for _ in range(TRIAL_WALK):
             best = min(shared, key=lambda i: _trial_estimate(timed[i], steps, L))
-            rung = _next_rung(best, candidates, [candidates[i] for i in shared], ladder, slots)
-            if rung is None or not probe.can_time(rung[1]):  # type: ignore[union-attr]
+            timed_here = [candidates[i] for i in shared]
+            rung = _next_rung(best, candidates, timed_here, ladder, slots, can_time)
+            if rung is None:
                 break
             i = len(candidates)
             candidates.append(rung)
@@ -705,11 +707,13 @@ def _next_rung(
     timed: list[tuple],
     ladder: Sequence[tuple],
     slots: bool = False,
+    can_time: Callable[[Any], bool] = lambda place: True,
 ) -> tuple | None:
     """The ladder's rung next to ``candidates[best]`` that no candidate in ``timed`` (those
-    timed on the probe's workers so far) has run: the one below it first, else the one above;
-    None where both were timed (the best is a local minimum of the rungs), the best is not a
-    rung, or the ladder ends there. Past the edge of the rungs timed, that is the next one out;
+    timed on the probe's workers so far) has run and the probe's workers can (``can_time`` of
+    its placement): the one below it first, else the one above; None where neither is left
+    (the best is a local minimum of the rungs timed), the best is not a rung, or the ladder
+    ends there. Past the edge of the rungs timed, that is the next one out;
     inside them, a gap: with a co-located plan as the rung at k = 1 beside a window of k = 4,
     8, 16, the best k = 4 has k = 2 untimed below it (pixels on one H200, 64 envs: k = 2's
     rollouts ran 12% under k = 4's in one trial set, scripts/gpu/RESULTS.md). A rung is
@@ -725,7 +729,7 @@ def _next_rung(
     done = {key(c) for c in timed}
     j = rungs.index(key(candidates[best]))
     for n in (j - 1, j + 1):
-        if 0 <= n < len(ladder) and rungs[n] not in done:
+        if 0 <= n < len(ladder) and rungs[n] not in done and can_time(ladder[n][1]):
             return ladder[n]
     return None
 

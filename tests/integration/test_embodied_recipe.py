@@ -451,7 +451,7 @@ def _fake_cycle(calls: list, wall_s) -> type:
     return FakeCycle
 
 
-def test_a_trial_walks_past_its_window_while_the_edge_wins(monkeypatch, tmp_path):
+def test_a_trial_walks_past_its_window_while_the_fastest_is_at_its_edge(monkeypatch, tmp_path):
     calls = []
     # Seconds per step by k: the window is k = 4 and 8, the best k is 2 (beyond it).
     per_step = {1: 0.012, 2: 0.006, 4: 0.008, 8: 0.010, 16: 0.020}
@@ -485,9 +485,10 @@ def test_a_trial_walks_past_its_window_while_the_edge_wins(monkeypatch, tmp_path
         ((2, 4, 8), lambda p: True, {2, 4, 8}),  # the best (k = 4) inside the window: no walk
         ((8, 16), lambda p: True, {2, 4, 8, 16}),  # down from 8: 4 wins, then 2 loses
         ((8, 16), lambda p: p.groups != 4, {8, 16}),  # the next rung not on the probe's workers
+        ((4,), lambda p: p.groups != 2, {4, 8}),  # k = 2 not there: up to k = 8, which loses
     ],
 )
-def test_a_trial_walks_only_from_the_edge_and_only_on_the_probes_workers(
+def test_a_trial_walks_only_next_to_the_fastest_and_only_on_the_probes_workers(
     monkeypatch, tmp_path, window, fits, timed_ks
 ):
     calls = []
@@ -521,12 +522,12 @@ def test_the_next_rung_is_an_untimed_neighbour_of_the_best():
     elsewhere = _trial_cand(1, workers=4, colocated=True)  # on other workers: not a rung
     assert _next_rung(0, [elsewhere, *timed], [elsewhere, *timed], ladder) is None
     # Beside accelerators a co-located plan on the probe's workers runs the rung at k = 1: k = 2
-    # is not at the edge then, and the split k = 1 is not timed a second time.
+    # has both neighbours timed then, and the split k = 1 is not timed a second time.
     colocated = _trial_cand(1, colocated=True)
     both = [colocated, *timed]
     assert _next_rung(1, both, both, ladder) is None
     assert _next_rung(2, both, both, ladder)[1].groups == 8
-    # On CPU core slots it puts env and policy on one core: not a rung, k = 2 is the edge.
+    # On CPU core slots it puts env and policy on one core: not a rung, so k = 1 is untimed.
     assert _next_rung(1, both, both, ladder, slots=True)[1].groups == 1
 
 

@@ -1,4 +1,5 @@
-"""Pixels drawn in one pass (loomrl.envs.render) give exactly the frames of env-by-env rendering."""
+"""Pixels drawn in one pass (loomrl.envs.render): gymnasium's frames up to edge rounding, and
+the same frames whatever envs are drawn together or whichever worker holds them."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from loomrl.envs import EnvConfig, VecEnv, probe_rendering
-from loomrl.envs.render import TiledRenderer, tileable
+from loomrl.envs import EnvConfig, VecEnv, probe_rendering, render
+from loomrl.envs.render import TiledRenderer, cell_of, grid_side, tileable
 
 _render_problem = probe_rendering("egl", timeout_s=60)
 pytestmark = pytest.mark.skipif(
@@ -46,7 +47,7 @@ def _flaky_pendulum(fail_on=(), reset_fails_after_failure=False, **kw):
 
 
 def _marked_pendulum(**kw):
-    """InvertedPendulum whose render() does more than draw (like Fetch moving its goal marker)."""
+    """InvertedPendulum with its own render() (which could change the scene before drawing)."""
 
     class Marked(_pendulum_cls()):
         def render(self):
@@ -63,35 +64,37 @@ for _id, _entry in (
         gym.register(id=_id, entry_point=_entry, max_episode_steps=1000)
 
 
+PENDULUM = {"env_id": "InvertedPendulum-v5", "pixels": True, "image_size": 64}
+
+
 def pair(batch_render=False, **kw) -> tuple[VecEnv, VecEnv]:
     """A batched VecEnv and one rendering env by env (or batched too), built alike."""
-    base = {"env_id": "InvertedPendulum-v5", "num_envs": 5, "pixels": True, "image_size": 64}
-    base.update(kw)
+    base = {**PENDULUM, "num_envs": 5, **kw}
     return VecEnv(EnvConfig(**base)), VecEnv(EnvConfig(**base, batch_render=batch_render))
 
 
 # Frames drawn at another place in the buffer round a few edge pixels differently (measured on
-# Mesa: about 1 value in 100,000); this bounds the share of differing values, not their size.
+# Mesa: about 1 value in 100,000; on an H200 a few values by 1); this bounds the share of
+# differing values, not their size.
 MAX_DIFFERING_SHARE = 1e-3
 
 
-def run_both(a: VecEnv, b: VecEnv, steps: int, groups_a=(None,), groups_b=(None,)) -> dict:
-    """Step both with the same actions (each in its own groups); compare every frame."""
+def run_both(a, b, steps: int, groups_a=(None,), groups_b=(None,)) -> dict:
+    """Step ``a`` and ``b`` with the same actions (each in its groups of envs) and compare every
+    frame. ``b`` may be a list of VecEnvs holding consecutive slices of ``a``'s envs (workers)."""
+    parts = b if isinstance(b, list) else [b]
+    n = a.num_envs
     rng = np.random.default_rng(0)
-    frames = [(a.reset(), b.reset())]
+    frames = [(a.reset(), np.concatenate([w.reset() for w in parts]))]
     ended, physics_equal = 0, True
     for _ in range(steps):
-        act = rng.uniform(-3, 3, (a.num_envs, 1)).astype(np.float32)
-        out = []
-        for env, groups in ((a, groups_a), (b, groups_b)):
-            parts = [env.step(act[g if g is not None else slice(None)], g) for g in groups]
-            out.append(
-                {
-                    f: np.concatenate([getattr(r, f) for r in parts])
-                    for f in ("obs", "final_obs", "reward", "done")
-                }
-            )
-        ra, rb = out
+        act = rng.uniform(-3, 3, (n, 1)).astype(np.float32)
+        ra = _step(a, act, groups_a)
+        rb, lo = [], 0
+        for w in parts:
+            rb.append(_step(w, act[lo : lo + w.num_envs], groups_b))
+            lo += w.num_envs
+        rb = {f: np.concatenate([r[f] for r in rb]) for f in ra}
         frames += [(ra["obs"], rb["obs"]), (ra["final_obs"], rb["final_obs"])]
         physics_equal &= np.array_equal(ra["reward"], rb["reward"])
         physics_equal &= np.array_equal(ra["done"], rb["done"])
@@ -105,17 +108,31 @@ def run_both(a: VecEnv, b: VecEnv, steps: int, groups_a=(None,), groups_b=(None,
     }
 
 
+def _step(env: VecEnv, act: np.ndarray, groups) -> dict:
+    out = [env.step(act[g if g is not None else slice(None)], g) for g in groups]
+    return {
+        f: np.concatenate([getattr(r, f) for r in out])
+        for f in ("obs", "final_obs", "reward", "done")
+    }
+
+
+def close(*envs):
+    for e in envs:
+        for w in e if isinstance(e, list) else [e]:
+            w.close()
+
+
 def test_batched_frames_match_env_by_env_frames_across_episode_ends():
     a, b = pair()
     assert a.render_path == "batched"
     assert b.render_path == "env by env: batch_render is off"
-    assert a._tiles.cols == 3 and a._tiles.rows == 2  # 5 envs: a grid with an empty cell
+    assert a._tiles.side == grid_side(64, 64) == 8
     got = run_both(a, b, steps=40)
     assert got["ended"] > 0, "random actions should end some episodes, exercising reset frames"
     assert got["physics_equal"]
     assert got["differing_share"] < MAX_DIFFERING_SHARE, got
     assert len({f.tobytes() for f in a.obs}) == a.num_envs, "envs must not share one frame"
-    a.close(), b.close()
+    close(a, b)
 
 
 def test_batched_frames_do_not_depend_on_the_ring_groups():
@@ -125,7 +142,32 @@ def test_batched_frames_do_not_depend_on_the_ring_groups():
     got = run_both(a, b, steps=30, groups_a=(slice(0, 2), slice(2, 4), slice(4, 6)))
     assert got["ended"] > 0 and got["physics_equal"]
     assert got["identical"], got
-    a.close(), b.close()
+    close(a, b)
+
+
+def test_batched_frames_do_not_depend_on_the_env_workers():
+    # One worker of 6 envs, or two of 3 (global indices 3-5 on the second): the same cells.
+    whole = VecEnv(EnvConfig(**PENDULUM, num_envs=6))
+    cfg3 = EnvConfig(**PENDULUM, num_envs=3)
+    workers = [VecEnv(cfg3, index_offset=0), VecEnv(cfg3, index_offset=3)]
+    got = run_both(whole, workers, steps=30)
+    assert got["ended"] > 0 and got["physics_equal"]
+    assert got["identical"], got
+    close(whole, workers)
+
+
+def test_envs_sharing_a_cell_are_drawn_in_further_passes():
+    # 66 envs of 8x8 frames: a grid of 64 cells, so envs 64 and 65 share cells with 0 and 1.
+    small = {**PENDULUM, "image_size": 8}
+    whole = VecEnv(EnvConfig(**small, num_envs=66))
+    assert whole._tiles.side == 8 and cell_of(64, 8) == cell_of(0, 8)
+    workers = [
+        VecEnv(EnvConfig(**small, num_envs=64)),
+        VecEnv(EnvConfig(**small, num_envs=2), index_offset=64),
+    ]
+    got = run_both(whole, workers, steps=5)
+    assert got["physics_equal"] and got["identical"], got
+    close(whole, workers)
 
 
 def test_batched_frames_after_offload_and_onload():
@@ -137,7 +179,35 @@ def test_batched_frames_after_offload_and_onload():
     assert a.render_path == "batched"
     got = run_both(a, b, steps=10)
     assert got["physics_equal"] and got["differing_share"] < MAX_DIFFERING_SHARE, got
-    a.close(), b.close()
+    close(a, b)
+
+
+def test_fixed_camera_visual_options_and_frames_that_are_not_square():
+    import mujoco
+
+    # HalfCheetah: textures, its camera 0 fixed, the centre of mass drawn, 40x24 frames
+    # resized to 32x32. A renderer ignoring any of them would miss by far more than edges.
+    kw = {
+        "env_id": "HalfCheetah-v5",
+        "num_envs": 3,
+        "image_size": 32,
+        "env_kwargs": {
+            "camera_id": 0,
+            "visual_options": {int(mujoco.mjtVisFlag.mjVIS_COM): True},
+            "width": 40,
+            "height": 24,
+        },
+    }
+    a, b = pair(**kw)
+    assert a.render_path == "batched"
+    assert (a._tiles.width, a._tiles.height) == (40, 24)
+    act = np.zeros((3, 6), np.float32)
+    fa, fb = a.reset(), b.reset()
+    for _ in range(5):
+        ra, rb = a.step(act), b.step(act)
+        fa, fb = np.concatenate([fa, ra.obs]), np.concatenate([fb, rb.obs])
+    assert (fa != fb).mean() < MAX_DIFFERING_SHARE
+    close(a, b)
 
 
 def test_failing_env_is_recovered_with_the_same_frames():
@@ -148,7 +218,7 @@ def test_failing_env_is_recovered_with_the_same_frames():
     assert got["physics_equal"] and got["differing_share"] < MAX_DIFFERING_SHARE, got
     kinds = [e.kind for e in a.pop_events()]
     assert kinds.count("env_error") == 10 and kinds == [e.kind for e in b.pop_events()]
-    a.close(), b.close()
+    close(a, b)
 
 
 def test_recreated_env_is_drawn_by_the_same_renderer():
@@ -162,15 +232,44 @@ def test_recreated_env_is_drawn_by_the_same_renderer():
     kinds = [e.kind for e in a.pop_events()]
     assert kinds.count("env_recreated") == 5, kinds
     assert a.render_path == "batched"
-    a.close(), b.close()
+    close(a, b)
 
 
-def test_env_that_overrides_render_is_drawn_env_by_env():
+def test_a_recreated_env_the_renderer_cannot_draw_is_drawn_by_itself():
+    kw = {
+        "env_id": "loomrl-test/FlakyPendulum-v0",
+        "env_kwargs": {"fail_on": (2,), "reset_fails_after_failure": True},
+        "num_envs": 2,
+    }
+    a, b = pair(**kw)
+    first = [slot.env for slot in a._slots]
+    a._tiles.mismatch = lambda env: None if env in first else "its model's mesh_vert differs"
+    got = run_both(a, b, steps=4)  # both envs fail at step 2 and are recreated
+    assert got["physics_equal"] and got["differing_share"] < MAX_DIFFERING_SHARE, got
+    assert a._alone == {0, 1}
+    assert a.render_path.startswith("batched, but env(s) [0, 1] by themselves: env 1: its model")
+    close(a, b)
+
+
+def test_a_renderer_that_does_not_start_leaves_env_by_env_drawing(monkeypatch):
+    def refuse(self, first):
+        raise RuntimeError("no room for the grid")
+
+    monkeypatch.setattr(render.TiledRenderer, "__init__", refuse)
+    a = VecEnv(EnvConfig(**PENDULUM, num_envs=2))
+    assert a.render_path == (
+        "env by env: the one-pass renderer did not start (RuntimeError: no room for the grid)"
+    )
+    assert a.reset().shape == (2, 3, 64, 64)
+    close(a)
+
+
+def test_env_with_its_own_render_is_drawn_env_by_env():
     a = VecEnv(EnvConfig("loomrl-test/MarkedPendulum-v0", num_envs=2, pixels=True, image_size=32))
-    assert a.render_path.startswith("env by env: Marked overrides render()"), a.render_path
+    assert a.render_path.startswith("env by env: Marked has its own render()"), a.render_path
     assert a._tiles is None
     assert a.reset().shape == (2, 3, 32, 32)
-    a.close()
+    close(a)
 
 
 def test_tileable_names_why_not():
@@ -181,21 +280,36 @@ def test_tileable_names_why_not():
     assert "render_mode is None" in tileable(env)
     env.close()
 
+    class Overlay(gym.Wrapper):
+        def render(self):
+            return self.env.render()
 
-def test_renderer_refuses_more_envs_than_its_grid_and_checks_assets():
-    envs = [gym.make("InvertedPendulum-v5", render_mode="rgb_array", width=16, height=16)]
-    envs.append(gym.make("InvertedPendulum-v5", render_mode="rgb_array", width=24, height=24))
-    cheetah = gym.make("HalfCheetah-v5", render_mode="rgb_array", width=16, height=16)
-    for e in (*envs, cheetah):
+    env = Overlay(gym.make("InvertedPendulum-v5", render_mode="rgb_array"))
+    assert tileable(env) == "its wrapper Overlay has its own render()"
+    env.close()
+
+
+def test_renderer_checks_frame_size_and_assets_and_shares_cells_across_passes():
+    def make(env_id="InvertedPendulum-v5", size=16):
+        e = gym.make(env_id, render_mode="rgb_array", width=size, height=size)
         e.reset(seed=0)
-    tiles = TiledRenderer(envs[0], capacity=1)
-    assert tiles.compatible(envs[0])
-    assert not tiles.compatible(envs[1])  # another size
-    assert not tiles.compatible(cheetah)  # other meshes
-    with pytest.raises(ValueError, match=r"cells \[1\] outside the grid of 1"):
-        tiles.render([envs[0], envs[0]], [0, 1])
-    frame = tiles.render([envs[0]], [0])[0]
-    np.testing.assert_array_equal(frame, envs[0].render())
+        return e
+
+    envs = [make(), make()]
+    envs[1].step(np.ones(1, np.float32))  # another state, another frame
+    other_size, cheetah = make(size=24), make("HalfCheetah-v5")
+    tiles = TiledRenderer(envs[0])
+    assert tiles.mismatch(envs[0]) is None
+    assert tiles.mismatch(other_size) == "its frames are 24x24, not 16x16"
+    assert "differs from the first env's" in tiles.mismatch(cheetah)
+    # Both in cell 0: two passes, each frame as if drawn alone there.
+    both = tiles.render(envs, [0, 64])
+    alone = [tiles.render([e], [0])[0] for e in envs]
+    for x, y in zip(both, alone, strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(both[0], both[1])
+    assert (both[0] != envs[0].render()).mean() < MAX_DIFFERING_SHARE
     tiles.close()
-    for e in (*envs, cheetah):
+    tiles.close()  # a second close is harmless
+    for e in (*envs, other_size, cheetah):
         e.close()
