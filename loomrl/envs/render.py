@@ -5,7 +5,7 @@ gymnasium's MuJoCo envs each render through their own offscreen viewer: one draw
 n envs stops n times a step, and on a GPU shared with the policy every stop also waits for the
 policy's work to yield. ``TiledRenderer`` draws the scenes into cells of one offscreen buffer
 and reads the buffer back once (on one H200, 4 processes of 16 envs stepped 11x faster:
-scripts/gpu/RESULTS.md, calls BI-BK).
+scripts/gpu/RESULTS.md, calls BI-BL).
 
 The scene is built as gymnasium builds it: from each env's own model and data, with gymnasium's
 camera rules (a free camera looking at the median geom position from ``model.stat.extent``
