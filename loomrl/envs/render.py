@@ -125,10 +125,13 @@ class TiledRenderer:
                     f"for a {w}x{h} grid"
                 )
             mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._con)
+            self._scene = mujoco.MjvScene(self._model, int(r.max_geom))
         except BaseException:
-            self.close()
+            try:
+                self.close()
+            except Exception:
+                pass  # the error that stopped the start is the one to report
             raise
-        self._scene = mujoco.MjvScene(self._model, int(r.max_geom))
         self._pert = mujoco.MjvPerturb()
 
     def mismatch(self, env: Any) -> str | None:
@@ -230,10 +233,11 @@ class TiledRenderer:
     def close(self) -> None:
         if self._gl is None:
             return
-        self._gl.make_current()
-        if self._con is not None:
-            self._con.free()
-            self._con = None
-        self._gl.free()
-        self._gl = None
+        gl, con, self._gl, self._con = self._gl, self._con, None, None
         self._views.clear()
+        try:
+            if con is not None:
+                gl.make_current()
+                con.free()
+        finally:
+            gl.free()  # the context goes even when freeing what it holds failed

@@ -44,7 +44,12 @@ RENDER_BACKENDS = ("egl", "osmesa", "glfw")
 
 
 class EnvFailureError(LoomError):
-    """Simulators failed more often than ``EnvConfig.max_failures`` within ``failure_window`` steps."""
+    """Simulators failed more often than ``EnvConfig.max_failures`` within ``failure_window`` steps.
+
+    Raised by ``VecEnv.step`` once the step is complete; ``step_result`` holds that step's
+    ``StepResult`` (the envs have moved on to it)."""
+
+    step_result: StepResult | None = None
 
 
 class ActionShapeError(LoomError, ValueError):
@@ -321,7 +326,7 @@ class VecEnv:
         self._failures: collections.deque[int] = collections.deque()
         self._stats = EpisodeStats()
         self._tiles: Any = None  # a TiledRenderer while pixels are drawn in one pass
-        self._alone: set[int] = set()  # envs it cannot draw: drawn by themselves
+        self._alone: dict[int, str] = {}  # envs it cannot draw (-> why): drawn by themselves
         self.render_path: str | None = None  # "batched", or why frames are drawn env by env
         self._loaded = False
         self.onload()
@@ -421,7 +426,7 @@ class VecEnv:
     def _start_tiles(self) -> None:
         from loomrl.envs.render import TiledRenderer, tileable
 
-        self._alone = set()
+        self._alone = {}
         if not self.cfg.batch_render:
             self.render_path = "env by env: batch_render is off"
             return
@@ -442,12 +447,12 @@ class VecEnv:
         """Draw env i by itself, through gymnasium, if the one-pass renderer cannot draw it."""
         reason = self._tiles.mismatch(slot.env)
         if reason is None:
-            self._alone.discard(i)
-            return
-        self._alone.add(i)
-        self.render_path = (
-            f"batched, but env(s) {sorted(self.index_offset + j for j in self._alone)} "
-            f"by themselves: env {self.index_offset + i}: {reason}"
+            self._alone.pop(i, None)
+        else:
+            self._alone[i] = reason
+        self.render_path = "batched" + "".join(
+            f"; env {self.index_offset + j} by itself: {why}"
+            for j, why in sorted(self._alone.items())
         )
 
     def _stop_tiles(self) -> None:
@@ -465,7 +470,7 @@ class VecEnv:
                 slot.rng_state = slot.env.unwrapped.np_random.bit_generator.state
                 if slot.episode_length > 0:
                     self.episodes_cut += 1
-            slot.env.close()
+            _close_env(slot.env)
             slot.env = None
         self._loaded = False
 
@@ -473,7 +478,7 @@ class VecEnv:
         if self._loaded:
             self._stop_tiles()
             for slot in self._slots:
-                slot.env.close()
+                _close_env(slot.env)
                 slot.env = None
             self._loaded = False
 
@@ -516,7 +521,7 @@ class VecEnv:
                 for s, raw in zip(slots, raws, strict=True)
             ]
         if self._tiles is None:
-            frames = [s.env.render() for s in slots]
+            frames = [_gym_frame(s.env) for s in slots]
         else:
             frames = [None] * len(ids)
             tiled = [n for n, i in enumerate(ids) if i not in self._alone]
@@ -527,7 +532,7 @@ class VecEnv:
                 frames[n] = f
             for n, i in enumerate(ids):
                 if i in self._alone:
-                    frames[n] = slots[n].env.render()
+                    frames[n] = _gym_frame(slots[n].env)
         return [resize_image(f, self.cfg.image_size) for f in frames]
 
     def step(self, actions: Any, envs: slice | None = None) -> StepResult:
@@ -552,7 +557,8 @@ class VecEnv:
             try:
                 raw, r, te, tr, info = self._step_one(slot, actions[k])
             except Exception as e:  # a simulator bug or instability: isolate it, keep training
-                too_many = too_many or self._record_failure(i, slot, e)
+                # every failure is recorded; the last error counts them all
+                too_many = self._record_failure(i, slot, e) or too_many
                 failed[k] = True
                 final[k] = slot.obs
                 self._recover(i, slot)
@@ -582,9 +588,11 @@ class VecEnv:
         starts = self._observe_many([x[1] for x in ended], [x[2] for x in ended])
         for (k, i, _), first in zip(ended, starts, strict=True):
             self._slots[i].obs = obs[k] = first
+        result = StepResult(np.stack(obs), np.stack(final), rew, term, trunc, failed)
         if too_many is not None:
+            too_many.step_result = result
             raise too_many
-        return StepResult(np.stack(obs), np.stack(final), rew, term, trunc, failed)
+        return result
 
     def _step_one(self, slot: _Slot, action: np.ndarray) -> tuple[Any, float, bool, bool, dict]:
         total = 0.0
@@ -672,7 +680,7 @@ class VecEnv:
         if self._tiles is not None:
             self._tiles.forget(slot.env)
         try:
-            slot.env.close()
+            _close_env(slot.env)
         except Exception:
             pass  # a broken simulator may fail to close too; it is being discarded
         slot.env = self._make()
@@ -691,6 +699,31 @@ class VecEnv:
     def pop_events(self) -> list[EnvEvent]:
         events, self.events = self.events, []
         return events
+
+
+def _close_env(env: Any) -> None:
+    """Close ``env``, first freeing its gymnasium viewers' GL objects in their own contexts.
+    gymnasium's close frees a viewer's GL context but leaves its MjrContext to the garbage
+    collector, which frees the same object ids in whatever context is current then: another
+    env's, or the one-pass renderer's, whose frames then came out blank."""
+    viewers = getattr(getattr(env.unwrapped, "mujoco_renderer", None), "_viewers", None) or {}
+    for viewer in viewers.values():
+        con = getattr(viewer, "con", None)
+        if con is not None and hasattr(viewer, "make_context_current"):
+            viewer.make_context_current()
+            con.free()
+    env.close()
+
+
+def _gym_frame(env: Any) -> np.ndarray:
+    """``env.render()`` with the env's own GL context current. gymnasium makes a viewer's
+    context current only when one env has several viewers; with several envs in a process the
+    last context made current would draw for all (and freeing any context releases the
+    thread's current one: ``eglReleaseThread``)."""
+    viewer = getattr(getattr(env.unwrapped, "mujoco_renderer", None), "viewer", None)
+    if viewer is not None and hasattr(viewer, "make_context_current"):
+        viewer.make_context_current()
+    return env.render()
 
 
 def _generator_from_state(state: dict) -> np.random.Generator:

@@ -175,6 +175,21 @@ def test_repeated_failures_raise_a_clear_error():
             env.step(np.zeros((1, 1), np.float32))
 
 
+def test_too_many_failures_are_raised_after_the_whole_step():
+    # Three envs fail in one step with max_failures=1: the error comes once every env has
+    # stepped, each failure recorded, the step's result kept on the error.
+    env = make("loomrl-test/Counting-v0", num_envs=3, max_failures=1, env_kwargs={"fail_on": (2,)})
+    env.reset()
+    env.step(np.zeros((3, 1), np.float32))
+    with pytest.raises(EnvFailureError, match=r"3 simulator failures") as e:
+        env.step(np.zeros((3, 1), np.float32))
+    assert [ev.env_index for ev in env.events] == [0, 1, 2]
+    result = e.value.step_result
+    assert result.failed.all()
+    np.testing.assert_array_equal(result.obs, [[1, 0], [1, 0], [1, 0]])  # all recovered
+    assert e.value.__cause__ is not None and "exploded at step 2" in str(e.value.__cause__)
+
+
 def test_failures_outside_the_window_are_forgotten():
     env = make(
         "loomrl-test/Counting-v0",

@@ -242,13 +242,62 @@ def test_a_recreated_env_the_renderer_cannot_draw_is_drawn_by_itself():
         "num_envs": 2,
     }
     a, b = pair(**kw)
-    first = [slot.env for slot in a._slots]
-    a._tiles.mismatch = lambda env: None if env in first else "its model's mesh_vert differs"
-    got = run_both(a, b, steps=4)  # both envs fail at step 2 and are recreated
-    assert got["physics_equal"] and got["differing_share"] < MAX_DIFFERING_SHARE, got
-    assert a._alone == {0, 1}
-    assert a.render_path.startswith("batched, but env(s) [0, 1] by themselves: env 1: its model")
+    first = {id(slot.env) for slot in a._slots}
+    odd = {"on": True}  # envs made after the start cannot be drawn, while on
+
+    def mismatch(env):
+        return "its model's mesh_vert differs" if odd["on"] and id(env) not in first else None
+
+    a._tiles.mismatch = mismatch
+    act = np.zeros((2, 1), np.float32)
+    np.testing.assert_array_equal(a.reset(), b.reset())
+
+    def same_step():
+        ra, rb = a.step(act), b.step(act)
+        assert (ra.obs != rb.obs).mean() < MAX_DIFFERING_SHARE
+        assert (ra.final_obs != rb.final_obs).mean() < MAX_DIFFERING_SHARE
+        return ra
+
+    for _ in range(3):  # both envs fail at step 2 and are recreated
+        same_step()
+    assert sorted(a._alone) == [0, 1]
+    assert a.render_path == (
+        "batched; env 0 by itself: its model's mesh_vert differs; "
+        "env 1 by itself: its model's mesh_vert differs"
+    )
+    # drawn through gymnasium's own viewer, not the renderer
+    assert all(s.env.unwrapped.mujoco_renderer.viewer is not None for s in a._slots)
+    assert not any(id(s.env) in a._tiles._views for s in a._slots)
+    odd["on"] = False
+    assert same_step().failed.all()  # step 4: the recreated envs fail and are recreated again
+    assert a._alone == {} and a.render_path == "batched"
+    assert all(s.env.unwrapped.mujoco_renderer.viewer is None for s in a._slots)
     close(a, b)
+
+
+@pytest.mark.parametrize("batch_render", [False, True])
+def test_frames_stay_drawn_after_a_recreated_env_is_collected(batch_render):
+    # gymnasium's close leaves a viewer's GL objects to the garbage collector, which freed them
+    # by id in whatever context was current: the next frames of the env by env path came out
+    # blank. VecEnv frees them in their own context first.
+    import gc
+
+    kw = {
+        **PENDULUM,
+        "env_id": "loomrl-test/FlakyPendulum-v0",
+        "env_kwargs": {"fail_on": (2,), "reset_fails_after_failure": True},
+        "num_envs": 2,
+        "batch_render": batch_render,
+    }
+    env = VecEnv(EnvConfig(**kw))
+    env.reset()
+    act = np.zeros((2, 1), np.float32)
+    for _ in range(5):  # recreated at steps 2 and 4
+        r = env.step(act)
+        gc.collect()
+        assert all(f.any() for f in r.obs) and all(f.any() for f in r.final_obs)
+    assert [e.kind for e in env.pop_events()].count("env_recreated") == 4
+    close(env)
 
 
 def test_a_renderer_that_does_not_start_leaves_env_by_env_drawing(monkeypatch):
