@@ -2,9 +2,9 @@
 
 gymnasium's MuJoCo envs each render through their own offscreen viewer: one draw and one
 ``glReadPixels`` per env per step. The read-back waits for the GPU to finish, so a worker with
-n envs stops n times a step, and on a GPU shared with the policy every stop also waits for the
-policy's work to yield. ``TiledRenderer`` draws the scenes into cells of one offscreen buffer
-and reads the buffer back once (on one H200, 4 processes of 16 envs stepped 11x faster:
+n envs stops n times a step, and on a GPU shared with the policy each stop can also wait
+behind the policy's work. ``TiledRenderer`` draws the scenes into cells of one offscreen buffer
+and reads the buffer back once (on one H200, 4 processes of 16 envs stepped 11-12x faster:
 scripts/gpu/RESULTS.md, calls BI-BL).
 
 The scene is built as gymnasium builds it: from each env's own model and data, with gymnasium's
@@ -12,12 +12,13 @@ camera rules (a free camera looking at the median geom position from ``model.sta
 away when the viewer is created, then ``default_camera_config``, then the env's
 ``camera_id``) and the env's visual options, at the env's render size. The frames differ from
 gymnasium's only where the rasteriser rounds an edge differently at another place in the
-buffer: measured on Mesa, about 1 value in 100,000, edge pixels by up to 63 of 255; on an H200
-a few values by 1 (the tests bound the share of differing values at 1 in 1,000).
+buffer: measured on Mesa (16 envs, 60 steps, 32-84 px), about 1 value in 100,000, edge pixels
+by up to 63 of 255; on an H200 values off by at most 1 (how many not recorded). The tests bound
+the share of differing values at 1 in 1,000.
 
 An env's cell follows from its global index alone (``cell_of``), whatever worker holds it and
-whichever envs are drawn with it: its frames are the same under every plan, ring groups and
-env-worker counts alike. Envs of one call that share a cell are drawn in further passes, one
+whichever envs are drawn with it: its frames do not depend on the plan (identical across the
+ring groups and env-worker splits tested). Envs of one call that share a cell are drawn in further passes, one
 read-back each.
 
 Only the GPU assets (meshes, textures, height fields) come from the first env's model, so every

@@ -705,7 +705,8 @@ def _close_env(env: Any) -> None:
     """Close ``env``, first freeing its gymnasium viewers' GL objects in their own contexts.
     gymnasium's close frees a viewer's GL context but leaves its MjrContext to the garbage
     collector, which frees the same object ids in whatever context is current then: another
-    env's, whose frames then came out blank (tested), or the one-pass renderer's."""
+    env's, whose frames then came out blank (tested), or possibly the one-pass renderer's
+    beside an env drawn by itself (not seen)."""
     viewers = getattr(getattr(env.unwrapped, "mujoco_renderer", None), "_viewers", None) or {}
     for viewer in viewers.values():
         con = getattr(viewer, "con", None)

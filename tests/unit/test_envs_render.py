@@ -74,7 +74,7 @@ def pair(batch_render=False, **kw) -> tuple[VecEnv, VecEnv]:
 
 
 # Frames drawn at another place in the buffer round a few edge pixels differently (measured on
-# Mesa: about 1 value in 100,000; on an H200 a few values by 1); this bounds the share of
+# Mesa: about 1 value in 100,000; on an H200 values off by at most 1); this bounds the share of
 # differing values, not their size.
 MAX_DIFFERING_SHARE = 1e-3
 
