@@ -186,19 +186,18 @@ class TiledRenderer:
         if len(envs) != len(global_ids):
             raise ValueError(f"{len(envs)} envs but {len(global_ids)} global indices")
         # Envs sharing a cell go to successive passes: pass p holds each cell's p-th env.
-        passes: list[list[int]] = []
+        passes: list[list[tuple[int, int]]] = []  # (position in envs, cell)
         seen: dict[int, int] = defaultdict(int)
         for n, g in enumerate(global_ids):
             cell = cell_of(g, self.side)
-            p = seen[cell]
-            seen[cell] += 1
-            if p == len(passes):
+            if seen[cell] == len(passes):
                 passes.append([])
-            passes[p].append(n)
+            passes[seen[cell]].append((n, cell))
+            seen[cell] += 1
         frames: list[Any] = [None] * len(envs)
         for members in passes:
-            cells = [cell_of(global_ids[n], self.side) for n in members]
-            for n, f in zip(members, self._pass([envs[n] for n in members], cells), strict=True):
+            drawn = self._pass([envs[n] for n, _ in members], [c for _, c in members])
+            for (n, _), f in zip(members, drawn, strict=True):
                 frames[n] = f
         return frames
 

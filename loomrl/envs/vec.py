@@ -327,7 +327,7 @@ class VecEnv:
         self._stats = EpisodeStats()
         self._tiles: Any = None  # a TiledRenderer while pixels are drawn in one pass
         self._alone: dict[int, str] = {}  # envs it cannot draw (-> why): drawn by themselves
-        self.render_path: str | None = None  # "batched", or why frames are drawn env by env
+        self._no_tiles: str | None = None  # why pixels are drawn env by env, when they are
         self._loaded = False
         self.onload()
         probe = self._slots[0].env
@@ -417,29 +417,42 @@ class VecEnv:
             self._start_tiles()
         for i, slot in enumerate(self._slots):
             if slot.rng_state is not None:
-                slot.env.reset(seed=self.cfg.seed + self.index_offset + i)  # initialise, then
-                slot.env.unwrapped.np_random = _generator_from_state(slot.rng_state)
-                slot.obs = self._observe(i, slot.env.reset()[0])
-                slot.episode_return, slot.episode_length = 0.0, 0
+                self._resume(i, slot, slot.rng_state)
         self._loaded = True
+
+    def _resume(self, i: int, slot: _Slot, rng_state: dict) -> None:
+        """Start a new episode in a fresh simulator whose RNG continues from ``rng_state``."""
+        slot.env.reset(seed=self.cfg.seed + self.index_offset + i)  # initialise, then
+        slot.env.unwrapped.np_random = _generator_from_state(rng_state)
+        slot.obs = self._observe(i, slot.env.reset()[0])
+        slot.episode_return, slot.episode_length = 0.0, 0
+
+    @property
+    def render_path(self) -> str | None:
+        """How pixels are drawn: "batched" (naming any env drawn by itself, and why), or
+        "env by env: <why>"; None without pixels or while offloaded."""
+        if self._tiles is None:
+            return f"env by env: {self._no_tiles}" if self._no_tiles else None
+        return "batched" + "".join(
+            f"; env {self.index_offset + j} by itself: {why}"
+            for j, why in sorted(self._alone.items())
+        )
 
     def _start_tiles(self) -> None:
         from loomrl.envs.render import TiledRenderer, tileable
 
-        self._alone = {}
+        self._alone, self._no_tiles = {}, None
         if not self.cfg.batch_render:
-            self.render_path = "env by env: batch_render is off"
+            self._no_tiles = "batch_render is off"
             return
-        reason = tileable(self._slots[0].env)
-        if reason is None:
-            try:
-                self._tiles = TiledRenderer(self._slots[0].env)
-            except Exception as e:  # a GL driver without room for the grid, say
-                reason = f"the one-pass renderer did not start ({type(e).__name__}: {e})"
-        if reason is not None:
-            self.render_path = f"env by env: {reason}"
+        self._no_tiles = tileable(self._slots[0].env)
+        if self._no_tiles is not None:
             return
-        self.render_path = "batched"
+        try:
+            self._tiles = TiledRenderer(self._slots[0].env)
+        except Exception as e:  # a GL driver without room for the grid, say
+            self._no_tiles = f"the one-pass renderer did not start ({type(e).__name__}: {e})"
+            return
         for i, slot in enumerate(self._slots):
             self._check_tile(i, slot)
 
@@ -450,10 +463,6 @@ class VecEnv:
             self._alone.pop(i, None)
         else:
             self._alone[i] = reason
-        self.render_path = "batched" + "".join(
-            f"; env {self.index_offset + j} by itself: {why}"
-            for j, why in sorted(self._alone.items())
-        )
 
     def _stop_tiles(self) -> None:
         if self._tiles is not None:
@@ -686,9 +695,7 @@ class VecEnv:
         slot.env = self._make()
         if self._tiles is not None:  # a fresh env: its first frame sets its camera, either way
             self._check_tile(i, slot)
-        slot.env.reset(seed=self.cfg.seed + self.index_offset + i)
-        slot.env.unwrapped.np_random = _generator_from_state(rng)
-        slot.obs = self._observe(i, slot.env.reset()[0])
+        self._resume(i, slot, rng)
 
     # -- statistics ---------------------------------------------------------------------------
     def pop_episode_stats(self) -> EpisodeStats:

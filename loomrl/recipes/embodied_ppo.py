@@ -713,12 +713,12 @@ def _next_rung(
     timed on the probe's workers so far) has run and the probe's workers can (``can_time`` of
     its placement): the one below it first, else the one above; None where neither is left
     (both timed, the best then a local minimum of the rungs timed, or not runnable there), the
-    best is not a rung, or the ladder ends there. Past the edge of the rungs timed, that is the next one out;
-    inside them, a gap: with a co-located plan as the rung at k = 1 beside a window of k = 4,
-    8, 16, the best k = 4 has k = 2 untimed below it (pixels on one H200, 64 envs: k = 2's
-    rollouts ran 12% under k = 4's in one trial set, scripts/gpu/RESULTS.md). A rung is
-    identified by ``_same_cycle`` (beside accelerators a co-located plan is the rung at k = 1
-    of its workers). Pure."""
+    best is not a rung, or the ladder ends there. Past the edge of the rungs timed, that is the
+    next one out; inside them, a gap: with a co-located plan as the rung at k = 1 beside a
+    window of k = 4, 8, 16, the best k = 4 has k = 2 untimed below it (pixels on one H200, 64
+    envs: k = 2's rollouts ran 12% under k = 4's in one trial set, scripts/gpu/RESULTS.md). A
+    rung is identified by ``_same_cycle`` (beside accelerators a co-located plan is the rung at
+    k = 1 of its workers). Pure."""
 
     def key(c: tuple) -> tuple:
         return _same_cycle(c[1], slots)

@@ -217,9 +217,10 @@ def main() -> None:
 
     print(f"num_envs={n} env_workers={w} obs={obs} (s per call, medians)")
     for name in ("pixels_rows", "pixels_batched", "state_env_rows"):
+        label = name.replace("pixels_", "timed_") if args.state else name
         for x, r in res.get(name, {}).items():
             print(
-                f"{name.replace('pixels_', 'timed_' if args.state else 'pixels_'):<16} size {x:>3}: env {1e3 * r['env']:7.2f} ms  policy "
+                f"{label:<16} size {x:>3}: env {1e3 * r['env']:7.2f} ms  policy "
                 f"{1e3 * r['policy']:7.2f} ms  both {1e3 * r['both']:7.2f} ms  "
                 f"slowdown {r['slowdown']:.2f}"
             )
