@@ -7,19 +7,23 @@ The protocol every policy follows (built-in or user-written; nothing inherits fr
     value(obs) -> value[B]                       (optional; act()'s value is used otherwise)
 
 ``generators``, when given, is one ``torch.Generator`` per row: row b's sample draws only from
-``generators[b]``. With ``batch_invariant=True`` the built-ins also compute each row on its
-own in ``act`` (BLAS picks different kernels for different batch sizes, which changes the
-last bits). Together these make a row's action a function of that row's observation and
-generator only, so splitting the envs into groups (pipelined collection) cannot change a
-trajectory. ``evaluate`` (training) always runs batched.
+``generators[b]``. With ``batch_invariant=True`` the built-ins also run ``act``'s and
+``value``'s forward in blocks of exactly ``row_block`` rows, the last block padded with zero
+rows: BLAS and cuDNN pick different kernels for different batch sizes, which changes the last
+bits, but one shape always runs the same kernels, and those compute each row of a block
+alone (checked per row position and neighbour by the tests, on CPU and GPU). Together these
+make a row's action a function of that row's observation and generator only, so splitting
+the envs into groups (pipelined collection) cannot change a trajectory. ``row_block=1`` is
+the forward row by row; a larger block costs the padding's arithmetic but launches a block's
+kernels once rather than once per row. ``evaluate`` (training) always runs batched.
 
 Weights are initialised from ``seed`` alone (orthogonal, a local generator): the same seed
 gives the same policy regardless of the global torch RNG.
 
-On a GPU, the row-by-row forward is a few hundred tiny kernels per call, so its cost is the
-host launching them, and it moves with the speed of whichever host core runs the process.
-``use_cuda_graphs()`` records act's forward once per batch shape as a CUDA graph and replays it:
-one launch per call, the same kernels on the same rows, so the same bits.
+On a GPU, a blocked forward is still tens of tiny kernels per call (hundreds row by row), so
+its cost is the host launching them, and it moves with the speed of whichever host core runs
+the process. ``use_cuda_graphs()`` records act's forward once per batch shape as a CUDA graph
+and replays it: one launch per call, the same kernels on the same rows, so the same bits.
 """
 
 from __future__ import annotations
@@ -64,6 +68,15 @@ def row_generators(
         s = np.random.SeedSequence([seed, int(env_id), int(step)]).generate_state(1, np.uint64)[0]
         gens.append(torch.Generator().manual_seed(int(s) & 0x7FFF_FFFF_FFFF_FFFF))
     return gens
+
+
+def _row_block(value: Any, owner: str) -> int:
+    if type(value) is not int or value < 1:
+        raise ValueError(
+            f"{owner}: row_block must be a positive number of rows, got {value!r}; 8 launches "
+            "few kernels and pads little, 1 is the forward row by row"
+        )
+    return value
 
 
 def _init_layer(layer: nn.Module, gain: float, gen: torch.Generator) -> nn.Module:
@@ -262,6 +275,8 @@ class _ActorCriticBase(nn.Module):
 
     heads: _Heads
     batch_invariant: bool
+    row_block: int
+    _blocks_checked: dict[tuple, bool]
     _graphs: _GraphCache | None = None
 
     def use_cuda_graphs(self, on: bool = True, max_shapes: int = 8) -> None:
@@ -284,11 +299,58 @@ class _ActorCriticBase(nn.Module):
     def _forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
+    def _block_ok(self, like: Tensor) -> bool:
+        """Whether this device's kernels give a row of a ``row_block``-row block the same bits
+        at every position among other neighbours, on random rows shaped like ``like``: what
+        blocking rests on. Kernels differ by machine (on some CPUs a 5-row block fails where an
+        8-row one passes), so it is checked here, once per block size, device and observation shape; where
+        it fails the forward runs row by row, with a warning."""
+        key = (self.row_block, str(like.device), tuple(like.shape[1:]), like.dtype)
+        ok = self._blocks_checked.get(key)
+        if ok is not None:
+            return ok
+        gen = torch.Generator().manual_seed(0)
+
+        def rows(n: int) -> Tensor:
+            shape = (n, *like.shape[1:])
+            if like.dtype == torch.uint8:
+                x = torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen)
+            else:
+                x = torch.randn(shape, generator=gen).to(like.dtype)
+            return x.to(like.device)
+
+        block = self.row_block
+        first = rows(block)
+        want = [t[0] for t in self._forward(first)]
+        ok = True
+        for at in range(block):  # row 0 of `first` at every position, new neighbours each time
+            x = rows(block)
+            x[at] = first[0]
+            got = [t[at] for t in self._forward(x)]
+            ok = ok and all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+        self._blocks_checked[key] = ok
+        if not ok:
+            warnings.warn(
+                f"{type(self).__name__}: on {like.device} a row's result depends on its "
+                f"position in a block of row_block={block} rows, so act runs row by row "
+                "(same results, more kernel launches); a multiple of 8 usually passes",
+                stacklevel=4,
+            )
+        return ok
+
     def _rows(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        if not self.batch_invariant or obs.shape[0] <= 1:
+        """act's and value's forward: batched, or (batch_invariant) in blocks of ``row_block``
+        rows, the last one padded with zero rows that are dropped afterwards."""
+        n, block = obs.shape[0], self.row_block
+        if block > 1 and self.batch_invariant and not self._block_ok(obs):
+            block = 1
+        if not self.batch_invariant or n == block:
             return self._forward(obs)
-        outs = [self._forward(obs[b : b + 1]) for b in range(obs.shape[0])]
-        return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+        pad = -n % block
+        if pad:
+            obs = torch.cat([obs, obs.new_zeros((pad, *obs.shape[1:]))])
+        outs = [self._forward(obs[b : b + block]) for b in range(0, n + pad, block)]
+        return torch.cat([o[0] for o in outs])[:n], torch.cat([o[1] for o in outs])[:n]
 
     @torch.no_grad()
     def act(
@@ -329,7 +391,7 @@ class _ActorCriticBase(nn.Module):
 
     @torch.no_grad()
     def value(self, obs: Tensor) -> Tensor:
-        """obs [B, *obs_shape] -> value [B] (row by row when batch_invariant)."""
+        """obs [B, *obs_shape] -> value [B] (in blocks of row_block rows when batch_invariant)."""
         return self._rows(obs)[1]
 
 
@@ -344,11 +406,14 @@ class MLPActorCritic(_ActorCriticBase):
         seed: int = 0,
         log_std_init: float = 0.0,
         batch_invariant: bool = True,
+        row_block: int = 8,
     ):
         super().__init__()
         gen = torch.Generator().manual_seed(seed)
         self.heads = _Heads(action_space, log_std_init)
         self.batch_invariant = batch_invariant
+        self.row_block = _row_block(row_block, "MLPActorCritic")
+        self._blocks_checked = {}
         self.actor = _mlp([obs_dim, *hidden, self.heads.action_dim], 0.01, gen)
         self.critic = _mlp([obs_dim, *hidden, 1], 1.0, gen)
 
@@ -369,6 +434,7 @@ class CNNActorCritic(_ActorCriticBase):
         feature_dim: int = 256,
         log_std_init: float = 0.0,
         batch_invariant: bool = True,
+        row_block: int = 8,
     ):
         super().__init__()
         if len(obs_shape) != 3:
@@ -381,6 +447,8 @@ class CNNActorCritic(_ActorCriticBase):
         gen = torch.Generator().manual_seed(seed)
         self.heads = _Heads(action_space, log_std_init)
         self.batch_invariant = batch_invariant
+        self.row_block = _row_block(row_block, "CNNActorCritic")
+        self._blocks_checked = {}
         k = [(8, 4), (4, 2), (3, 1)] if min(h, w) >= 36 else [(4, 2), (3, 2), (3, 1)]
         layers: list[nn.Module] = []
         prev = c

@@ -1,9 +1,10 @@
 """Where one call of the pixel policy spends its fixed cost on a GPU, alone and beside renderers.
 
-    python scripts/gpu/policy_call.py --renderers 4 --out policy_call.json
+    python scripts/gpu/policy_call.py --renderers 4 --row-blocks 1,8,32 --out policy_call.json
 
 In one process (no Ray), the built-in CNN policy acts the way ``PolicyWorker._act`` does on
-n = 1, 8, 32, 64 rows of 64x64 images, row by row with one generator per row. Timed per call
+n = 1, 8, 32, 64 rows of 64x64 images, its forward in blocks of each ``--row-blocks`` size
+(1: row by row), with one generator per row. Timed per call
 (median of reps), each path ending with the results on the host:
 
 * ``act``: host -> GPU copy, forward row by row, sampling, three GPU -> host copies (action,
@@ -161,34 +162,46 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--sizes", default="1,8,32,64", help="rows per call, comma-separated")
     p.add_argument(
+        "--row-blocks", default="1,8", help="the forward's block sizes to time, comma-separated"
+    )
+    p.add_argument(
         "--policy-kwargs", type=json.loads, default={}, help="JSON object for make_policy"
     )
     p.add_argument("--out", default=None)
     args = p.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
-    res = {"alone": measure(args.reps, sizes, args.policy_kwargs)}
+    blocks = [int(x) for x in args.row_blocks.split(",")]
+
+    def per_block() -> dict:
+        return {
+            f"row_block_{b}": measure(args.reps, sizes, {**args.policy_kwargs, "row_block": b})
+            for b in blocks
+        }
+
+    res = {"alone": per_block()}
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
     procs = [ctx.Process(target=render_forever, args=(stop, 64)) for _ in range(args.renderers)]
     for q in procs:
         q.start()
     time.sleep(5.0)  # the renderers start their GL contexts
-    res["beside_renderers"] = measure(args.reps, sizes, args.policy_kwargs)
+    res["beside_renderers"] = per_block()
     stop.set()
     for q in procs:
         q.join(timeout=10)
         if q.is_alive():
             q.kill()
-    for case, rows in res.items():
-        for n, r in rows.items():
-            print(
-                f"{case:<17} n={n:>3}: "
-                + "  ".join(
-                    f"{k} {1e3 * v:6.2f}" if k != "graph_equal" else f"{k} {v}"
-                    for k, v in r.items()
+    for case, by_block in res.items():
+        for block, rows in by_block.items():
+            for n, r in rows.items():
+                print(
+                    f"{case:<17} {block:<12} n={n:>3}: "
+                    + "  ".join(
+                        f"{k} {1e3 * v:6.2f}" if k != "graph_equal" else f"{k} {v}"
+                        for k, v in r.items()
+                    )
+                    + "  (ms)"
                 )
-                + "  (ms)"
-            )
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2))
 

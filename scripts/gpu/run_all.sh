@@ -6,7 +6,8 @@
 #   embodied_sweep (pixels at several num_envs:S, EMB_SWEEP="16:32 32:32 64:16", EMB_IMAGE=64; SKIP_MODELS=1;
 #   EMB_VARIANTS="nopin pin" runs each config with env workers unpinned, then pinned; "eager pin":
 #   the policy's forward eagerly, then as CUDA graphs (the default); "nobatch pin": pixels drawn env by
-#   env through gymnasium, then in one pass per worker (the default); EMB_ENV_CORES (default 4) cores per
+#   env through gymnasium, then in one pass per worker (the default); "rowwise pin": the policy's forward
+#   row by row (row_block 1; not with EMB_POLICY_KWARGS), then in blocks of 8; EMB_ENV_CORES (default 4) cores per
 #   env worker; EMB_POLICY_KWARGS a JSON object for the policy's constructor, EMB_TAG names it in
 #   the output (default: its checksum))
 #   embodied_state (state observations of ST_ENV, default Humanoid-v5: no renderer on the GPU,
@@ -15,7 +16,8 @@
 #   overlap (env and policy costs alone and at once, and the cycle at k = 1, 2, 4 on the same
 #   workers: scripts/gpu/cycle_overlap.py at OV_SWEEP="16:4:4 64:4:4", num_envs:workers:cores)
 #   policy_call (where one pixel policy call spends its time, alone and beside EGL renderers; PC_SIZES
-#   rows per call "1,8,32,64", PC_POLICY_KWARGS a JSON object, PC_TAG a suffix for its output)
+#   rows per call "1,8,32,64", PC_ROW_BLOCKS the forward's block sizes "1,8", PC_POLICY_KWARGS a JSON
+#   object, PC_TAG a suffix for its output)
 #   render_batch (pixels drawn env by env against one pass per worker: frames compared, steps timed
 #   with RB_SIZES envs per process "4,16" in RB_PROCS processes at once "1,4")
 #   policy_launches (the same call timed in fresh processes one after another: spread per launch)
@@ -118,6 +120,7 @@ for s in "${STAGES[@]}"; do
             [ "$v" = nopin ] && { fl+=(--no-pin); sfx="_nopin"; }
             [ "$v" = eager ] && { fl+=(--no-graphs); sfx="_eager"; }
             [ "$v" = nobatch ] && { fl+=(--no-batch-render); sfx="_nobatch"; }
+            [ "$v" = rowwise ] && { fl+=(--policy-kwargs '{"row_block": 1}'); sfx="_rowwise"; }
             img=${EMB_IMAGE:-64}; [ "$img" != 64 ] && sfx="_i${img}${sfx}"
             [ "${EMB_ENV_CORES:-4}" != 4 ] && sfx="_c${EMB_ENV_CORES}${sfx}"
             if [ -n "${EMB_POLICY_KWARGS:-}" ]; then  # one argument, spaces and brackets kept
@@ -149,6 +152,7 @@ for s in "${STAGES[@]}"; do
         --out "$OUT/policy_launches.json" ;;
     core_speed) stage core_speed 200 python3 scripts/gpu/core_speed.py --sweeps ${CS_SWEEPS:-3} --out "$OUT/core_speed.json" ;;
     policy_call) stage policy_call${PC_TAG:-} 150 python3 scripts/gpu/policy_call.py --renderers ${PC_RENDERERS:-4} \
+        --row-blocks ${PC_ROW_BLOCKS:-1,8} \
         ${PC_SIZES:+--sizes "$PC_SIZES"} ${PC_POLICY_KWARGS:+--policy-kwargs "$PC_POLICY_KWARGS"} \
         --out "$OUT/policy_call${PC_TAG:-}.json" ;;
     update_profile) for c in ${UP_SWEEP:-16:32 64:16}; do  # num_envs:S per shape

@@ -79,3 +79,31 @@ def test_graphs_follow_in_place_updates_and_moved_weights():
     obs = _obs(SPACES["cnn"], 4, 3)
     assert _same(_act(graphed, obs, ids), _act(eager, obs, ids))
     assert graphed.graph_captures == 2
+
+
+@pytest.mark.parametrize("block", [8, 16, 32])
+@pytest.mark.parametrize("kind", ["cnn", "mlp"])
+def test_blocked_forward_gives_a_row_its_bits_in_any_group_and_position(kind, block):
+    """On the GPU, blocks of ``block`` rows pass the policy's own position check (no fallback to
+    rows one by one), and a row's action, log-prob and value do not depend on how many rows came
+    with it, on its position or on its neighbours; graphed replays give the eager bits."""
+    eager = make_policy(SPACES[kind], BOX, seed=0, row_block=block).cuda()
+    graphed = copy.deepcopy(eager)
+    graphed.use_cuda_graphs()
+    n = 40
+    obs, ids = _obs(SPACES[kind], n, 7), list(range(n))
+    whole = _act(eager, obs, ids)
+    assert list(eager._blocks_checked.values()) == [True]
+    for cuts in ((3, 37), (17, 23), (1, 39), (block, n - block)):
+        for net in (eager, graphed):
+            parts = [
+                _act(net, obs[: cuts[0]], ids[: cuts[0]]),
+                _act(net, obs[cuts[0] :], ids[cuts[0] :]),
+            ]
+            assert _same(whole, [torch.cat([p[i] for p in parts]) for i in range(3)]), cuts
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(3))
+    moved = _act(graphed, obs[perm.cuda()], perm.tolist())
+    assert _same(moved, [t[perm] for t in whole])
+    others = torch.cat([obs[:1], _obs(SPACES[kind], n - 1, 8)])  # row 0 among new neighbours
+    alone = _act(graphed, others, [0] * n)
+    assert _same([t[:1] for t in alone], [t[:1] for t in whole])

@@ -1116,6 +1116,10 @@ def test_policy_kwargs_typos_and_bad_values_are_named_before_workers_start():
     msg = problems(pixels, "policy_kwargs.channels=[8,16]")
     assert "CNNActorCritic cannot be built with policy_kwargs={'channels': [8, 16]}" in msg
     assert "at least 16x16" in problems(pixels, "env.image_size=12")
+    assert "row_block must be a positive number of rows, got 0" in problems(
+        EXAMPLE, "policy_kwargs.row_block=0"
+    )
+    assert load_config(Config, pixels, ["policy_kwargs.row_block=16"]).policy_kwargs
     assert "env.pixels=false gives state vectors" in problems(EXAMPLE, "policy=cnn")
     cfg = load_config(Config, pixels, ["policy_kwargs.channels=[8,16,16]"])
     assert cfg.policy_kwargs == {"channels": [8, 16, 16]}

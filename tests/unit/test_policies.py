@@ -95,6 +95,78 @@ def test_per_row_generators_make_actions_independent_of_batching(space):
     assert not torch.equal(whole[0], other)  # the step count moves the stream
 
 
+def _blocked_nets():
+    img = (3, 36, 36)
+    return [
+        ("mlp", MLPActorCritic(17, BOX, seed=0), (17,)),
+        ("mlp256", MLPActorCritic(17, BOX, hidden=(256, 256), seed=0), (17,)),
+        ("cnn", CNNActorCritic(img, BOX, seed=0), img),
+    ]
+
+
+def _rows_of(shape, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    if len(shape) == 3:
+        return torch.randint(0, 256, (n, *shape), dtype=torch.uint8, generator=g)
+    return torch.randn(n, *shape, generator=g)
+
+
+@pytest.mark.parametrize("block", [1, 8, 5])
+def test_blocked_forward_gives_a_row_the_same_bits_in_any_group_and_position(block):
+    """A row's action, log-prob and value depend on that row alone: not on how many rows came
+    with it (BLAS picks other kernels for fewer than 8 rows, so this fails without the padding)
+    nor on its position or its neighbours in a block."""
+    for name, net, shape in _blocked_nets():
+        net.row_block = block
+        obs = _rows_of(shape, 13, 1)
+        ids = list(range(13))
+        whole = net.act(obs, generators=row_generators(2, ids, [4] * 13))
+        for cuts in ((3, 10), (1, 12), (7, 6), (2, 2, 9)):
+            parts, at = [], 0
+            for c in cuts:
+                sl = slice(at, at + c)
+                parts.append(net.act(obs[sl], generators=row_generators(2, ids[sl], [4] * c)))
+                at += c
+            for k in range(3):
+                assert torch.equal(whole[k], torch.cat([p[k] for p in parts])), (name, cuts, k)
+        perm = torch.randperm(13, generator=torch.Generator().manual_seed(3))
+        moved = net.act(obs[perm], generators=row_generators(2, perm.tolist(), [4] * 13))
+        others = torch.cat([obs[:1], _rows_of(shape, 12, 9)])  # row 0 among new neighbours
+        alone = net.act(others, generators=row_generators(2, [0] * 13, [4] * 13))
+        for k in range(3):
+            assert torch.equal(moved[k], whole[k][perm]), (name, "moved", k)
+            assert torch.equal(alone[k][0], whole[k][0]), (name, "neighbours", k)
+        assert torch.equal(net.value(obs), whole[2]), name
+        assert torch.equal(net.value(obs[5:6]), whole[2][5:6]), name
+
+
+def test_a_block_whose_rows_depend_on_position_falls_back_to_rows_one_by_one():
+    class Positional(MLPActorCritic):
+        """Adds a tiny amount per position in the batch: what a kernel with a tail does."""
+
+        def _forward(self, obs):
+            out, value = super()._forward(obs)
+            return out + 1e-3 * torch.arange(len(obs))[:, None], value
+
+    net = Positional(5, BOX, seed=0)
+    obs = torch.randn(6, 5)
+    with pytest.warns(UserWarning, match="depends on its position in a block of row_block=8"):
+        whole = net.act(obs, deterministic=True)[0]
+    assert torch.equal(whole[4], net.act(obs[4:5], deterministic=True)[0][0])
+    assert net._blocks_checked == {(8, "cpu", (5,), torch.float32): False}
+    ok = MLPActorCritic(5, BOX, seed=0)
+    ok.act(obs)
+    assert len(ok._blocks_checked) == 1  # checked once; whether 8 rows pass is the CPU's
+
+
+def test_row_block_must_be_a_positive_count():
+    for bad in (0, -2, 2.0, "8"):
+        with pytest.raises(ValueError, match="row_block must be a positive number of rows"):
+            MLPActorCritic(5, BOX, row_block=bad)
+    with pytest.raises(ValueError, match=r"CNNActorCritic: row_block .* got 0"):
+        CNNActorCritic((3, 16, 16), BOX, row_block=0)
+
+
 def test_deterministic_act_is_the_mean():
     p = MLPActorCritic(5, BOX, seed=0)
     obs = torch.randn(4, 5)
