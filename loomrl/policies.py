@@ -10,12 +10,14 @@ The protocol every policy follows (built-in or user-written; nothing inherits fr
 ``generators[b]``. With ``batch_invariant=True`` the built-ins also run ``act``'s and
 ``value``'s forward in blocks of exactly ``row_block`` rows, the last block padded with zero
 rows: BLAS and cuDNN pick different kernels for different batch sizes, which changes the last
-bits, but one shape always runs the same kernels, and those compute each row of a block
-alone (checked per row position and neighbour by the tests, on CPU and GPU). Together these
-make a row's action a function of that row's observation and generator only, so splitting
-the envs into groups (pipelined collection) cannot change a trajectory. ``row_block=1`` is
-the forward row by row; a larger block costs the padding's arithmetic but launches a block's
-kernels once rather than once per row. ``evaluate`` (training) always runs batched.
+bits, but one shape always runs the same kernels. Whether those kernels give a row the same
+bits at every position of a block depends on the machine (on one x86 CPU 8 rows pass and 5
+fail, on another the MLP fails at 8), so each net checks it at first use, per device, shape
+and thread count, and runs row by row where it fails. Together these make a row's action a
+function of that row's observation and generator only, so splitting the envs into groups
+(pipelined collection) cannot change a trajectory. ``row_block=1`` is the forward row by
+row; a larger block costs the padding's arithmetic but launches a block's kernels once
+rather than once per row. ``evaluate`` (training) always runs batched.
 
 Weights are initialised from ``seed`` alone (orthogonal, a local generator): the same seed
 gives the same policy regardless of the global torch RNG.
@@ -29,6 +31,7 @@ and replays it: one launch per call, the same kernels on the same rows, so the s
 from __future__ import annotations
 
 import math
+import operator
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -70,13 +73,20 @@ def row_generators(
     return gens
 
 
+MAX_ROW_BLOCK = 1024
+
+
 def _row_block(value: Any, owner: str) -> int:
-    if type(value) is not int or value < 1:
+    try:
+        n = operator.index(value) if not isinstance(value, bool) else 0
+    except TypeError:
+        n = 0
+    if not 1 <= n <= MAX_ROW_BLOCK:
         raise ValueError(
-            f"{owner}: row_block must be a positive number of rows, got {value!r}; 8 launches "
-            "few kernels and pads little, 1 is the forward row by row"
+            f"{owner}: row_block must be a positive number of rows up to {MAX_ROW_BLOCK}, got "
+            f"{value!r}; 8 launches few kernels and pads little, 1 is the forward row by row"
         )
-    return value
+    return int(n)
 
 
 def _init_layer(layer: nn.Module, gain: float, gen: torch.Generator) -> nn.Module:
@@ -275,7 +285,7 @@ class _ActorCriticBase(nn.Module):
 
     heads: _Heads
     batch_invariant: bool
-    row_block: int
+    _row_block: int = 1
     _blocks_checked: dict[tuple, bool]
     _graphs: _GraphCache | None = None
 
@@ -296,16 +306,33 @@ class _ActorCriticBase(nn.Module):
         """How many forwards were recorded as graphs so far (0 without CUDA graphs)."""
         return 0 if self._graphs is None else self._graphs.captures
 
+    @property
+    def row_block(self) -> int:
+        """Rows per block of act's and value's forward (batch_invariant)."""
+        return self._row_block
+
+    @row_block.setter
+    def row_block(self, value: int) -> None:
+        self._row_block = _row_block(value, type(self).__name__)
+        self.release_graphs()  # recorded with the old blocks
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Copies and pickles check their blocks again: they may run on other kernels.
+        return {**self.__dict__, "_blocks_checked": {}}
+
     def _forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
     def _block_ok(self, like: Tensor) -> bool:
         """Whether this device's kernels give a row of a ``row_block``-row block the same bits
-        at every position among other neighbours, on random rows shaped like ``like``: what
-        blocking rests on. Kernels differ by machine (on some CPUs a 5-row block fails where an
-        8-row one passes), so it is checked here, once per block size, device and observation shape; where
-        it fails the forward runs row by row, with a warning."""
-        key = (self.row_block, str(like.device), tuple(like.shape[1:]), like.dtype)
+        at each position tried among other neighbours, on random rows shaped like ``like``:
+        what blocking rests on. Tried: every position of blocks up to 16 rows, else 16 spread
+        over the block, the last included (tails of a kernel's tiles sit at the end). Checked
+        once per block size, device, observation shape and dtype, and CPU thread count (how a
+        CPU kernel splits rows between threads can move a row into a tail); where it fails,
+        act and value run row by row, with a warning."""
+        threads = torch.get_num_threads() if like.device.type == "cpu" else 0
+        key = (self.row_block, str(like.device), tuple(like.shape[1:]), like.dtype, threads)
         ok = self._blocks_checked.get(key)
         if ok is not None:
             return ok
@@ -323,7 +350,10 @@ class _ActorCriticBase(nn.Module):
         first = rows(block)
         want = [t[0] for t in self._forward(first)]
         ok = True
-        for at in range(block):  # row 0 of `first` at every position, new neighbours each time
+        tried = sorted(
+            {round(i * (block - 1) / 15) for i in range(16)} if block > 16 else range(block)
+        )
+        for at in tried:  # row 0 of `first` at each position, new neighbours each time
             x = rows(block)
             x[at] = first[0]
             got = [t[at] for t in self._forward(x)]
@@ -331,10 +361,12 @@ class _ActorCriticBase(nn.Module):
         self._blocks_checked[key] = ok
         if not ok:
             warnings.warn(
-                f"{type(self).__name__}: on {like.device} a row's result depends on its "
-                f"position in a block of row_block={block} rows, so act runs row by row "
-                "(same results, more kernel launches); a multiple of 8 usually passes",
-                stacklevel=4,
+                f"{type(self).__name__}: on {like.device} ({threads or 'any'} threads, rows of "
+                f"{tuple(like.shape[1:])} {like.dtype}) a row's result depends on its position "
+                f"in a block of row_block={block} rows, so act and value run row by row: more "
+                "kernel launches, and other last bits than blocks would give; another "
+                "policy_kwargs.row_block may pass",
+                stacklevel=2,
             )
         return ok
 
@@ -342,14 +374,16 @@ class _ActorCriticBase(nn.Module):
         """act's and value's forward: batched, or (batch_invariant) in blocks of ``row_block``
         rows, the last one padded with zero rows that are dropped afterwards."""
         n, block = obs.shape[0], self.row_block
-        if block > 1 and self.batch_invariant and not self._block_ok(obs):
-            block = 1
-        if not self.batch_invariant or n == block:
+        if not self.batch_invariant or n == 0:
             return self._forward(obs)
+        if block > 1 and not self._block_ok(obs):
+            block = 1
+        if n == block:
+            return self._forward(obs.contiguous())
         pad = -n % block
-        if pad:
-            obs = torch.cat([obs, obs.new_zeros((pad, *obs.shape[1:]))])
-        outs = [self._forward(obs[b : b + block]) for b in range(0, n + pad, block)]
+        padded = obs.new_zeros((n + pad, *obs.shape[1:]))  # fresh and contiguous, as checked
+        padded[:n] = obs
+        outs = [self._forward(padded[b : b + block]) for b in range(0, n + pad, block)]
         return torch.cat([o[0] for o in outs])[:n], torch.cat([o[1] for o in outs])[:n]
 
     @torch.no_grad()
@@ -412,8 +446,8 @@ class MLPActorCritic(_ActorCriticBase):
         gen = torch.Generator().manual_seed(seed)
         self.heads = _Heads(action_space, log_std_init)
         self.batch_invariant = batch_invariant
-        self.row_block = _row_block(row_block, "MLPActorCritic")
         self._blocks_checked = {}
+        self.row_block = row_block
         self.actor = _mlp([obs_dim, *hidden, self.heads.action_dim], 0.01, gen)
         self.critic = _mlp([obs_dim, *hidden, 1], 1.0, gen)
 
@@ -447,8 +481,8 @@ class CNNActorCritic(_ActorCriticBase):
         gen = torch.Generator().manual_seed(seed)
         self.heads = _Heads(action_space, log_std_init)
         self.batch_invariant = batch_invariant
-        self.row_block = _row_block(row_block, "CNNActorCritic")
         self._blocks_checked = {}
+        self.row_block = row_block
         k = [(8, 4), (4, 2), (3, 1)] if min(h, w) >= 36 else [(4, 2), (3, 2), (3, 1)]
         layers: list[nn.Module] = []
         prev = c

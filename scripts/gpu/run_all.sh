@@ -120,7 +120,10 @@ for s in "${STAGES[@]}"; do
             [ "$v" = nopin ] && { fl+=(--no-pin); sfx="_nopin"; }
             [ "$v" = eager ] && { fl+=(--no-graphs); sfx="_eager"; }
             [ "$v" = nobatch ] && { fl+=(--no-batch-render); sfx="_nobatch"; }
-            [ "$v" = rowwise ] && { fl+=(--policy-kwargs '{"row_block": 1}'); sfx="_rowwise"; }
+            if [ "$v" = rowwise ]; then
+                [ -n "${EMB_POLICY_KWARGS:-}" ] && { echo "=== rowwise: not with EMB_POLICY_KWARGS (it would override row_block)"; continue; }
+                fl+=(--policy-kwargs '{"row_block": 1}'); sfx="_rowwise"
+            fi
             img=${EMB_IMAGE:-64}; [ "$img" != 64 ] && sfx="_i${img}${sfx}"
             [ "${EMB_ENV_CORES:-4}" != 4 ] && sfx="_c${EMB_ENV_CORES}${sfx}"
             if [ -n "${EMB_POLICY_KWARGS:-}" ]; then  # one argument, spaces and brackets kept

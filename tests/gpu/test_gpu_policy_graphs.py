@@ -93,7 +93,8 @@ def test_blocked_forward_gives_a_row_its_bits_in_any_group_and_position(kind, bl
     n = 40
     obs, ids = _obs(SPACES[kind], n, 7), list(range(n))
     whole = _act(eager, obs, ids)
-    assert list(eager._blocks_checked.values()) == [True]
+    # Measured on the H200 this is written for; another GPU may legitimately fall back.
+    assert list(eager._blocks_checked.values()) == [True], "blocks fell back to rows one by one"
     for cuts in ((3, 37), (17, 23), (1, 39), (block, n - block)):
         for net in (eager, graphed):
             parts = [

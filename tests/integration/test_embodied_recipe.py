@@ -1116,7 +1116,7 @@ def test_policy_kwargs_typos_and_bad_values_are_named_before_workers_start():
     msg = problems(pixels, "policy_kwargs.channels=[8,16]")
     assert "CNNActorCritic cannot be built with policy_kwargs={'channels': [8, 16]}" in msg
     assert "at least 16x16" in problems(pixels, "env.image_size=12")
-    assert "row_block must be a positive number of rows, got 0" in problems(
+    assert "row_block must be a positive number of rows up to 1024, got 0" in problems(
         EXAMPLE, "policy_kwargs.row_block=0"
     )
     assert load_config(Config, pixels, ["policy_kwargs.row_block=16"]).policy_kwargs

@@ -114,8 +114,9 @@ def _rows_of(shape, n, seed):
 @pytest.mark.parametrize("block", [1, 8, 5])
 def test_blocked_forward_gives_a_row_the_same_bits_in_any_group_and_position(block):
     """A row's action, log-prob and value depend on that row alone: not on how many rows came
-    with it (BLAS picks other kernels for fewer than 8 rows, so this fails without the padding)
-    nor on its position or its neighbours in a block."""
+    with it nor on its position or its neighbours in a block. (On this machine's CPU BLAS
+    picks other kernels for fewer than 8 rows, so at 8 this fails without the padding; at 5
+    the block check fails and the rows go one by one.)"""
     for name, net, shape in _blocked_nets():
         net.row_block = block
         obs = _rows_of(shape, 13, 1)
@@ -153,14 +154,54 @@ def test_a_block_whose_rows_depend_on_position_falls_back_to_rows_one_by_one():
     with pytest.warns(UserWarning, match="depends on its position in a block of row_block=8"):
         whole = net.act(obs, deterministic=True)[0]
     assert torch.equal(whole[4], net.act(obs[4:5], deterministic=True)[0][0])
-    assert net._blocks_checked == {(8, "cpu", (5,), torch.float32): False}
+    assert list(net._blocks_checked.values()) == [False]
     ok = MLPActorCritic(5, BOX, seed=0)
     ok.act(obs)
     assert len(ok._blocks_checked) == 1  # checked once; whether 8 rows pass is the CPU's
 
 
+def test_blocks_run_every_forward_on_exactly_row_block_rows():
+    """With kernels that pass the check (an elementwise forward: rows independent by
+    construction) every forward of act and value sees exactly row_block fresh rows, the
+    padding zeros, and only the real rows come back; empty batches pass through."""
+
+    class Elementwise(MLPActorCritic):
+        def _forward(self, obs):
+            seen.append(obs.clone())
+            return obs[:, :3] * 2.0, obs.sum(1)
+
+    seen = []
+    net = Elementwise(5, BOX, seed=0, row_block=4)
+    obs = torch.randn(6, 5)
+    out = net.act(obs, deterministic=True)[0]
+    assert torch.equal(out, obs[:, :3] * 2.0)
+    assert all(x.shape == (4, 5) for x in seen)
+    assert torch.equal(seen[-1][2:], torch.zeros(2, 5))  # rows 4, 5 then two rows of padding
+    assert list(net._blocks_checked.values()) == [True]
+    seen.clear()
+    assert torch.equal(net.value(obs[:4].t().contiguous().t()), obs[:4].sum(1))
+    assert [x.shape for x in seen] == [(4, 5)] and seen[0].is_contiguous()
+    assert net.act(torch.zeros(0, 5))[0].shape == (0, 3)
+    assert net.value(torch.zeros(0, 5)).shape == (0,)
+
+
+def test_block_checks_do_not_travel_with_copies_and_a_new_block_drops_graphs():
+    import copy
+    import pickle
+
+    net = MLPActorCritic(5, BOX, seed=0)
+    net.act(torch.randn(3, 5))
+    assert net._blocks_checked
+    for twin in (copy.deepcopy(net), pickle.loads(pickle.dumps(net))):
+        assert twin._blocks_checked == {} and twin.row_block == 8
+    net.use_cuda_graphs()
+    net._graphs.entries[("recorded",)] = object()
+    net.row_block = np.int64(16)
+    assert net.row_block == 16 and not net._graphs.entries
+
+
 def test_row_block_must_be_a_positive_count():
-    for bad in (0, -2, 2.0, "8"):
+    for bad in (0, -2, 2.0, "8", True, 1025):
         with pytest.raises(ValueError, match="row_block must be a positive number of rows"):
             MLPActorCritic(5, BOX, row_block=bad)
     with pytest.raises(ValueError, match=r"CNNActorCritic: row_block .* got 0"):
