@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from loomrl.cycle import CYCLE_MODEL_KEYS, CYCLE_MODELS  # no torch or Ray at import
+from loomrl.cycle import CYCLE_MODEL_KEYS, CYCLE_MODELS, HANDOFFS  # no torch or Ray at import
 
 TOLERANCE = 1.05
 
@@ -72,6 +72,8 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
         overrides.append("env.batch_render=false")
     if args.cycle_model:
         overrides.append(f"cycle_model={args.cycle_model}")
+    if args.handoff:
+        overrides.append(f"cycle_handoff={args.handoff}")
     for key, value in args.policy_kwargs.items():
         overrides.append(f"policy_kwargs.{key}={json.dumps(value)}")
     cfg = load_config(Config, None, overrides)
@@ -113,7 +115,7 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
         "plan_mode": s["plan"]["mode"],
         "placement": s["placement"],
         "probe_workers_reused": s.get("probe_workers_reused"),
-        "cycle_handoff": s.get("cycle_handoff"),  # driver or direct
+        "cycle_handoff": s.get("cycle_handoff"),  # driver, direct or pipe
         "policy_cuda_graphs": s.get("policy_cuda_graphs"),
         "predicted_s": s["predicted_iteration_s"],
         "measured_s": measured,
@@ -289,6 +291,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=("auto", *CYCLE_MODELS),
         default=None,
         help="how measured costs become the cycle's model (cycle_model; default: the recipe's)",
+    )
+    p.add_argument(
+        "--handoff",
+        choices=HANDOFFS,
+        default=None,
+        help="how env workers and the policy hand off (cycle_handoff; default: the recipe's)",
     )
     p.add_argument(
         "--policy-kwargs",

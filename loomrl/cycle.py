@@ -148,7 +148,7 @@ class CollectResult:
     policy_calls: int = 0  # policy.act calls
 
 
-HANDOFFS = ("auto", "driver", "direct")
+HANDOFFS = ("auto", "driver", "direct", "pipe")
 # After a failed direct rollout: how long the driver waits for the other env workers' calls, and
 # an env worker for its own policy calls, before reporting the error anyway (a rollout that
 # takes longer has bigger problems).
@@ -165,12 +165,21 @@ def settle(refs: list[Any], timeout: float = SETTLE_S) -> None:
 
 def resolve_handoff(handoff: str, groups: list[list[Part]], pipelined: bool) -> str:
     """How results pass between env workers and the policy: ``driver`` (the driver submits every
-    call, each result passed on as an object reference) or ``direct`` (each env worker calls the
+    call, each result passed on as an object reference), ``direct`` (each env worker calls the
     policy itself, one message per hand-off instead of two; only where every group lies on one
-    env worker, pipelined). ``auto``: direct where it applies, else driver."""
+    env worker, pipelined) or ``pipe`` (each env worker and the policy exchange replies and
+    actions over a socket for the whole rollout, no Ray call per step; one node, pipelined).
+    ``auto``: direct where it applies, else driver."""
     if handoff not in HANDOFFS:
         raise ConfigError([f"handoff={handoff!r}: must be one of {', '.join(HANDOFFS)}"])
     split = [g for g, parts in enumerate(groups) if len(parts) > 1]
+    if handoff == "pipe" and not pipelined:
+        raise ConfigError(
+            [
+                "handoff='pipe': the cycle is not pipelined (pipelined=false); pipe hand-offs "
+                "run the ring pipeline. Use handoff='driver'"
+            ]
+        )
     if handoff == "direct" and (split or not pipelined):
         why = (
             f"group {split[0]} spans env workers {[p.worker for p in groups[split[0]]]}"
@@ -200,6 +209,7 @@ class EnvPolicyCycle:
         pipelined: bool = True,
         layout: str = "slices",
         handoff: str = "driver",
+        timeout_s: float = 600.0,
     ):
         self.envs, self.policy = envs, policy
         self.workers = envs.world_size
@@ -207,8 +217,12 @@ class EnvPolicyCycle:
         self.groups = ring_groups(self.workers, envs_per_worker, groups, layout)
         self.pipelined = pipelined
         self.handoff = resolve_handoff(handoff, self.groups, pipelined)
+        if not timeout_s > 0:
+            raise ConfigError([f"timeout_s={timeout_s!r}: must be a positive number of seconds"])
+        self.timeout_s = float(timeout_s)
         # Views per rank, made once: building a view costs more than a call.
         self._env = [envs.on(w) for w in range(self.workers)]
+        self._socket: str | None = None  # the policy worker's, for handoff="pipe"
 
     def collect(self, steps: int) -> CollectResult:
         """Run ``steps`` steps of every env; the policy worker keeps the buffer (its ``finish``)."""
@@ -217,6 +231,8 @@ class EnvPolicyCycle:
         t0 = time.perf_counter()
         if self.handoff == "direct":
             return self._collect_direct(steps, t0)
+        if self.handoff == "pipe":
+            return self._collect_pipe(steps, t0)
         self.policy.begin(steps)
         cur = [[self._ref(self._env[p.worker].observe(p.lo, p.hi)) for p in g] for g in self.groups]
         for t in range(steps):
@@ -251,6 +267,33 @@ class EnvPolicyCycle:
             # the rollout as the driver path does, so the next rollout starts on a clean buffer
             # and counters. Bounded, so that a hung worker cannot hide the error.
             settle([r for h in runs for r in h.refs])
+            settle([*self.policy.finish().refs, *self.envs.pop_stats().refs])
+            raise
+        pol, env_stats = wait(self.policy.finish(), self.envs.pop_stats())
+        return self._result(steps, t0, pol, env_stats)
+
+    def _collect_pipe(self, steps: int, t0: float) -> CollectResult:
+        """Each env worker and the policy worker pass replies and actions over a socket
+        (``EnvWorker.run_pipe``, ``PolicyWorker.serve_pipe``) for the whole rollout."""
+        if self._socket is None:
+            (self._socket,) = wait(self.policy.listen())
+        wait(self.policy.begin(steps))
+        parts = [[(p.worker, p.lo, p.hi) for p in g] for g in self.groups]
+        mine: dict[int, list[tuple[int, int]]] = {w: [] for w in range(self.workers)}
+        for g in self.groups:  # each worker's parts in the order the policy visits them
+            for p in g:
+                mine[p.worker].append((p.lo, p.hi))
+        serve = self.policy.serve_pipe(steps, parts, self.workers, self.timeout_s)
+        runs = [
+            self._env[w].run_pipe(self._socket, w, mine[w], steps, self.timeout_s)
+            for w in range(self.workers)
+        ]
+        try:
+            wait(serve, *runs)
+        except BaseException:
+            # Both sides stop on the other's error (it travels over the socket), so this
+            # settles quickly; then close the rollout so the next one starts clean.
+            settle([r for h in (serve, *runs) for r in h.refs])
             settle([*self.policy.finish().refs, *self.envs.pop_stats().refs])
             raise
         pol, env_stats = wait(self.policy.finish(), self.envs.pop_stats())

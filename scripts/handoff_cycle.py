@@ -1,12 +1,13 @@
-"""The env <-> policy cycle with hand-offs through the driver and direct, on the same workers.
+"""The env <-> policy cycle with each way of handing off, on the same workers.
 
-    python scripts/handoff_cycle.py --rounds 8 --out handoff_cycle.json
+    python scripts/handoff_cycle.py --rounds 8 --handoffs driver,direct,pipe --out handoff_cycle.json
 
 The embodied benchmark's CPU config planned as hybrid (``cycle_repeat.one_plan``), then on its
-workers the cycle at k = 1 and 2 with ``handoff="driver"`` (every call submitted by the driver)
-and ``handoff="direct"`` (the env worker calls the policy itself), one rollout of S steps each
-per round, taking turns, the order turned each round. Prints seconds per rollout (medians and
-ranges) and driver / direct per k.
+workers the cycle at k = 1 and 2 with ``handoff="driver"`` (every call submitted by the driver),
+``handoff="direct"`` (the env worker calls the policy itself) and ``handoff="pipe"`` (replies
+and actions over a socket), one rollout of S steps each per round, taking turns, the order
+turned each round. Prints seconds per rollout (medians and ranges) and, per k, the first
+hand-off's median over each other's.
 """
 
 from __future__ import annotations
@@ -25,14 +26,16 @@ def main() -> None:
     ap.add_argument("--num-envs", type=int, default=8)
     ap.add_argument("--steps", type=int, default=64, help="steps per env per rollout (S)")
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--handoffs", default="driver,direct", help="comma-separated, first: baseline")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    hands = args.handoffs.split(",")
     with one_plan("hybrid", args.num_envs, args.steps) as (place, _policy, cycle):
         per_worker = args.num_envs // place.workers
         cycles = {
             f"k={k} {h}": EnvPolicyCycle(cycle.envs, cycle.policy, per_worker, k, True, handoff=h)
             for k in (1, 2)
-            for h in ("driver", "direct")
+            for h in hands
         }
         for c in cycles.values():  # untimed: each path's first rollout
             c.collect(args.steps)
@@ -45,9 +48,13 @@ def main() -> None:
     print(f"placement {place.describe()}, S={args.steps}, {args.rounds} rounds")
     for name, v in timed.items():
         print(f"{name:<12} s per rollout: median {med[name]:.4f}, {min(v):.4f}-{max(v):.4f}")
-    ratios = {k: med[f"k={k} driver"] / med[f"k={k} direct"] for k in (1, 2)}
-    for k, x in ratios.items():
-        print(f"k={k}: driver / direct {x:.3f}")
+    ratios = {
+        f"k={k} {hands[0]} / {h}": med[f"k={k} {hands[0]}"] / med[f"k={k} {h}"]
+        for k in (1, 2)
+        for h in hands[1:]
+    }
+    for name, x in ratios.items():
+        print(f"{name}: {x:.3f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(

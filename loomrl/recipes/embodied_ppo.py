@@ -97,13 +97,18 @@ class Config:
     # How results pass between env workers and the policy: driver (the driver submits every
     # call, each result passed on as an object reference: two messages per hand-off), direct
     # (each env worker calls the policy itself, one message, wherever every ring group lies on
-    # one env worker and the cycle is pipelined; elsewhere as driver), or auto: direct on a
-    # CPU-only cluster, where it was measured (the split cycle's rollouts 1.2-1.5x faster on the
-    # 2-core machine, scripts/handoff_cycle.py), driver beside accelerators, where it was not.
-    # The trajectories are the same. The probe times its chains through the driver, so the model
-    # prices direct cycles as driver ones; the trials time them as they run. The run summary's
-    # cycle_handoff and trials.json say which ran.
+    # one env worker and the cycle is pipelined; elsewhere as driver), pipe (each env worker and
+    # the policy pass replies and actions over a socket of their own for the whole rollout, no
+    # Ray call per step; one node, pipelined), or auto: pipe on a one-node cluster (rollouts
+    # 2.3-2.6x faster than driver and 1.7-1.8x faster than direct on the 2-core machine,
+    # scripts/handoff_cycle.py), else as before: direct on CPU slots, driver beside
+    # accelerators. The trajectories are the same. The probe times its chains through the
+    # driver, so the model prices every cycle as a driver one; the trials time them as they
+    # run. The run summary's cycle_handoff and trials.json say which ran.
     cycle_handoff: str = "auto"
+    # Seconds a pipe hand-off waits for the other side before stopping the rollout with an
+    # error naming the silent worker (a dead worker is noticed at once, not after this).
+    cycle_timeout_s: float = 300.0
     run: RunConfig = field(default_factory=RunConfig)
 
     def validate(self) -> list[str]:
@@ -132,6 +137,15 @@ class Config:
             p.append(f"auto_trial_margin: must be >= 0, got {self.auto_trial_margin}")
         if self.cycle_handoff not in HANDOFFS:
             p.append(f"cycle_handoff: {self.cycle_handoff!r} is not one of {', '.join(HANDOFFS)}")
+        elif self.cycle_handoff == "pipe" and not self.pipelined:
+            p.append(
+                "cycle_handoff: 'pipe' runs the ring pipeline, but pipelined=false; set "
+                "pipelined: true, or cycle_handoff: driver"
+            )
+        if not (isinstance(self.cycle_timeout_s, (int, float)) and self.cycle_timeout_s > 0):
+            p.append(
+                f"cycle_timeout_s: {self.cycle_timeout_s!r} must be a positive number of seconds"
+            )
         if self.cycle_model not in ("auto", *CYCLE_MODELS):
             p.append(
                 f"cycle_model: {self.cycle_model!r} is not one of auto, {', '.join(CYCLE_MODELS)}"
@@ -346,14 +360,20 @@ def start_cycle(
         place.groups,
         cfg.pipelined,
         handoff=handoff(cfg, cluster),
+        timeout_s=cfg.cycle_timeout_s,
     )
     return envs, policy, cycle
 
 
 def handoff(cfg: Config, cluster: Any) -> str:
     """The cycle's ``handoff`` for ``cfg.cycle_handoff``: ``direct`` asks for direct calls
-    wherever they apply (the cycle's ``auto``); ``auto`` does so only on a CPU-only cluster."""
-    if cfg.cycle_handoff == "driver" or (cfg.cycle_handoff == "auto" and cluster.has_cuda):
+    wherever they apply (the cycle's ``auto``); ``auto`` is ``pipe`` on a one-node cluster,
+    else direct calls where they apply on a CPU-only cluster, else ``driver``."""
+    if cfg.cycle_handoff in ("driver", "pipe"):
+        return cfg.cycle_handoff
+    if cfg.cycle_handoff == "auto" and len(cluster.nodes) == 1 and cfg.pipelined:
+        return "pipe"
+    if cfg.cycle_handoff == "auto" and cluster.has_cuda:
         return "driver"
     return "auto"
 
@@ -613,6 +633,7 @@ def choose_by_trial(
                 place.groups,
                 cfg.pipelined,
                 handoff=how,
+                timeout_s=cfg.cycle_timeout_s,
             )
 
         cycles = {i: on_probe(candidates[i][1]) for i in shared}

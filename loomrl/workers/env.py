@@ -9,9 +9,10 @@ worker reserves its CPU cores through ``Cluster.launch(..., num_cpus=env.cpu_cor
 worker part of that group) and the part it should apply, so the policy's result can be passed
 to every env worker of the group as one Ray object reference while the driver goes on
 submitting. Where every group lies on one env worker, ``run_groups`` lets the worker call the
-policy itself instead (``EnvPolicyCycle(handoff="direct")``). Every reply carries what the
-policy needs next: the observations to act on and the (global env id, env step) keys of those
-rows.
+policy itself instead (``EnvPolicyCycle(handoff="direct")``). On one node, ``run_pipe``
+passes replies and actions to and from the policy worker over a socket of their own, any
+layout (``handoff="pipe"``). Every reply carries what the policy needs next: the
+observations to act on and the (global env id, env step) keys of those rows.
 
 A pixel env worker placed on a GPU renders (EGL) on that GPU: rendering beside the policy on one
 GPU slowed both sides when they ran at once (a split cycle), while rendering on a GPU of its
@@ -150,6 +151,47 @@ class EnvWorker(Worker):
             settle(pending)
             raise
 
+    def run_pipe(
+        self, path: str, rank: int, parts: list[tuple[int, int]], steps: int, timeout: float
+    ) -> None:
+        """Drive this worker's parts (local envs ``[lo, hi)``, in ring-group order) through
+        ``steps`` steps over one socket to the policy worker's ``serve_pipe`` at ``path``
+        (``EnvPolicyCycle(handoff="pipe")``): observations go out as pickled replies, actions
+        come back, no Ray call per step. The policy visits the groups in the driver's order,
+        so the trajectories are the same. Errors on either side travel over the socket as an
+        ``("error", message)`` so that the other side stops at once; a policy that is gone,
+        silent for ``timeout`` seconds, or raising becomes ``PolicyCallError``."""
+        from loomrl.transport._socket import connect
+
+        try:
+            conn = connect(path, timeout)
+        except OSError as e:
+            raise PolicyCallError(
+                f"cycle_handoff='pipe': env worker {rank} cannot reach the policy worker's "
+                f"socket {path} ({type(e).__name__}: {e}); pipe hand-offs need the env workers "
+                "and the policy on one node: use cycle_handoff: driver"
+            ) from None
+        try:
+            conn.send(("hello", rank))
+            for lo, hi in parts:
+                _pipe_send(conn, ("reply", self.observe(lo, hi)), 0, lo, hi)
+            for t in range(steps):
+                for lo, hi in parts:
+                    # Twice the policy's wait: where another env worker is the silent one, the
+                    # policy names it and tells this worker, before this worker gives up.
+                    actions = _pipe_actions(conn, 2 * timeout, t, lo, hi)
+                    _pipe_send(conn, ("reply", self.step([actions], 0, lo, hi)), t + 1, lo, hi)
+        except PolicyCallError:
+            raise
+        except BaseException as e:
+            try:  # the policy is waiting for this worker: tell it why nothing comes
+                conn.send(("error", f"env worker {rank}: {type(e).__name__}: {e}"))
+            except OSError:
+                pass
+            raise
+        finally:
+            conn.close()
+
     def sample_actions(self, n: int, seed: int = 0) -> np.ndarray:
         """``n`` random valid actions (for timing the simulator without a policy)."""
         space = self.venv.single_action_space
@@ -219,6 +261,44 @@ def _policy_result(ref: Any, call: str, t: int, lo: int, hi: int) -> Any:
             f"policy.{call} at step {t} for this worker's envs [{lo}, {hi}): {what}: "
             f"{type(cause).__name__}: {cause}"
         ) from None
+
+
+def _pipe_send(conn: Any, message: tuple, t: int, lo: int, hi: int) -> None:
+    """Send ``message``; where the policy has closed its end, raise its reason (an error it sent
+    before closing, still in this socket) as ``PolicyCallError``."""
+    try:
+        conn.send(message)
+    except OSError:
+        try:
+            kind, payload = conn.recv(1.0)
+        except OSError:  # nothing left to read, or the connection is gone entirely
+            kind, payload = None, None
+        where = f"before step {t} for this worker's envs [{lo}, {hi})"
+        if kind == "error":
+            raise PolicyCallError(f"the policy worker stopped {where}: {payload}") from None
+        raise PolicyCallError(
+            f"the policy worker closed its connection {where} (its process exited or died)"
+        ) from None
+
+
+def _pipe_actions(conn: Any, timeout: float, t: int, lo: int, hi: int) -> Any:
+    from loomrl.transport._socket import PeerClosed
+
+    where = f"at step {t} for this worker's envs [{lo}, {hi})"
+    try:
+        kind, payload = conn.recv(timeout)
+    except TimeoutError:
+        raise PolicyCallError(
+            f"no actions from the policy worker within {timeout:g} s {where} "
+            "(cycle_timeout_s; a stuck policy or another env worker stuck before it)"
+        ) from None
+    except PeerClosed:
+        raise PolicyCallError(
+            f"the policy worker closed its connection {where} (its process exited or died)"
+        ) from None
+    if kind == "error":
+        raise PolicyCallError(f"the policy worker stopped {where}: {payload}")
+    return payload
 
 
 def worker_env_config(env: EnvConfig, workers: int) -> EnvConfig:

@@ -30,7 +30,12 @@ import numpy as np
 from loomrl.errors import ConfigError
 from loomrl.worker import Worker
 
-__all__ = ["PolicyWorker", "build_policy"]
+__all__ = ["HandoffError", "PolicyWorker", "build_policy"]
+
+
+class HandoffError(RuntimeError):
+    """A rollout over sockets (``serve_pipe``) stopped: an env worker raised, died or went
+    silent; the message names which, and at which step."""
 
 
 def build_policy(
@@ -150,9 +155,11 @@ class PolicyWorker(Worker):
         )
         self.shuffle = torch.Generator().manual_seed(ppo.seed)
         self.per_row = _accepts_generators(self.net)
+        self._gens: list[Any] = []  # re-seeded every act (row_generators' reuse)
         self.action_shape = tuple(getattr(action_space, "shape", ()) or ())
         self.action_dtype = torch.long if not self.action_shape else torch.float32
         self.buffer: Any = None
+        self._listener: Any = None  # serve_pipe's socket, made by listen()
         self.busy_s = 0.0
         self.calls = 0
         self.updates = 0
@@ -197,7 +204,7 @@ class PolicyWorker(Worker):
         o = self._prep(raw)
         with torch.no_grad():
             if self.per_row:
-                gens = row_generators(self.row_seed, env_ids.tolist(), env_steps.tolist())
+                gens = row_generators(self.row_seed, env_ids, env_steps, self._gens)
                 a, logp, v = self.net.act(o.to(self.device), generators=gens)
             else:
                 a, logp, v = self.net.act(o.to(self.device))
@@ -276,6 +283,81 @@ class PolicyWorker(Worker):
         ids = torch.as_tensor(np.concatenate([p["env_ids"] for p in parts]))
         self._last[ids] = self._value(self._prep(np.concatenate([p["obs"] for p in parts])))
         self.busy_s += time.perf_counter() - t0
+
+    # -- the rollout over sockets (EnvPolicyCycle(handoff="pipe")) ------------------------------
+    def listen(self) -> str:
+        """The path of this worker's socket for ``serve_pipe`` (made on first call)."""
+        from loomrl.transport._socket import Listener
+
+        if self._listener is None:
+            self._listener = Listener()
+        return self._listener.path
+
+    def serve_pipe(
+        self, steps: int, groups: list[list[tuple[int, int, int]]], workers: int, timeout: float
+    ) -> None:
+        """Serve one rollout of ``steps`` steps to ``workers`` env workers connecting to
+        ``listen()``'s socket (``EnvWorker.run_pipe``). ``groups``: per ring group, its parts as
+        (env worker rank, lo, hi). The groups are visited in the driver's order, group after
+        group each step, with the same ``act`` and ``close_group`` calls, so the buffer is the
+        driver cycle's. An env worker that raises, dies or stays silent for ``timeout`` seconds
+        stops the rollout with ``HandoffError`` naming it; an error here is sent to every env
+        worker first, so none waits for actions that will not come."""
+        from loomrl.transport._socket import PeerClosed
+
+        conns: dict[int, Any] = {}
+
+        def reply(w: int, t: int) -> dict:
+            where = f"env worker {w} (its observations to act on at step {t})"
+            try:
+                kind, payload = conns[w].recv(timeout)
+            except TimeoutError:
+                raise HandoffError(
+                    f"no reply from {where} within {timeout:g} s (cycle_timeout_s; a stuck "
+                    "simulator?)"
+                ) from None
+            except PeerClosed:
+                raise HandoffError(
+                    f"{where} closed its connection (its process exited or died)"
+                ) from None
+            if kind == "error":
+                raise HandoffError(f"{where} failed: {payload}")
+            return payload
+
+        try:
+            for n in range(workers):
+                try:
+                    conn = self._listener.accept(timeout)
+                except TimeoutError:
+                    raise HandoffError(
+                        f"{n} of {workers} env workers connected within {timeout:g} s"
+                    ) from None
+                _, rank = conn.recv(timeout)
+                conns[rank] = conn
+            for t in range(steps):
+                for g, parts in enumerate(groups):
+                    replies = [reply(w, t) for w, _, _ in parts]
+                    try:
+                        actions = self.act(t, *replies)
+                    except Exception as e:
+                        raise HandoffError(
+                            f"policy.act at step {t} on ring group {g} (env workers "
+                            f"{[w for w, _, _ in parts]}): {type(e).__name__}: {e}"
+                        ) from e
+                    for (w, _, _), a in zip(parts, actions, strict=True):
+                        conns[w].send(("actions", a))
+            for parts in groups:
+                self.close_group(*[reply(w, steps) for w, _, _ in parts])
+        except BaseException as e:
+            for conn in conns.values():
+                try:
+                    conn.send(("error", f"{type(e).__name__}: {e}"))
+                except OSError:
+                    pass
+            raise
+        finally:
+            for conn in conns.values():
+                conn.close()
 
     def finish(self) -> dict[str, float]:
         """Close the rollout: update the normaliser, assemble the RolloutBuffer."""
@@ -484,8 +566,12 @@ class PolicyWorker(Worker):
             torch.cuda.empty_cache()
 
     def close(self) -> None:
-        """Release the recorded graphs (``_loom_rebuild`` calls this before rebuilding)."""
+        """Release the recorded graphs (``_loom_rebuild`` calls this before rebuilding) and the
+        hand-off socket."""
         self._release_graphs()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
 
     def _release_graphs(self) -> None:
         release = getattr(self.net, "release_graphs", None)

@@ -7,7 +7,8 @@
 #   EMB_VARIANTS="nopin pin" runs each config with env workers unpinned, then pinned; "eager pin":
 #   the policy's forward eagerly, then as CUDA graphs (the default); "nobatch pin": pixels drawn env by
 #   env through gymnasium, then in one pass per worker (the default); "rowwise pin": the policy's forward
-#   row by row (row_block 1; not with EMB_POLICY_KWARGS), then in blocks of 8; EMB_ENV_CORES (default 4) cores per
+#   row by row (row_block 1; not with EMB_POLICY_KWARGS), then in blocks of 8; "driver pipe": hand-offs
+#   through the driver, then over sockets (cycle_handoff); EMB_ENV_CORES (default 4) cores per
 #   env worker; EMB_POLICY_KWARGS a JSON object for the policy's constructor, EMB_TAG names it in
 #   the output (default: its checksum))
 #   embodied_state (state observations of ST_ENV, default Humanoid-v5: no renderer on the GPU,
@@ -120,6 +121,8 @@ for s in "${STAGES[@]}"; do
             [ "$v" = nopin ] && { fl+=(--no-pin); sfx="_nopin"; }
             [ "$v" = eager ] && { fl+=(--no-graphs); sfx="_eager"; }
             [ "$v" = nobatch ] && { fl+=(--no-batch-render); sfx="_nobatch"; }
+            [ "$v" = driver ] && { fl+=(--handoff driver); sfx="_driver"; }
+            [ "$v" = pipe ] && { fl+=(--handoff pipe); sfx="_pipe"; }
             if [ "$v" = rowwise ]; then
                 [ -n "${EMB_POLICY_KWARGS:-}" ] && { echo "=== rowwise: not with EMB_POLICY_KWARGS (it would override row_block)"; continue; }
                 fl+=(--policy-kwargs '{"row_block": 1}'); sfx="_rowwise"

@@ -68,7 +68,7 @@ def _reference(iterations: int):
 
 
 def test_pipelined_cycle_matches_the_unpipelined_reference(cluster):
-    ref = _reference(6)
+    ref = _reference(8)
     envs = cluster.launch(
         EnvWorker, 2, worker_env_config(ENV, 2), devices=[0, 1], num_cpus=0.5, name="env_t"
     )
@@ -94,8 +94,11 @@ def test_pipelined_cycle_matches_the_unpipelined_reference(cluster):
                 # each env worker drives its groups and calls the policy itself
                 EnvPolicyCycle(envs, policy, 2, 2, True, layout="blocks", handoff="direct"),
                 EnvPolicyCycle(envs, policy, 2, 4, True, handoff="auto"),  # two groups a worker
+                # replies and actions over sockets: groups across workers, and one per worker
+                EnvPolicyCycle(envs, policy, 2, 2, True, handoff="pipe"),
+                EnvPolicyCycle(envs, policy, 2, 2, True, layout="blocks", handoff="pipe"),
             ]
-            assert [c.handoff for c in cycles[-2:]] == ["direct", "direct"]
+            assert [c.handoff for c in cycles[-4:]] == ["direct", "direct", "pipe", "pipe"]
             for cycle, (want, params) in zip(cycles, ref, strict=True):
                 res = cycle.collect(STEPS)
                 got = wait(policy.rollout())[0]
@@ -144,7 +147,7 @@ def test_env_worker_offsets_make_workers_one_batch(cluster):
         envs.kill()
 
 
-@pytest.mark.parametrize("handoff", ["driver", "direct"])
+@pytest.mark.parametrize("handoff", ["driver", "direct", "pipe"])
 def test_a_failing_env_step_surfaces_from_collect(cluster, handoff):
     from loomrl.errors import RemoteError
 
@@ -232,6 +235,79 @@ def test_a_failing_policy_call_in_a_direct_rollout_is_named_and_leaves_nothing_b
             # one act per group and step, one env call per group and step: nothing left over
             assert (res.policy_calls, res.env_calls) == (2 * STEPS, 2 * STEPS)
             assert res.env_steps == STEPS * ENV.num_envs
+        finally:
+            good.kill()
+    finally:
+        envs.kill()
+
+
+class _EnvStops(EnvWorker):
+    """Env worker 1 of a pipe rollout misbehaves in its third step call (step 1 of its first
+    group, with two groups a worker): ``how`` = "exit" ends its process there, "sleep" stalls
+    it for 4 s."""
+
+    def __init__(self, env, how):
+        super().__init__(env)
+        self.how, self.steps = how, 0
+
+    def step(self, actions, part, lo, hi, *after):
+        self.steps += 1
+        if self.rank == 1 and self.steps == 3:
+            if self.how == "exit":
+                import os
+
+                os._exit(1)
+            import time
+
+            time.sleep(4.0)
+        return super().step(actions, part, lo, hi, *after)
+
+
+def test_a_pipe_rollout_stops_with_a_named_error_on_a_raising_dying_or_silent_worker(cluster):
+    """Hand-offs over sockets: the policy raising for one group, an env worker's process dying
+    and an env worker silent past the cycle's timeout each end collect() with an error naming
+    the side and the step, not a hang; a new rollout on healthy workers runs clean after."""
+    import time
+
+    from loomrl.errors import LoomError
+
+    def launch_envs(cls, name, *extra):
+        return cluster.launch(
+            cls, 2, worker_env_config(ENV, 2), *extra, devices=[0, 1], num_cpus=0.5, name=name
+        )
+
+    envs = launch_envs(EnvWorker, "env_p")
+    try:
+        sp = wait(envs.on(0).spaces())[0]
+        args = (sp["observation_space"], sp["action_space"], ENV.num_envs, PPO, ENV.seed)
+        bad = cluster.launch(_ActFailsForWorker0, 1, *args, devices=[2], name="policy_pbad")
+        try:
+            cycle = EnvPolicyCycle(envs, bad, 2, 2, True, handoff="pipe")
+            with pytest.raises(LoomError, match=r"step 2.*refused these rows"):
+                cycle.collect(STEPS)
+        finally:
+            bad.kill()
+        good = cluster.launch(PolicyWorker, 1, *args, devices=[2], name="policy_pgood")
+        try:
+            cycle = EnvPolicyCycle(envs, good, 2, 2, True, handoff="pipe")
+            res = cycle.collect(STEPS)
+            assert (res.policy_calls, res.env_calls) == (2 * STEPS, 4 * STEPS)
+            assert res.env_steps == STEPS * ENV.num_envs
+            for how, match in (
+                ("sleep", r"no reply from env worker 1 .* at step 2\) within 1 s"),
+                ("exit", r"env worker 1|died"),
+            ):
+                odd = launch_envs(_EnvStops, f"env_{how}", how)
+                try:
+                    cycle = EnvPolicyCycle(odd, good, 2, 2, True, handoff="pipe", timeout_s=1.0)
+                    t0 = time.monotonic()
+                    with pytest.raises(LoomError, match=match):
+                        cycle.collect(STEPS)
+                    assert time.monotonic() - t0 < 30  # stopped, not waiting out a default
+                finally:
+                    odd.kill()
+            res = EnvPolicyCycle(envs, good, 2, 2, True, handoff="pipe").collect(STEPS)
+            assert (res.policy_calls, res.env_calls) == (2 * STEPS, 4 * STEPS)
         finally:
             good.kill()
     finally:

@@ -13,8 +13,6 @@ from loomrl.cycle import (
     check_cores,
     cycle_profile,
     placement_from_plan,
-    resolve_handoff,
-    ring_groups,
     split_plans,
 )
 from loomrl.errors import ConfigError, PlacementError
@@ -56,13 +54,10 @@ def test_cli_runs_two_iterations_and_writes_the_summary(cluster, tmp_path):
     assert s["plan"]["mode"] in ("temporal", "hybrid", "spatial")
     assert s["predicted_iteration_s"] > 0 and s["measured_iteration_s"] > 0
     assert len(s["param_sha256"]) == 64
-    # cycle_handoff auto on CPU slots: env workers call the policy themselves where every group
-    # lies on one of them
-    pl = s["placement"]
-    groups = ring_groups(pl["env_workers"], 4 // pl["env_workers"], pl["groups"])  # TINY: 4 envs
-    assert s["cycle_handoff"] == resolve_handoff("auto", groups, pipelined=True)
+    # cycle_handoff auto on a one-node cluster: replies and actions over sockets
+    assert s["cycle_handoff"] == "pipe"
     trials = json.loads((out / "trials.json").read_text())["trials"]
-    assert all(t["handoff"] in ("driver", "direct") for t in trials)
+    assert all(t["handoff"] == "pipe" for t in trials)
     assert s["policy_cuda_graphs"] == {  # CPU: neither act nor the PPO step is recorded
         "enabled": False,
         "captures": 0,
@@ -92,7 +87,7 @@ def test_same_weights_under_every_placement(cluster, tmp_path):
     out = {}
     for placement, groups, handoff in (
         ("temporal", None, "auto"),
-        ("hybrid", 4, "auto"),
+        ("hybrid", 4, "direct"),
         ("hybrid", 2, "driver"),
     ):
         key = f"{placement}{groups or ''}"
@@ -108,7 +103,11 @@ def test_same_weights_under_every_placement(cluster, tmp_path):
     t, h, d = out["temporal"], out["hybrid4"], out["hybrid2"]
     assert t["placement"]["colocated"] and not h["placement"]["colocated"]
     assert h["placement"]["groups"] == 4 and d["placement"]["groups"] == 2
-    assert (h["cycle_handoff"], d["cycle_handoff"]) == ("direct", "driver")
+    assert (t["cycle_handoff"], h["cycle_handoff"], d["cycle_handoff"]) == (
+        "pipe",
+        "direct",
+        "driver",
+    )
     for other in (h, d):
         assert t["param_sha256"] == other["param_sha256"]
         assert t["metrics"]["episode_return"] == other["metrics"]["episode_return"]
@@ -428,7 +427,7 @@ def _trial_on_fakes(
     cfg.env.num_envs, cfg.auto_trial_steps = 8, 8
     probe = SimpleNamespace(env=SimpleNamespace(world_size=2), policy=None, can_time=fits)
     run = SimpleNamespace(
-        cluster=SimpleNamespace(has_cuda=has_cuda),
+        cluster=SimpleNamespace(has_cuda=has_cuda, nodes=[0]),
         dir=tmp_path,
         logger=SimpleNamespace(echo=lambda msg: None),
     )
@@ -441,7 +440,7 @@ def _fake_cycle(calls: list, wall_s) -> type:
     from types import SimpleNamespace
 
     class FakeCycle:
-        def __init__(self, envs, policy, envs_per_worker, groups, pipelined, handoff="driver"):
+        def __init__(self, envs, policy, envs_per_worker, groups, pipelined, handoff="driver", **_):
             self.k, self.handoff = groups, handoff
 
         def collect(self, n):
@@ -572,7 +571,15 @@ def test_a_walk_beside_a_co_located_plan_and_one_on_fresh_workers(monkeypatch, t
 
     class FakeCycle:
         def __init__(
-            self, envs, policy, envs_per_worker, groups, pipelined, handoff="driver", tag="probe"
+            self,
+            envs,
+            policy,
+            envs_per_worker,
+            groups,
+            pipelined,
+            handoff="driver",
+            tag="probe",
+            **_,
         ):
             self.tag, self.handoff = (tag, groups), handoff
 
@@ -721,7 +728,15 @@ def test_a_trial_candidate_on_fresh_workers_is_timed_after_the_probes_and_thrown
 
     class FakeCycle:  # 0.01 s per step and 0.05 s per rollout for any plan
         def __init__(
-            self, envs, policy, envs_per_worker, groups, pipelined, handoff="driver", tag="probe"
+            self,
+            envs,
+            policy,
+            envs_per_worker,
+            groups,
+            pipelined,
+            handoff="driver",
+            tag="probe",
+            **_,
         ):
             self.tag, self.handoff = (tag, groups), handoff
 
@@ -984,28 +999,35 @@ def test_cycle_models_place_hand_offs_in_the_cycle_or_in_the_calls():
     with pytest.raises(ConfigError, match=r"cycle_model: 'fixed' is not one of auto, fixed_hops"):
         load_config(Config, EXAMPLE, ["cycle_model=fixed"])
     with pytest.raises(
-        ConfigError, match=r"cycle_handoff: 'ray' is not one of auto, driver, direct"
+        ConfigError, match=r"cycle_handoff: 'ray' is not one of auto, driver, direct, pipe"
     ):
         load_config(Config, EXAMPLE, ["cycle_handoff=ray"])
+    with pytest.raises(ConfigError, match=r"cycle_handoff: 'pipe' runs the ring pipeline") as e:
+        load_config(Config, EXAMPLE, ["cycle_handoff=pipe", "pipelined=false", "cycle_timeout_s=0"])
+    assert "cycle_timeout_s: 0.0 must be a positive number of seconds" in str(e.value)
 
 
 @pytest.mark.parametrize(
-    ("asked", "cuda", "expected"),
+    ("asked", "nodes", "cuda", "pipelined", "expected"),
     [
-        ("auto", False, "auto"),  # CPU-only: direct wherever every group is on one env worker
-        ("auto", True, "driver"),  # beside accelerators direct was not measured
-        ("direct", True, "auto"),
-        ("driver", False, "driver"),
+        ("auto", 1, False, True, "pipe"),  # one node: sockets, on CPU slots and beside GPUs
+        ("auto", 1, True, True, "pipe"),
+        ("auto", 1, False, False, "auto"),  # no ring pipeline: no pipe
+        ("auto", 2, False, True, "auto"),  # CPU-only: direct wherever a group is on one worker
+        ("auto", 2, True, True, "driver"),  # beside accelerators direct was not faster
+        ("direct", 1, True, True, "auto"),
+        ("driver", 1, False, True, "driver"),
+        ("pipe", 2, False, True, "pipe"),  # asked for: an env worker off the node says why
     ],
 )
-def test_cycle_handoff_auto_calls_directly_only_on_cpu_only_clusters(asked, cuda, expected):
+def test_cycle_handoff_auto_is_pipe_on_one_node(asked, nodes, cuda, pipelined, expected):
     from types import SimpleNamespace
 
     from loomrl.recipes.embodied_ppo import Config, handoff
 
     cfg = Config()
-    cfg.cycle_handoff = asked
-    assert handoff(cfg, SimpleNamespace(has_cuda=cuda)) == expected
+    cfg.cycle_handoff, cfg.pipelined = asked, pipelined
+    assert handoff(cfg, SimpleNamespace(has_cuda=cuda, nodes=[0] * nodes)) == expected
 
 
 def test_cycle_model_auto_is_fixed_hops_beside_accelerators_and_chained_on_cpu_slots():

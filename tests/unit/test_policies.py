@@ -371,3 +371,30 @@ def test_build_policy_passes_policy_kwargs_and_names_bad_ones():
     with pytest.raises(ConfigError, match=r"policy='auto': no built-in policy .* \(4, 4\)"):
         build_policy("auto", grid, BOX, 0)
     assert build_policy("mlp", grid, BOX, 0).actor[0].in_features == 16
+
+
+def test_row_seeds_are_stateless_distinct_and_reused_generators_draw_the_same():
+    from loomrl.policies import row_seeds
+
+    ids, steps = np.arange(256), np.arange(256) % 7
+    s = row_seeds(3, ids, steps)
+    assert s.dtype == np.uint64 and len(set(s.tolist())) == 256 and int(s.max()) < 2**63
+    assert np.array_equal(s, row_seeds(3, ids.tolist(), steps.tolist()))  # lists or arrays
+    assert np.array_equal(s[5:9], row_seeds(3, ids[5:9], steps[5:9]))  # per row, not per batch
+    for other in (
+        row_seeds(4, ids, steps),
+        row_seeds(3, ids, steps + 1),
+        row_seeds(3, ids + 1, steps),
+    ):
+        assert not np.intersect1d(s, other).size  # seed, step and env id each move every stream
+    with pytest.raises(ValueError, match="3 env ids for 2 step counts"):
+        row_seeds(0, [0, 1, 2], [0, 0])
+    pool = []
+    first = [torch.randn(3, generator=g) for g in row_generators(3, ids[:5], steps[:5], pool)]
+    row_generators(9, ids[:8], steps[:8], pool)  # re-seeded in between, and grown
+    again = [torch.randn(3, generator=g) for g in row_generators(3, ids[:5], steps[:5], pool)]
+    fresh = [torch.randn(3, generator=g) for g in row_generators(3, ids[:5], steps[:5])]
+    assert len(pool) == 8
+    assert all(
+        torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(first, again, fresh, strict=True)
+    )

@@ -273,3 +273,47 @@ def test_gloo_send_recv_between_two_processes():
     reply, ngroups = results["w1"]
     assert reply == {"echo": 15.0, "a": [0, 1, 2, 3, 4], "second": "second"}
     assert ngroups == 1 and results["w0"][1] == 1  # one cached pair group, reused for all messages
+
+
+def test_socket_messages_whole_objects_timeouts_and_a_closed_peer():
+    import os
+    import threading
+
+    from loomrl.transport._socket import Listener, PeerClosed, connect
+
+    lis = Listener()
+    got = {}
+
+    def server():
+        conn = lis.accept(5.0)
+        got["small"] = conn.recv(5.0)
+        got["big"] = conn.recv(5.0)
+        conn.send(("actions", np.arange(3)))
+        got["closed"] = None
+        try:
+            conn.recv(5.0)
+        except PeerClosed as e:
+            got["closed"] = str(e)
+        conn.close()
+
+    th = threading.Thread(target=server)
+    th.start()
+    c = connect(lis.path)
+    big = np.random.default_rng(0).integers(0, 255, (64, 3, 96, 96), dtype=np.uint8)  # 1.8 MB
+    c.send(("hello", 0))
+    c.send(("reply", {"obs": big, "ids": np.arange(64)}))
+    kind, a = c.recv(5.0)
+    with pytest.raises(TimeoutError):
+        c.recv(0.2)  # nothing more comes
+    c.close()
+    th.join(10)
+    assert got["small"] == ("hello", 0) and kind == "actions" and a.tolist() == [0, 1, 2]
+    assert np.array_equal(got["big"][1]["obs"], big)
+    assert got["closed"] == "the other end closed the connection"
+    with pytest.raises(TimeoutError):
+        lis.accept(0.1)
+    d = lis.dir
+    lis.close()
+    assert not os.path.exists(d)
+    with pytest.raises(FileNotFoundError):
+        connect(lis.path, 1.0)
