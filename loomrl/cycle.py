@@ -163,6 +163,20 @@ def settle(refs: list[Any], timeout: float = SETTLE_S) -> None:
         ray.wait(refs, num_returns=len(refs), timeout=timeout)
 
 
+def _abort_pipe(address: str, token: str, reason: str) -> None:
+    """Tell a policy worker still waiting for rollout ``token``'s env workers to stop."""
+    from loomrl.transport._socket import connect
+
+    try:
+        conn = connect(address, 5.0)
+        try:
+            conn.send(("abort", token, reason))
+        finally:
+            conn.close()
+    except OSError:  # nothing listens (on another node, or gone): nothing waits either
+        pass
+
+
 def resolve_handoff(handoff: str, groups: list[list[Part]], pipelined: bool) -> str:
     """How results pass between env workers and the policy: ``driver`` (the driver submits every
     call, each result passed on as an object reference), ``direct`` (each env worker calls the
@@ -275,24 +289,29 @@ class EnvPolicyCycle:
     def _collect_pipe(self, steps: int, t0: float) -> CollectResult:
         """Each env worker and the policy worker pass replies and actions over a socket
         (``EnvWorker.run_pipe``, ``PolicyWorker.serve_pipe``) for the whole rollout."""
+        import uuid
+
         if self._socket is None:
             (self._socket,) = wait(self.policy.listen())
         wait(self.policy.begin(steps))
+        token = uuid.uuid4().hex  # this rollout's: a late connection of a failed one is refused
         parts = [[(p.worker, p.lo, p.hi) for p in g] for g in self.groups]
         mine: dict[int, list[tuple[int, int]]] = {w: [] for w in range(self.workers)}
         for g in self.groups:  # each worker's parts in the order the policy visits them
             for p in g:
                 mine[p.worker].append((p.lo, p.hi))
-        serve = self.policy.serve_pipe(steps, parts, self.workers, self.timeout_s)
+        serve = self.policy.serve_pipe(token, steps, parts, self.workers, self.timeout_s)
         runs = [
-            self._env[w].run_pipe(self._socket, w, mine[w], steps, self.timeout_s)
+            self._env[w].run_pipe(self._socket, token, w, mine[w], steps, self.timeout_s)
             for w in range(self.workers)
         ]
         try:
             wait(serve, *runs)
-        except BaseException:
-            # Both sides stop on the other's error (it travels over the socket), so this
-            # settles quickly; then close the rollout so the next one starts clean.
+        except BaseException as e:
+            # Both sides stop on the other's error once connected (it travels over the
+            # socket); a policy still waiting for connections is told here. Then close the
+            # rollout so the next one starts clean.
+            _abort_pipe(self._socket, token, f"{type(e).__name__}: {str(e)[:500]}")
             settle([r for h in (serve, *runs) for r in h.refs])
             settle([*self.policy.finish().refs, *self.envs.pop_stats().refs])
             raise

@@ -15,7 +15,9 @@ bits at every position of a block depends on the machine (on one x86 CPU 8 rows 
 fail, on another the MLP fails at 8), so each net checks it at first use, per device, shape
 and thread count, and runs row by row where it fails. Together these make a row's action a
 function of that row's observation and generator only, so splitting the envs into groups
-(pipelined collection) cannot change a trajectory. ``row_block=1`` is the forward row by
+(pipelined collection) cannot change a trajectory. The policy worker re-seeds the same generator
+objects for every call (``row_generators(..., reuse=)``): a policy must not keep them past its
+``act``. ``row_block=1`` is the forward row by
 row; a larger block costs the padding's arithmetic but launches a block's kernels once
 rather than once per row. ``evaluate`` (training) always runs batched.
 

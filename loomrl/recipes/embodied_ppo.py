@@ -100,7 +100,7 @@ class Config:
     # one env worker and the cycle is pipelined; elsewhere as driver), pipe (each env worker and
     # the policy pass replies and actions over a socket of their own for the whole rollout, no
     # Ray call per step; one node, pipelined), or auto: pipe on a one-node cluster (rollouts
-    # 2.3-2.6x faster than driver and 1.7-1.8x faster than direct on the 2-core machine,
+    # 2.7-2.9x faster than driver and 1.9-2.0x faster than direct on the 2-core machine,
     # scripts/handoff_cycle.py), else as before: direct on CPU slots, driver beside
     # accelerators. The trajectories are the same. The probe times its chains through the
     # driver, so the model prices every cycle as a driver one; the trials time them as they

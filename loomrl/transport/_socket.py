@@ -7,8 +7,11 @@ whole rollout: a message is an 8-byte length and a protocol-5 pickle, and a hand
 system calls and a copy. A stream also says when its peer is gone: a dead process's end closes,
 and the reader gets end-of-file at once instead of waiting for a timeout.
 
-``Listener`` binds a socket file in a fresh private directory (removed by ``close``);
-``connect`` reaches it from another process of the same node. This module never imports torch.
+``Listener`` binds an address ``connect`` reaches from another process of the same node. On Linux
+the address is in the abstract namespace: no file, and it goes away with the process however that
+ends (a worker removed with ``ray.kill`` runs no cleanup). Elsewhere it is a socket file in a
+private temporary directory, removed by ``close``, at garbage collection or at exit. This module
+never imports torch.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import pickle
 import shutil
 import socket
 import struct
+import sys
 import tempfile
+import uuid
 import weakref
 from typing import Any
 
@@ -28,6 +33,8 @@ _HEAD = struct.Struct("!Q")
 # Socket buffers sized so that a step's observations (hundreds of KB of pixels) go out in one
 # write without waiting for the reader; the kernel caps the request at net.core.wmem_max.
 _BUFFER_BYTES = 4 << 20
+# A length beyond this is a stream out of step (a write cut off midway), not a message.
+MAX_MESSAGE_BYTES = 1 << 34
 
 
 class PeerClosed(ConnectionError):
@@ -35,10 +42,13 @@ class PeerClosed(ConnectionError):
 
 
 class Conn:
-    """One end of a connected stream socket carrying whole pickled objects."""
+    """One end of a connected stream socket carrying whole pickled objects. ``timeout``: how
+    long a send may wait for the reader to make room, and a recv's default wait (None: for
+    ever); either raises ``TimeoutError`` when it runs out."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, timeout: float | None):
         self.sock = sock
+        self.timeout = timeout
         for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
             try:
                 sock.setsockopt(socket.SOL_SOCKET, opt, _BUFFER_BYTES)
@@ -47,17 +57,20 @@ class Conn:
 
     def send(self, obj: Any) -> None:
         data = pickle.dumps(obj, protocol=5)
+        self.sock.settimeout(self.timeout)
         if len(data) < 65536:  # one write; large payloads are not copied again to prepend
             self.sock.sendall(_HEAD.pack(len(data)) + data)
         else:
             self.sock.sendall(_HEAD.pack(len(data)))
             self.sock.sendall(data)
 
-    def recv(self, timeout: float | None) -> Any:
-        """The next object; ``TimeoutError`` after ``timeout`` seconds without one (None: wait
-        for ever), ``PeerClosed`` when the other end has closed."""
-        self.sock.settimeout(timeout)
+    def recv(self, timeout: float | None = None) -> Any:
+        """The next object; ``TimeoutError`` after ``timeout`` seconds (default: the
+        connection's) without one, ``PeerClosed`` when the other end has closed."""
+        self.sock.settimeout(self.timeout if timeout is None else timeout)
         (n,) = _HEAD.unpack(self._exactly(_HEAD.size))
+        if n > MAX_MESSAGE_BYTES:
+            raise PeerClosed(f"a message of {n} bytes announced: the stream is out of step")
         return pickle.loads(self._exactly(n))
 
     def _exactly(self, n: int) -> memoryview:
@@ -83,24 +96,27 @@ class Conn:
 
 
 class Listener:
-    """A listening Unix socket at ``path`` in a private temporary directory."""
+    """A listening Unix socket at ``address`` (see the module's note on where it lives)."""
 
     def __init__(self, backlog: int = 64):
-        # Short (Unix socket paths are limited to about 100 bytes) and private (mode 0700).
-        self.dir = tempfile.mkdtemp(prefix="loomrl_sock_")
-        self.path = os.path.join(self.dir, "s")
-        # Also removed when this object is collected or the process exits without close().
-        self._cleanup = weakref.finalize(self, shutil.rmtree, self.dir, True)
+        self.dir: str | None = None
+        if sys.platform.startswith("linux"):
+            self.address = f"\0loomrl_sock_{os.getpid()}_{uuid.uuid4().hex}"
+            self._cleanup = weakref.finalize(self, lambda: None)
+        else:  # short (socket paths are limited to about 100 bytes) and private (mode 0700)
+            self.dir = tempfile.mkdtemp(prefix="loomrl_sock_")
+            self.address = os.path.join(self.dir, "s")
+            self._cleanup = weakref.finalize(self, shutil.rmtree, self.dir, True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(self.path)
+        self.sock.bind(self.address)
         self.sock.listen(backlog)
 
-    def accept(self, timeout: float | None) -> Conn:
-        """The next connection; ``TimeoutError`` when none comes within ``timeout`` seconds."""
+    def accept(self, timeout: float | None, conn_timeout: float | None = None) -> Conn:
+        """The next connection (its sends and receives waiting ``conn_timeout`` seconds);
+        ``TimeoutError`` when none comes within ``timeout`` seconds."""
         self.sock.settimeout(timeout)
         s, _ = self.sock.accept()
-        s.settimeout(None)
-        return Conn(s)
+        return Conn(s, conn_timeout)
 
     def close(self) -> None:
         try:
@@ -109,15 +125,15 @@ class Listener:
             self._cleanup()
 
 
-def connect(path: str, timeout: float | None = 30.0) -> Conn:
-    """Connect to a ``Listener`` of this node. ``FileNotFoundError`` where ``path`` is not there
-    (e.g. the listener runs on another node, or has closed)."""
+def connect(address: str, timeout: float | None = 30.0) -> Conn:
+    """Connect to a ``Listener`` of this node; the connection's sends and receives wait
+    ``timeout`` seconds. ``FileNotFoundError`` or ``ConnectionRefusedError`` where nothing
+    listens at ``address`` (the listener is on another node, or has closed)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:
-        s.connect(path)
+        s.connect(address)
     except BaseException:
         s.close()
         raise
-    s.settimeout(None)
-    return Conn(s)
+    return Conn(s, timeout)

@@ -152,11 +152,18 @@ class EnvWorker(Worker):
             raise
 
     def run_pipe(
-        self, path: str, rank: int, parts: list[tuple[int, int]], steps: int, timeout: float
+        self,
+        address: str,
+        token: str,
+        rank: int,
+        parts: list[tuple[int, int]],
+        steps: int,
+        timeout: float,
     ) -> None:
         """Drive this worker's parts (local envs ``[lo, hi)``, in ring-group order) through
-        ``steps`` steps over one socket to the policy worker's ``serve_pipe`` at ``path``
-        (``EnvPolicyCycle(handoff="pipe")``): observations go out as pickled replies, actions
+        ``steps`` steps of rollout ``token`` over one socket to the policy worker's
+        ``serve_pipe`` at ``address`` (``EnvPolicyCycle(handoff="pipe")``): observations go out
+        as pickled replies, actions
         come back, no Ray call per step. The policy visits the groups in the driver's order,
         so the trajectories are the same. Errors on either side travel over the socket as an
         ``("error", message)`` so that the other side stops at once; a policy that is gone,
@@ -164,15 +171,15 @@ class EnvWorker(Worker):
         from loomrl.transport._socket import connect
 
         try:
-            conn = connect(path, timeout)
+            conn = connect(address, timeout)
         except OSError as e:
             raise PolicyCallError(
                 f"cycle_handoff='pipe': env worker {rank} cannot reach the policy worker's "
-                f"socket {path} ({type(e).__name__}: {e}); pipe hand-offs need the env workers "
-                "and the policy on one node: use cycle_handoff: driver"
+                f"socket {address!r} ({type(e).__name__}: {e}); pipe hand-offs need the env "
+                "workers and the policy on one node: use cycle_handoff: driver"
             ) from None
         try:
-            conn.send(("hello", rank))
+            _pipe_send(conn, ("hello", token, rank), 0, 0, 0)
             for lo, hi in parts:
                 _pipe_send(conn, ("reply", self.observe(lo, hi)), 0, lo, hi)
             for t in range(steps):
@@ -266,14 +273,19 @@ def _policy_result(ref: Any, call: str, t: int, lo: int, hi: int) -> Any:
 def _pipe_send(conn: Any, message: tuple, t: int, lo: int, hi: int) -> None:
     """Send ``message``; where the policy has closed its end, raise its reason (an error it sent
     before closing, still in this socket) as ``PolicyCallError``."""
+    where = f"before step {t} for this worker's envs [{lo}, {hi})"
     try:
         conn.send(message)
+    except TimeoutError:
+        raise PolicyCallError(
+            f"the policy worker took nothing from this worker for {conn.timeout:g} s {where} "
+            "(cycle_timeout_s; a stuck policy)"
+        ) from None
     except OSError:
         try:
             kind, payload = conn.recv(1.0)
         except OSError:  # nothing left to read, or the connection is gone entirely
             kind, payload = None, None
-        where = f"before step {t} for this worker's envs [{lo}, {hi})"
         if kind == "error":
             raise PolicyCallError(f"the policy worker stopped {where}: {payload}") from None
         raise PolicyCallError(

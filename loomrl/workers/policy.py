@@ -286,17 +286,64 @@ class PolicyWorker(Worker):
 
     # -- the rollout over sockets (EnvPolicyCycle(handoff="pipe")) ------------------------------
     def listen(self) -> str:
-        """The path of this worker's socket for ``serve_pipe`` (made on first call)."""
+        """The address of this worker's socket for ``serve_pipe`` (made on first call)."""
         from loomrl.transport._socket import Listener
 
         if self._listener is None:
             self._listener = Listener()
-        return self._listener.path
+        return self._listener.address
+
+    def _accept_pipe(self, token: str, workers: int, timeout: float) -> dict[int, Any]:
+        """One connection per env worker rank of rollout ``token``, within ``timeout`` seconds
+        in all. Connections of earlier rollouts still queued (an env worker that connected after
+        its rollout failed) and anything else that is not this rollout's hello are closed; the
+        driver's ``("abort", token, reason)`` stops the wait."""
+        conns: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout
+        try:
+            while len(conns) < workers:
+                left = deadline - time.monotonic()
+                try:
+                    if left <= 0:
+                        raise TimeoutError
+                    conn = self._listener.accept(left, timeout)
+                    hello = conn.recv(max(left, 0.1))
+                except TimeoutError:
+                    missing = sorted(set(range(workers)) - set(conns))
+                    raise HandoffError(
+                        f"env workers {missing} did not connect within {timeout:g} s "
+                        "(cycle_timeout_s)"
+                    ) from None
+                except OSError:  # a stray connection that closed before saying hello
+                    continue
+                ok = isinstance(hello, tuple) and len(hello) == 3 and hello[1] == token
+                if ok and hello[0] == "abort":
+                    conn.close()
+                    raise HandoffError(f"the driver stopped the rollout: {hello[2]}")
+                if (
+                    ok
+                    and hello[0] == "hello"
+                    and hello[2] in range(workers)
+                    and hello[2] not in conns
+                ):
+                    conns[hello[2]] = conn
+                else:
+                    conn.close()
+        except BaseException:
+            for conn in conns.values():
+                conn.close()
+            raise
+        return conns
 
     def serve_pipe(
-        self, steps: int, groups: list[list[tuple[int, int, int]]], workers: int, timeout: float
+        self,
+        token: str,
+        steps: int,
+        groups: list[list[tuple[int, int, int]]],
+        workers: int,
+        timeout: float,
     ) -> None:
-        """Serve one rollout of ``steps`` steps to ``workers`` env workers connecting to
+        """Serve rollout ``token`` of ``steps`` steps to ``workers`` env workers connecting to
         ``listen()``'s socket (``EnvWorker.run_pipe``). ``groups``: per ring group, its parts as
         (env worker rank, lo, hi). The groups are visited in the driver's order, group after
         group each step, with the same ``act`` and ``close_group`` calls, so the buffer is the
@@ -305,7 +352,7 @@ class PolicyWorker(Worker):
         worker first, so none waits for actions that will not come."""
         from loomrl.transport._socket import PeerClosed
 
-        conns: dict[int, Any] = {}
+        conns = self._accept_pipe(token, workers, timeout)
 
         def reply(w: int, t: int) -> dict:
             where = f"env worker {w} (its observations to act on at step {t})"
@@ -325,15 +372,6 @@ class PolicyWorker(Worker):
             return payload
 
         try:
-            for n in range(workers):
-                try:
-                    conn = self._listener.accept(timeout)
-                except TimeoutError:
-                    raise HandoffError(
-                        f"{n} of {workers} env workers connected within {timeout:g} s"
-                    ) from None
-                _, rank = conn.recv(timeout)
-                conns[rank] = conn
             for t in range(steps):
                 for g, parts in enumerate(groups):
                     replies = [reply(w, t) for w, _, _ in parts]
@@ -350,6 +388,7 @@ class PolicyWorker(Worker):
                 self.close_group(*[reply(w, steps) for w, _, _ in parts])
         except BaseException as e:
             for conn in conns.values():
+                conn.timeout = 1.0  # a worker that is not reading must not hold this up
                 try:
                     conn.send(("error", f"{type(e).__name__}: {e}"))
                 except OSError:

@@ -244,7 +244,7 @@ def test_a_failing_policy_call_in_a_direct_rollout_is_named_and_leaves_nothing_b
 class _EnvStops(EnvWorker):
     """Env worker 1 of a pipe rollout misbehaves in its third step call (step 1 of its first
     group, with two groups a worker): ``how`` = "exit" ends its process there, "sleep" stalls
-    it for 4 s."""
+    it for 12 s."""
 
     def __init__(self, env, how):
         super().__init__(env)
@@ -259,14 +259,26 @@ class _EnvStops(EnvWorker):
                 os._exit(1)
             import time
 
-            time.sleep(4.0)
+            time.sleep(12.0)
         return super().step(actions, part, lo, hi, *after)
 
 
+class _PolicyExits(PolicyWorker):
+    """Ends its process in act at step 2."""
+
+    def act(self, t, *parts):
+        if t == 2:
+            import os
+
+            os._exit(1)
+        return super().act(t, *parts)
+
+
 def test_a_pipe_rollout_stops_with_a_named_error_on_a_raising_dying_or_silent_worker(cluster):
-    """Hand-offs over sockets: the policy raising for one group, an env worker's process dying
-    and an env worker silent past the cycle's timeout each end collect() with an error naming
-    the side and the step, not a hang; a new rollout on healthy workers runs clean after."""
+    """Hand-offs over sockets: the policy raising for one group, an env worker's process dying,
+    an env worker silent past the cycle's timeout and the policy's process dying each end
+    collect() with an error naming the side (and the step), not a hang; a new rollout on
+    healthy workers runs clean after."""
     import time
 
     from loomrl.errors import LoomError
@@ -294,12 +306,12 @@ def test_a_pipe_rollout_stops_with_a_named_error_on_a_raising_dying_or_silent_wo
             assert (res.policy_calls, res.env_calls) == (2 * STEPS, 4 * STEPS)
             assert res.env_steps == STEPS * ENV.num_envs
             for how, match in (
-                ("sleep", r"no reply from env worker 1 .* at step 2\) within 1 s"),
+                ("sleep", r"no reply from env worker 1 .* at step 2\) within 3 s"),
                 ("exit", r"env worker 1|died"),
             ):
                 odd = launch_envs(_EnvStops, f"env_{how}", how)
                 try:
-                    cycle = EnvPolicyCycle(odd, good, 2, 2, True, handoff="pipe", timeout_s=1.0)
+                    cycle = EnvPolicyCycle(odd, good, 2, 2, True, handoff="pipe", timeout_s=3.0)
                     t0 = time.monotonic()
                     with pytest.raises(LoomError, match=match):
                         cycle.collect(STEPS)
@@ -310,5 +322,14 @@ def test_a_pipe_rollout_stops_with_a_named_error_on_a_raising_dying_or_silent_wo
             assert (res.policy_calls, res.env_calls) == (2 * STEPS, 4 * STEPS)
         finally:
             good.kill()
+        dies = cluster.launch(_PolicyExits, 1, *args, devices=[2], name="policy_pdies")
+        try:
+            cycle = EnvPolicyCycle(envs, dies, 2, 2, True, handoff="pipe", timeout_s=3.0)
+            t0 = time.monotonic()
+            with pytest.raises(LoomError, match=r"policy worker closed its connection|died"):
+                cycle.collect(STEPS)
+            assert time.monotonic() - t0 < 30
+        finally:
+            dies.kill()
     finally:
         envs.kill()

@@ -57,7 +57,7 @@ def test_cli_runs_two_iterations_and_writes_the_summary(cluster, tmp_path):
     # cycle_handoff auto on a one-node cluster: replies and actions over sockets
     assert s["cycle_handoff"] == "pipe"
     trials = json.loads((out / "trials.json").read_text())["trials"]
-    assert all(t["handoff"] == "pipe" for t in trials)
+    assert trials and all(t["handoff"] == "pipe" for t in trials)
     assert s["policy_cuda_graphs"] == {  # CPU: neither act nor the PPO step is recorded
         "enabled": False,
         "captures": 0,

@@ -285,20 +285,20 @@ def test_socket_messages_whole_objects_timeouts_and_a_closed_peer():
     got = {}
 
     def server():
-        conn = lis.accept(5.0)
-        got["small"] = conn.recv(5.0)
-        got["big"] = conn.recv(5.0)
+        conn = lis.accept(5.0, 5.0)
+        got["small"] = conn.recv()
+        got["big"] = conn.recv()
         conn.send(("actions", np.arange(3)))
         got["closed"] = None
         try:
-            conn.recv(5.0)
+            conn.recv()
         except PeerClosed as e:
             got["closed"] = str(e)
         conn.close()
 
     th = threading.Thread(target=server)
     th.start()
-    c = connect(lis.path)
+    c = connect(lis.address)
     big = np.random.default_rng(0).integers(0, 255, (64, 3, 96, 96), dtype=np.uint8)  # 1.8 MB
     c.send(("hello", 0))
     c.send(("reply", {"obs": big, "ids": np.arange(64)}))
@@ -312,8 +312,60 @@ def test_socket_messages_whole_objects_timeouts_and_a_closed_peer():
     assert got["closed"] == "the other end closed the connection"
     with pytest.raises(TimeoutError):
         lis.accept(0.1)
-    d = lis.dir
+    on_disk = lis.dir
     lis.close()
-    assert not os.path.exists(d)
-    with pytest.raises(FileNotFoundError):
-        connect(lis.path, 1.0)
+    assert on_disk is None or not os.path.exists(on_disk)  # Linux: no file at all
+    with pytest.raises((FileNotFoundError, ConnectionRefusedError)):
+        connect(lis.address, 1.0)
+
+
+def test_a_sender_whose_reader_stops_reading_times_out():
+    from loomrl.transport._socket import Listener, connect
+
+    lis = Listener()
+    c = connect(lis.address, 0.5)
+    peer = lis.accept(1.0)  # accepted, never read
+    with pytest.raises(TimeoutError):
+        for _ in range(64):  # more than any socket buffer holds
+            c.send(np.zeros(1 << 20, np.uint8))
+    c.close()
+    peer.close()
+    lis.close()
+
+
+def test_the_policy_takes_only_this_rollouts_env_workers_and_stops_on_abort():
+    """A queued connection of an earlier rollout and a stray one are closed, not taken for an
+    env worker; the driver's abort and a missing worker each end the wait with a named error."""
+    import threading
+
+    from loomrl.transport._socket import Listener, connect
+    from loomrl.workers.policy import HandoffError, PolicyWorker
+
+    pol = PolicyWorker.__new__(PolicyWorker)  # only its socket is used here
+    pol._listener = Listener()
+    addr = pol._listener.address
+    late = connect(addr)  # queued from a failed rollout
+    late.send(("hello", "old", 0))
+    stray = connect(addr)
+    stray.send("hi")
+    now = [connect(addr), connect(addr)]
+    now[0].send(("hello", "tok", 1))
+    now[1].send(("hello", "tok", 0))
+    conns = pol._accept_pipe("tok", 2, 5.0)
+    assert sorted(conns) == [0, 1]
+    conns[0].send("to rank 0")
+    conns[1].send("to rank 1")
+    assert (now[1].recv(1.0), now[0].recv(1.0)) == ("to rank 0", "to rank 1")
+    for c in (late, stray, *now, *conns.values()):
+        c.close()
+    waiting = connect(addr)
+    waiting.send(("hello", "t2", 0))
+    th = threading.Timer(0.3, lambda: connect(addr).send(("abort", "t2", "RemoteError: boom")))
+    th.start()
+    with pytest.raises(HandoffError, match="the driver stopped the rollout: RemoteError: boom"):
+        pol._accept_pipe("t2", 2, 10.0)
+    th.join()
+    with pytest.raises(HandoffError, match=r"env workers \[0, 1\] did not connect within 0.3 s"):
+        pol._accept_pipe("t3", 2, 0.3)
+    waiting.close()
+    pol._listener.close()
