@@ -570,17 +570,7 @@ def test_a_walk_beside_a_co_located_plan_and_one_on_fresh_workers(monkeypatch, t
     calls, per_step = [], {1: 0.010, 2: 0.008, 4: 0.006}
 
     class FakeCycle:
-        def __init__(
-            self,
-            envs,
-            policy,
-            envs_per_worker,
-            groups,
-            pipelined,
-            handoff="driver",
-            tag="probe",
-            **_,
-        ):
+        def __init__(self, envs, policy, n, groups, *_, handoff="driver", tag="probe", **__):
             self.tag, self.handoff = (tag, groups), handoff
 
         def collect(self, n):
@@ -727,17 +717,7 @@ def test_a_trial_candidate_on_fresh_workers_is_timed_after_the_probes_and_thrown
     calls, killed = [], []
 
     class FakeCycle:  # 0.01 s per step and 0.05 s per rollout for any plan
-        def __init__(
-            self,
-            envs,
-            policy,
-            envs_per_worker,
-            groups,
-            pipelined,
-            handoff="driver",
-            tag="probe",
-            **_,
-        ):
+        def __init__(self, envs, policy, n, groups, *_, handoff="driver", tag="probe", **__):
             self.tag, self.handoff = (tag, groups), handoff
 
         def collect(self, n):
