@@ -329,9 +329,8 @@ class PolicyWorker(Worker):
                     conns[hello[2]] = conn
                 else:
                     conn.close()
-        except BaseException:
-            for conn in conns.values():
-                conn.close()
+        except BaseException as e:
+            _tell_and_close(conns.values(), e)
             raise
         return conns
 
@@ -387,12 +386,7 @@ class PolicyWorker(Worker):
             for parts in groups:
                 self.close_group(*[reply(w, steps) for w, _, _ in parts])
         except BaseException as e:
-            for conn in conns.values():
-                conn.timeout = 1.0  # a worker that is not reading must not hold this up
-                try:
-                    conn.send(("error", f"{type(e).__name__}: {e}"))
-                except OSError:
-                    pass
+            _tell_and_close(conns.values(), e)
             raise
         finally:
             for conn in conns.values():
@@ -618,6 +612,18 @@ class PolicyWorker(Worker):
             release()
         if self.train_step is not None:
             self.train_step.release()
+
+
+def _tell_and_close(conns: Any, error: BaseException) -> None:
+    """Send ``error`` to env workers waiting for actions, so that they stop now with its
+    reason rather than at their timeout, and close their connections."""
+    for conn in conns:
+        conn.timeout = 1.0  # a worker that is not reading must not hold this up
+        try:
+            conn.send(("error", f"{type(error).__name__}: {error}"))
+        except OSError:
+            pass
+        conn.close()
 
 
 def _to_device(buf: Any, device: str) -> Any:
