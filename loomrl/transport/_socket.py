@@ -64,12 +64,13 @@ class Conn:
             self.sock.sendall(_HEAD.pack(len(data)))
             self.sock.sendall(data)
 
-    def recv(self, timeout: float | None = None) -> Any:
+    def recv(self, timeout: float | None = None, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
         """The next object; ``TimeoutError`` after ``timeout`` seconds (default: the
-        connection's) without one, ``PeerClosed`` when the other end has closed."""
+        connection's) without one, ``PeerClosed`` when the other end has closed or announces
+        more than ``max_bytes``."""
         self.sock.settimeout(self.timeout if timeout is None else timeout)
         (n,) = _HEAD.unpack(self._exactly(_HEAD.size))
-        if n > MAX_MESSAGE_BYTES:
+        if n > max_bytes:
             raise PeerClosed(f"a message of {n} bytes announced: the stream is out of step")
         return pickle.loads(self._exactly(n))
 
@@ -113,9 +114,18 @@ class Listener:
 
     def accept(self, timeout: float | None, conn_timeout: float | None = None) -> Conn:
         """The next connection (its sends and receives waiting ``conn_timeout`` seconds);
-        ``TimeoutError`` when none comes within ``timeout`` seconds."""
+        ``TimeoutError`` when none comes within ``timeout`` seconds. On Linux a peer of
+        another user is refused with ``PermissionError``: an abstract address has no file
+        permissions, and what arrives is unpickled."""
         self.sock.settimeout(timeout)
         s, _ = self.sock.accept()
+        if hasattr(socket, "SO_PEERCRED"):
+            _pid, uid, _gid = struct.unpack(
+                "3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+            )
+            if uid != os.getuid():
+                s.close()
+                raise PermissionError(f"a connection from user {uid} refused")
         return Conn(s, conn_timeout)
 
     def close(self) -> None:

@@ -302,19 +302,25 @@ class PolicyWorker(Worker):
         deadline = time.monotonic() + timeout
         try:
             while len(conns) < workers:
-                left = deadline - time.monotonic()
+                conn = None
                 try:
+                    left = deadline - time.monotonic()
                     if left <= 0:
                         raise TimeoutError
                     conn = self._listener.accept(left, timeout)
-                    hello = conn.recv(max(left, 0.1))
+                    left = deadline - time.monotonic()
+                    hello = conn.recv(max(left, 0.1), max_bytes=1 << 16)
                 except TimeoutError:
+                    if conn is not None:
+                        conn.close()
                     missing = sorted(set(range(workers)) - set(conns))
                     raise HandoffError(
                         f"env workers {missing} did not connect within {timeout:g} s "
                         "(cycle_timeout_s)"
                     ) from None
-                except OSError:  # a stray connection that closed before saying hello
+                except Exception:  # a stray (closed early, another user's, not a pickle)
+                    if conn is not None:
+                        conn.close()
                     continue
                 ok = isinstance(hello, tuple) and len(hello) == 3 and hello[1] == token
                 if ok and hello[0] == "abort":

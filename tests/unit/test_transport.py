@@ -334,8 +334,8 @@ def test_a_sender_whose_reader_stops_reading_times_out():
 
 
 def test_the_policy_takes_only_this_rollouts_env_workers_and_stops_on_abort():
-    """A queued connection of an earlier rollout and a stray one are closed, not taken for an
-    env worker; the driver's abort and a missing worker each end the wait with a named error."""
+    """A queued connection of an earlier rollout and strays (a wrong message, bytes that are
+    not a pickle, a huge length) are closed, not taken for an env worker; the driver's abort and a missing worker each end the wait with a named error."""
     import threading
 
     from loomrl.transport._socket import Listener, connect
@@ -348,6 +348,10 @@ def test_the_policy_takes_only_this_rollouts_env_workers_and_stops_on_abort():
     late.send(("hello", "old", 0))
     stray = connect(addr)
     stray.send("hi")
+    garbage = connect(addr)  # not a pickle
+    garbage.sock.sendall(b"\x00" * 7 + b"\x03abc")
+    huge = connect(addr)  # announces more than a hello can be
+    huge.sock.sendall((1 << 40).to_bytes(8, "big"))
     now = [connect(addr), connect(addr)]
     now[0].send(("hello", "tok", 1))
     now[1].send(("hello", "tok", 0))
@@ -356,7 +360,7 @@ def test_the_policy_takes_only_this_rollouts_env_workers_and_stops_on_abort():
     conns[0].send("to rank 0")
     conns[1].send("to rank 1")
     assert (now[1].recv(1.0), now[0].recv(1.0)) == ("to rank 0", "to rank 1")
-    for c in (late, stray, *now, *conns.values()):
+    for c in (late, stray, garbage, huge, *now, *conns.values()):
         c.close()
     waiting = connect(addr)
     waiting.send(("hello", "t2", 0))
