@@ -270,18 +270,16 @@ class EnvPolicyCycle:
         # ready before any env worker calls, and finish() must wait for every group's last step.
         wait(self.policy.begin(steps))
         actor = self.policy.actors[0]
-        mine: dict[int, list[tuple[int, int]]] = {}
-        for (p,) in self.groups:
-            mine.setdefault(p.worker, []).append((p.lo, p.hi))
-        runs = [self._env[w].run_groups(actor, parts, steps) for w, parts in mine.items()]
+        runs = [
+            self._env[w].run_groups(actor, parts, steps)
+            for w, parts in self._parts_by_worker().items()
+            if parts
+        ]
         try:
             wait(*runs)
         except BaseException:
-            # The other env workers may still be calling the policy: let them finish, then close
-            # the rollout as the driver path does, so the next rollout starts on a clean buffer
-            # and counters. Bounded, so that a hung worker cannot hide the error.
-            settle([r for h in runs for r in h.refs])
-            settle([*self.policy.finish().refs, *self.envs.pop_stats().refs])
+            # The other env workers may still be calling the policy: let them finish first.
+            self._abandon(runs)
             raise
         pol, env_stats = wait(self.policy.finish(), self.envs.pop_stats())
         return self._result(steps, t0, pol, env_stats)
@@ -296,27 +294,36 @@ class EnvPolicyCycle:
         wait(self.policy.begin(steps))
         token = uuid.uuid4().hex  # this rollout's: a late connection of a failed one is refused
         parts = [[(p.worker, p.lo, p.hi) for p in g] for g in self.groups]
-        mine: dict[int, list[tuple[int, int]]] = {w: [] for w in range(self.workers)}
-        for g in self.groups:  # each worker's parts in the order the policy visits them
-            for p in g:
-                mine[p.worker].append((p.lo, p.hi))
         serve = self.policy.serve_pipe(token, steps, parts, self.workers, self.timeout_s)
         runs = [
-            self._env[w].run_pipe(self._socket, token, w, mine[w], steps, self.timeout_s)
-            for w in range(self.workers)
+            self._env[w].run_pipe(self._socket, token, w, mine, steps, self.timeout_s)
+            for w, mine in self._parts_by_worker().items()
         ]
         try:
             wait(serve, *runs)
         except BaseException as e:
             # Both sides stop on the other's error once connected (it travels over the
-            # socket); a policy still waiting for connections is told here. Then close the
-            # rollout so the next one starts clean.
+            # socket); a policy still waiting for connections is told here.
             _abort_pipe(self._socket, token, f"{type(e).__name__}: {str(e)[:500]}")
-            settle([r for h in (serve, *runs) for r in h.refs])
-            settle([*self.policy.finish().refs, *self.envs.pop_stats().refs])
+            self._abandon([serve, *runs])
             raise
         pol, env_stats = wait(self.policy.finish(), self.envs.pop_stats())
         return self._result(steps, t0, pol, env_stats)
+
+    def _parts_by_worker(self) -> dict[int, list[tuple[int, int]]]:
+        """Every env worker's (lo, hi) parts, in the order the ring visits them."""
+        mine: dict[int, list[tuple[int, int]]] = {w: [] for w in range(self.workers)}
+        for g in self.groups:
+            for p in g:
+                mine[p.worker].append((p.lo, p.hi))
+        return mine
+
+    def _abandon(self, handles: list[Handle]) -> None:
+        """After a failed rollout: let ``handles`` end, then close the rollout as a good one
+        closes, so the next starts on a clean buffer and counters. Bounded (``settle``), so
+        that a hung worker cannot hide the error."""
+        settle([r for h in handles for r in h.refs])
+        settle([*self.policy.finish().refs, *self.envs.pop_stats().refs])
 
     def _result(self, steps: int, t0: float, pol: list, env_stats: list) -> CollectResult:
         out = CollectResult(wall_s=time.perf_counter() - t0, steps=steps)

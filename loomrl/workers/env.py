@@ -163,9 +163,8 @@ class EnvWorker(Worker):
         """Drive this worker's parts (local envs ``[lo, hi)``, in ring-group order) through
         ``steps`` steps of rollout ``token`` over one socket to the policy worker's
         ``serve_pipe`` at ``address`` (``EnvPolicyCycle(handoff="pipe")``): observations go out
-        as pickled replies, actions
-        come back, no Ray call per step. The policy visits the groups in the driver's order,
-        so the trajectories are the same. Errors on either side travel over the socket as an
+        as pickled replies, actions come back, no Ray call per step. The policy visits the
+        groups in the driver's order, so the trajectories are the same. Errors on either side travel over the socket as an
         ``("error", message)`` so that the other side stops at once; a policy that is gone,
         silent for ``timeout`` seconds, or raising becomes ``PolicyCallError``."""
         from loomrl.transport._socket import connect

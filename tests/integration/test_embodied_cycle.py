@@ -209,6 +209,17 @@ class _ActFailsForWorker0(PolicyWorker):
         return super().act(t, *parts)
 
 
+def _act_fails(cluster, envs, args, name, error, match, **cycle):
+    """A policy raising in act at step 2 for env worker 0's group (two groups over ``envs``)
+    ends collect() with ``error`` matching ``match``; the policy is removed after."""
+    bad = cluster.launch(_ActFailsForWorker0, 1, *args, devices=[2], name=name)
+    try:
+        with pytest.raises(error, match=match):
+            EnvPolicyCycle(envs, bad, 2, 2, True, **cycle).collect(STEPS)
+    finally:
+        bad.kill()
+
+
 def test_a_failing_policy_call_in_a_direct_rollout_is_named_and_leaves_nothing_behind(cluster):
     """Direct hand-offs, two env workers: the policy raising for one worker's group is reported
     as the policy's act, and the next rollout starts clean (no call of the failed one leaks
@@ -221,13 +232,10 @@ def test_a_failing_policy_call_in_a_direct_rollout_is_named_and_leaves_nothing_b
     try:
         sp = wait(envs.on(0).spaces())[0]
         args = (sp["observation_space"], sp["action_space"], ENV.num_envs, PPO, ENV.seed)
-        bad = cluster.launch(_ActFailsForWorker0, 1, *args, devices=[2], name="policy_bad")
-        try:
-            cycle = EnvPolicyCycle(envs, bad, 2, 2, True, layout="blocks", handoff="direct")
-            with pytest.raises(RemoteError, match=r"policy\.act at step 2 .*raised.*refused"):
-                cycle.collect(STEPS)
-        finally:
-            bad.kill()
+        match = r"policy\.act at step 2 .*raised.*refused"
+        _act_fails(
+            cluster, envs, args, "policy_bad", RemoteError, match, layout="blocks", handoff="direct"
+        )
         good = cluster.launch(PolicyWorker, 1, *args, devices=[2], name="policy_good")
         try:
             cycle = EnvPolicyCycle(envs, good, 2, 2, True, layout="blocks", handoff="direct")
@@ -292,13 +300,8 @@ def test_a_pipe_rollout_stops_with_a_named_error_on_a_raising_dying_or_silent_wo
     try:
         sp = wait(envs.on(0).spaces())[0]
         args = (sp["observation_space"], sp["action_space"], ENV.num_envs, PPO, ENV.seed)
-        bad = cluster.launch(_ActFailsForWorker0, 1, *args, devices=[2], name="policy_pbad")
-        try:
-            cycle = EnvPolicyCycle(envs, bad, 2, 2, True, handoff="pipe")
-            with pytest.raises(LoomError, match=r"step 2.*refused these rows"):
-                cycle.collect(STEPS)
-        finally:
-            bad.kill()
+        match = r"step 2.*refused these rows"
+        _act_fails(cluster, envs, args, "policy_pbad", LoomError, match, handoff="pipe")
         good = cluster.launch(PolicyWorker, 1, *args, devices=[2], name="policy_pgood")
         try:
             cycle = EnvPolicyCycle(envs, good, 2, 2, True, handoff="pipe")
