@@ -74,6 +74,18 @@ class Conn:
             raise PeerClosed(f"a message of {n} bytes announced: the stream is out of step")
         return pickle.loads(self._exactly(n))
 
+    def last_error(self, timeout: float = 1.0) -> str | None:
+        """After a send failed because the peer closed its end: the message of the
+        ``("error", message)`` it sent before closing, read past whatever it sent earlier;
+        None where it closed without one (or went silent for ``timeout`` seconds)."""
+        try:
+            while True:
+                msg = self.recv(timeout)
+                if isinstance(msg, tuple) and len(msg) == 2 and msg[0] == "error":
+                    return str(msg[1])
+        except (OSError, pickle.UnpicklingError):
+            return None
+
     def _exactly(self, n: int) -> memoryview:
         buf = memoryview(bytearray(n))
         got = 0

@@ -281,12 +281,9 @@ def _pipe_send(conn: Any, message: tuple, t: int, lo: int, hi: int) -> None:
             "(cycle_timeout_s; a stuck policy)"
         ) from None
     except OSError:
-        try:
-            kind, payload = conn.recv(1.0)
-        except OSError:  # nothing left to read, or the connection is gone entirely
-            kind, payload = None, None
-        if kind == "error":
-            raise PolicyCallError(f"the policy worker stopped {where}: {payload}") from None
+        reason = conn.last_error()
+        if reason is not None:
+            raise PolicyCallError(f"the policy worker stopped {where}: {reason}") from None
         raise PolicyCallError(
             f"the policy worker closed its connection {where} (its process exited or died)"
         ) from None

@@ -388,7 +388,18 @@ class PolicyWorker(Worker):
                             f"{[w for w, _, _ in parts]}): {type(e).__name__}: {e}"
                         ) from e
                     for (w, _, _), a in zip(parts, actions, strict=True):
-                        conns[w].send(("actions", a))
+                        try:
+                            conns[w].send(("actions", a))
+                        except OSError:  # the env worker closed its end: say why, if it did
+                            reason = conns[w].last_error()
+                            raise HandoffError(
+                                f"env worker {w} (its actions for step {t}) "
+                                + (
+                                    f"failed: {reason}"
+                                    if reason is not None
+                                    else "closed its connection (its process exited or died)"
+                                )
+                            ) from None
             for parts in groups:
                 self.close_group(*[reply(w, steps) for w, _, _ in parts])
         except BaseException as e:

@@ -373,3 +373,21 @@ def test_the_policy_takes_only_this_rollouts_env_workers_and_stops_on_abort():
         pol._accept_pipe("t3", 2, 0.3)
     waiting.close()
     pol._listener.close()
+
+
+def test_last_error_reads_past_earlier_messages_to_the_peers_reason():
+    from loomrl.transport._socket import Listener, connect
+
+    lis = Listener()
+    for sent, want in (
+        ([("reply", 1), ("error", "env stepping failed")], "env stepping failed"),
+        ([("reply", 1)], None),
+    ):
+        c = connect(lis.address, 2.0)
+        peer = lis.accept(2.0, 2.0)
+        for m in sent:
+            peer.send(m)
+        peer.close()  # as a worker does after telling why
+        assert c.last_error(1.0) == want
+        c.close()
+    lis.close()
