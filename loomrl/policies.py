@@ -252,23 +252,36 @@ class _GraphCache:
         self.params_key = None
 
     def run(
-        self, module: nn.Module, fn: Callable[[Tensor], tuple[Tensor, ...]], x: Tensor
+        self,
+        module: nn.Module,
+        fn: Callable[..., tuple[Tensor, ...]],
+        *xs: Tensor,
+        device: Any = None,
+        copy_out: bool = True,
     ) -> tuple[Tensor, ...] | None:
-        """``fn(x)`` by replaying its graph (recorded on first sight of the input's layout);
+        """``fn(*xs)`` by replaying its graph (recorded on first sight of the inputs' layout);
         None once recording has failed, after which the caller runs eagerly. Errors of ``fn``
-        itself (a wrong input, out of memory) surface from the warm-up as they would eagerly."""
+        itself (a wrong input, out of memory) surface from the warm-up as they would eagerly.
+
+        ``device``: where the graph runs when ``xs`` are host tensors (copied in without a wait
+        when pinned). ``copy_out=False`` returns the graph's own output tensors, which the next
+        replay overwrites: the caller copies them out first."""
         if self.failed is not None:
             return None
         pkey = tuple(t.data_ptr() for t in (*module.parameters(), *module.buffers()))
         if pkey != self.params_key:
             self.entries.clear()
             self.params_key = pkey
-        key = (tuple(x.shape), x.stride(), x.dtype, x.device)
+        key = (
+            getattr(fn, "__name__", id(fn)),
+            str(device),
+            *((tuple(x.shape), x.stride(), x.dtype, x.device) for x in xs),
+        )
         entry = self.entries.get(key)
         if entry is None:
-            static_in = _warm_up(fn, x)
+            statics = _warm_up(fn, xs, device)
             try:
-                entry = _capture(fn, static_in)
+                entry = _capture(fn, statics)
             except RuntimeError as e:  # an op that cannot be captured: say so once, run eagerly
                 self.failed = f"{type(e).__name__}: {e}"
                 self.clear()
@@ -284,34 +297,40 @@ class _GraphCache:
             self.entries[key] = entry
         else:
             self.entries.move_to_end(key)
-        static_in, graph, outs = entry
-        static_in.copy_(x)
+        statics, graph, outs = entry
+        for s, x in zip(statics, xs, strict=True):
+            s.copy_(x, non_blocking=True)
         graph.replay()
         # The outputs live in the graph's memory and the next replay overwrites them.
-        return tuple(o.clone() for o in outs)
+        return tuple(o.clone() for o in outs) if copy_out else outs
 
 
-def _warm_up(fn: Callable[[Tensor], tuple[Tensor, ...]], x: Tensor) -> Tensor:
-    """Run ``fn`` twice on a copy of ``x`` off the main stream, as capture requires: cuDNN and
-    cuBLAS create their handles and workspaces here rather than inside the recording. Returns
-    the copy, the input the graph will read."""
-    static_in = x.clone()
-    main = torch.cuda.current_stream(x.device)
-    side = torch.cuda.Stream(x.device)
+def _warm_up(
+    fn: Callable[..., tuple[Tensor, ...]], xs: Sequence[Tensor], device: Any = None
+) -> tuple[Tensor, ...]:
+    """Run ``fn`` twice on copies of ``xs`` (on ``device`` when given) off the main stream, as
+    capture requires: cuDNN and cuBLAS create their handles and workspaces here rather than
+    inside the recording. Returns the copies, the inputs the graph will read."""
+    statics = tuple(
+        x.clone() if device is None else torch.empty_like(x, device=device).copy_(x) for x in xs
+    )
+    where = statics[0].device
+    main = torch.cuda.current_stream(where)
+    side = torch.cuda.Stream(where)
     side.wait_stream(main)
     with torch.cuda.stream(side), torch.no_grad():
         for _ in range(2):
-            fn(static_in)
+            fn(*statics)
     main.wait_stream(side)
-    return static_in
+    return statics
 
 
-def _capture(fn: Callable[[Tensor], tuple[Tensor, ...]], static_in: Tensor) -> tuple:
+def _capture(fn: Callable[..., tuple[Tensor, ...]], statics: tuple[Tensor, ...]) -> tuple:
     graph = torch.cuda.CUDAGraph()
     # thread_local: CUDA calls of other threads in the process (a runtime's) do not void it.
     with torch.cuda.graph(graph, capture_error_mode="thread_local"), torch.no_grad():
-        outs = fn(static_in)
-    return static_in, graph, tuple(outs)
+        outs = fn(*statics)
+    return statics, graph, tuple(outs)
 
 
 class _ActorCriticBase(nn.Module):
@@ -352,7 +371,7 @@ class _ActorCriticBase(nn.Module):
 
     def __getstate__(self) -> dict[str, Any]:
         # Copies and pickles check their blocks again: they may run on other kernels.
-        return {**self.__dict__, "_blocks_checked": {}}
+        return {**self.__dict__, "_blocks_checked": {}, "_host_bufs": {}}
 
     def _forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
@@ -446,6 +465,69 @@ class _ActorCriticBase(nn.Module):
         # non-finite weights then surface here, at the env, in the next rollout).
         logp, _ = self.heads.log_prob(out, self.heads.to_env(a), validate=False)
         return self.heads.to_env(a), logp, value
+
+    def act_host(
+        self, obs: Tensor, generators: Sequence[torch.Generator] | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``act`` on host observations with the results on the host: (action, logp, value),
+        the last two float32; the same bits as ``act`` on the policy's device.
+
+        On a CUDA device with ``use_cuda_graphs()``, continuous actions and per-row generators,
+        one recorded graph covers the forward, the sampling and the log-probability, fed from
+        and read into pinned host buffers: one copy each way and one wait per call. Eager act
+        and a copy per result wait for the device once per result, and beside other work on
+        the GPU (renderers of a split cycle) every wait is a chance to queue behind it."""
+        dev = self._device()
+        fused = (
+            self._graphs is not None
+            and self._graphs.failed is None
+            and dev.type == "cuda"
+            and generators is not None
+            and not self.heads.discrete
+        )
+        if fused:
+            if len(generators) != obs.shape[0]:
+                raise ValueError(
+                    f"act: got {len(generators)} generators for {obs.shape[0]} observations; "
+                    "pass one per row"
+                )
+            eps = self.heads.noise(generators, "cpu")
+            staged = (self._pinned("obs", obs), self._pinned("eps", eps))
+            outs = self._graphs.run(self, self._act_packed, *staged, device=dev, copy_out=False)
+            if outs is not None:
+                packed = self._pinned("out", outs[0], non_blocking=True)
+                torch.cuda.current_stream(dev).synchronize()
+                n, k = obs.shape[0], self.heads.action_dim
+                a = packed[:, :k].reshape(n, *self.heads.action_shape).clone()
+                return a, packed[:, k].clone(), packed[:, k + 1].clone()
+        a, logp, value = self.act(obs.to(dev), generators)
+        return a.cpu(), logp.float().cpu(), value.float().cpu()
+
+    def _act_packed(self, obs: Tensor, eps: Tensor) -> tuple[Tensor]:
+        """act's arithmetic (continuous actions, the rows' noise given) with the results in one
+        float32 tensor [B, action_dim + 2]: action, logp, value. Same ops as ``act``, so the
+        same kernels and bits."""
+        out, value = self._rows(obs)
+        a = out + self.heads.log_std.exp() * eps.to(out)
+        logp, _ = self.heads.log_prob(out, self.heads.to_env(a), validate=False)
+        n = out.shape[0]
+        return (torch.cat([a.reshape(n, -1), logp.float()[:, None], value.float()[:, None]], 1),)
+
+    def _pinned(self, name: str, x: Tensor, non_blocking: bool = False) -> Tensor:
+        """``x`` copied into this net's page-locked host buffer ``name`` (kept per shape and
+        dtype; reused, so valid until the next call): device copies from and to it need no
+        wait of the host."""
+        bufs: dict[tuple, Tensor] = self.__dict__.setdefault("_host_bufs", {})
+        key = (name, tuple(x.shape), x.dtype)
+        buf = bufs.get(key)
+        if buf is None:
+            if len(bufs) >= 24:  # many batch shapes: start over rather than grow without end
+                bufs.clear()
+            buf = bufs[key] = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        return buf.copy_(x, non_blocking=non_blocking)
+
+    def _device(self) -> torch.device:
+        return next(self.parameters()).device
 
     def evaluate(
         self, obs: Tensor, action: Tensor, validate: bool | None = None

@@ -205,6 +205,8 @@ class PolicyWorker(Worker):
         with torch.no_grad():
             if self.per_row:
                 gens = row_generators(self.row_seed, env_ids, env_steps, self._gens)
+                if self.graphs:  # built-in, on a GPU: one graph, one copy each way, one wait
+                    return (o, *self.net.act_host(o, gens))
                 a, logp, v = self.net.act(o.to(self.device), generators=gens)
             else:
                 a, logp, v = self.net.act(o.to(self.device))
@@ -219,7 +221,10 @@ class PolicyWorker(Worker):
         obs_dtype = torch.uint8 if self.normalizer is None and self.pixels else torch.float32
         self._S = S
         self._obs = torch.zeros((S, N, *self.obs_shape), dtype=obs_dtype)
-        self._raw = np.zeros((S, N, *self.obs_shape), np.uint8 if self.pixels else np.float32)
+        # Raw observations feed the normaliser's update at the end; pixels have none.
+        self._raw = (
+            None if self.normalizer is None else np.zeros((S, N, *self.obs_shape), np.float32)
+        )
         self._act_buf: Any = None  # dtype/shape known at the first act
         self._logp = torch.zeros(S, N)
         self._val = torch.zeros(S, N)
@@ -228,25 +233,29 @@ class PolicyWorker(Worker):
         self._trunc = torch.zeros(S, N, dtype=torch.bool)
         self._fin = torch.zeros(S, N)
         self._last = torch.zeros(N)
+        # Rows are stored through numpy views of the buffers: torch's indexed store of a pixel
+        # group (index_put) took 0.53 ms for 32 rows of 64x64x3 on one core, numpy's 0.02.
+        self._np = {
+            k: getattr(self, k).numpy()
+            for k in ("_obs", "_logp", "_val", "_rew", "_term", "_trunc", "_fin", "_last")
+        }
         self.buffer = None
 
     def _record(self, t: int, parts: tuple[dict, ...]) -> None:
         """Store the outcome of step ``t`` (rewards, dones, V(final obs) where truncated)."""
-        import torch
 
-        rows = torch.as_tensor(np.concatenate([p["env_ids"] for p in parts]))
-        rew = np.concatenate([p["reward"] for p in parts])
-        term = np.concatenate([p["terminated"] for p in parts])
+        rows = np.concatenate([p["env_ids"] for p in parts])
         trunc = np.concatenate([p["truncated"] for p in parts]) | np.concatenate(
             [p["failed"] for p in parts]
         )
-        self._rew[t, rows] = torch.as_tensor(rew).float()
-        self._term[t, rows] = torch.as_tensor(term)
-        self._trunc[t, rows] = torch.as_tensor(trunc)
+        b = self._np
+        b["_rew"][t, rows] = np.concatenate([p["reward"] for p in parts])  # as float32
+        b["_term"][t, rows] = np.concatenate([p["terminated"] for p in parts])
+        b["_trunc"][t, rows] = trunc
         if trunc.any():
             idx = np.flatnonzero(trunc)
             final = np.concatenate([p["final_obs"] for p in parts])[idx]
-            self._fin[t, rows[idx]] = self._value(self._prep(final))
+            b["_fin"][t, rows[idx]] = self._value(self._prep(final)).numpy()
 
     def act(self, t: int, *parts: dict) -> list[np.ndarray]:
         """Act at step ``t`` on the rows of ``parts`` (env replies of one group, in order); when
@@ -261,14 +270,16 @@ class PolicyWorker(Worker):
         ids = np.concatenate([p["env_ids"] for p in parts])
         steps = np.concatenate([p["env_steps"] for p in parts])
         o, a, logp, v = self._act(raw, ids, steps)
-        rows = torch.as_tensor(ids)
         if self._act_buf is None:
             self._act_buf = torch.zeros((self._S, self.num_envs, *a.shape[1:]), dtype=a.dtype)
-        self._obs[t, rows] = o.to(self._obs.dtype)
-        self._raw[t, ids] = raw
-        self._act_buf[t, rows] = a
-        self._logp[t, rows] = logp
-        self._val[t, rows] = v
+            self._np["_act_buf"] = self._act_buf.numpy()
+        b = self._np
+        b["_obs"][t, ids] = o.numpy()  # cast as torch's .to() would (float64 -> float32)
+        if self._raw is not None:
+            self._raw[t, ids] = raw
+        b["_act_buf"][t, ids] = a.numpy()
+        b["_logp"][t, ids] = logp.numpy()
+        b["_val"][t, ids] = v.numpy()
         out = np.split(a.numpy(), np.cumsum([len(p["env_ids"]) for p in parts])[:-1])
         self.busy_s += time.perf_counter() - t0
         self.calls += 1
@@ -276,12 +287,13 @@ class PolicyWorker(Worker):
 
     def close_group(self, *parts: dict) -> None:
         """Record the last step of a group and the values of the observations it reached."""
-        import torch
 
         t0 = time.perf_counter()
         self._record(self._S - 1, parts)
-        ids = torch.as_tensor(np.concatenate([p["env_ids"] for p in parts]))
-        self._last[ids] = self._value(self._prep(np.concatenate([p["obs"] for p in parts])))
+        ids = np.concatenate([p["env_ids"] for p in parts])
+        self._np["_last"][ids] = self._value(
+            self._prep(np.concatenate([p["obs"] for p in parts]))
+        ).numpy()
         self.busy_s += time.perf_counter() - t0
 
     # -- the rollout over sockets (EnvPolicyCycle(handoff="pipe")) ------------------------------

@@ -17,6 +17,9 @@ n = 1, 8, 32, 64 rows of 64x64 images, its forward in blocks of each ``--row-blo
 * ``act_graph``: ``act`` with the forward replayed as a CUDA graph (``use_cuda_graphs``, the
   worker's default on a GPU); ``graph_equal`` says whether it gave the same bits as ``act`` on images other than those it
   was recorded on;
+* ``act_host``: the worker's path on a GPU (``act_host``): forward, sampling and log-prob as
+  one CUDA graph, fed from and read into pinned host buffers, one wait; ``host_equal`` says
+  whether it gave ``act``'s bits;
 * ``forward``: forward row by row and one synchronise;
 * ``h2d``: the host -> GPU copy of the images and one synchronise;
 * ``gens``: building the per-row generators (host only).
@@ -69,6 +72,9 @@ def time_size(net, dev: str, n: int, reps: int, gnet=None) -> dict:
     def act_graph() -> None:
         act(gnet)
 
+    def act_host() -> None:
+        gnet.act_host(torch.as_tensor(raw), generators=row_generators(0, ids, steps))
+
     def act_one_copy() -> None:
         gens = row_generators(0, ids, steps)
         a, logp, v = net.act(torch.as_tensor(raw).to(dev), generators=gens)
@@ -116,9 +122,11 @@ def time_size(net, dev: str, n: int, reps: int, gnet=None) -> dict:
         row["graph_equal"] = all(
             torch.equal(x.cpu(), y.cpu()) for x, y in zip(eager, graphed, strict=True)
         )
+        host = gnet.act_host(torch.as_tensor(other), generators=row_generators(0, ids, steps))
+        row["host_equal"] = all(torch.equal(x.cpu(), y) for x, y in zip(eager, host, strict=True))
     paths = (
         ("act", act),
-        *((("act_graph", act_graph),) if gnet is not None else ()),
+        *((("act_graph", act_graph), ("act_host", act_host)) if gnet is not None else ()),
         ("act_one_copy", act_one_copy),
         ("act_noise_first", act_noise_first),
         ("act_no_checks", act_no_checks),
@@ -197,7 +205,7 @@ def main() -> None:
                 print(
                     f"{case:<17} {block:<12} n={n:>3}: "
                     + "  ".join(
-                        f"{k} {1e3 * v:6.2f}" if k != "graph_equal" else f"{k} {v}"
+                        f"{k} {v}" if isinstance(v, bool) else f"{k} {1e3 * v:6.2f}"
                         for k, v in r.items()
                     )
                     + "  (ms)"

@@ -108,3 +108,23 @@ def test_blocked_forward_gives_a_row_its_bits_in_any_group_and_position(kind, bl
     others = torch.cat([obs[:1], _obs(SPACES[kind], n - 1, 8)])  # row 0 among new neighbours
     alone = _act(graphed, others, [0] * n)
     assert _same([t[:1] for t in alone], [t[:1] for t in whole])
+
+
+@pytest.mark.parametrize("kind", ["cnn", "mlp"])
+def test_act_host_replays_one_graph_with_the_eager_bits(kind):
+    """act_host on host observations: forward, sampling and log-prob as one graph, copied back
+    once; the bits of eager act for every call, groups and shapes, new observations each time."""
+    eager = make_policy(SPACES[kind], BOX, seed=0).cuda()
+    fused = copy.deepcopy(eager)
+    fused.use_cuda_graphs()
+    for seed, n in enumerate((8, 3, 8, 40, 3)):
+        obs = _obs(SPACES[kind], n, seed)
+        ids = list(range(n))
+        got = fused.act_host(obs.cpu(), row_generators(3, ids, [5] * n))
+        assert all(t.device.type == "cpu" for t in got)
+        assert _same(got, _act(eager, obs, ids)), (seed, n)
+    assert fused.graph_captures == 3  # 8, 3 and 40 rows, each one graph
+    held = fused.act_host(_obs(SPACES[kind], 8, 50).cpu(), row_generators(3, range(8), [5] * 8))
+    again = [t.clone() for t in held]
+    fused.act_host(_obs(SPACES[kind], 8, 51).cpu(), row_generators(3, range(8), [5] * 8))
+    assert _same(held, again)  # what a call returned is its own, not the next call's buffer

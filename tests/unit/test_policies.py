@@ -57,7 +57,7 @@ def test_act_draws_the_same_noise_first_and_leaves_checks_to_training():
     p = MLPActorCritic(5, BOX, seed=0)
     obs = torch.randn(4, 5)
     a, logp, _ = p.act(obs, generators=row_generators(0, range(4), [2] * 4))
-    out, _ = p._forward(obs)
+    out, _ = p._rows(obs)  # act's forward: in blocks, or row by row where blocks fail the check
     late = p.heads.sample(out, row_generators(0, range(4), [2] * 4), deterministic=False)
     assert torch.equal(a, late)
     assert_close(logp, p.evaluate(obs, a)[0])
@@ -244,22 +244,22 @@ class _ReplayOnCPU:
         self.fn, self.static_in, self.outs = fn, static_in, outs
 
     def replay(self):
-        for o, n in zip(self.outs, self.fn(self.static_in), strict=True):
+        for o, n in zip(self.outs, self.fn(*self.static_in), strict=True):
             o.copy_(n)
 
 
-def _fake_capture(fn, static_in):
-    outs = tuple(torch.zeros_like(o) for o in fn(static_in))  # capture computes nothing
-    return static_in, _ReplayOnCPU(fn, static_in, outs), outs
+def _fake_capture(fn, statics):
+    outs = tuple(torch.zeros_like(o) for o in fn(*statics))  # capture computes nothing
+    return statics, _ReplayOnCPU(fn, statics, outs), outs
 
 
 @pytest.fixture
 def cpu_graphs(monkeypatch):
     import loomrl.policies as pol
 
-    def warm_up(fn, x):  # as the real one: runs the forward, returns the input to record on
-        fn(x)
-        return x.clone()
+    def warm_up(fn, xs, device=None):  # as the real one: runs fn, returns inputs to record on
+        fn(*xs)
+        return tuple(x.clone() for x in xs)
 
     monkeypatch.setattr(pol, "_warm_up", warm_up)
     monkeypatch.setattr(pol, "_capture", _fake_capture)
@@ -298,8 +298,8 @@ def test_graph_cache_records_once_per_layout_and_forgets_moved_weights(cpu_graph
 def test_graph_cache_falls_back_to_eager_once_capture_fails(cpu_graphs, monkeypatch):
     calls = []
 
-    def broken(fn, x):
-        calls.append(x.shape)
+    def broken(fn, xs):
+        calls.append(xs[0].shape)
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(cpu_graphs, "_capture", broken)
@@ -320,6 +320,35 @@ def test_graph_cache_lets_errors_of_the_forward_itself_through(cpu_graphs):
     assert cache.failed is None
     with torch.no_grad():
         assert cache.run(net, net._rows, torch.zeros(2, 5)) is not None
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: MLPActorCritic(5, BOX), lambda: CNNActorCritic((3, 16, 16), BOX)]
+)
+def test_packed_act_is_act_in_one_tensor_and_act_host_is_act_on_the_host(make, cpu_graphs):
+    """``_act_packed`` (what act_host records as one graph on a GPU) does act's arithmetic, so
+    it gives act's bits; replayed through the graph cache with host inputs it gives them too."""
+    net = make()
+    shape = (6, 5) if isinstance(net, MLPActorCritic) else (6, 3, 16, 16)
+    g = torch.Generator().manual_seed(4)
+    obs = (
+        torch.randn(shape, generator=g)
+        if len(shape) == 2
+        else torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
+    )
+    gens = lambda: row_generators(1, range(6), [9] * 6)  # noqa: E731
+    want = net.act(obs, generators=gens())
+    eps = net.heads.noise(gens(), "cpu")
+    with torch.no_grad():
+        (packed,) = net._act_packed(obs, eps)
+        (replayed,) = cpu_graphs._GraphCache().run(net, net._act_packed, obs, eps, device="cpu")
+    for got in (packed, replayed):
+        assert torch.equal(got[:, :3], want[0]) and torch.equal(got[:, 3], want[1])
+        assert torch.equal(got[:, 4], want[2])
+    host = net.act_host(obs, gens())  # on a CPU net: act itself
+    assert all(torch.equal(h, w) for h, w in zip(host, want, strict=True))
+    with pytest.raises(ValueError, match="one per row"):
+        net.act_host(obs, gens()[:2])
 
 
 def test_cuda_graphs_leave_cpu_acting_copies_and_pickles_alone():
