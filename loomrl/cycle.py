@@ -141,6 +141,8 @@ class CollectResult:
     events: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
     env_busy_s: float = 0.0  # summed over env workers
+    env_render_s: float = 0.0  # of which drawing pixel observations, summed over env workers
+    env_render_calls: int = 0  # calls that drew frames, over env workers
     policy_busy_s: float = 0.0
     steps: int = 0
     env_steps: int = 0  # transitions over all envs
@@ -336,6 +338,8 @@ class EnvPolicyCycle:
             out.successes += s["successes"]
             out.events += s["events"]
             out.env_busy_s += s["busy_s"]
+            out.env_render_s += s.get("render_s", 0.0)
+            out.env_render_calls += s.get("render_calls", 0)
         out.env_steps = steps * self.num_envs
         return out
 

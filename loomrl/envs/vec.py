@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -321,6 +322,8 @@ class VecEnv:
         self._slots = [_Slot() for _ in range(self.num_envs)]
         self.events: list[EnvEvent] = []
         self.vec_steps = 0  # number of step() calls that covered all envs or a group
+        self.render_s = 0.0  # seconds drawing pixel observations (read-backs included)
+        self.render_calls = 0  # calls that drew frames (each reads back from the GPU once or more)
         self.env_steps = np.zeros(self.num_envs, dtype=np.int64)  # transitions per env, ever
         self.episodes_cut = 0  # episodes abandoned by offload()
         self._failures: collections.deque[int] = collections.deque()
@@ -529,6 +532,16 @@ class VecEnv:
                 np.asarray(gym.spaces.flatten(s.env.observation_space, raw), dtype=np.float32)
                 for s, raw in zip(slots, raws, strict=True)
             ]
+        if not ids:
+            return []
+        t = time.perf_counter()
+        try:
+            return self._frames(ids, slots)
+        finally:
+            self.render_s += time.perf_counter() - t
+            self.render_calls += 1
+
+    def _frames(self, ids: list[int], slots: list[_Slot]) -> list[np.ndarray]:
         if self._tiles is None:
             frames = [_gym_frame(s.env) for s in slots]
         else:

@@ -273,6 +273,8 @@ def main(cfg: Config) -> dict:
                 # inside policy calls; their sum over the wall time is the cycle's overlap.
                 "time/env_busy": roll.env_busy_s / cycle.workers,
                 "time/policy_busy": roll.policy_busy_s,
+                "time/env_render": roll.env_render_s / cycle.workers,  # pixels: of env_busy
+                "env_render_calls": roll.env_render_calls / cycle.workers,
                 "time/update": took - roll.wall_s,
                 **stats,
             }

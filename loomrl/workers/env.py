@@ -233,8 +233,11 @@ class EnvWorker(Worker):
             "events": events,
             "busy_s": self.busy_s,
             "calls": self.calls,
+            "render_s": self.venv.render_s,
+            "render_calls": self.venv.render_calls,
         }
         self.busy_s, self.calls = 0.0, 0
+        self.venv.render_s, self.venv.render_calls = 0.0, 0
         return out
 
     # -- time-sharing ----------------------------------------------------------------------------

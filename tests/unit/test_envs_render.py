@@ -132,6 +132,9 @@ def test_batched_frames_match_env_by_env_frames_across_episode_ends():
     assert got["physics_equal"]
     assert got["differing_share"] < MAX_DIFFERING_SHARE, got
     assert len({f.tobytes() for f in a.obs}) == a.num_envs, "envs must not share one frame"
+    # Drawing is timed and counted: the reset, each step, and again a step where episodes ended.
+    assert a.render_s > 0 and b.render_s > 0
+    assert 40 + 1 < a.render_calls <= 2 * 40 + 1
     close(a, b)
 
 
