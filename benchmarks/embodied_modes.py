@@ -95,7 +95,7 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
         "env_busy_s": [m["time/env_busy"] for m in logged],
         "policy_busy_s": [m["time/policy_busy"] for m in logged],
         "env_render_s": [m.get("time/env_render") for m in logged],
-        "env_render_calls": [m.get("env_render_calls") for m in logged],
+        "env_render_reads": [m.get("env_render_reads") for m in logged],
     }
     prof = out_dir / placement / "profile.json"  # the fitted costs the plan was chosen from
     trials = out_dir / placement / "trials.json"  # short real rollouts timed before the run

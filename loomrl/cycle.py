@@ -142,7 +142,7 @@ class CollectResult:
     wall_s: float = 0.0
     env_busy_s: float = 0.0  # summed over env workers
     env_render_s: float = 0.0  # of which drawing pixel observations, summed over env workers
-    env_render_calls: int = 0  # calls that drew frames, over env workers
+    env_render_reads: int = 0  # read-backs of drawn frames (GPU waits), over env workers
     policy_busy_s: float = 0.0
     steps: int = 0
     env_steps: int = 0  # transitions over all envs
@@ -339,7 +339,7 @@ class EnvPolicyCycle:
             out.events += s["events"]
             out.env_busy_s += s["busy_s"]
             out.env_render_s += s.get("render_s", 0.0)
-            out.env_render_calls += s.get("render_calls", 0)
+            out.env_render_reads += s.get("render_reads", 0)
         out.env_steps = steps * self.num_envs
         return out
 

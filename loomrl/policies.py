@@ -466,6 +466,10 @@ class _ActorCriticBase(nn.Module):
         logp, _ = self.heads.log_prob(out, self.heads.to_env(a), validate=False)
         return self.heads.to_env(a), logp, value
 
+    # How act_host moves its graph's inputs and output: "pinned" (page-locked buffers, copies
+    # without waits, one wait at the end) or "pageable" (plain copies; the output's waits).
+    host_io: str = "pinned"
+
     def act_host(
         self, obs: Tensor, generators: Sequence[torch.Generator] | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
@@ -492,11 +496,15 @@ class _ActorCriticBase(nn.Module):
                     "pass one per row"
                 )
             eps = self.heads.noise(generators, "cpu")
-            staged = (self._pinned("obs", obs), self._pinned("eps", eps))
+            pinned = self.host_io == "pinned"
+            staged = (self._pinned("obs", obs), self._pinned("eps", eps)) if pinned else (obs, eps)
             outs = self._graphs.run(self, self._act_packed, *staged, device=dev, copy_out=False)
             if outs is not None:
-                packed = self._pinned("out", outs[0], non_blocking=True)
-                torch.cuda.current_stream(dev).synchronize()
+                if pinned:
+                    packed = self._pinned("out", outs[0], non_blocking=True)
+                    torch.cuda.current_stream(dev).synchronize()
+                else:
+                    packed = outs[0].cpu()
                 n, k = obs.shape[0], self.heads.action_dim
                 a = packed[:, :k].reshape(n, *self.heads.action_shape).clone()
                 return a, packed[:, k].clone(), packed[:, k + 1].clone()

@@ -18,8 +18,11 @@ the share of differing values at 1 in 1,000.
 
 An env's cell follows from its global index alone (``cell_of``), whatever worker holds it and
 whichever envs are drawn with it: its frames do not depend on the plan (identical across the
-ring groups and env-worker splits tested). Envs of one call that share a cell are drawn in further passes, one
-read-back each.
+ring groups and env-worker splits tested). Drawing and reading back are apart (``draw``,
+``frames``): a step's frames are drawn, the envs that ended are reset, their first frames are
+drawn into second cells (``second_cell``, also fixed by the global index), and one read-back
+brings both. An env whose cell is taken by a frame not yet read back is drawn after a
+read-back: envs of one call that share a cell cost a read-back each.
 
 Only the GPU assets (meshes, textures, height fields) come from the first env's model, so every
 env drawn must share them (``mismatch``); ``tileable`` checks that the env draws through
@@ -31,7 +34,6 @@ Needs ``mujoco`` (imported when the renderer is built); no torch.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 import numpy as np
@@ -94,6 +96,13 @@ def cell_of(global_index: int, side: int) -> int:
     return global_index % (side * side)
 
 
+def second_cell(global_index: int, side: int) -> int:
+    """The cell an env's second frame of a step (after a reset) is drawn in: its first cell
+    mirrored through the grid, so the consecutive first cells of a worker's envs and their
+    second cells do not meet while the worker holds at most half the grid. Pure."""
+    return side * side - 1 - cell_of(global_index, side)
+
+
 class TiledRenderer:
     """Draws envs built like ``first`` (``mismatch`` is None) into the cells of one buffer."""
 
@@ -107,6 +116,10 @@ class TiledRenderer:
         self._model = r.model
         w, h = self.side * self.width, self.side * self.height
         self._views: dict[int, tuple[Any, Any, Any]] = {}  # id(env) -> (env, camera, option)
+        self._drawn: dict[int, int] = {}  # cell -> key, drawn and not yet read back
+        self._read_back: dict[int, np.ndarray] = {}  # key -> frame, read back, not yet taken
+        self._next_key = 0
+        self.reads = 0  # read-backs so far (each waits for the GPU)
         self._gl = mujoco.GLContext(w, h)
         self._con = None
         try:
@@ -183,30 +196,27 @@ class TiledRenderer:
     def render(self, envs: list[Any], global_ids: list[int]) -> list[np.ndarray]:
         """One [height, width, 3] uint8 frame per env, in order; ``global_ids``: the envs'
         global indices, which fix their cells."""
+        return self.frames(self.draw(envs, global_ids))
+
+    def draw(self, envs: list[Any], global_ids: list[int], second: bool = False) -> list[int]:
+        """Draw the envs' current scenes into their cells without reading them back; returns
+        keys for ``frames``. The envs may change before the read-back (drawing hands the scene
+        to GL), so a step's frames and, after resets, the reset frames can be drawn first and
+        read back together: one wait for the GPU instead of two. ``second``: draw into the
+        envs' second cells (``second_cell``), apart from first cells drawn in the same
+        read-back. An env whose cell is already drawn and not read back is drawn after a
+        read-back, so a cell never holds two scenes."""
         if len(envs) != len(global_ids):
             raise ValueError(f"{len(envs)} envs but {len(global_ids)} global indices")
-        # Envs sharing a cell go to successive passes: pass p holds each cell's p-th env.
-        passes: list[list[tuple[int, int]]] = []  # (position in envs, cell)
-        seen: dict[int, int] = defaultdict(int)
-        for n, g in enumerate(global_ids):
-            cell = cell_of(g, self.side)
-            if seen[cell] == len(passes):
-                passes.append([])
-            passes[seen[cell]].append((n, cell))
-            seen[cell] += 1
-        frames: list[Any] = [None] * len(envs)
-        for members in passes:
-            drawn = self._pass([envs[n] for n, _ in members], [c for _, c in members])
-            for (n, _), f in zip(members, drawn, strict=True):
-                frames[n] = f
-        return frames
-
-    def _pass(self, envs: list[Any], cells: list[int]) -> list[np.ndarray]:
-        """Draw ``envs`` into distinct ``cells`` and read them back at once."""
         mj = self._mj
+        keys = []
         self._gl.make_current()
-        places = [divmod(c, self.side) for c in cells]  # (row, col)
-        for env, (row, col) in zip(envs, places, strict=True):
+        for env, g in zip(envs, global_ids, strict=True):
+            cell = (second_cell if second else cell_of)(g, self.side)
+            if cell in self._drawn:
+                self._read()
+                self._gl.make_current()
+            row, col = divmod(cell, self.side)
             cam, opt = self._view(env)
             r = env.unwrapped.mujoco_renderer
             mj.mjv_updateScene(
@@ -217,24 +227,48 @@ class TiledRenderer:
                 self._scene,
                 self._con,
             )
-        # Read back once: the smallest rectangle of cells holding every env drawn.
-        r0, r1 = min(p[0] for p in places), max(p[0] for p in places) + 1
-        c0, c1 = min(p[1] for p in places), max(p[1] for p in places) + 1
+            self._next_key += 1
+            self._drawn[cell] = self._next_key
+            keys.append(self._next_key)
+        return keys
+
+    def frames(self, keys: list[int]) -> list[np.ndarray]:
+        """The frames of ``draw``'s keys (read back now if they are not yet), each once."""
+        if any(k not in self._read_back for k in keys):
+            self._read()
+        out = [self._read_back.pop(k) for k in keys]
+        # Frames drawn before these and never taken (their step failed): let them go.
+        for k in [k for k in self._read_back if keys and k < keys[0]]:
+            del self._read_back[k]
+        return out
+
+    def _read(self) -> None:
+        """Read back every cell drawn since the last read-back, at once: the smallest
+        rectangle of cells holding them."""
+        if not self._drawn:
+            return
+        mj = self._mj
+        self._gl.make_current()
+        places = {key: divmod(c, self.side) for c, key in self._drawn.items()}  # (row, col)
+        r0, r1 = min(p[0] for p in places.values()), max(p[0] for p in places.values()) + 1
+        c0, c1 = min(p[1] for p in places.values()), max(p[1] for p in places.values()) + 1
         block = np.empty(((r1 - r0) * self.height, (c1 - c0) * self.width, 3), np.uint8)
         rect = mj.MjrRect(c0 * self.width, r0 * self.height, block.shape[1], block.shape[0])
         mj.mjr_readPixels(block, None, rect, self._con)
-        frames = []
-        for row, col in places:
+        self.reads += 1
+        for key, (row, col) in places.items():
             y, x = (row - r0) * self.height, (col - c0) * self.width
             tile = block[y : y + self.height, x : x + self.width]
-            frames.append(tile[::-1].copy())  # GL rows run bottom-up
-        return frames
+            self._read_back[key] = tile[::-1].copy()  # GL rows run bottom-up
+        self._drawn.clear()
 
     def close(self) -> None:
         if self._gl is None:
             return
         gl, con, self._gl, self._con = self._gl, self._con, None, None
         self._views.clear()
+        self._drawn.clear()
+        self._read_back.clear()
         try:
             if con is not None:
                 gl.make_current()

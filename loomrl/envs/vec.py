@@ -29,6 +29,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -323,7 +324,7 @@ class VecEnv:
         self.events: list[EnvEvent] = []
         self.vec_steps = 0  # number of step() calls that covered all envs or a group
         self.render_s = 0.0  # seconds drawing pixel observations (read-backs included)
-        self.render_calls = 0  # calls that drew frames (each reads back from the GPU once or more)
+        self.render_reads = 0  # read-backs of drawn frames (each waits for the GPU)
         self.env_steps = np.zeros(self.num_envs, dtype=np.int64)  # transitions per env, ever
         self.episodes_cut = 0  # episodes abandoned by offload()
         self._failures: collections.deque[int] = collections.deque()
@@ -453,6 +454,7 @@ class VecEnv:
             return
         try:
             self._tiles = TiledRenderer(self._slots[0].env)
+            self._reads_counted = 0
         except Exception as e:  # a GL driver without room for the grid, say
             self._no_tiles = f"the one-pass renderer did not start ({type(e).__name__}: {e})"
             return
@@ -502,8 +504,10 @@ class VecEnv:
     def reset(self) -> np.ndarray:
         """Start a new episode in every env; the first reset of env i uses seed + i."""
         self._require_loaded("reset")
-        for i, slot in enumerate(self._slots):
-            self._reset_slot(i, slot)
+        raws = [self._reset_env(i, slot) for i, slot in enumerate(self._slots)]
+        seen = self._observe_many(list(range(self.num_envs)), raws)  # one read-back of pixels
+        for slot, obs in zip(self._slots, seen, strict=True):
+            slot.obs = obs
         return self.obs  # type: ignore[return-value]
 
     def _reset_slot(self, i: int, slot: _Slot) -> None:
@@ -524,38 +528,55 @@ class VecEnv:
 
     def _observe_many(self, ids: list[int], raws: list[Any]) -> list[np.ndarray]:
         """Observations of envs ``ids`` (positions in this VecEnv) from their raw ones."""
+        return self._observe_later(ids, raws)()
+
+    def _observe_later(
+        self, ids: list[int], raws: list[Any], second: bool = False
+    ) -> Callable[[], list[np.ndarray]]:
+        """Start taking the observations of envs ``ids``; the returned function finishes and
+        returns them. Pixels are drawn now and read back there, so the envs may reset in
+        between and their reset frames be drawn (``second``: into their second cells) and read
+        back with these: one wait for the GPU a step."""
         slots = [self._slots[i] for i in ids]
         if not self.cfg.pixels:
             import gymnasium as gym
 
-            return [
+            flat = [
                 np.asarray(gym.spaces.flatten(s.env.observation_space, raw), dtype=np.float32)
                 for s, raw in zip(slots, raws, strict=True)
             ]
+            return lambda: flat
         if not ids:
-            return []
+            return list
         t = time.perf_counter()
-        try:
-            return self._frames(ids, slots)
-        finally:
-            self.render_s += time.perf_counter() - t
-            self.render_calls += 1
+        tiles = self._tiles
+        frames: list[Any] = [None] * len(ids)
+        tiled = [] if tiles is None else [n for n, i in enumerate(ids) if i not in self._alone]
+        envs, gids = [slots[n].env for n in tiled], [self.index_offset + ids[n] for n in tiled]
+        keys = tiles.draw(envs, gids, second) if tiled else []
+        for n in sorted(set(range(len(ids))) - set(tiled)):  # drawn, read back by themselves
+            frames[n] = _gym_frame(slots[n].env)
+            self.render_reads += 1
+        self._count_reads()  # a draw reads back first where a cell is taken
+        self.render_s += time.perf_counter() - t
 
-    def _frames(self, ids: list[int], slots: list[_Slot]) -> list[np.ndarray]:
-        if self._tiles is None:
-            frames = [_gym_frame(s.env) for s in slots]
-        else:
-            frames = [None] * len(ids)
-            tiled = [n for n, i in enumerate(ids) if i not in self._alone]
-            got = self._tiles.render(
-                [slots[n].env for n in tiled], [self.index_offset + ids[n] for n in tiled]
-            )
-            for n, f in zip(tiled, got, strict=True):
-                frames[n] = f
-            for n, i in enumerate(ids):
-                if i in self._alone:
-                    frames[n] = _gym_frame(slots[n].env)
-        return [resize_image(f, self.cfg.image_size) for f in frames]
+        def finish() -> list[np.ndarray]:
+            t = time.perf_counter()
+            if keys:
+                for n, f in zip(tiled, tiles.frames(keys), strict=True):
+                    frames[n] = f
+            self._count_reads()
+            out = [resize_image(f, self.cfg.image_size) for f in frames]
+            self.render_s += time.perf_counter() - t
+            return out
+
+        return finish
+
+    def _count_reads(self) -> None:
+        """Add the one-pass renderer's read-backs since the last count to ``render_reads``."""
+        if self._tiles is not None:
+            self.render_reads += self._tiles.reads - self._reads_counted
+            self._reads_counted = self._tiles.reads
 
     def step(self, actions: Any, envs: slice | None = None) -> StepResult:
         """Step every env (or the contiguous ``envs`` slice) with ``actions[n, *action_shape]``."""
@@ -593,22 +614,25 @@ class VecEnv:
             self.env_steps[i] += 1
             stepped.append((k, i, raw, info))
         # Observations are taken after every env has stepped so that pixels are drawn in one
-        # pass; envs are independent, so the order changes no result.
-        seen = self._observe_many([x[1] for x in stepped], [x[2] for x in stepped])
+        # pass; envs are independent, so the order changes no result. The envs that ended are
+        # reset after their last frames are drawn and before they are read back, so that their
+        # reset frames come back in the same read-back.
+        seen = self._observe_later([x[1] for x in stepped], [x[2] for x in stepped])
         ended = []
-        for (k, i, _, info), next_obs in zip(stepped, seen, strict=True):
+        for k, i, _, info in stepped:
             slot = self._slots[i]
-            final[k] = next_obs
             if term[k] or trunc[k]:
                 self._stats.returns.append(slot.episode_return)
                 self._stats.lengths.append(slot.episode_length)
                 if "is_success" in info:
                     self._stats.successes.append(float(info["is_success"]))
                 ended.append((k, i, self._reset_env(i, slot)))
-            else:
-                slot.obs = obs[k] = next_obs
-        starts = self._observe_many([x[1] for x in ended], [x[2] for x in ended])
-        for (k, i, _), first in zip(ended, starts, strict=True):
+        starts = self._observe_later([x[1] for x in ended], [x[2] for x in ended], second=True)
+        for (k, i, _, _), next_obs in zip(stepped, seen(), strict=True):
+            final[k] = next_obs
+            if not (term[k] or trunc[k]):
+                self._slots[i].obs = obs[k] = next_obs
+        for (k, i, _), first in zip(ended, starts(), strict=True):
             self._slots[i].obs = obs[k] = first
         result = StepResult(np.stack(obs), np.stack(final), rew, term, trunc, failed)
         if too_many is not None:

@@ -274,7 +274,7 @@ def main(cfg: Config) -> dict:
                 "time/env_busy": roll.env_busy_s / cycle.workers,
                 "time/policy_busy": roll.policy_busy_s,
                 "time/env_render": roll.env_render_s / cycle.workers,  # pixels: of env_busy
-                "env_render_calls": roll.env_render_calls / cycle.workers,
+                "env_render_reads": roll.env_render_reads / cycle.workers,
                 "time/update": took - roll.wall_s,
                 **stats,
             }

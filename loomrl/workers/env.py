@@ -234,10 +234,10 @@ class EnvWorker(Worker):
             "busy_s": self.busy_s,
             "calls": self.calls,
             "render_s": self.venv.render_s,
-            "render_calls": self.venv.render_calls,
+            "render_reads": self.venv.render_reads,
         }
         self.busy_s, self.calls = 0.0, 0
-        self.venv.render_s, self.venv.render_calls = 0.0, 0
+        self.venv.render_s, self.venv.render_reads = 0.0, 0
         return out
 
     # -- time-sharing ----------------------------------------------------------------------------

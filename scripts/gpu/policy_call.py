@@ -20,6 +20,8 @@ n = 1, 8, 32, 64 rows of 64x64 images, its forward in blocks of each ``--row-blo
 * ``act_host``: the worker's path on a GPU (``act_host``): forward, sampling and log-prob as
   one CUDA graph, fed from and read into pinned host buffers, one wait; ``host_equal`` says
   whether it gave ``act``'s bits;
+* ``act_host_pageable``: the same with plain (pageable) host tensors, the output copied back
+  with ``.cpu()``;
 * ``forward``: forward row by row and one synchronise;
 * ``h2d``: the host -> GPU copy of the images and one synchronise;
 * ``gens``: building the per-row generators (host only).
@@ -75,6 +77,13 @@ def time_size(net, dev: str, n: int, reps: int, gnet=None) -> dict:
     def act_host() -> None:
         gnet.act_host(torch.as_tensor(raw), generators=row_generators(0, ids, steps))
 
+    def act_host_pageable() -> None:
+        gnet.host_io = "pageable"
+        try:
+            act_host()
+        finally:
+            gnet.host_io = "pinned"
+
     def act_one_copy() -> None:
         gens = row_generators(0, ids, steps)
         a, logp, v = net.act(torch.as_tensor(raw).to(dev), generators=gens)
@@ -126,7 +135,15 @@ def time_size(net, dev: str, n: int, reps: int, gnet=None) -> dict:
         row["host_equal"] = all(torch.equal(x.cpu(), y) for x, y in zip(eager, host, strict=True))
     paths = (
         ("act", act),
-        *((("act_graph", act_graph), ("act_host", act_host)) if gnet is not None else ()),
+        *(
+            (
+                ("act_graph", act_graph),
+                ("act_host", act_host),
+                ("act_host_pageable", act_host_pageable),
+            )
+            if gnet is not None
+            else ()
+        ),
         ("act_one_copy", act_one_copy),
         ("act_noise_first", act_noise_first),
         ("act_no_checks", act_no_checks),

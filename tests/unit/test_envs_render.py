@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from loomrl.envs import EnvConfig, VecEnv, probe_rendering, render
-from loomrl.envs.render import TiledRenderer, cell_of, grid_side, tileable
+from loomrl.envs.render import TiledRenderer, cell_of, grid_side, second_cell, tileable
 
 _render_problem = probe_rendering("egl", timeout_s=60)
 pytestmark = pytest.mark.skipif(
@@ -132,9 +132,11 @@ def test_batched_frames_match_env_by_env_frames_across_episode_ends():
     assert got["physics_equal"]
     assert got["differing_share"] < MAX_DIFFERING_SHARE, got
     assert len({f.tobytes() for f in a.obs}) == a.num_envs, "envs must not share one frame"
-    # Drawing is timed and counted: the reset, each step, and again a step where episodes ended.
+    # One read-back at the reset and one a step, the reset frames of envs that ended included;
+    # env by env, one a frame (those of resets too).
     assert a.render_s > 0 and b.render_s > 0
-    assert 40 + 1 < a.render_calls <= 2 * 40 + 1
+    assert a.render_reads == 40 + 1
+    assert b.render_reads == 5 * (40 + 1) + got["ended"]
     close(a, b)
 
 
@@ -170,6 +172,21 @@ def test_envs_sharing_a_cell_are_drawn_in_further_passes():
     ]
     got = run_both(whole, workers, steps=5)
     assert got["physics_equal"] and got["identical"], got
+    close(whole, workers)
+
+
+def test_reset_frames_meeting_drawn_cells_are_read_back_first():
+    # 40 envs of 8x8 frames: the second cells of envs 24-39 (where reset frames go) are first
+    # cells of envs 24-39, so a step where one of them ended reads back twice; two workers of
+    # 20 meet it only in the second. The frames depend on the cells alone: identical.
+    small = {**PENDULUM, "image_size": 8}
+    whole = VecEnv(EnvConfig(**small, num_envs=40))
+    assert second_cell(24, 8) == 39 and second_cell(39, 8) == 24
+    workers = [VecEnv(EnvConfig(**small, num_envs=20), index_offset=o) for o in (0, 20)]
+    got = run_both(whole, workers, steps=30)
+    assert got["ended"] > 0 and got["physics_equal"] and got["identical"], got
+    assert 30 + 1 < whole.render_reads <= 2 * 30 + 1
+    assert workers[0].render_reads == 30 + 1  # second cells 63-44 meet no first cell
     close(whole, workers)
 
 
