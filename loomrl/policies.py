@@ -466,9 +466,11 @@ class _ActorCriticBase(nn.Module):
         logp, _ = self.heads.log_prob(out, self.heads.to_env(a), validate=False)
         return self.heads.to_env(a), logp, value
 
-    # How act_host moves its graph's inputs and output: "pinned" (page-locked buffers, copies
-    # without waits, one wait at the end) or "pageable" (plain copies; the output's waits).
-    host_io: str = "pinned"
+    # How act_host moves its graph's inputs and output: "pageable" (plain copies; the output's
+    # waits) or "pinned" (page-locked buffers, copies without waits, one wait at the end). On
+    # one H200 beside 4 EGL renderers a 32-row call took 1.20 ms pageable, 7.98 pinned (alone
+    # 1.04 and 0.99; scripts/gpu/policy_call.py, RESULTS.md call BR).
+    host_io: str = "pageable"
 
     def act_host(
         self, obs: Tensor, generators: Sequence[torch.Generator] | None = None
@@ -477,10 +479,10 @@ class _ActorCriticBase(nn.Module):
         the last two float32; the same bits as ``act`` on the policy's device.
 
         On a CUDA device with ``use_cuda_graphs()``, continuous actions and per-row generators,
-        one recorded graph covers the forward, the sampling and the log-probability, fed from
-        and read into pinned host buffers: one copy each way and one wait per call. Eager act
-        and a copy per result wait for the device once per result, and beside other work on
-        the GPU (renderers of a split cycle) every wait is a chance to queue behind it."""
+        one recorded graph covers the forward, the sampling and the log-probability: one copy
+        each way and one wait per call (``host_io`` says how the copies go). Eager act and a
+        copy per result wait for the device once per result, and beside other work on the GPU
+        (renderers of a split cycle) every wait is a chance to queue behind it."""
         dev = self._device()
         fused = (
             self._graphs is not None

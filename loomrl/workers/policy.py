@@ -241,31 +241,37 @@ class PolicyWorker(Worker):
         }
         self.buffer = None
 
-    def _record(self, t: int, parts: tuple[dict, ...]) -> None:
-        """Store the outcome of step ``t`` (rewards, dones, V(final obs) where truncated)."""
-
+    def _record(self, ts: Any, parts: tuple[dict, ...]) -> None:
+        """Store the outcome of step ``ts[i]`` of ``parts[i]`` (rewards, dones, V(final obs)
+        where truncated)."""
         rows = np.concatenate([p["env_ids"] for p in parts])
+        tt = _per_row(ts, parts)
         trunc = np.concatenate([p["truncated"] for p in parts]) | np.concatenate(
             [p["failed"] for p in parts]
         )
         b = self._np
-        b["_rew"][t, rows] = np.concatenate([p["reward"] for p in parts])  # as float32
-        b["_term"][t, rows] = np.concatenate([p["terminated"] for p in parts])
-        b["_trunc"][t, rows] = trunc
+        b["_rew"][tt, rows] = np.concatenate([p["reward"] for p in parts])  # as float32
+        b["_term"][tt, rows] = np.concatenate([p["terminated"] for p in parts])
+        b["_trunc"][tt, rows] = trunc
         if trunc.any():
             idx = np.flatnonzero(trunc)
             final = np.concatenate([p["final_obs"] for p in parts])[idx]
-            b["_fin"][t, rows[idx]] = self._value(self._prep(final)).numpy()
+            b["_fin"][tt[idx], rows[idx]] = self._value(self._prep(final)).numpy()
 
     def act(self, t: int, *parts: dict) -> list[np.ndarray]:
         """Act at step ``t`` on the rows of ``parts`` (env replies of one group, in order); when
         the replies are step results, first record them as the outcome of step t - 1.
         Returns one action array per part."""
+        return self.act_parts([t] * len(parts), parts)
+
+    def act_parts(self, ts: list[int], parts: Any) -> list[np.ndarray]:
+        """``act`` on parts each at its own step: part i at step ``ts[i]``, all in one call."""
         import torch
 
         t0 = time.perf_counter()
-        if "reward" in parts[0]:
-            self._record(t - 1, parts)
+        stepped = [i for i, p in enumerate(parts) if "reward" in p]
+        if stepped:
+            self._record([ts[i] - 1 for i in stepped], tuple(parts[i] for i in stepped))
         raw = np.concatenate([p["obs"] for p in parts])
         ids = np.concatenate([p["env_ids"] for p in parts])
         steps = np.concatenate([p["env_steps"] for p in parts])
@@ -273,13 +279,13 @@ class PolicyWorker(Worker):
         if self._act_buf is None:
             self._act_buf = torch.zeros((self._S, self.num_envs, *a.shape[1:]), dtype=a.dtype)
             self._np["_act_buf"] = self._act_buf.numpy()
-        b = self._np
-        b["_obs"][t, ids] = o.numpy()  # cast as torch's .to() would (float64 -> float32)
+        b, tt = self._np, _per_row(ts, parts)
+        b["_obs"][tt, ids] = o.numpy()  # cast as torch's .to() would (float64 -> float32)
         if self._raw is not None:
-            self._raw[t, ids] = raw
-        b["_act_buf"][t, ids] = a.numpy()
-        b["_logp"][t, ids] = logp.numpy()
-        b["_val"][t, ids] = v.numpy()
+            self._raw[tt, ids] = raw
+        b["_act_buf"][tt, ids] = a.numpy()
+        b["_logp"][tt, ids] = logp.numpy()
+        b["_val"][tt, ids] = v.numpy()
         out = np.split(a.numpy(), np.cumsum([len(p["env_ids"]) for p in parts])[:-1])
         self.busy_s += time.perf_counter() - t0
         self.calls += 1
@@ -289,7 +295,7 @@ class PolicyWorker(Worker):
         """Record the last step of a group and the values of the observations it reached."""
 
         t0 = time.perf_counter()
-        self._record(self._S - 1, parts)
+        self._record([self._S - 1] * len(parts), parts)
         ids = np.concatenate([p["env_ids"] for p in parts])
         self._np["_last"][ids] = self._value(
             self._prep(np.concatenate([p["obs"] for p in parts]))
@@ -371,15 +377,18 @@ class PolicyWorker(Worker):
 
         conns = self._accept_pipe(token, workers, timeout)
 
+        def silent(w: int, t: int) -> HandoffError:
+            return HandoffError(
+                f"no reply from env worker {w} (its observations to act on at step {t}) within "
+                f"{timeout:g} s (cycle_timeout_s; a stuck simulator?)"
+            )
+
         def reply(w: int, t: int) -> dict:
             where = f"env worker {w} (its observations to act on at step {t})"
             try:
                 kind, payload = conns[w].recv(timeout)
             except TimeoutError:
-                raise HandoffError(
-                    f"no reply from {where} within {timeout:g} s (cycle_timeout_s; a stuck "
-                    "simulator?)"
-                ) from None
+                raise silent(w, t) from None
             except PeerClosed:
                 raise HandoffError(
                     f"{where} closed its connection (its process exited or died)"
@@ -388,30 +397,37 @@ class PolicyWorker(Worker):
                 raise HandoffError(f"{where} failed: {payload}")
             return payload
 
+        def act(ts: list[int], ws: list[int], replies: list[dict], where: str) -> None:
+            span = f"{min(ts)}" + (f" to {max(ts)}" if max(ts) != min(ts) else "")
+            try:
+                actions = self.act_parts(ts, replies)
+            except Exception as e:
+                raise HandoffError(
+                    f"policy.act at step {span} on {where} (env workers {ws}): "
+                    f"{type(e).__name__}: {e}"
+                ) from e
+            for t, w, a in zip(ts, ws, actions, strict=True):
+                try:
+                    conns[w].send(("actions", a))
+                except OSError:  # the env worker closed its end: say why, if it did
+                    reason = conns[w].last_error()
+                    raise HandoffError(
+                        f"env worker {w} (its actions for step {t}) "
+                        + (
+                            f"failed: {reason}"
+                            if reason is not None
+                            else "closed its connection (its process exited or died)"
+                        )
+                    ) from None
+
         try:
+            if len(groups) > 1 and self.rows_independent:
+                self._serve_ready(conns, steps, groups, reply, act, silent, timeout)
+                return
             for t in range(steps):
                 for g, parts in enumerate(groups):
-                    replies = [reply(w, t) for w, _, _ in parts]
-                    try:
-                        actions = self.act(t, *replies)
-                    except Exception as e:
-                        raise HandoffError(
-                            f"policy.act at step {t} on ring group {g} (env workers "
-                            f"{[w for w, _, _ in parts]}): {type(e).__name__}: {e}"
-                        ) from e
-                    for (w, _, _), a in zip(parts, actions, strict=True):
-                        try:
-                            conns[w].send(("actions", a))
-                        except OSError:  # the env worker closed its end: say why, if it did
-                            reason = conns[w].last_error()
-                            raise HandoffError(
-                                f"env worker {w} (its actions for step {t}) "
-                                + (
-                                    f"failed: {reason}"
-                                    if reason is not None
-                                    else "closed its connection (its process exited or died)"
-                                )
-                            ) from None
+                    ws = [w for w, _, _ in parts]
+                    act([t] * len(ws), ws, [reply(w, t) for w in ws], f"ring group {g}")
             for parts in groups:
                 self.close_group(*[reply(w, steps) for w, _, _ in parts])
         except BaseException as e:
@@ -420,6 +436,69 @@ class PolicyWorker(Worker):
         finally:
             for conn in conns.values():
                 conn.close()
+
+    @property
+    def rows_independent(self) -> bool:
+        """Whether a row's action depends on nothing but its observation and its generator, so
+        that rows may be acted on in any company and order (built-in policies with
+        ``batch_invariant``: blocks that passed their check, or rows one by one)."""
+        return self.per_row and bool(getattr(self.net, "batch_invariant", False))
+
+    def _serve_ready(
+        self,
+        conns: dict[int, Any],
+        steps: int,
+        groups: list[list[tuple[int, int, int]]],
+        reply: Any,
+        act: Any,
+        silent: Any,
+        timeout: float,
+    ) -> None:
+        """``serve_pipe`` for a pipelined cycle: act on whatever parts have replied, together,
+        instead of ring group after ring group. In lockstep each group waits for its slowest
+        env worker (a read-back queued behind other work on a shared GPU, say) and every
+        worker waits for that group; here each env worker runs at its own pace, and when the
+        policy falls behind, the parts that queued up go in one call. Rows are independent
+        (``rows_independent``), so the buffer is the lockstep cycle's, bit for bit.
+
+        An env worker's replies come in its parts' ring order, step after step: the n-th
+        reply of a worker with p parts is part n % p's observation to act on at step n // p,
+        step ``steps`` closing the part."""
+        import selectors
+
+        nparts = {w: 0 for w in conns}
+        for parts in groups:
+            for w, _, _ in parts:
+                nparts[w] += 1
+        got = dict.fromkeys(conns, 0)
+        left = sum(nparts.values()) * (steps + 1)
+        with selectors.DefaultSelector() as sel:
+            for w, conn in conns.items():
+                sel.register(conn.sock, selectors.EVENT_READ, w)
+            while left:
+                ready: list[tuple[int, int, dict]] = []  # (step, env worker, reply)
+                events = sel.select(timeout)
+                while events:  # take every reply already here before acting
+                    for key, _ in events:
+                        w = key.data
+                        t = got[w] // nparts[w]
+                        ready.append((t, w, reply(w, t)))
+                        got[w] += 1
+                        if got[w] == nparts[w] * (steps + 1):
+                            sel.unregister(key.fileobj)
+                    events = sel.select(0) if len(ready) < left else []
+                if not ready:  # nothing for ``timeout`` s: name the env worker furthest behind
+                    w = min((w for w in conns if got[w] < nparts[w] * (steps + 1)), key=got.get)
+                    raise silent(w, got[w] // nparts[w])
+                left -= len(ready)
+                # A worker's actions go out in the order of its replies, which is its order.
+                acting = [x for x in ready if x[0] < steps]
+                if acting:
+                    ts, ws, replies = (list(c) for c in zip(*acting, strict=True))
+                    act(ts, ws, replies, "the parts that had replied")
+                closing = [r for t, _, r in ready if t == steps]
+                if closing:
+                    self.close_group(*closing)
 
     def finish(self) -> dict[str, float]:
         """Close the rollout: update the normaliser, assemble the RolloutBuffer."""
@@ -641,6 +720,11 @@ class PolicyWorker(Worker):
             release()
         if self.train_step is not None:
             self.train_step.release()
+
+
+def _per_row(ts: Any, parts: Any) -> np.ndarray:
+    """Each row's step, from each part's step ``ts[i]``."""
+    return np.repeat(np.asarray(ts, dtype=np.int64), [len(p["env_ids"]) for p in parts])
 
 
 def _tell_and_close(conns: Any, error: BaseException) -> None:

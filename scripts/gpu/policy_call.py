@@ -18,10 +18,11 @@ n = 1, 8, 32, 64 rows of 64x64 images, its forward in blocks of each ``--row-blo
   worker's default on a GPU); ``graph_equal`` says whether it gave the same bits as ``act`` on images other than those it
   was recorded on;
 * ``act_host``: the worker's path on a GPU (``act_host``): forward, sampling and log-prob as
-  one CUDA graph, fed from and read into pinned host buffers, one wait; ``host_equal`` says
-  whether it gave ``act``'s bits;
-* ``act_host_pageable``: the same with plain (pageable) host tensors, the output copied back
-  with ``.cpu()``;
+  one CUDA graph, plain host tensors in, one copy back; ``host_equal`` says whether it gave
+  ``act``'s bits;
+* ``act_host_pinned``: the same through page-locked host buffers, copies without waits and
+  one wait at the end (``host_io="pinned"``; calls BQ-BR timed it as ``act_host`` and the
+  default as ``act_host_pageable``);
 * ``forward``: forward row by row and one synchronise;
 * ``h2d``: the host -> GPU copy of the images and one synchronise;
 * ``gens``: building the per-row generators (host only).
@@ -77,12 +78,12 @@ def time_size(net, dev: str, n: int, reps: int, gnet=None) -> dict:
     def act_host() -> None:
         gnet.act_host(torch.as_tensor(raw), generators=row_generators(0, ids, steps))
 
-    def act_host_pageable() -> None:
-        gnet.host_io = "pageable"
+    def act_host_pinned() -> None:
+        gnet.host_io = "pinned"
         try:
             act_host()
         finally:
-            gnet.host_io = "pinned"
+            gnet.host_io = "pageable"
 
     def act_one_copy() -> None:
         gens = row_generators(0, ids, steps)
@@ -139,7 +140,7 @@ def time_size(net, dev: str, n: int, reps: int, gnet=None) -> dict:
             (
                 ("act_graph", act_graph),
                 ("act_host", act_host),
-                ("act_host_pageable", act_host_pageable),
+                ("act_host_pinned", act_host_pinned),
             )
             if gnet is not None
             else ()
