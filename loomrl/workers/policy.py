@@ -402,9 +402,14 @@ class PolicyWorker(Worker):
             try:
                 actions = self.act_parts(ts, replies)
             except Exception as e:
+                if len(set(ts)) == 1:
+                    who = f"env workers {ws}"
+                else:  # mixed steps: say which part was at which step
+                    who = ", ".join(
+                        f"env worker {w} at step {t}" for t, w in zip(ts, ws, strict=True)
+                    )
                 raise HandoffError(
-                    f"policy.act at step {span} on {where} (env workers {ws}): "
-                    f"{type(e).__name__}: {e}"
+                    f"policy.act at step {span} on {where} ({who}): {type(e).__name__}: {e}"
                 ) from e
             for t, w, a in zip(ts, ws, actions, strict=True):
                 try:
