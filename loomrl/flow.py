@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,16 @@ REFRESH_ITERATIONS = 3
 # ---------------------------------------------------------------------------------------------
 # The stage loop: runs inside worker processes.
 # ---------------------------------------------------------------------------------------------
+def _delete_channels(box: list) -> None:
+    """Delete the channels in ``box`` (a Flow's reused set) and empty it."""
+    while box:
+        ch = box.pop()
+        try:
+            ch.delete()
+        except Exception as e:  # Ray already gone: its actors went with it
+            log.debug("channel %s not deleted: %s", ch.name, e)
+
+
 def _rank_counts(m: int, n: int) -> list[int]:
     """Items of one micro-batch of ``m`` that each of ``n`` ranks receives (contiguous split)."""
     return [sum(1 for j in range(m) if j * n // m == r) for r in range(n)]
@@ -277,6 +288,15 @@ class Flow:
         self.offload = offload
         self._id = uuid.uuid4().hex[:8]
         self._iter = 0
+        # The hops' channels live across iterations: creating a channel starts a broker actor,
+        # a process, which costs more than a whole small iteration. A run that fails deletes
+        # them (items may be left inside); the next run, a shutdown or the Flow's collection
+        # does too.
+        self._chans: list[Any] = []
+        self._chans_for: tuple[int, int] | None = None
+        self._chans_made = 0
+        # (Not at interpreter exit: Ray may be gone, and a driver's actors end with it anyway.)
+        weakref.finalize(self, _delete_channels, self._chans).atexit = False
         self._calibrate = False
         self.observed_edges: set[tuple[str, str]] = set()
         self._group_launch_s = 0.0  # seconds to (re)start one group, from the last launch
@@ -710,6 +730,7 @@ class Flow:
         return event
 
     def shutdown(self) -> None:
+        _delete_channels(self._chans)
         for comp in self.components.values():
             if comp.group is not None:
                 comp.group.kill()
@@ -731,11 +752,17 @@ class Flow:
         micro = {c: (plan.micro_batch if ctx[c][0] == "stream" else M) for c in names}
         world = {c: self.components[c].group.world_size for c in names}
         self._iter += 1
-        tag = f"flow-{self._id}-{self._iter}"
-        chans = [
-            Channel.create(f"{tag}-{i}", maxsize=0 if i == 0 else self.capacity)
-            for i in range(len(names))
-        ]
+        if self._chans_for != (len(names), self.capacity):
+            _delete_channels(self._chans)
+        if not self._chans:
+            self._chans_made += 1
+            tag = f"flow-{self._id}-{self._chans_made}"
+            self._chans.extend(
+                Channel.create(f"{tag}-{i}", maxsize=0 if i == 0 else self.capacity)
+                for i in range(len(names))
+            )
+            self._chans_for = (len(names), self.capacity)
+        chans = list(self._chans)
         t0 = time.time()
         try:
             # The driver feeds the first stage; every later hop is worker -> worker.
@@ -769,9 +796,9 @@ class Flow:
             # The data-flow graph as the channels saw it (producer -> consumer components).
             for ch in chans:
                 self.observed_edges |= {e for e in ch.edges() if "driver" not in e}
-        finally:
-            for ch in chans:
-                ch.delete()
+        except BaseException:
+            _delete_channels(self._chans)
+            raise
         sink = [x for r in results[names[-1]] for x in r["sink"]]
         pairs = sorted(
             (i, o) for idx, outs in sink for i, o in zip(idx, _as_list(outs, len(idx)), strict=True)
