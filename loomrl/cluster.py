@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,44 @@ class Device:
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.index} (node {self.node}, local {self.local})"
+
+
+@dataclass(frozen=True)
+class GroupLaunch:
+    """One group for ``Cluster.launch_many``: what ``Cluster.launch`` takes, as fields."""
+
+    cls: type[Worker]
+    n: int
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    devices: Any = None
+    name: str | None = None
+    num_cpus: float = 0.0
+    env: dict[str, str] | None = None
+
+
+@dataclass
+class _Held:
+    """A launch checked and holding its reservation, not started yet."""
+
+    spec: GroupLaunch
+    per_rank: list[list[Device]]
+    cores: list[list[int]]
+    env: dict[str, str] | None
+    release: Callable[[], None]
+
+
+def _once(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn`` that runs at most once (a reservation is given back once)."""
+    done = False
+
+    def call() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            fn()
+
+    return call
 
 
 @dataclass(frozen=True)
@@ -232,8 +271,59 @@ class Cluster:
         ``num_cpus`` is what each worker reserves from Ray (0 by default: the planner, not Ray, decides
         who computes where; a CPU-bound simulator should reserve its cores).
         """
-        from loomrl.worker import Worker, WorkerGroup
+        spec = GroupLaunch(cls, n, args, kwargs, devices, name, num_cpus, env)
+        return self.launch_many([spec])[0]
 
+    def launch_many(self, launches: Sequence[GroupLaunch]) -> list[WorkerGroup]:
+        """Start several groups together: every group's processes start before any is waited
+        for, so their imports and model loads overlap. All or nothing: when a constructor raises
+        or a process cannot start, every group of the call goes and that failure is raised."""
+        from loomrl.worker import WorkerGroup, wait
+
+        held: list[_Held] = []
+        try:
+            for spec in launches:
+                held.append(self._hold(spec))
+        except BaseException:
+            for h in held:
+                h.release()
+            raise
+        started: list[tuple[WorkerGroup, Any]] = []
+        try:
+            for h in held:
+                group, ready = WorkerGroup._start(
+                    self,
+                    h.spec.cls,
+                    h.per_rank,
+                    h.spec.args,
+                    h.spec.kwargs,
+                    name=h.spec.name or h.spec.cls.__name__,
+                    num_cpus=h.spec.num_cpus,
+                    env=h.env,
+                    cores=h.cores,
+                )
+                group._on_kill = h.release  # a killed group gives its cores back
+                started.append((group, ready))
+            infos = wait(*(r for _, r in started)) if started else []
+        except BaseException:
+            # The ranks that did start go too (the cluster gives their cores to the next launch).
+            for group, _ in started:
+                group.kill()
+            for h in held[len(started) :]:
+                h.release()
+            raise
+        if len(started) == 1:
+            infos = [infos]
+        groups = [g._ready(i) for (g, _), i in zip(started, infos, strict=True)]
+        self._groups.extend(groups)
+        return groups
+
+    def _hold(self, spec: GroupLaunch) -> _Held:
+        """Check one launch and take what it reserves (cores, CPU counts) before anything starts,
+        so the next launch of the same call sees them taken."""
+        from loomrl.worker import Worker
+
+        cls, n, num_cpus = spec.cls, spec.n, spec.num_cpus
         if not (isinstance(cls, type) and issubclass(cls, Worker)):
             raise TypeError(
                 f"launch() needs a subclass of loomrl.Worker, got {cls!r}; "
@@ -241,7 +331,7 @@ class Cluster:
             )
         if not isinstance(n, int) or n < 1:
             raise PlacementError(f"n={n!r}: the number of workers must be a positive integer")
-        devs = self.resolve_devices(devices)
+        devs = self.resolve_devices(spec.devices)
         per_rank = _split_devices(devs, n, cls.__name__)
         if n > 1 and self.has_cuda:
             # Ranks on several GPUs may form a process group (loomrl.distributed): the driver
@@ -262,30 +352,15 @@ class Cluster:
                     f"{self._cpu_reserved[node_idx]:g} already reserved; lower num_cpus or spread "
                     "the workers over more nodes (Ray would otherwise wait forever)"
                 )
+        env = spec.env
         if os.environ.get("LOOMRL_THREADS"):
             # Worker processes may predate this setting (a shared Ray): hand it over explicitly.
             env = {"LOOMRL_THREADS": os.environ["LOOMRL_THREADS"], **(env or {})}
         cores = self._take_cores(per_rank, num_cpus)
-        try:
-            group = WorkerGroup._launch(
-                self,
-                cls,
-                per_rank,
-                args,
-                kwargs,
-                name=name or cls.__name__,
-                num_cpus=num_cpus,
-                env=env,
-                cores=cores,
-            )
-        except BaseException:
-            self._release({}, cores, per_rank, num_cpus)
-            raise
         for node_idx, need in cpu_need.items():
             self._cpu_reserved[node_idx] += need
-        group._on_kill = lambda: self._release(cpu_need, cores, per_rank, num_cpus)
-        self._groups.append(group)
-        return group
+        release = functools.partial(self._release, cpu_need, cores, per_rank, num_cpus)
+        return _Held(spec, per_rank, cores, env, _once(release))
 
     def _take_cores(self, per_rank: list[list[Device]], num_cpus: float) -> list[list[int]]:
         """Core positions per rank on GPU nodes (a position indexes the node's core order).

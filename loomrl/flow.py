@@ -612,31 +612,43 @@ class Flow:
         ``save_state`` / ``load_state`` methods when the class has both (saved by every rank,
         since a sharded trainer gathers it collectively; rank 0's copy is loaded on every rank).
         """
-        t, started = time.time(), 0
+        from loomrl.cluster import GroupLaunch
+
+        t = time.time()
+        names: list[str] = []
+        launches: list[GroupLaunch] = []
+        states: dict[str, Any] = {}
         for name, devs in plan.assignment().items():
             comp = self.components[name]
             if keep is not None and comp.group is not None and keep.get(name) == devs:
                 continue
-            started += 1
-            state = None
             if comp.group is not None:
                 if keep is not None and carry_state and hasattr(comp.cls, "save_state"):
-                    state = wait(comp.group._call("save_state"))[0]
+                    states[name] = wait(comp.group._call("save_state"))[0]
                 comp.group.kill()
-            comp.group = self.cluster.launch(
-                comp.cls,
-                comp.workers(len(devs), self.cluster.has_cuda),
-                *comp.args,
-                devices=devs,
-                name=name,
-                num_cpus=comp.num_cpus,
-                **comp.kwargs,
+                comp.group = None
+            names.append(name)
+            launches.append(
+                GroupLaunch(
+                    comp.cls,
+                    comp.workers(len(devs), self.cluster.has_cuda),
+                    comp.args,
+                    comp.kwargs,
+                    devices=devs,
+                    name=name,
+                    num_cpus=comp.num_cpus,
+                )
             )
-            if state is not None and hasattr(comp.cls, "load_state"):
-                wait(comp.group.load_state(state))
+        # Every group starts at once (the old ones are gone): imports and loads overlap.
+        for name, group in zip(names, self.cluster.launch_many(launches), strict=True):
+            self.components[name].group = group
+        for name, state in states.items():
+            if hasattr(self.components[name].cls, "load_state"):
+                wait(self.components[name].group.load_state(state))
+        if names:
             self._fresh = True  # new workers: their first iteration pays first-call costs
-        if started:
-            self._group_launch_s = (time.time() - t) / started
+            # Per group, as adapt() prices a redeploy: groups started together share the time.
+            self._group_launch_s = (time.time() - t) / len(names)
 
     # ------------------------------------------------------------------ adaptation
     def adapt(

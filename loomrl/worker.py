@@ -478,7 +478,7 @@ class WorkerGroup:
                 setattr(self, attr, _GroupMethod(self, attr, mode, self._ranks))
 
     @classmethod
-    def _launch(
+    def _start(
         cls,
         cluster: Cluster,
         worker_cls: type[Worker],
@@ -489,7 +489,9 @@ class WorkerGroup:
         num_cpus: float,
         env: dict[str, str] | None,
         cores: list[list[int]] | None = None,
-    ) -> WorkerGroup:
+    ) -> tuple[WorkerGroup, Handle]:
+        """Start the group's processes without waiting for them: the group, and the handle that
+        completes when every rank's constructor has returned (give it to ``_ready``)."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -520,18 +522,15 @@ class WorkerGroup:
             ).remote(ctx, *args, **kwargs)
             actors.append(actor)
         group = cls(worker_cls, name, actors, per_rank, {r: "?" for r in range(n)})
-        # Fail at launch, with context, if a constructor raised or a process could not start;
-        # the ranks that did start go too (the cluster gives their cores to the next launch).
-        try:
-            infos = wait(
-                Handle(group, "__init__", list(range(n)), [a._loom_info.remote() for a in actors])
-            )
-        except BaseException:
-            group.kill()
-            raise
-        group._hosts = {i["rank"]: i["host"] for i in infos}
-        group.infos = infos
-        return group
+        return group, Handle(
+            group, "__init__", list(range(n)), [a._loom_info.remote() for a in actors]
+        )
+
+    def _ready(self, infos: list[dict[str, Any]]) -> WorkerGroup:
+        """Record what ``_start``'s handle returned (each rank's host)."""
+        self._hosts = {i["rank"]: i["host"] for i in infos}
+        self.infos = infos
+        return self
 
     # -------------------------------------------------------------- views and control
     @property

@@ -192,6 +192,59 @@ def test_constructor_error_surfaces_at_launch(cluster):
         cluster.launch(Broken, 1, devices=[0])
 
 
+class Slow(Worker):
+    """Takes ``seconds`` to start, then reports when it did."""
+
+    def __init__(self, seconds: float, fail: bool = False):
+        super().__init__()
+        time.sleep(seconds)
+        if fail:
+            raise RuntimeError("slow worker could not start")
+        self.started = time.time()
+
+    def started_at(self):
+        return self.started
+
+
+def test_launch_many_starts_groups_together_and_fails_whole(cluster):
+    from loomrl.cluster import GroupLaunch
+
+    free = {node: list(cores) for node, cores in cluster._free_cores.items()}
+    reserved = dict(cluster._cpu_reserved)
+    a, b = cluster.launch_many(
+        [
+            GroupLaunch(Slow, 1, (3.0,), devices=[0], name="a"),
+            GroupLaunch(Slow, 2, (3.0,), devices=[1, 2], name="b", num_cpus=0.5),
+        ]
+    )
+    try:
+        assert (a.name, b.name, b.world_size) == ("a", "b", 2)
+        starts = wait(a.started_at(), b.started_at())
+        # Started together: each constructor sleeps 3 s, and none waited for another's.
+        assert max(t for ts in starts for t in ts) - min(t for ts in starts for t in ts) < 2.5
+    finally:
+        a.kill()
+        b.kill()
+    # One constructor fails: the call raises it, and no group of the call is left holding cores.
+    with pytest.raises((RemoteError, WorkerDiedError), match="could not start"):
+        cluster.launch_many(
+            [
+                GroupLaunch(Slow, 1, (0.0,), devices=[0], name="fine", num_cpus=1.0),
+                GroupLaunch(Slow, 1, (0.5, True), devices=[1], name="broken", num_cpus=1.0),
+            ]
+        )
+    # Reservations are checked across the call, before anything starts: 2 + 1 cores of 2.
+    with pytest.raises(PlacementError, match="already reserved"):
+        cluster.launch_many(
+            [
+                GroupLaunch(Slow, 2, (0.0,), devices=[0], num_cpus=1.0),
+                GroupLaunch(Slow, 1, (0.0,), devices=[1], num_cpus=1.0),
+            ]
+        )
+    assert {node: list(cores) for node, cores in cluster._free_cores.items()} == free
+    assert cluster._cpu_reserved == reserved
+
+
 def test_a_config_error_in_a_constructor_reaches_the_driver_as_itself(cluster):
     """A user's mistake found while a worker starts is a ConfigError at launch, not a dead
     process (which the CLI's restarts would try again); the cores it took are given back."""
