@@ -63,6 +63,19 @@ def _delete_channels(box: list) -> None:
             log.debug("channel %s not deleted: %s", ch.name, e)
 
 
+def _kill_channels(box: list) -> None:
+    """A collected Flow's channels: their brokers killed without waiting (this may run in any
+    thread, during garbage collection)."""
+    import ray
+
+    while box:
+        ch = box.pop()
+        try:
+            ray.kill(ch._broker, no_restart=True)
+        except Exception as e:  # Ray already gone: its actors went with it
+            log.debug("channel %s not killed: %s", ch.name, e)
+
+
 def _rank_counts(m: int, n: int) -> list[int]:
     """Items of one micro-batch of ``m`` that each of ``n`` ranks receives (contiguous split)."""
     return [sum(1 for j in range(m) if j * n // m == r) for r in range(n)]
@@ -292,14 +305,16 @@ class Flow:
         # a process, which costs more than a whole small iteration. A run that fails deletes
         # them (items may be left inside); the next run, a shutdown or the Flow's collection
         # does too.
+        # One iteration at a time: a second run at once would share these channels and keys.
         self._chans: list[Any] = []
         self._chans_for: tuple[int, int] | None = None
         self._chans_made = 0
+        self._running = False
         # (Not at interpreter exit: Ray may be gone, and a driver's actors end with it anyway.)
-        weakref.finalize(self, _delete_channels, self._chans).atexit = False
+        weakref.finalize(self, _kill_channels, self._chans).atexit = False
         self._calibrate = False
         self.observed_edges: set[tuple[str, str]] = set()
-        self._group_launch_s = 0.0  # seconds to (re)start one group, from the last launch
+        self._group_launch_s = 0.0  # seconds the last launch took (its groups start together)
         self._fresh = False  # groups were (re)started: the next iteration is their warm-up
         self._profiled: dict[str, list[int]] | None = None  # groups the profiler left running
         self.profile_run: Any = None  # the last profiling's record (loomrl.profiler.ProfileRun)
@@ -647,8 +662,9 @@ class Flow:
                 wait(self.components[name].group.load_state(state))
         if names:
             self._fresh = True  # new workers: their first iteration pays first-call costs
-            # Per group, as adapt() prices a redeploy: groups started together share the time.
-            self._group_launch_s = (time.time() - t) / len(names)
+            # adapt() prices a redeploy with it: groups start together, so moving one group
+            # stalls about as long as the last launch, whatever its count.
+            self._group_launch_s = time.time() - t
 
     # ------------------------------------------------------------------ adaptation
     def adapt(
@@ -708,7 +724,7 @@ class Flow:
         }
         old_assign, new_assign = plan.assignment(), best.assignment()
         moving = sum(old_assign.get(c) != d for c, d in new_assign.items())
-        event["stall_estimate_s"] = moving * self._group_launch_s
+        event["stall_estimate_s"] = self._group_launch_s if moving else 0.0
         if (
             bkey != key
             and self.replans < cfg.max_replans
@@ -743,6 +759,7 @@ class Flow:
 
     def shutdown(self) -> None:
         _delete_channels(self._chans)
+        self._chans_for = None
         for comp in self.components.values():
             if comp.group is not None:
                 comp.group.kill()
@@ -751,7 +768,6 @@ class Flow:
     # ------------------------------------------------------------------ execution
     def run(self, items: list[Any], plan: Plan | None = None) -> FlowResult:
         """Execute one iteration of the chain on ``items`` under the plan."""
-        from loomrl.channel import Channel
 
         plan = plan or self.plan_
         if plan is None:
@@ -761,20 +777,61 @@ class Flow:
             raise ValueError(f"flow.run got {M} items but the plan is for batch={plan.batch}")
         ctx = _contexts(plan.tree)
         names = [s.component.name for s in self.stages]
+        idle = [c for c in names if self.components[c].group is None]
+        if idle:
+            raise RuntimeError(
+                f"flow.run(): component(s) {idle} have no running workers (their last launch "
+                "failed, or the flow was shut down); plan again with flow.plan() or flow.apply()"
+            )
+        if self._running:
+            raise RuntimeError(
+                "flow.run() while another iteration of this flow is running: a Flow runs one "
+                "iteration at a time (its hops' channels are shared between iterations)"
+            )
         micro = {c: (plan.micro_batch if ctx[c][0] == "stream" else M) for c in names}
         world = {c: self.components[c].group.world_size for c in names}
         self._iter += 1
-        if self._chans_for != (len(names), self.capacity):
+        self._running = True
+        try:
+            return self._run(items, plan, names, micro, world, ctx)
+        finally:
+            self._running = False
+
+    def _hop_channels(self, n: int) -> list[Any]:
+        """The ``n`` channels of the chain's hops, made on the first run (or when the chain or
+        the capacity changed) and kept while runs succeed."""
+        from loomrl.channel import Channel
+
+        if self._chans_for != (n, self.capacity) or len(self._chans) != n:
             _delete_channels(self._chans)
+            self._chans_for = None
         if not self._chans:
             self._chans_made += 1
             tag = f"flow-{self._id}-{self._chans_made}"
-            self._chans.extend(
-                Channel.create(f"{tag}-{i}", maxsize=0 if i == 0 else self.capacity)
-                for i in range(len(names))
-            )
-            self._chans_for = (len(names), self.capacity)
-        chans = list(self._chans)
+            made: list[Any] = []
+            try:
+                for i in range(n):
+                    made.append(
+                        Channel.create(f"{tag}-{i}", maxsize=0 if i == 0 else self.capacity)
+                    )
+            except BaseException:
+                _delete_channels(made)
+                raise
+            self._chans.extend(made)
+            self._chans_for = (n, self.capacity)
+        return list(self._chans)
+
+    def _run(
+        self,
+        items: list[Any],
+        plan: Plan,
+        names: list[str],
+        micro: dict[str, int],
+        world: dict[str, int],
+        ctx: dict[str, tuple[str, bool, bool]],
+    ) -> FlowResult:
+        M = len(items)
+        chans = self._hop_channels(len(names))
         t0 = time.time()
         try:
             # The driver feeds the first stage; every later hop is worker -> worker.
@@ -810,6 +867,7 @@ class Flow:
                 self.observed_edges |= {e for e in ch.edges() if "driver" not in e}
         except BaseException:
             _delete_channels(self._chans)
+            self._chans_for = None
             raise
         sink = [x for r in results[names[-1]] for x in r["sink"]]
         pairs = sorted(

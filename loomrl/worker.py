@@ -499,28 +499,34 @@ class WorkerGroup:
         actors = []
         n = len(per_rank)
         launch_id = uuid.uuid4().hex  # tells this launch's ranks from a replaced group's
-        for r, ds in enumerate(per_rank):
-            node = cluster.nodes[ds[0].node]
-            ctx = {
-                "rank": r,
-                "world_size": n,
-                "devices": [d.index for d in ds],
-                "device_kind": ds[0].kind,
-                "visible": ",".join(str(d.local) for d in ds),
-                "group": name,
-                "launch": launch_id,
-                "env": env,
-                "cores": cores[r] if cores else [],
-                "num_cpus": num_cpus,
-            }
-            actor = remote_cls.options(
-                num_cpus=num_cpus,
-                num_gpus=0,
-                name=None,
-                max_concurrency=int(getattr(worker_cls, "max_concurrency", 1)) or 1,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
-            ).remote(ctx, *args, **kwargs)
-            actors.append(actor)
+        try:
+            for r, ds in enumerate(per_rank):
+                node = cluster.nodes[ds[0].node]
+                ctx = {
+                    "rank": r,
+                    "world_size": n,
+                    "devices": [d.index for d in ds],
+                    "device_kind": ds[0].kind,
+                    "visible": ",".join(str(d.local) for d in ds),
+                    "group": name,
+                    "launch": launch_id,
+                    "env": env,
+                    "cores": cores[r] if cores else [],
+                    "num_cpus": num_cpus,
+                }
+                actor = remote_cls.options(
+                    num_cpus=num_cpus,
+                    num_gpus=0,
+                    name=None,
+                    max_concurrency=int(getattr(worker_cls, "max_concurrency", 1)) or 1,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
+                ).remote(ctx, *args, **kwargs)
+                actors.append(actor)
+        except BaseException:
+            for a in actors:  # the ranks made before the one that failed
+                with contextlib.suppress(Exception):
+                    ray.kill(a, no_restart=True)
+            raise
         group = cls(worker_cls, name, actors, per_rank, {r: "?" for r in range(n)})
         return group, Handle(
             group, "__init__", list(range(n)), [a._loom_info.remote() for a in actors]

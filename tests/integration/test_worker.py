@@ -193,10 +193,13 @@ def test_constructor_error_surfaces_at_launch(cluster):
 
 
 class Slow(Worker):
-    """Takes ``seconds`` to start, then reports when it did."""
+    """Takes ``seconds`` to start, then reports when it did (and writes its pid to ``pid_file``)."""
 
-    def __init__(self, seconds: float, fail: bool = False):
+    def __init__(self, seconds: float, fail: bool = False, pid_file: str = ""):
         super().__init__()
+        if pid_file:
+            with open(pid_file, "w") as f:
+                f.write(str(os.getpid()))
         time.sleep(seconds)
         if fail:
             raise RuntimeError("slow worker could not start")
@@ -206,35 +209,52 @@ class Slow(Worker):
         return self.started
 
 
-def test_launch_many_starts_groups_together_and_fails_whole(cluster):
+def _alive(pid: int) -> bool:
+    """The process runs (a zombie, ended but not yet reaped by its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_launch_many_starts_groups_together_and_fails_whole(cluster, tmp_path):
     from loomrl.cluster import GroupLaunch
 
     free = {node: list(cores) for node, cores in cluster._free_cores.items()}
     reserved = dict(cluster._cpu_reserved)
     a, b = cluster.launch_many(
         [
-            GroupLaunch(Slow, 1, (3.0,), devices=[0], name="a"),
-            GroupLaunch(Slow, 2, (3.0,), devices=[1, 2], name="b", num_cpus=0.5),
+            GroupLaunch(Slow, 1, (4.0,), devices=[0], name="a"),
+            GroupLaunch(Slow, 2, (4.0,), devices=[1, 2], name="b", num_cpus=0.5),
         ]
     )
     try:
         assert (a.name, b.name, b.world_size) == ("a", "b", 2)
         starts = wait(a.started_at(), b.started_at())
-        # Started together: each constructor sleeps 3 s, and none waited for another's.
-        assert max(t for ts in starts for t in ts) - min(t for ts in starts for t in ts) < 2.5
+        # Started together: each constructor sleeps 4 s, and none waited for another's (one
+        # after another, the last would have started at least 4 s after the first).
+        assert max(t for ts in starts for t in ts) - min(t for ts in starts for t in ts) < 3.0
     finally:
         a.kill()
         b.kill()
-    # One constructor fails: the call raises it, and no group of the call is left holding cores.
+    # One constructor fails: the call raises it, and no group of the call is left running or
+    # holding cores.
+    pid_file = tmp_path / "fine.pid"
     with pytest.raises((RemoteError, WorkerDiedError), match="could not start"):
         cluster.launch_many(
             [
-                GroupLaunch(Slow, 1, (0.0,), devices=[0], name="fine", num_cpus=1.0),
+                GroupLaunch(Slow, 1, (0.0, False, str(pid_file)), devices=[0], num_cpus=1.0),
                 GroupLaunch(Slow, 1, (0.5, True), devices=[1], name="broken", num_cpus=1.0),
             ]
         )
+    pid = int(pid_file.read_text())
+    deadline = time.time() + 10
+    while time.time() < deadline and _alive(pid):
+        time.sleep(0.1)
+    assert not _alive(pid), "the group that started fine was left running"
     # Reservations are checked across the call, before anything starts: 2 + 1 cores of 2.
-    with pytest.raises(PlacementError, match="already reserved"):
+    with pytest.raises(PlacementError, match=r"Slow: 1 worker.*2 already reserved"):
         cluster.launch_many(
             [
                 GroupLaunch(Slow, 2, (0.0,), devices=[0], num_cpus=1.0),
