@@ -309,7 +309,7 @@ class Flow:
         self._chans: list[Any] = []
         self._chans_for: tuple[int, int] | None = None
         self._chans_made = 0
-        self._running = False
+        self._running = threading.Lock()
         # (Not at interpreter exit: Ray may be gone, and a driver's actors end with it anyway.)
         weakref.finalize(self, _kill_channels, self._chans).atexit = False
         self._calibrate = False
@@ -768,7 +768,6 @@ class Flow:
     # ------------------------------------------------------------------ execution
     def run(self, items: list[Any], plan: Plan | None = None) -> FlowResult:
         """Execute one iteration of the chain on ``items`` under the plan."""
-
         plan = plan or self.plan_
         if plan is None:
             raise RuntimeError("flow.run() before flow.plan(): choose a placement first")
@@ -783,19 +782,18 @@ class Flow:
                 f"flow.run(): component(s) {idle} have no running workers (their last launch "
                 "failed, or the flow was shut down); plan again with flow.plan() or flow.apply()"
             )
-        if self._running:
+        micro = {c: (plan.micro_batch if ctx[c][0] == "stream" else M) for c in names}
+        world = {c: self.components[c].group.world_size for c in names}
+        if not self._running.acquire(blocking=False):
             raise RuntimeError(
                 "flow.run() while another iteration of this flow is running: a Flow runs one "
                 "iteration at a time (its hops' channels are shared between iterations)"
             )
-        micro = {c: (plan.micro_batch if ctx[c][0] == "stream" else M) for c in names}
-        world = {c: self.components[c].group.world_size for c in names}
-        self._iter += 1
-        self._running = True
         try:
+            self._iter += 1
             return self._run(items, plan, names, micro, world, ctx)
         finally:
-            self._running = False
+            self._running.release()
 
     def _hop_channels(self, n: int) -> list[Any]:
         """The ``n`` channels of the chain's hops, made on the first run (or when the chain or

@@ -142,6 +142,21 @@ class DeviceLock:
             cls._instance = cls(actor)
         return cls._instance
 
+    def _call(self, method: str, *args: Any) -> Any:
+        """Call the lock actor; if it has died (Ray ends it with the process that created it:
+        another driver on a shared cluster that exited), attach to a new one and call once more.
+        Locks held in the dead one went with it; their releases find nothing to release."""
+        import ray
+
+        try:
+            return ray.get(getattr(self._actor, method).remote(*args))
+        except ray.exceptions.RayActorError:
+            if DeviceLock._instance is self:
+                DeviceLock._instance = None
+            fresh = DeviceLock.get()
+            self._actor = fresh._actor
+            return ray.get(getattr(self._actor, method).remote(*args))
+
     @staticmethod
     def _owner() -> tuple[str, str | None]:
         import ray
@@ -158,9 +173,7 @@ class DeviceLock:
 
         auto_owner, actor_id = self._owner()
         try:
-            ray.get(
-                self._actor.acquire.remote(owner or auto_owner, list(devices), actor_id, timeout)
-            )
+            self._call("acquire", owner or auto_owner, list(devices), actor_id, timeout)
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, TimeoutError):
                 raise DeviceLockTimeout(
@@ -169,9 +182,7 @@ class DeviceLock:
             raise
 
     def release(self, devices: Iterable[int], owner: str | None = None) -> None:
-        import ray
-
-        ray.get(self._actor.release.remote(owner or self._owner()[0], list(devices)))
+        self._call("release", owner or self._owner()[0], list(devices))
 
     @contextlib.contextmanager
     def hold(
@@ -187,6 +198,4 @@ class DeviceLock:
             self.release(devices, owner)
 
     def state(self) -> dict[int, tuple[str, int]]:
-        import ray
-
-        return ray.get(self._actor.state.remote())
+        return self._call("state")

@@ -262,7 +262,7 @@ def test_calibrated_plan_offloads_unless_told_never(cluster):
     flow.plan("temporal", profile="calibrate", batch=8)
     try:
         kinds = {}
-        for offload in ("auto", "never"):
+        for offload in ("never", "auto"):  # resident first: "auto" then onloads and offloads
             flow.offload = offload
             kinds[offload] = {r["kind"] for r in flow.run(make_items(0, 8)).timeline}
     finally:

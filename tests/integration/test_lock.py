@@ -118,3 +118,26 @@ def test_devices_locked_runs_onload_work_offload(cluster):
         assert wait(g.loaded()) == [False]
     finally:
         g.kill()
+
+
+def test_a_lock_whose_actor_died_is_replaced(cluster):
+    """Ray ends the lock actor with the process that created it (another driver on a shared
+    cluster): clients attach to a new one instead of failing from then on."""
+    import ray
+
+    from loomrl.lock import _ACTOR_NAME
+
+    lock = DeviceLock.get()
+    old = ray.get_actor(_ACTOR_NAME)
+    ray.kill(old, no_restart=True)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            ray.get(old.state.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            break
+        time.sleep(0.1)
+    with lock.hold([0]):
+        assert lock.state()[0][0].startswith("driver:")
+    assert lock.state() == {}
+    assert ray.get_actor(_ACTOR_NAME)._actor_id != old._actor_id

@@ -193,20 +193,25 @@ def test_constructor_error_surfaces_at_launch(cluster):
 
 
 class Slow(Worker):
-    """Takes ``seconds`` to start, then reports when it did (and writes its pid to ``pid_file``)."""
+    """Takes ``seconds`` to start and records when its constructor began and ended. Writes its
+    pid to ``pid_file``; with ``fail``, raises once ``wait_for`` exists."""
 
-    def __init__(self, seconds: float, fail: bool = False, pid_file: str = ""):
+    def __init__(self, seconds: float, fail: bool = False, pid_file: str = "", wait_for: str = ""):
         super().__init__()
+        self.entered = time.time()
         if pid_file:
             with open(pid_file, "w") as f:
                 f.write(str(os.getpid()))
         time.sleep(seconds)
+        deadline = time.time() + 60
+        while wait_for and not os.path.exists(wait_for) and time.time() < deadline:
+            time.sleep(0.05)
         if fail:
             raise RuntimeError("slow worker could not start")
-        self.started = time.time()
+        self.left = time.time()
 
-    def started_at(self):
-        return self.started
+    def span(self):
+        return self.entered, self.left
 
 
 def _alive(pid: int) -> bool:
@@ -231,10 +236,10 @@ def test_launch_many_starts_groups_together_and_fails_whole(cluster, tmp_path):
     )
     try:
         assert (a.name, b.name, b.world_size) == ("a", "b", 2)
-        starts = wait(a.started_at(), b.started_at())
-        # Started together: each constructor sleeps 4 s, and none waited for another's (one
-        # after another, the last would have started at least 4 s after the first).
-        assert max(t for ts in starts for t in ts) - min(t for ts in starts for t in ts) < 3.0
+        spans = [sp for per_group in wait(a.span(), b.span()) for sp in per_group]
+        # Started together: every constructor began before any ended (one group after another,
+        # the second group's would have begun after the first's ended).
+        assert max(e for e, _ in spans) < min(x for _, x in spans), spans
     finally:
         a.kill()
         b.kill()
@@ -245,7 +250,14 @@ def test_launch_many_starts_groups_together_and_fails_whole(cluster, tmp_path):
         cluster.launch_many(
             [
                 GroupLaunch(Slow, 1, (0.0, False, str(pid_file)), devices=[0], num_cpus=1.0),
-                GroupLaunch(Slow, 1, (0.5, True), devices=[1], name="broken", num_cpus=1.0),
+                GroupLaunch(
+                    Slow,
+                    1,
+                    (0.0, True, "", str(pid_file)),
+                    devices=[1],
+                    name="broken",
+                    num_cpus=1.0,
+                ),
             ]
         )
     pid = int(pid_file.read_text())
