@@ -75,19 +75,6 @@ class _Held:
     release: Callable[[], None]
 
 
-def _once(fn: Callable[[], None]) -> Callable[[], None]:
-    """``fn`` that runs at most once (a reservation is given back once)."""
-    done = False
-
-    def call() -> None:
-        nonlocal done
-        if not done:
-            done = True
-            fn()
-
-    return call
-
-
 @dataclass(frozen=True)
 class Node:
     index: int
@@ -160,8 +147,7 @@ class Cluster:
 
         # The driver owns the device lock: Ray ends an actor with the process that created it,
         # and a worker that happened to create it would take it down when its group is killed.
-        DeviceLock._instance = None  # a handle from an earlier Ray instance of this process
-        DeviceLock.get()
+        DeviceLock.get(fresh=True)  # not a handle from an earlier Ray instance of this process
         return cls(_take_inventory(num_devices), owns_ray=owns, pin_cores=pin_cores)
 
     def shutdown(self) -> None:
@@ -366,7 +352,7 @@ class Cluster:
         for node_idx, need in cpu_need.items():
             self._cpu_reserved[node_idx] += need
         release = functools.partial(self._release, cpu_need, cores, per_rank, num_cpus)
-        return _Held(spec, per_rank, cores, env, _once(release))
+        return _Held(spec, per_rank, cores, env, release)
 
     def _take_cores(self, per_rank: list[list[Device]], num_cpus: float) -> list[list[int]]:
         """Core positions per rank on GPU nodes (a position indexes the node's core order).

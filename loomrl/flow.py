@@ -53,29 +53,6 @@ REFRESH_ITERATIONS = 3
 # ---------------------------------------------------------------------------------------------
 # The stage loop: runs inside worker processes.
 # ---------------------------------------------------------------------------------------------
-def _delete_channels(box: list) -> None:
-    """Delete the channels in ``box`` (a Flow's reused set) and empty it."""
-    while box:
-        ch = box.pop()
-        try:
-            ch.delete()
-        except Exception as e:  # Ray already gone: its actors went with it
-            log.debug("channel %s not deleted: %s", ch.name, e)
-
-
-def _kill_channels(box: list) -> None:
-    """A collected Flow's channels: their brokers killed without waiting (this may run in any
-    thread, during garbage collection)."""
-    import ray
-
-    while box:
-        ch = box.pop()
-        try:
-            ray.kill(ch._broker, no_restart=True)
-        except Exception as e:  # Ray already gone: its actors went with it
-            log.debug("channel %s not killed: %s", ch.name, e)
-
-
 def _rank_counts(m: int, n: int) -> list[int]:
     """Items of one micro-batch of ``m`` that each of ``n`` ranks receives (contiguous split)."""
     return [sum(1 for j in range(m) if j * n // m == r) for r in range(n)]
@@ -278,6 +255,23 @@ class FlowResult:
         return out
 
 
+def _drop_channels(box: list, wait: bool = True) -> None:
+    """Delete the channels in ``box`` (a Flow's reused set) and empty it. ``wait=False`` (a
+    collected Flow's: this may run in any thread, during garbage collection) kills their brokers
+    without waiting for them."""
+    import ray
+
+    while box:
+        ch = box.pop()
+        try:
+            if wait:
+                ch.delete()
+            else:
+                ray.kill(ch._broker, no_restart=True)
+        except Exception as e:  # Ray already gone: its actors went with it
+            log.debug("channel %s not deleted: %s", ch.name, e)
+
+
 class Flow:
     """The macro program: components, their data flow, the plan, and one-iteration execution."""
 
@@ -304,14 +298,12 @@ class Flow:
         # The hops' channels live across iterations: creating a channel starts a broker actor,
         # a process, which costs more than a whole small iteration. A run that fails deletes
         # them (items may be left inside); the next run, a shutdown or the Flow's collection
-        # does too.
-        # One iteration at a time: a second run at once would share these channels and keys.
+        # does too (not at interpreter exit: Ray may be gone, and a driver's actors end with it).
         self._chans: list[Any] = []
-        self._chans_for: tuple[int, int] | None = None
         self._chans_made = 0
+        weakref.finalize(self, _drop_channels, self._chans, False).atexit = False
+        # One iteration at a time: a second run at once would share these channels and keys.
         self._running = threading.Lock()
-        # (Not at interpreter exit: Ray may be gone, and a driver's actors end with it anyway.)
-        weakref.finalize(self, _kill_channels, self._chans).atexit = False
         self._calibrate = False
         self.observed_edges: set[tuple[str, str]] = set()
         self._group_launch_s = 0.0  # seconds the last launch took (its groups start together)
@@ -758,8 +750,7 @@ class Flow:
         return event
 
     def shutdown(self) -> None:
-        _delete_channels(self._chans)
-        self._chans_for = None
+        _drop_channels(self._chans)
         for comp in self.components.values():
             if comp.group is not None:
                 comp.group.kill()
@@ -774,7 +765,6 @@ class Flow:
         M = len(items)
         if M != plan.batch:
             raise ValueError(f"flow.run got {M} items but the plan is for batch={plan.batch}")
-        ctx = _contexts(plan.tree)
         names = [s.component.name for s in self.stages]
         idle = [c for c in names if self.components[c].group is None]
         if idle:
@@ -782,8 +772,6 @@ class Flow:
                 f"flow.run(): component(s) {idle} have no running workers (their last launch "
                 "failed, or the flow was shut down); plan again with flow.plan() or flow.apply()"
             )
-        micro = {c: (plan.micro_batch if ctx[c][0] == "stream" else M) for c in names}
-        world = {c: self.components[c].group.world_size for c in names}
         if not self._running.acquire(blocking=False):
             raise RuntimeError(
                 "flow.run() while another iteration of this flow is running: a Flow runs one "
@@ -791,7 +779,7 @@ class Flow:
             )
         try:
             self._iter += 1
-            return self._run(items, plan, names, micro, world, ctx)
+            return self._run(items, plan, names)
         finally:
             self._running.release()
 
@@ -800,35 +788,26 @@ class Flow:
         the capacity changed) and kept while runs succeed."""
         from loomrl.channel import Channel
 
-        if self._chans_for != (n, self.capacity) or len(self._chans) != n:
-            _delete_channels(self._chans)
-            self._chans_for = None
-        if not self._chans:
+        sizes = [0] + [self.capacity] * (n - 1)  # the driver's hop is unbounded
+        if [ch.maxsize for ch in self._chans] != sizes:
+            _drop_channels(self._chans)
             self._chans_made += 1
             tag = f"flow-{self._id}-{self._chans_made}"
             made: list[Any] = []
             try:
-                for i in range(n):
-                    made.append(
-                        Channel.create(f"{tag}-{i}", maxsize=0 if i == 0 else self.capacity)
-                    )
+                for i, size in enumerate(sizes):
+                    made.append(Channel.create(f"{tag}-{i}", maxsize=size))
             except BaseException:
-                _delete_channels(made)
+                _drop_channels(made)
                 raise
             self._chans.extend(made)
-            self._chans_for = (n, self.capacity)
         return list(self._chans)
 
-    def _run(
-        self,
-        items: list[Any],
-        plan: Plan,
-        names: list[str],
-        micro: dict[str, int],
-        world: dict[str, int],
-        ctx: dict[str, tuple[str, bool, bool]],
-    ) -> FlowResult:
+    def _run(self, items: list[Any], plan: Plan, names: list[str]) -> FlowResult:
+        ctx = _contexts(plan.tree)
         M = len(items)
+        micro = {c: (plan.micro_batch if ctx[c][0] == "stream" else M) for c in names}
+        world = {c: self.components[c].group.world_size for c in names}
         chans = self._hop_channels(len(names))
         t0 = time.time()
         try:
@@ -864,8 +843,7 @@ class Flow:
             for ch in chans:
                 self.observed_edges |= {e for e in ch.edges() if "driver" not in e}
         except BaseException:
-            _delete_channels(self._chans)
-            self._chans_for = None
+            _drop_channels(self._chans)
             raise
         sink = [x for r in results[names[-1]] for x in r["sink"]]
         pairs = sorted(

@@ -130,10 +130,11 @@ class DeviceLock:
         self._actor = actor
 
     @classmethod
-    def get(cls) -> DeviceLock:
+    def get(cls, fresh: bool = False) -> DeviceLock:
+        """The process's client; ``fresh``: attach anew (by name) instead of reusing the last."""
         import ray
 
-        if cls._instance is None:
+        if cls._instance is None or fresh:
             actor = (
                 ray.remote(_LockServer)
                 .options(name=_ACTOR_NAME, get_if_exists=True, num_cpus=0, max_concurrency=10_000)
@@ -151,10 +152,7 @@ class DeviceLock:
         try:
             return ray.get(getattr(self._actor, method).remote(*args))
         except ray.exceptions.RayActorError:
-            if DeviceLock._instance is self:
-                DeviceLock._instance = None
-            fresh = DeviceLock.get()
-            self._actor = fresh._actor
+            self._actor = DeviceLock.get(fresh=True)._actor
             return ray.get(getattr(self._actor, method).remote(*args))
 
     @staticmethod
