@@ -413,10 +413,11 @@ def _trial_on_fakes(
     fits=lambda place: True,
     ladder=(),
     has_cuda=False,
+    confirm=0,
 ):
-    """``choose_by_trial`` over ``cands`` (8 envs, auto_trial_steps 8), ``fake_cycle`` standing
-    for the cycle; the probe has 2 env workers and can time the candidates ``fits`` says; the
-    cluster is CPU-only unless ``has_cuda``."""
+    """``choose_by_trial`` over ``cands`` (8 envs, auto_trial_steps 8, ``confirm`` rollouts
+    after the choice), ``fake_cycle`` standing for the cycle; the probe has 2 env workers and
+    can time the candidates ``fits`` says; the cluster is CPU-only unless ``has_cuda``."""
     from types import SimpleNamespace
 
     from loomrl.recipes import embodied_ppo
@@ -424,7 +425,7 @@ def _trial_on_fakes(
 
     monkeypatch.setattr(embodied_ppo, "EnvPolicyCycle", fake_cycle)
     cfg = Config()
-    cfg.env.num_envs, cfg.auto_trial_steps = 8, 8
+    cfg.env.num_envs, cfg.auto_trial_steps, cfg.auto_trial_confirm = 8, 8, confirm
     probe = SimpleNamespace(env=SimpleNamespace(world_size=2), policy=None, can_time=fits)
     run = SimpleNamespace(
         cluster=SimpleNamespace(has_cuda=has_cuda, nodes=[0]),
@@ -457,16 +458,20 @@ def test_a_trial_walks_past_its_window_while_the_fastest_is_at_its_edge(monkeypa
     FakeCycle = _fake_cycle(calls, lambda k, n: per_step[k] * n)
     cands = [_trial_cand(k) for k in (4, 8)]
     ladder = [_trial_cand(k) for k in (1, 2, 4, 8, 16)]
-    plan, rollout_s = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16, ladder=ladder)
+    plan, rollout_s = _trial_on_fakes(
+        monkeypatch, tmp_path, FakeCycle, cands, 16, ladder=ladder, confirm=2
+    )
     # The window's warm-ups and three passes; k = 2 (past the edge k = 4) with a warm-up and
     # three passes in turns with k = 4; k = 2 wins at the new edge, so k = 1 in turns with
-    # k = 2; k = 1 loses and the walk stops (k = 16, on the other side, is never timed).
+    # k = 2; k = 1 loses and the walk stops (k = 16, on the other side, is never timed); the
+    # chosen k = 2 is timed again for its prediction.
     assert calls == (
         [(4, 16), (8, 16)] * 4
         + [(2, 16)]
         + [(4, 16), (2, 16)] * 3
         + [(1, 16)]
         + [(2, 16), (1, 16)] * 3
+        + [(2, 16)] * 2
     )
     assert plan is ladder[1][0] and rollout_s == pytest.approx(0.006 * 16)
     rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
@@ -476,6 +481,31 @@ def test_a_trial_walks_past_its_window_while_the_fastest_is_at_its_edge(monkeypa
         (2, True),
         (1, True),
     ]
+
+
+def test_the_chosen_plan_is_predicted_from_rollouts_timed_after_the_choice(monkeypatch, tmp_path):
+    # k = 2 ran a lucky spell while the candidates took turns (0.004 s a step against k = 4's
+    # 0.005), then ran at its usual 0.006: it is chosen, and predicted at what it ran after.
+    calls = []
+
+    def wall_s(k: int, n: int) -> float:
+        lucky = sum(1 for c in calls if c[0] == 2) <= 4  # its warm-up and three passes
+        return (0.004 if lucky else 0.006) * n if k == 2 else 0.005 * n
+
+    FakeCycle = _fake_cycle(calls, wall_s)
+    cands = [_trial_cand(k) for k in (2, 4)]
+    plan, rollout_s = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16, confirm=5)
+    assert plan is cands[0][0]
+    assert calls[-5:] == [(2, 16)] * 5 and len(calls) == 8 + 5
+    assert rollout_s == pytest.approx(0.006 * 16)
+    rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
+    assert rows[0]["rollout_s"] == pytest.approx(0.004 * 16)  # the turns' estimate, kept
+    assert rows[0]["confirmed_s"] == {"16": [pytest.approx(0.006 * 16)] * 5}
+    assert "confirmed_s" not in rows[1]
+    # One plan is not chosen from several: its turns are its prediction, with nothing after.
+    calls.clear()
+    _, alone = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands[1:], 16, confirm=5)
+    assert len(calls) == 4 and alone == pytest.approx(0.005 * 16)
 
 
 @pytest.mark.parametrize(
@@ -862,8 +892,10 @@ def test_trials_are_skipped_when_disabled_and_time_a_pinned_plan_alone(cluster, 
     profile = load_profile_json(out / "profile.json")
     update = profile.components["actor_train"].time(1, 1)
     assert s["predicted_iteration_s"] == pytest.approx(update + row["rollout_s"])
-    with pytest.raises(ConfigError, match=r"auto_trial_steps: must be >= 0"):
-        load_config(Config, EXAMPLE, ["auto_trial_steps=-1"])
+    with pytest.raises(
+        ConfigError, match=r"(?s)auto_trial_steps: must be >= 0.*auto_trial_confirm"
+    ):
+        load_config(Config, EXAMPLE, ["auto_trial_steps=-1", "auto_trial_confirm=-1"])
 
 
 def load_profile_json(path: Path):
