@@ -1042,7 +1042,7 @@ def test_cycle_handoff_auto_is_pipe_on_one_node(asked, nodes, cuda, pipelined, e
     assert handoff(cfg, SimpleNamespace(has_cuda=cuda, nodes=[0] * nodes)) == expected
 
 
-def test_cycle_model_auto_is_fixed_hops_beside_accelerators_and_chained_on_cpu_slots():
+def test_cycle_model_auto_is_chained_beside_accelerators_and_on_cpu_slots():
     from types import SimpleNamespace
 
     from loomrl.recipes.embodied_ppo import Config, profile_of_costs
@@ -1058,8 +1058,10 @@ def test_cycle_model_auto_is_fixed_hops_beside_accelerators_and_chained_on_cpu_s
         return profile_of_costs(cluster, cfg, 32, None, _costs()).cycles[0].hop_s
 
     assert cfg.cycle_model == "auto"
-    assert hop(True) == pytest.approx(2e-3) and hop(False) == 0  # the two 1 ms intercepts
+    assert hop(True) == 0 and hop(False) == 0  # the calls keep their intercepts
+    # fixed_hops, asked for, makes the two 1 ms intercepts the cycle's hop
     assert hop(False, "fixed_hops") == pytest.approx(2e-3) and hop(True, "chained") == 0
+    assert hop(True, "fixed_hops") == pytest.approx(2e-3)
 
 
 def test_host_only_device_count_is_for_cycle_members():
