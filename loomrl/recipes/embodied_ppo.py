@@ -86,9 +86,8 @@ class Config:
     # are timed whole.
     auto_trial_steps: int = 32
     auto_trial_margin: float = 0.5
-    # Rollouts of the plan a trial chose among several, timed after the choice, that its
-    # prediction comes from (0: from its rollouts in the trial's turns, which err low by the luck
-    # that picked it; choose_by_trial).
+    # Rollouts of the plan a trial chose among several, timed back to back after the choice,
+    # that its prediction comes from (0: from its rollouts in the trial's turns; choose_by_trial).
     auto_trial_confirm: int = 5
     # How measured costs become the cycle's model: fixed_hops (a call's fixed cost is hand-off
     # latency that ring groups overlap), chained (each call costs what it took, hand-off
@@ -590,8 +589,8 @@ def choose_by_trial(
 
     The model ranks plans; where its ranking is within its own error (the margin), a measurement
     decides, and the measurement re-costs the prediction: where the fastest was chosen from
-    several timed on the probe's workers, ``cfg.auto_trial_confirm`` more of its rollouts, timed after the
-    choice, give its estimate (the turns' own err low by the luck that picked it). After a warm-up rollout, a rollout of
+    several timed on the probe's workers, ``cfg.auto_trial_confirm`` more of its rollouts, timed
+    back to back after the choice, give its estimate. After a warm-up rollout, a rollout of
     ``steps`` is timed three times (median) when ``steps`` <= 2L (L = auto_trial_steps);
     longer ones are estimated from rollouts of L and 2L steps (twice each, medians) as a fixed
     cost per rollout plus a cost per step. A candidate with as many env workers as the
@@ -715,11 +714,12 @@ def choose_by_trial(
     # min keeps the first of equal times: an alias never wins over the row it shares
     pick = min(range(len(rows)), key=lambda i: rows[i]["rollout_s"])
     rollout_s = rows[pick]["rollout_s"]
-    # The fastest of several noisy estimates is also the one whose rollouts ran luckiest:
-    # predicted from its own trial rollouts, auto's runs on one H200 came out above their
-    # predictions in 6 of 7 configs (+4.6% on average, scripts/gpu/RESULTS.md calls CA-CD).
-    # Rollouts timed after the choice carry no such luck, and are the host's latest reading
-    # before the run; the choice itself stays with the trial's turns.
+    # The pick's rollouts in the turns are not those of the run: the fastest of several noisy
+    # estimates is the luckiest one, and a cycle taking turns with another on the same workers
+    # ran slower than back to back, as the run goes. On one H200 (calls CE-CG, 23 runs of
+    # auto and hybrid) predictions from rollouts timed after the choice were within 5% in 13
+    # and 7.1% off on average; from the turns' own they would have been in 9, 8.5% off (split
+    # plans predicted too slow by up to 25%). The choice itself stays with the turns.
     src = alias.get(pick, pick)
     if len(rows) > 1 and src in cycles and cfg.auto_trial_confirm > 0:
         again: dict[int, list[float]] = {n: [] for n in lengths}
