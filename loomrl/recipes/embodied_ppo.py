@@ -92,12 +92,12 @@ class Config:
     # How measured costs become the cycle's model: fixed_hops (a call's fixed cost is hand-off
     # latency that ring groups overlap), chained (each call costs what it took, hand-off
     # included) or busy_hops (only the time the worker was busy); loomrl.cycle.cycle_profile.
-    # auto: chained. On CPU slots the hand-offs share the sides' cores; on one H200, since
-    # one-pass rendering and pipe hand-offs, a call's fixed cost is work its side does in turn,
-    # not latency a ring hides: over 119 trial sets there (calls BI-CG, scripts/gpu/RESULTS.md,
-    # scripts/gpu/cycle_model_fit.py) chained ranked the fastest plan first in 74 and was 30%
-    # off on split cycles, fixed_hops in 1 and 91% off (it ranked k = 8 or 16 first where k = 2
-    # ran fastest). fixed_hops had fit better (49 of 50) on two H200s before those changes.
+    # auto: chained. On CPU slots the hand-offs share the sides' cores; on one H200 a call's
+    # fixed cost is work its side does call after call, not latency a ring hides: over 119
+    # trial sets there (calls BE-CG, scripts/gpu/RESULTS.md, scripts/gpu/cycle_model_fit.py)
+    # chained ranked the fastest plan first in 74 and was 30% off on split cycles, fixed_hops
+    # in 1 and 91% off (it ranked k = 8 or 16 first where k = 2 ran fastest). fixed_hops had
+    # fit better (49 of 50 sets) on the earlier code of calls Y-AL, mostly on two H200s.
     # Under every model the planner keeps ring groups as large as the probe's smallest group
     # (the cycle's min_group): fixed_hops carried below it planned k = 32 and 64 on a GPU.
     cycle_model: str = "auto"
