@@ -536,11 +536,11 @@ def cycle_profile(
     ``hops`` (``CYCLE_MODELS``) says where a call's hand-off goes. "fixed_hops" (default here;
     the embodied recipe's ``cycle_model`` auto takes "chained", which has ranked plans better on
     one H200, see its ``Config``): a chained call's fixed cost, the intercept of its fit over
-    group sizes (dispatch, handing the result over), is latency per step of the cycle (``hop_s``) that ring groups overlap, and the
-    per-env part is what occupies a side; over 87 split-cycle trials on two H200s at group
-    sizes the probes timed it was 7.5% off on average where "chained" was 26.2%, and it ranked
-    the fastest plan first in 49 of 50 trial sets against 21 (calls Y-AL: scripts/gpu/RESULTS.md,
-    scripts/gpu/cycle_model_fit.py). "chained":
+    group sizes (dispatch, handing the result over), is latency per step of the cycle
+    (``hop_s``) that ring groups overlap, and the per-env part is what occupies a side; over 87
+    split-cycle trials of calls Y-AL (mostly two H200s) at group sizes the probes timed it was
+    7.5% off on average where "chained" was 26.2%, and it ranked the fastest plan first in 49 of
+    50 trial sets against 21 (scripts/gpu/RESULTS.md, scripts/gpu/cycle_model_fit.py). "chained":
     components cost the whole chained call (hop 0), which alternation pays in full but rings
     partly hide. "busy_hops": components cost their busy time inside the call and the rest is
     the hop. Co-located cycles (k = 1) cost the same under all three, to within hop / 2 (the

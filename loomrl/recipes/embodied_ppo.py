@@ -721,14 +721,18 @@ def choose_by_trial(
     # and 7.1% off on average; from the turns' own they would have been in 9, 8.5% off (split
     # plans predicted too slow by up to 25%). The choice itself stays with the turns.
     src = alias.get(pick, pick)
-    if len(rows) > 1 and src in cycles and cfg.auto_trial_confirm > 0:
+    # (the probe may have given its workers back for a candidate on fresh ones: then no more)
+    alive = probe is not None and probe.alive
+    if len(shared) > 1 and src in cycles and alive and cfg.auto_trial_confirm > 0:
         again: dict[int, list[float]] = {n: [] for n in lengths}
         _time_in_turns({0: cycles[src]}, [again], lengths, cfg.auto_trial_confirm, False)
         rollout_s = _trial_estimate(again, steps, L)
         rows[pick]["confirmed_s"] = {str(n): v for n, v in again.items()}
     took = time.perf_counter() - t0
     (run.dir / "trials.json").write_text(
-        json.dumps({"trials": rows, "chosen": pick, "seconds": took}, indent=2)
+        json.dumps(
+            {"trials": rows, "chosen": pick, "rollout_s": rollout_s, "seconds": took}, indent=2
+        )
     )
     each = ", ".join(
         f"{r['placement']['mode']}{'' if r['placement']['colocated'] else ' split'} "

@@ -3,12 +3,13 @@
     PYTHONPATH=. python scripts/gpu/trial_windows.py docs/results/gpu/confirm/*/embodied_px_*.json \
         docs/results/gpu/launch_many/*/embodied_px_*.json
 
-For every hybrid and auto run that ``benchmarks/embodied_modes.py`` kept with its probe's costs
-(``cycle_costs``), this rebuilds the cycle's profile under fixed_hops and under chained as the
-recipe does (``profile_of_costs`` on a one-node host with the run's env workers) and prints the
-window the trial would time first (``_near_best_k``: the model's best split k and its
-neighbours), the model's best plan, and the k whose rollouts the run's own trial measured
-fastest. A window that holds the measured-best k needs no walk to find it.
+For every hybrid and auto run (every round, and the finished runs of a benchmark cut off before its
+summary) that ``benchmarks/embodied_modes.py`` kept with its probe's costs (``cycle_costs``), this
+rebuilds the cycle's profile under fixed_hops and under chained as the recipe does
+(``profile_of_costs`` on a one-node host with the run's env workers) and prints the window the trial
+would time first (``_near_best_k``: the model's best split k and its neighbours), the model's best
+plan, and the k whose rollouts the run's own trial measured fastest. A window that holds the
+measured-best k needs no walk to find it.
 """
 
 from __future__ import annotations
@@ -58,6 +59,19 @@ def windows(
     return out
 
 
+def runs_of(stored: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(label, run) for every round of every mode in a stored benchmark (a mode's entry keeps
+    each round's probe and trials under "rounds", its top level the last round's), or, where it
+    was cut off before its summary, every run it finished ("runs" by mode)."""
+    if "results" in stored:
+        return [
+            (f"{r['mode']}#{i}", {**r, **rr})
+            for r in stored["results"]
+            for i, rr in enumerate(r.get("rounds") or [r])
+        ]
+    return [(f"{m}#{i}", rr) for m, rs in stored.get("runs", {}).items() for i, rr in enumerate(rs)]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("files", nargs="+")
@@ -66,8 +80,8 @@ def main() -> int:
     total = 0
     for f in args.files:
         stored = json.load(open(f))
-        for run in stored.get("results", []):
-            if run["mode"] == "temporal" or not run.get("cycle_costs") or not run.get("trials"):
+        for label, run in runs_of(stored):
+            if run.get("mode") == "temporal" or not run.get("cycle_costs") or not run.get("trials"):
                 continue
             a = stored["args"]
             w = windows(run, a["steps"], a["pixels"], env_cores=a["env_cores"])
@@ -76,7 +90,7 @@ def main() -> int:
             for m in MODELS:  # a co-located best is timed whatever the window (auto) or absent
                 held[m] += k == "col" or int(k[1:]) in w[m]["window"]
             print(
-                f"{f}: {run['mode']}, measured best {k}; "
+                f"{f}: {label}, measured best {k}; "
                 + "; ".join(f"{m} window k={w[m]['window']} best {w[m]['best']}" for m in MODELS)
             )
     if not total:

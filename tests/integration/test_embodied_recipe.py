@@ -427,6 +427,7 @@ def _trial_on_fakes(
     cfg = Config()
     cfg.env.num_envs, cfg.auto_trial_steps, cfg.auto_trial_confirm = 8, 8, confirm
     probe = SimpleNamespace(env=SimpleNamespace(world_size=2), policy=None, can_time=fits)
+    probe.alive, probe.kill = True, lambda: setattr(probe, "alive", False)
     run = SimpleNamespace(
         cluster=SimpleNamespace(has_cuda=has_cuda, nodes=[0]),
         dir=tmp_path,
@@ -501,11 +502,52 @@ def test_the_chosen_plan_is_predicted_from_rollouts_timed_after_the_choice(monke
     rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
     assert rows[0]["rollout_s"] == pytest.approx(0.004 * 16)  # the turns' estimate, kept
     assert rows[0]["confirmed_s"] == {"16": [pytest.approx(0.006 * 16)] * 5}
+    assert json.loads((tmp_path / "trials.json").read_text())["rollout_s"] == rollout_s
     assert "confirmed_s" not in rows[1]
     # One plan is not chosen from several: its turns are its prediction, with nothing after.
     calls.clear()
     _, alone = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands[1:], 16, confirm=5)
     assert len(calls) == 4 and alone == pytest.approx(0.005 * 16)
+
+
+def test_no_confirmation_without_a_choice_on_live_probe_workers(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from loomrl.recipes import embodied_ppo
+
+    calls = []
+    FakeCycle = _fake_cycle(calls, lambda k, n: 0.001 * k * n)
+    # At S = 32 > 2 L the chosen one is timed again at both lengths, 8 and 16 steps.
+    cands = [_trial_cand(k) for k in (2, 4)]
+    _, rollout_s = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 32, confirm=3)
+    assert calls[-6:] == [(2, 8), (2, 16)] * 3 and rollout_s == pytest.approx(0.002 * 32)
+    # A co-located plan and the split k = 1 beside accelerators are one cycle on the probe's
+    # workers: nothing was chosen between cycles there, so nothing is timed again.
+    calls.clear()
+    both = [_trial_cand(1, colocated=True), _trial_cand(1)]
+    _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, both, 16, has_cuda=True, confirm=3)
+    assert calls == [(1, 16)] * 4
+    # The probe gave its workers back for a candidate on fresh ones (the node's cores): the
+    # chosen one, timed on the probe's, cannot be timed again, and keeps its turns' estimate.
+    calls.clear()
+    starts = []
+
+    def fresh_cycle(cluster, cfg, place):
+        starts.append(place.groups)
+        if len(starts) == 1:
+            raise PlacementError("the probe holds the cores")
+        worker = SimpleNamespace(kill=lambda: None)
+        return worker, worker, FakeCycle(None, None, 0, 8, True)
+
+    monkeypatch.setattr(embodied_ppo, "start_cycle", fresh_cycle)
+    cands = [_trial_cand(2), _trial_cand(4), _trial_cand(8, workers=4)]
+    plan, rollout_s = _trial_on_fakes(
+        monkeypatch, tmp_path, FakeCycle, cands, 16, fits=lambda p: p.workers == 2, confirm=3
+    )
+    assert plan is cands[0][0] and rollout_s == pytest.approx(0.002 * 16)
+    assert starts == [8, 8] and calls[-4:] == [(8, 16)] * 4  # the fresh one last, no more
+    trials = json.loads((tmp_path / "trials.json").read_text())
+    assert "confirmed_s" not in trials["trials"][0] and trials["rollout_s"] == rollout_s
 
 
 @pytest.mark.parametrize(
@@ -1059,6 +1101,10 @@ def test_cycle_model_auto_is_chained_beside_accelerators_and_on_cpu_slots():
 
     assert cfg.cycle_model == "auto"
     assert hop(True) == 0 and hop(False) == 0  # the calls keep their intercepts
+    cluster = SimpleNamespace(nodes=[node], num_devices=2, has_cuda=True)
+    cfg.cycle_model = "auto"
+    auto = profile_of_costs(cluster, cfg, 32, None, _costs()).to_dict()
+    assert auto == profile_of_costs(cluster, cfg, 32, None, _costs(), "chained").to_dict()
     # fixed_hops, asked for, makes the two 1 ms intercepts the cycle's hop
     assert hop(False, "fixed_hops") == pytest.approx(2e-3) and hop(True, "chained") == 0
     assert hop(True, "fixed_hops") == pytest.approx(2e-3)

@@ -9,12 +9,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_windows_of_a_stored_one_h200_run():
+def _script():
     spec = importlib.util.spec_from_file_location(
         "trial_windows", ROOT / "scripts/gpu/trial_windows.py"
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_windows_of_a_stored_one_h200_run():
+    mod = _script()
     stored = json.loads(
         (ROOT / "docs/results/gpu/confirm/cf/embodied_px_e128_s32_c3.json").read_text()
     )
@@ -26,3 +31,23 @@ def test_windows_of_a_stored_one_h200_run():
     # pays it per call, and its window holds k = 2.
     assert w["fixed_hops"]["window"] == [4, 8, 16] and w["fixed_hops"]["best"] == "k8"
     assert 2 in w["chained"]["window"] and 8 not in w["chained"]["window"]
+
+
+def test_every_round_and_a_cut_off_benchmarks_runs_are_read():
+    mod = _script()
+    gpu = ROOT / "docs/results/gpu/confirm"
+    done = mod.runs_of(json.loads((gpu / "cf/embodied_px_e128_s32_c3.json").read_text()))
+    labels = sorted(label for label, _ in done)
+    assert labels == [f"{m}#{i}" for m in ("auto", "hybrid", "temporal") for i in (0, 1)]
+    # the two hybrid rounds are their own runs, with their own trials
+    hybrid = [run["trials"]["trials"] for label, run in done if label.startswith("hybrid")]
+    assert hybrid[0] != hybrid[1]
+    # 96:32 was cut off after five runs (its second temporal never ran)
+    cut = mod.runs_of(json.loads((gpu / "cg/embodied_px_e96_s32_c3.json").read_text()))
+    assert sorted(label for label, _ in cut) == [
+        "auto#0",
+        "auto#1",
+        "hybrid#0",
+        "hybrid#1",
+        "temporal#0",
+    ]
