@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).parent))
+from _scripts import load_script  # noqa: E402
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location(
-        "cycle_model_fit", ROOT / "scripts/gpu/cycle_model_fit.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/gpu/cycle_model_fit.py")
 
 
 def test_trial_rows_from_chained_and_fixed_hops_runs():

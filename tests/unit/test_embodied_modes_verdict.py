@@ -3,23 +3,20 @@ and the per-run prediction errors and per-placement spreads it prints."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).parent))
+from _scripts import load_script  # noqa: E402
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "embodied_modes", ROOT / "benchmarks/embodied_modes.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/embodied_modes.py")
 
 
 def _run(k: int, measured: float, predicted: float, its: list[float]) -> dict:

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).parent))
+from _scripts import load_script  # noqa: E402
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location(
-        "trial_windows", ROOT / "scripts/gpu/trial_windows.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/gpu/trial_windows.py")
 
 
 def test_windows_of_a_stored_one_h200_run():
