@@ -159,6 +159,11 @@ class Run:
         self.planning_s = took
         self._save_plan(flow)
         self.logger.echo(f"plan ({took:.1f}s incl. profiling):\n{self.plan}")
+        if self.plan.method == "calibrate":  # its 0 s would read as a prediction
+            self.logger.echo(
+                "  (profile=calibrate: no costs measured yet; the prediction comes from the"
+                " phases the second iteration measures, the first being warm-up)"
+            )
         self.planned_s = self.plan.predicted_s
         if flow.profile_run is not None:
             pr, se = flow.profile_run, flow.prediction_se
@@ -171,7 +176,13 @@ class Run:
         if flow is not None and flow.plan_ is not self.plan:
             # A calibrated plan replaced the cost-free default after the first iteration, or the
             # profiled plan's prediction was refreshed from its first warm iterations.
-            if flow.plan_.method == "refreshed" and not flow.adapt_events:
+            if flow.plan_.method == "calibrated" and self.plan.method == "calibrate":
+                self.logger.echo(
+                    f"step {step}: plan calibrated from this iteration's measured phases:"
+                    f" {flow.plan_.predicted_s:.3f}s per iteration predicted"
+                    f" (this one took {result.measured_s:.3f}s)"
+                )
+            elif flow.plan_.method == "refreshed" and not flow.adapt_events:
                 warm = [*self.iter_times[self.plan_start + 1 :], result.measured_s]
                 self.logger.echo(
                     f"step {step}: prediction refreshed from the measured components of the"

@@ -259,3 +259,30 @@ def test_an_auto_run_records_its_profiling_in_the_summary(cluster, tmp_path, cap
     assert set(prof["items"]) == {"encode", "transform", "reduce"}
     assert all(n >= 2 for n in prof["items"].values())
     assert prof["prediction_se"] is not None and prof["prediction_se"] >= 0
+
+
+def test_a_calibrated_run_says_when_its_prediction_arrives(cluster, tmp_path, capsys):
+    from loomrl.cli import _normalise_overrides, load_recipe_config
+
+    root = Path(__file__).resolve().parents[2]
+    mod, cfg = load_recipe_config(
+        root / "examples/demo_matmul.yaml",
+        _normalise_overrides(
+            [
+                "placement=temporal",
+                "run.profile=calibrate",
+                "steps=3",
+                "batch=8",
+                "demo.size=96",
+                f"output_dir={tmp_path}",
+            ]
+        ),
+    )
+    mod.main(cfg)
+    said = capsys.readouterr().err
+    # The cost-free plan's 0 s is said not to be a prediction; the second iteration (step 1)
+    # brings one.
+    assert "profile=calibrate: no costs measured yet" in said
+    (line,) = [ln for ln in said.splitlines() if "plan calibrated" in ln]
+    assert line.startswith("step 1: plan calibrated from this iteration's measured phases: ")
+    assert float(line.split(": ")[2].split("s per")[0]) > 0
