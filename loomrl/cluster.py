@@ -145,9 +145,9 @@ class Cluster:
         _sweep_channel_slots()  # slots left by workers of earlier, killed runs
         from loomrl.lock import DeviceLock
 
-        # The driver owns the device lock: Ray ends an actor with the process that created it,
-        # and a worker that happened to create it would take it down when its group is killed.
-        DeviceLock.get(fresh=True)  # not a handle from an earlier Ray instance of this process
+        # Attached (or created: detached, it outlives its creator) from the driver, before any
+        # worker needs it; fresh: not a handle from an earlier Ray instance of this process.
+        DeviceLock.get(fresh=True)
         return cls(_take_inventory(num_devices), owns_ray=owns, pin_cores=pin_cores)
 
     def shutdown(self) -> None:

@@ -3,10 +3,12 @@
 Workers that share devices run ``onload -> work -> offload`` while holding the lock on their device
 set. Sets are acquired one device at a time in ascending global index, so two holders of
 overlapping multi-device sets can never deadlock (the classic resource ordering argument). The lock
-is re-entrant for its owner and a device held by a worker whose process died is released as soon as
-a waiter notices (holders are pinged while others wait).
+is re-entrant for its owner and a device held by a worker whose process died, or by a driver whose
+job ended, is released as soon as a waiter notices (holders are checked while others wait).
 
-The lock state lives in one named async Ray actor; this module never imports torch.
+The lock state lives in one named, detached async Ray actor: it outlives the driver that created
+it, so on a cluster shared by several drivers the locks the others hold do not go with the first
+one to exit. This module never imports torch.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class _LockServer:
 
     def __init__(self) -> None:
         self.held: dict[int, list[Any]] = {}  # device -> [owner, depth]
-        self.handles: dict[str, str] = {}  # owner -> Ray actor id (for liveness checks)
+        # owner -> ("actor", Ray actor id) or ("job", Ray job id): what the liveness check asks
+        self.handles: dict[str, tuple[str, str]] = {}
         self.cond = asyncio.Condition()
         self.grants = 0
 
@@ -41,11 +44,11 @@ class _LockServer:
         self,
         owner: str,
         devices: list[int],
-        actor_id: str | None = None,
+        process: tuple[str, str] | None = None,
         timeout: float | None = None,
     ) -> int:
-        if actor_id is not None:
-            self.handles[owner] = actor_id
+        if process is not None:
+            self.handles[owner] = tuple(process)  # type: ignore[assignment]
         deadline = None if timeout is None else time.monotonic() + timeout
         taken: list[int] = []
         try:
@@ -97,18 +100,25 @@ class _LockServer:
             self.cond.notify_all()
 
     async def _alive(self, owner: str) -> bool:
-        """Ask Ray's control store (not the owner, which may be busy) whether its process lives."""
-        actor_id = self.handles.get(owner)
-        if actor_id is None:
-            return True  # the driver, or an owner we cannot check: never reaped
+        """Ask Ray's control store (not the owner, which may be busy) whether its process lives:
+        an actor's state, or a driver's job."""
+        handle = self.handles.get(owner)
+        if handle is None:
+            return True  # an owner we cannot check: never reaped
         import ray._private.state as ray_state
+
+        kind, ident = handle
+
+        def dead() -> bool:
+            if kind == "actor":
+                return (ray_state.actors(actor_id=ident) or {}).get("State") == "DEAD"
+            return any(j.get("JobID") == ident and j.get("IsDead") for j in ray_state.jobs())
 
         loop = asyncio.get_running_loop()
         try:
-            info = await loop.run_in_executor(None, lambda: ray_state.actors(actor_id=actor_id))
+            return not await loop.run_in_executor(None, dead)
         except Exception:
             return True
-        return (info or {}).get("State") != "DEAD"
 
     async def _drop(self, owner: str) -> None:
         async with self.cond:
@@ -137,16 +147,22 @@ class DeviceLock:
         if cls._instance is None or fresh:
             actor = (
                 ray.remote(_LockServer)
-                .options(name=_ACTOR_NAME, get_if_exists=True, num_cpus=0, max_concurrency=10_000)
+                .options(
+                    name=_ACTOR_NAME,
+                    get_if_exists=True,
+                    lifetime="detached",
+                    num_cpus=0,
+                    max_concurrency=10_000,
+                )
                 .remote()
             )
             cls._instance = cls(actor)
         return cls._instance
 
     def _call(self, method: str, *args: Any) -> Any:
-        """Call the lock actor; if it has died (Ray ends it with the process that created it:
-        another driver on a shared cluster that exited), attach to a new one and call once more.
-        Locks held in the dead one went with it; their releases find nothing to release."""
+        """Call the lock actor; if it has died (it is detached, so only when killed, or with its
+        node), attach to a new one and call once more. Locks held in the dead one went with it;
+        their releases find nothing to release."""
         import ray
 
         try:
@@ -156,22 +172,24 @@ class DeviceLock:
             return ray.get(getattr(self._actor, method).remote(*args))
 
     @staticmethod
-    def _owner() -> tuple[str, str | None]:
+    def _owner() -> tuple[str, tuple[str, str]]:
+        """This process's owner name, and what the lock checks to know it lives."""
         import ray
 
-        actor_id = ray.get_runtime_context().get_actor_id()
+        ctx = ray.get_runtime_context()
+        actor_id = ctx.get_actor_id()
         if actor_id:
-            return f"actor:{actor_id}", actor_id
-        return f"driver:{os.getpid()}", None
+            return f"actor:{actor_id}", ("actor", actor_id)
+        return f"driver:{os.getpid()}", ("job", ctx.get_job_id())
 
     def acquire(
         self, devices: Iterable[int], owner: str | None = None, timeout: float | None = None
     ) -> None:
         import ray
 
-        auto_owner, actor_id = self._owner()
+        auto_owner, process = self._owner()
         try:
-            self._call("acquire", owner or auto_owner, list(devices), actor_id, timeout)
+            self._call("acquire", owner or auto_owner, list(devices), process, timeout)
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, TimeoutError):
                 raise DeviceLockTimeout(

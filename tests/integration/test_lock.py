@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -141,3 +142,59 @@ def test_a_lock_whose_actor_died_is_replaced(cluster):
         assert lock.state()[0][0].startswith("driver:")
     assert lock.state() == {}
     assert ray.get_actor(_ACTOR_NAME)._actor_id != old._actor_id
+
+
+_OTHER_DRIVER = """
+import os, sys
+import ray
+from loomrl.lock import DeviceLock, _ACTOR_NAME
+ray.init(address=sys.argv[1], namespace=sys.argv[2], log_to_driver=False)
+DeviceLock.get().acquire([6])  # never released: this driver exits holding it
+print(ray.get_actor(_ACTOR_NAME)._actor_id.hex(), os.getpid(), flush=True)
+"""
+
+
+def test_the_lock_outlives_the_driver_that_made_it_and_drops_a_dead_drivers_holds(
+    cluster, tmp_path
+):
+    """On a shared cluster another driver may create the lock actor and exit: the actor (detached)
+    stays, with the locks other drivers hold in it; what the exited driver held is released once
+    a waiter finds its job ended."""
+    import os
+    import subprocess
+    import sys
+
+    import ray
+
+    from loomrl.cluster import _NAMESPACE
+    from loomrl.lock import _ACTOR_NAME
+
+    ray.kill(ray.get_actor(_ACTOR_NAME), no_restart=True)  # the other driver creates it anew
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            ray.get_actor(_ACTOR_NAME)
+            time.sleep(0.1)
+        except ValueError:
+            break
+    root = os.pathsep.join(
+        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
+    )
+    script = tmp_path / "other_driver.py"
+    script.write_text(_OTHER_DRIVER)
+    out = subprocess.run(
+        [sys.executable, str(script), ray.get_runtime_context().gcs_address, _NAMESPACE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": root},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    actor_hex, pid = out.stdout.split()
+    lock = DeviceLock.get(fresh=True)
+    assert ray.get_actor(_ACTOR_NAME)._actor_id.hex() == actor_hex  # the same actor, alive
+    assert lock.state()[6] == (f"driver:{pid}", 1)  # what the exited driver held, still there
+    t0 = time.monotonic()
+    with lock.hold([6], timeout=30):  # its job has ended: the hold is dropped
+        assert lock.state()[6] == (f"driver:{os.getpid()}", 1)
+    assert time.monotonic() - t0 < 15
