@@ -22,7 +22,9 @@ from typing import Any
 
 from loomrl.errors import LoomError
 
-_ACTOR_NAME = "loomrl_device_lock"
+# The version names the protocol between clients and the lock actor, which, detached, can outlive
+# the loomrl that started it on a long-lived cluster: another version is another lock.
+_ACTOR_NAME = "loomrl_device_lock_v2"
 _LIVENESS_PERIOD_S = 1.0
 
 
@@ -47,8 +49,6 @@ class _LockServer:
         process: tuple[str, str] | None = None,
         timeout: float | None = None,
     ) -> int:
-        if process is not None:
-            self.handles[owner] = tuple(process)  # type: ignore[assignment]
         deadline = None if timeout is None else time.monotonic() + timeout
         taken: list[int] = []
         try:
@@ -56,6 +56,10 @@ class _LockServer:
                 while True:
                     async with self.cond:
                         if d not in self.held or self.held[d][0] == owner:
+                            if process is not None and not self._holds(owner):
+                                # The process that holds is the one to check: not one that
+                                # only waited under the same owner name.
+                                self.handles[owner] = (str(process[0]), str(process[1]))
                             if d in self.held:
                                 self.held[d][1] += 1
                             else:
@@ -97,7 +101,12 @@ class _LockServer:
                 entry[1] -= 1
                 if entry[1] <= 0:
                     del self.held[d]
+            if not self._holds(owner):  # a cluster-long actor keeps no entry per past owner
+                self.handles.pop(owner, None)
             self.cond.notify_all()
+
+    def _holds(self, owner: str) -> bool:
+        return any(o == owner for o, _ in self.held.values())
 
     async def _alive(self, owner: str) -> bool:
         """Ask Ray's control store (not the owner, which may be busy) whether its process lives:
@@ -107,11 +116,11 @@ class _LockServer:
             return True  # an owner we cannot check: never reaped
         import ray._private.state as ray_state
 
-        kind, ident = handle
-
         def dead() -> bool:
+            kind, ident = handle
             if kind == "actor":
-                return (ray_state.actors(actor_id=ident) or {}).get("State") == "DEAD"
+                # An actor registers before it can call; the store forgets long-dead ones ({}).
+                return (ray_state.actors(actor_id=ident) or {}).get("State", "DEAD") == "DEAD"
             return any(j.get("JobID") == ident and j.get("IsDead") for j in ray_state.jobs())
 
         loop = asyncio.get_running_loop()
@@ -145,10 +154,13 @@ class DeviceLock:
         import ray
 
         if cls._instance is None or fresh:
+            from loomrl.cluster import _NAMESPACE  # not the caller's: all drivers share it
+
             actor = (
                 ray.remote(_LockServer)
                 .options(
                     name=_ACTOR_NAME,
+                    namespace=_NAMESPACE,
                     get_if_exists=True,
                     lifetime="detached",
                     num_cpus=0,
@@ -180,7 +192,10 @@ class DeviceLock:
         actor_id = ctx.get_actor_id()
         if actor_id:
             return f"actor:{actor_id}", ("actor", actor_id)
-        return f"driver:{os.getpid()}", ("job", ctx.get_job_id())
+        # By job, not pid alone: drivers on other hosts or containers can share a pid, and one
+        # that reconnects is a new job.
+        job = ctx.get_job_id()
+        return f"driver:{job}/{os.getpid()}", ("job", job)
 
     def acquire(
         self, devices: Iterable[int], owner: str | None = None, timeout: float | None = None

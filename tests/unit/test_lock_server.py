@@ -1,0 +1,28 @@
+"""The device lock actor's bookkeeping of which process to check for each owner (no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from loomrl.lock import _LockServer
+
+
+def test_an_owner_is_checked_by_the_process_that_holds_and_forgotten_when_it_holds_nothing():
+    async def go():
+        s = _LockServer()
+        await s.acquire("o", [1], ("actor", "first"))
+        # The same owner name from another process while it holds: still the first is checked.
+        await s.acquire("o", [2], ("actor", "second"))
+        assert s.handles == {"o": ("actor", "first")} and s.held == {1: ["o", 1], 2: ["o", 1]}
+        await s.release("o", [1])
+        assert s.handles == {"o": ("actor", "first")}  # device 2 is still held
+        await s.release("o", [2])
+        assert s.handles == {} and s.held == {}
+        # Holding nothing, the next to take it under that name is the one checked.
+        await s.acquire("o", [3], ("job", "02000000"))
+        assert s.handles == {"o": ("job", "02000000")}
+        # An owner with no process to check (None) is kept, never reaped.
+        await s.acquire("p", [4])
+        assert "p" not in s.handles and s.held[4] == ["p", 1]
+
+    asyncio.run(go())
