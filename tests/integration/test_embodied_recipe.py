@@ -510,7 +510,9 @@ def test_the_chosen_plan_is_predicted_from_rollouts_timed_after_the_choice(monke
     assert len(calls) == 4 and alone == pytest.approx(0.005 * 16)
 
 
-def test_no_confirmation_without_a_choice_on_live_probe_workers(monkeypatch, tmp_path):
+def test_confirmation_needs_a_choice_and_is_made_on_the_workers_that_will_run(
+    monkeypatch, tmp_path
+):
     from types import SimpleNamespace
 
     from loomrl.recipes import embodied_ppo
@@ -528,16 +530,17 @@ def test_no_confirmation_without_a_choice_on_live_probe_workers(monkeypatch, tmp
     _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, both, 16, has_cuda=True, confirm=3)
     assert calls == [(1, 16)] * 4
     # The probe gave its workers back for a candidate on fresh ones (the node's cores): the
-    # chosen one, timed on the probe's, cannot be timed again, and keeps its turns' estimate.
+    # chosen one, timed on the probe's, gets fresh workers of its own, timed after a warm-up,
+    # which the run is then handed; the other candidate's are ended.
     calls.clear()
-    starts = []
+    starts, killed = [], []
 
     def fresh_cycle(cluster, cfg, place):
         starts.append(place.groups)
         if len(starts) == 1:
             raise PlacementError("the probe holds the cores")
-        worker = SimpleNamespace(kill=lambda: None)
-        return worker, worker, FakeCycle(None, None, 0, 8, True)
+        worker = SimpleNamespace(kill=lambda k=place.groups: killed.append(k))
+        return worker, worker, FakeCycle(None, None, 0, place.groups, True)
 
     monkeypatch.setattr(embodied_ppo, "start_cycle", fresh_cycle)
     cands = [_trial_cand(2), _trial_cand(4), _trial_cand(8, workers=4)]
@@ -545,9 +548,58 @@ def test_no_confirmation_without_a_choice_on_live_probe_workers(monkeypatch, tmp
         monkeypatch, tmp_path, FakeCycle, cands, 16, fits=lambda p: p.workers == 2, confirm=3
     )
     assert plan is cands[0][0] and rollout_s == pytest.approx(0.002 * 16)
-    assert starts == [8, 8] and calls[-4:] == [(8, 16)] * 4  # the fresh one last, no more
+    assert starts == [8, 8, 2] and killed == [8, 8]  # env and policy of k = 8; k = 2's kept
+    assert calls[-8:] == [(8, 16)] * 4 + [(2, 16)] * 4  # k = 8's turns, then k = 2's own
     trials = json.loads((tmp_path / "trials.json").read_text())
-    assert "confirmed_s" not in trials["trials"][0] and trials["rollout_s"] == rollout_s
+    assert trials["trials"][0]["confirmed_s"] == {"16": [pytest.approx(0.032)] * 3}
+
+
+def test_a_pick_timed_on_fresh_workers_keeps_them_for_the_run(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from loomrl.recipes import embodied_ppo
+    from loomrl.recipes.embodied_ppo import Config, choose_by_trial
+
+    calls, killed = [], []
+    FakeCycle = _fake_cycle(calls, lambda k, n: 0.001 * n if k == 1 else 0.003 * n)
+
+    def fresh_cycle(cluster, cfg, place):
+        worker = SimpleNamespace(kill=lambda: killed.append(place.groups), world_size=4)
+        return worker, worker, FakeCycle(None, None, 0, place.groups, True)
+
+    monkeypatch.setattr(embodied_ppo, "start_cycle", fresh_cycle)
+    monkeypatch.setattr(embodied_ppo, "EnvPolicyCycle", FakeCycle)
+    cfg = Config()
+    cfg.env.num_envs, cfg.auto_trial_steps, cfg.auto_trial_confirm = 8, 8, 2
+    probe = SimpleNamespace(env=SimpleNamespace(world_size=2), policy=None, alive=True)
+    probe.can_time = lambda p: p.workers == 2
+    ended = []  # the probe's own workers, ended when it adopts the pick's
+
+    def kill():
+        ended.append(probe.env.world_size)
+        probe.alive = False
+
+    probe.kill = kill
+    run = SimpleNamespace(
+        cluster=SimpleNamespace(has_cuda=False, nodes=[0]),
+        dir=tmp_path,
+        logger=SimpleNamespace(echo=lambda msg: None),
+    )
+    # k = 1 on 4 fresh env workers is the fastest: its workers stay up, become the probe's (for
+    # the run), and are timed again there, with no second launch.
+    fast = _trial_cand(1, workers=4)
+    fast[1].launch_devices, fast[1].policy_devices = (0,), (1,)
+    plan, rollout_s = choose_by_trial(run, cfg, [_trial_cand(2), fast], 16, probe)
+    assert plan is fast[0] and rollout_s == pytest.approx(0.001 * 16)
+    assert killed == [] and calls[-6:] == [(1, 16)] * 6  # its warm-up, 3 passes, 2 more
+    assert probe.alive and probe.env.world_size == 4 and probe.env_devices == (0,)
+    assert probe.policy_devices == (1,) and ended == [2]
+    # Alone (temporal), the plan's fresh workers are kept the same way, with nothing timed again.
+    calls.clear()
+    probe.alive, probe.env = True, SimpleNamespace(world_size=2)
+    plan, _ = choose_by_trial(run, cfg, [fast], 16, probe)
+    assert calls == [(1, 16)] * 4 and killed == [] and probe.env.world_size == 4
+    assert ended == [2, 2]
 
 
 @pytest.mark.parametrize(
