@@ -415,7 +415,8 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> tuple[CyclePlacement, tuple
     way the plan's prediction is re-costed to the rollout the trial measured. When the plan
     places its workers as the probe's were, the probe's workers are rebuilt to their launch
     state and returned for the run (the prediction then comes from the very processes that
-    run, and no worker starts again); otherwise None, and the probe is gone.
+    run, and no worker starts again); the probe's workers may by then be those the trial ran the
+    plan on (``choose_by_trial``). Otherwise None, and the probe is gone.
     """
     from loomrl.plan import Plan, load_profile
 
@@ -589,9 +590,9 @@ def choose_by_trial(
 
     The model ranks plans; where its ranking is within its own error (the margin), a measurement
     decides, and the measurement re-costs the prediction: where the fastest was chosen from
-    several timed on the probe's workers, ``cfg.auto_trial_confirm`` more of its rollouts, timed
-    back to back after the choice, give its estimate. After a warm-up rollout, a rollout of
-    ``steps`` is timed three times (median) when ``steps`` <= 2L (L = auto_trial_steps);
+    several, ``cfg.auto_trial_confirm`` more of its rollouts, timed back to back after the choice
+    on the workers that will run it (below), give its estimate. After a warm-up rollout, a
+    rollout of ``steps`` is timed three times (median) when ``steps`` <= 2L (L = auto_trial_steps);
     longer ones are estimated from rollouts of L and 2L steps (twice each, medians) as a fixed
     cost per rollout plus a cost per step. A candidate with as many env workers as the
     cost probe's ``probe`` workers is timed on those (their devices may differ from the plan's:
@@ -603,8 +604,10 @@ def choose_by_trial(
     its timings and losing ties to it. Others on fresh workers, one after another, each thrown
     away when the next starts. Where the fastest will not run on the probe's workers, the probe
     adopts its workers (those it was timed on, if still up; else fresh ones, timed again), so the
-    run gets the processes its prediction came from. The run starts from the launch state either
-    way (``plan_cycle`` rebuilds the probe's workers when it keeps them).
+    run gets the processes its prediction came from. (A pick timed on the probe's workers whose
+    plan places them otherwise, a co-located plan on CPU slots, still runs on fresh ones.) The run
+    starts from the launch state either way (``plan_cycle`` rebuilds the probe's workers when it
+    keeps them).
 
     ``ladder``: split candidates at every k (``_ladder``). While the fastest candidate timed on
     the probe's workers has a rung next to it on the ladder that was not timed there (beside
@@ -703,57 +706,59 @@ def choose_by_trial(
             _kill_fresh((i, envs, policy, cyc))
             raise
         fresh = (i, envs, policy, cyc)  # kept up in case it is the one chosen
-    for i, ((plan, place), reuse, t) in enumerate(zip(candidates, fits, timed, strict=True)):
-        rollout_s = _trial_estimate(t, steps, L)
-        rows.append(
-            {
-                "placement": place.describe(),
-                "handoff": ran[i],  # how the cycle timed passed results: driver or direct
-                "predicted_s": plan.predicted_s,
-                "probe_workers": reuse,
-                "timed_s": {str(n): v for n, v in t.items()},
-                "rollout_s": rollout_s,
-                "walked": i >= walk_from,  # timed because it was next to the fastest, untimed
-                "same_cycle_as": alias.get(i),  # not run itself: that row's timings are its own
-            }
-        )
-    # min keeps the first of equal times: an alias never wins over the row it shares
-    pick = min(range(len(rows)), key=lambda i: rows[i]["rollout_s"])
-    rollout_s = rows[pick]["rollout_s"]
-    # The pick's rollouts in the turns are not those of the run: the fastest of several noisy
-    # estimates is the luckiest one, and a cycle taking turns with another on the same workers
-    # ran slower than back to back, as the run goes. On one H200 (calls CE-CG, 23 runs of
-    # auto and hybrid) predictions from rollouts timed after the choice were within 5% in 13
-    # and 7.1% off on average; from the turns' own they would have been in 9, 8.5% off (split
-    # plans predicted too slow by up to 25%). The choice itself stays with the turns.
-    src = alias.get(pick, pick)
-    confirm, again_on = cfg.auto_trial_confirm, None
-    if src in cycles and probe is not None and probe.alive:
-        if len(shared) > 1 and confirm > 0:
-            again_on = cycles[src]
-    elif probe is not None:
-        # The run will not be on the probe's workers (the pick ran on fresh ones, or the probe
-        # gave its own back for one): the probe adopts the pick's, those just timed if they are
-        # still up, else fresh ones timed here, so that the run's prediction comes from the
-        # processes that run. On two cores auto's runs on workers other than those its trials
-        # timed came out 10.8% above their predictions on average (48 stored runs, against
-        # +7.8% for 6 on the probe's and 0.0% for hybrid's 54, always on the probe's).
-        if fresh is not None and fresh[0] == pick:
-            _, envs, policy, again_on = fresh
-            fresh = None
-            again_on = again_on if len(rows) > 1 and confirm > 0 else None
-        elif confirm > 0:
-            _kill_fresh(fresh)
-            fresh = None
-            if probe.alive:  # its cores, for the pick's
-                probe.kill()
-            envs, policy, again_on = start_cycle(run.cluster, cfg, candidates[pick][1])
-            again_on.collect(min(lengths))  # its warm-up
-        else:
-            envs = None
-        if envs is not None:
-            _adopt(probe, envs, policy, candidates[pick][1])
-    _kill_fresh(fresh)
+    try:
+        for i, ((plan, place), reuse, t) in enumerate(zip(candidates, fits, timed, strict=True)):
+            rollout_s = _trial_estimate(t, steps, L)
+            rows.append(
+                {
+                    "placement": place.describe(),
+                    "handoff": ran[i],  # how the cycle timed passed results: driver or direct
+                    "predicted_s": plan.predicted_s,
+                    "probe_workers": reuse,
+                    "timed_s": {str(n): v for n, v in t.items()},
+                    "rollout_s": rollout_s,
+                    "walked": i >= walk_from,  # timed because it was next to the fastest, untimed
+                    "same_cycle_as": alias.get(i),  # not run itself: that row's timings are its own
+                }
+            )
+        # min keeps the first of equal times: an alias never wins over the row it shares
+        pick = min(range(len(rows)), key=lambda i: rows[i]["rollout_s"])
+        rollout_s = rows[pick]["rollout_s"]
+        # The pick's rollouts in the turns are not those of the run: the fastest of several noisy
+        # estimates is the luckiest one, and a cycle taking turns with another on the same workers
+        # ran slower than back to back, as the run goes. On one H200 (calls CE-CG, 23 runs of
+        # auto and hybrid) predictions from rollouts timed after the choice were within 5% in 13
+        # and 7.1% off on average; from the turns' own they would have been in 9, 8.5% off (split
+        # plans predicted too slow by up to 25%). The choice itself stays with the turns.
+        src = alias.get(pick, pick)
+        confirm, again_on = cfg.auto_trial_confirm, None
+        if src in cycles and probe is not None and probe.alive:
+            if len(shared) > 1 and confirm > 0:
+                again_on = cycles[src]
+        elif probe is not None:
+            # The run will not be on the probe's workers (the pick ran on fresh ones, or the probe
+            # gave its own back for one): the probe adopts the pick's, those just timed if they are
+            # still up, else fresh ones timed here, so that the run's prediction comes from the
+            # processes that run. On two cores auto's runs on workers other than those its trials
+            # timed came out 10.8% above their predictions on average (48 stored runs, against
+            # +7.8% for 6 on the probe's and 0.0% for hybrid's 54, always on the probe's).
+            if fresh is not None and fresh[0] == pick:
+                _, envs, policy, cyc = fresh
+                fresh = None
+                _adopt(probe, envs, policy, candidates[pick][1])
+                again_on = cyc if len(rows) > 1 and confirm > 0 else None
+            elif confirm > 0:
+                _kill_fresh(fresh)
+                fresh = None
+                if probe.alive:  # its cores, for the pick's
+                    probe.kill()
+                envs, policy, cyc = start_cycle(run.cluster, cfg, candidates[pick][1])
+                # The probe's from here: a failure below ends them with it (plan_cycle).
+                _adopt(probe, envs, policy, candidates[pick][1])
+                cyc.collect(min(lengths))  # its warm-up
+                again_on = cyc
+    finally:
+        _kill_fresh(fresh)  # a candidate's fresh workers, unless handed on (then None)
     if again_on is not None:
         again: dict[int, list[float]] = {n: [] for n in lengths}
         _time_in_turns({0: again_on}, [again], lengths, confirm, warm_up=False)

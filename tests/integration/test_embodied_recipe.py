@@ -414,6 +414,7 @@ def _trial_on_fakes(
     ladder=(),
     has_cuda=False,
     confirm=0,
+    probes=None,
 ):
     """``choose_by_trial`` over ``cands`` (8 envs, auto_trial_steps 8, ``confirm`` rollouts
     after the choice), ``fake_cycle`` standing for the cycle; the probe has 2 env workers and
@@ -428,6 +429,8 @@ def _trial_on_fakes(
     cfg.env.num_envs, cfg.auto_trial_steps, cfg.auto_trial_confirm = 8, 8, confirm
     probe = SimpleNamespace(env=SimpleNamespace(world_size=2), policy=None, can_time=fits)
     probe.alive, probe.kill = True, lambda: setattr(probe, "alive", False)
+    if probes is not None:  # for the caller to look at after
+        probes.append(probe)
     run = SimpleNamespace(
         cluster=SimpleNamespace(has_cuda=has_cuda, nodes=[0]),
         dir=tmp_path,
@@ -533,20 +536,28 @@ def test_confirmation_needs_a_choice_and_is_made_on_the_workers_that_will_run(
     # chosen one, timed on the probe's, gets fresh workers of its own, timed after a warm-up,
     # which the run is then handed; the other candidate's are ended.
     calls.clear()
-    starts, killed = [], []
+    starts, killed, probes = [], [], []
 
     def fresh_cycle(cluster, cfg, place):
         starts.append(place.groups)
         if len(starts) == 1:
             raise PlacementError("the probe holds the cores")
-        worker = SimpleNamespace(kill=lambda k=place.groups: killed.append(k))
+        worker = SimpleNamespace(kill=lambda k=place.groups: killed.append(k), k=place.groups)
         return worker, worker, FakeCycle(None, None, 0, place.groups, True)
 
     monkeypatch.setattr(embodied_ppo, "start_cycle", fresh_cycle)
     cands = [_trial_cand(2), _trial_cand(4), _trial_cand(8, workers=4)]
     plan, rollout_s = _trial_on_fakes(
-        monkeypatch, tmp_path, FakeCycle, cands, 16, fits=lambda p: p.workers == 2, confirm=3
+        monkeypatch,
+        tmp_path,
+        FakeCycle,
+        cands,
+        16,
+        fits=lambda p: p.workers == 2,
+        confirm=3,
+        probes=probes,
     )
+    assert probes[0].alive and probes[0].env.k == 2 and probes[0].policy.k == 2  # for the run
     assert plan is cands[0][0] and rollout_s == pytest.approx(0.002 * 16)
     assert starts == [8, 8, 2] and killed == [8, 8]  # env and policy of k = 8; k = 2's kept
     assert calls[-8:] == [(8, 16)] * 4 + [(2, 16)] * 4  # k = 8's turns, then k = 2's own
@@ -594,7 +605,10 @@ def test_a_pick_timed_on_fresh_workers_keeps_them_for_the_run(monkeypatch, tmp_p
     assert killed == [] and calls[-6:] == [(1, 16)] * 6  # its warm-up, 3 passes, 2 more
     assert probe.alive and probe.env.world_size == 4 and probe.env_devices == (0,)
     assert probe.policy_devices == (1,) and ended == [2]
-    # Alone (temporal), the plan's fresh workers are kept the same way, with nothing timed again.
+    trials = json.loads((tmp_path / "trials.json").read_text())
+    assert trials["trials"][1]["confirmed_s"] == {"16": [pytest.approx(0.016)] * 2}
+    # The only candidate (as temporal's one plan is), its fresh workers are kept the same way,
+    # with nothing timed again: nothing was chosen.
     calls.clear()
     probe.alive, probe.env = True, SimpleNamespace(world_size=2)
     plan, _ = choose_by_trial(run, cfg, [fast], 16, probe)
