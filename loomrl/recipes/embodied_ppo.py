@@ -797,8 +797,10 @@ def _adopt(probe: Any, envs: Any, policy: Any, place: Any) -> None:
     if probe.alive:
         probe.kill()
     probe.env, probe.policy, probe.alive = envs, policy, True
-    probe.env_devices = tuple(getattr(place, "launch_devices", ()))
-    probe.policy_devices = tuple(getattr(place, "policy_devices", ()))
+    probe.env_devices, probe.policy_devices = (
+        tuple(place.launch_devices),
+        tuple(place.policy_devices),
+    )
 
 
 def _same_cycle(place: Any, slots: bool) -> tuple:

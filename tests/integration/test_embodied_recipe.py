@@ -400,7 +400,12 @@ def _trial_cand(k: int, workers: int = 2, colocated: bool = False) -> tuple:
 
     mode = {"mode": "temporal" if colocated else "hybrid", "colocated": colocated, "groups": k}
     return SimpleNamespace(predicted_s=1.0), SimpleNamespace(
-        workers=workers, groups=k, colocated=colocated, describe=lambda: mode
+        workers=workers,
+        groups=k,
+        colocated=colocated,
+        describe=lambda: mode,
+        launch_devices=(0,),
+        policy_devices=(0,) if colocated else (1,),
     )
 
 
