@@ -86,8 +86,9 @@ class Config:
     # are timed whole.
     auto_trial_steps: int = 32
     auto_trial_margin: float = 0.5
-    # Rollouts of the plan a trial chose among several, timed back to back after the choice,
-    # that its prediction comes from (0: from its rollouts in the trial's turns; choose_by_trial).
+    # Rollouts of the plan a trial picked (also the only one), timed back to back after the
+    # choice, that its prediction comes from (0: from its rollouts in the trial's turns;
+    # choose_by_trial).
     auto_trial_confirm: int = 5
     # How measured costs become the cycle's model: fixed_hops (a call's fixed cost is hand-off
     # latency that ring groups overlap), chained (each call costs what it took, hand-off
@@ -589,9 +590,9 @@ def choose_by_trial(
     seconds for a ``steps``-step rollout.
 
     The model ranks plans; where its ranking is within its own error (the margin), a measurement
-    decides, and the measurement re-costs the prediction: where the fastest was chosen from
-    several, ``cfg.auto_trial_confirm`` more of its rollouts, timed back to back after the choice
-    on the workers that will run it (below), give its estimate. After a warm-up rollout, a
+    decides, and the measurement re-costs the prediction: ``cfg.auto_trial_confirm`` more
+    rollouts of the fastest (or only) candidate, timed back to back after the choice on the
+    workers that will run it (below), give its estimate. After a warm-up rollout, a
     rollout of ``steps`` is timed three times (median) when ``steps`` <= 2L (L = auto_trial_steps);
     longer ones are estimated from rollouts of L and 2L steps (twice each, medians) as a fixed
     cost per rollout plus a cost per step. A candidate with as many env workers as the
@@ -729,11 +730,15 @@ def choose_by_trial(
         # ran slower than back to back, as the run goes. On one H200 (calls CE-CG, 23 runs of
         # auto and hybrid) predictions from rollouts timed after the choice were within 5% in 13
         # and 7.1% off on average; from the turns' own they would have been in 9, 8.5% off (split
-        # plans predicted too slow by up to 25%). The choice itself stays with the turns.
+        # plans predicted too slow by up to 25%). The choice itself stays with the turns. A
+        # lone candidate (temporal's one plan) is timed again too: rollouts still speed up over
+        # the first seconds on a worker set (119 trial sequences on one H200: the first third of
+        # each 3.8% above its median, the last third 1.9% below; 128 envs, call CH: temporal's
+        # runs went 6-8% under the three rollouts its trial timed).
         src = alias.get(pick, pick)
         confirm, again_on = cfg.auto_trial_confirm, None
         if src in cycles and probe is not None and probe.alive:
-            if len(shared) > 1 and confirm > 0:
+            if confirm > 0:
                 again_on = cycles[src]
         elif probe is not None:
             # The run will not be on the probe's workers (the pick ran on fresh ones, or the probe
@@ -746,7 +751,7 @@ def choose_by_trial(
                 _, envs, policy, cyc = fresh
                 fresh = None
                 _adopt(probe, envs, policy, candidates[pick][1])
-                again_on = cyc if len(rows) > 1 and confirm > 0 else None
+                again_on = cyc if confirm > 0 else None
             elif confirm > 0:
                 _kill_fresh(fresh)
                 fresh = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -512,15 +513,25 @@ def test_the_chosen_plan_is_predicted_from_rollouts_timed_after_the_choice(monke
     assert rows[0]["confirmed_s"] == {"16": [pytest.approx(0.006 * 16)] * 5}
     assert json.loads((tmp_path / "trials.json").read_text())["rollout_s"] == rollout_s
     assert "confirmed_s" not in rows[1]
-    # One plan is not chosen from several: its turns are its prediction, with nothing after.
+
+
+def test_a_lone_plan_is_predicted_from_rollouts_after_its_warm_up_spell(monkeypatch, tmp_path):
+    # Temporal's one plan: its first rollouts run slow (0.008 s a step over its warm-up and
+    # three timed ones), then at its usual 0.005. Its prediction comes from the later ones.
+    calls = []
+    FakeCycle = _fake_cycle(calls, lambda k, n: (0.008 if len(calls) <= 4 else 0.005) * n)
+    plan, alone = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, [_trial_cand(4)], 16, confirm=5)
+    assert calls == [(4, 16)] * 9 and alone == pytest.approx(0.005 * 16)
+    trials = json.loads((tmp_path / "trials.json").read_text())
+    assert trials["trials"][0]["rollout_s"] == pytest.approx(0.008 * 16)  # the turns' own
+    assert trials["rollout_s"] == alone
+    # With confirm = 0 the turns are its prediction.
     calls.clear()
-    _, alone = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands[1:], 16, confirm=5)
-    assert len(calls) == 4 and alone == pytest.approx(0.005 * 16)
+    _, turns = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, [_trial_cand(4)], 16, confirm=0)
+    assert len(calls) == 4 and turns == pytest.approx(0.008 * 16)
 
 
-def test_confirmation_needs_a_choice_and_is_made_on_the_workers_that_will_run(
-    monkeypatch, tmp_path
-):
+def test_confirmation_is_made_on_the_workers_that_will_run(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
     from loomrl.recipes import embodied_ppo
@@ -532,11 +543,11 @@ def test_confirmation_needs_a_choice_and_is_made_on_the_workers_that_will_run(
     _, rollout_s = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 32, confirm=3)
     assert calls[-6:] == [(2, 8), (2, 16)] * 3 and rollout_s == pytest.approx(0.002 * 32)
     # A co-located plan and the split k = 1 beside accelerators are one cycle on the probe's
-    # workers: nothing was chosen between cycles there, so nothing is timed again.
+    # workers: timed once in the turns, and once again after (the co-located one, first, wins).
     calls.clear()
     both = [_trial_cand(1, colocated=True), _trial_cand(1)]
-    _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, both, 16, has_cuda=True, confirm=3)
-    assert calls == [(1, 16)] * 4
+    plan, _ = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, both, 16, has_cuda=True, confirm=3)
+    assert calls == [(1, 16)] * 7 and plan is both[0][0]
     # The probe gave its workers back for a candidate on fresh ones (the node's cores): the
     # chosen one, timed on the probe's, gets fresh workers of its own, timed after a warm-up,
     # which the run is then handed; the other candidate's are ended.
@@ -612,12 +623,12 @@ def test_a_pick_timed_on_fresh_workers_keeps_them_for_the_run(monkeypatch, tmp_p
     assert probe.policy_devices == (1,) and ended == [2]
     trials = json.loads((tmp_path / "trials.json").read_text())
     assert trials["trials"][1]["confirmed_s"] == {"16": [pytest.approx(0.016)] * 2}
-    # The only candidate (as temporal's one plan is), its fresh workers are kept the same way,
-    # with nothing timed again: nothing was chosen.
+    # The only candidate (as temporal's one plan is), its fresh workers are kept the same way
+    # and timed again there.
     calls.clear()
     probe.alive, probe.env = True, SimpleNamespace(world_size=2)
     plan, _ = choose_by_trial(run, cfg, [fast], 16, probe)
-    assert calls == [(1, 16)] * 4 and killed == [] and probe.env.world_size == 4
+    assert calls == [(1, 16)] * 6 and killed == [] and probe.env.world_size == 4
     assert ended == [2, 2]
 
 
@@ -988,7 +999,8 @@ def test_trials_are_skipped_when_disabled_and_time_a_pinned_plan_alone(cluster, 
     main(load_config(Config, EXAMPLE, [*base, "auto_trial_steps=0", f"run.output_dir={out}"]))
     assert not (out / "trials.json").exists()
     # A pinned mode times its own plan (S = 16 <= 2 x 8: three rollouts of S steps; on the
-    # probe's workers when the plan has as many env workers: one) and predicts from that rollout.
+    # probe's workers when the plan has as many env workers: one), then 5 more back to back
+    # (auto_trial_confirm), and predicts from those.
     out = tmp_path / "pinned"
     s = main(
         load_config(
@@ -1004,7 +1016,9 @@ def test_trials_are_skipped_when_disabled_and_time_a_pinned_plan_alone(cluster, 
     assert list(row["timed_s"]) == ["16"] and len(row["timed_s"]["16"]) == 3
     profile = load_profile_json(out / "profile.json")
     update = profile.components["actor_train"].time(1, 1)
-    assert s["predicted_iteration_s"] == pytest.approx(update + row["rollout_s"])
+    assert len(row["confirmed_s"]["16"]) == 5
+    assert trials["rollout_s"] == statistics.median(row["confirmed_s"]["16"])
+    assert s["predicted_iteration_s"] == pytest.approx(update + trials["rollout_s"])
     with pytest.raises(
         ConfigError, match=r"(?s)auto_trial_steps: must be >= 0.*auto_trial_confirm"
     ):
