@@ -223,6 +223,11 @@ class _Heads(nn.Module):
         return a + self.start if self.discrete else a.reshape(a.shape[0], *self.action_shape)
 
 
+# The most graphs one policy keeps however many batch shapes its callers announce: each holds
+# its inputs and a private pool for the forward's intermediates (blocks of row_block rows).
+MAX_GRAPH_SHAPES = 256
+
+
 class _GraphCache:
     """CUDA graphs of one forward function, one per input (shape, strides, dtype, device), least
     recently used dropped beyond ``max_shapes``.
@@ -250,6 +255,10 @@ class _GraphCache:
     def clear(self) -> None:
         self.entries.clear()
         self.params_key = None
+
+    def reserve(self, n: int) -> None:
+        """Keep at least ``n`` graphs (at most ``MAX_GRAPH_SHAPES``); never lowers the limit."""
+        self.max_shapes = max(self.max_shapes, min(n, MAX_GRAPH_SHAPES))
 
     def run(
         self,
@@ -348,6 +357,14 @@ class _ActorCriticBase(nn.Module):
         truncated and last observations, rare and of any row count, run eagerly: the same
         kernels) or on training's ``evaluate``."""
         self._graphs = _GraphCache(max_shapes) if on else None
+
+    def reserve_graph_shapes(self, n: int) -> None:
+        """Keep graphs of at least ``n`` batch shapes (at most ``MAX_GRAPH_SHAPES``): a caller
+        whose calls take n row counts then replays each without recording it again. Graphs
+        beyond the limit drop the least recently used, and a cycle that cycles through more
+        shapes than the limit records one on nearly every call."""
+        if self._graphs is not None:
+            self._graphs.reserve(n)
 
     def release_graphs(self) -> None:
         """Drop the recorded graphs and the device memory they hold (e.g. before offload)."""

@@ -375,6 +375,11 @@ class PolicyWorker(Worker):
         worker first, so none waits for actions that will not come."""
         from loomrl.transport._socket import PeerClosed
 
+        merged = len(groups) > 1 and self.rows_independent
+        rows = [[hi - lo for _, lo, hi in parts] for parts in groups]
+        self._expect_calls(
+            call_sizes([r for g in rows for r in g]) if merged else {sum(g) for g in rows}
+        )
         conns = self._accept_pipe(token, workers, timeout)
 
         def silent(w: int, t: int) -> HandoffError:
@@ -426,7 +431,7 @@ class PolicyWorker(Worker):
                     ) from None
 
         try:
-            if len(groups) > 1 and self.rows_independent:
+            if merged:
                 self._serve_ready(conns, steps, groups, reply, act, silent, timeout)
                 return
             for t in range(steps):
@@ -441,6 +446,19 @@ class PolicyWorker(Worker):
         finally:
             for conn in conns.values():
                 conn.close()
+
+    def _expect_calls(self, sizes: set[int]) -> None:
+        """Make the policy keep a recorded graph for every row count in ``sizes`` beside those
+        of the layouts served since the graphs were last released (a trial's cycles take turns
+        on these workers). With room for 8, a pipelined cycle of more than 8 parts recorded
+        graphs on nearly every call: on one H200 at 96 envs on 4 env workers, k = 3 (12 parts,
+        12 row counts) ran its rollouts at 0.28-0.40 s against k = 2's 0.19-0.25 (8 parts, 8
+        captures a run), and k = 2 right after k = 3 in a trial's turns at up to 0.35 s
+        (scripts/gpu/RESULTS.md, call CK)."""
+        seen: set[int] = self.__dict__.setdefault("_call_sizes", set())
+        seen |= sizes
+        if self.graphs:
+            self.net.reserve_graph_shapes(GRAPH_ROOM + len(seen))
 
     @property
     def rows_independent(self) -> bool:
@@ -733,11 +751,26 @@ class PolicyWorker(Worker):
             self._listener = None
 
     def _release_graphs(self) -> None:
+        self.__dict__.pop("_call_sizes", None)  # the next layouts start an empty cache
         release = getattr(self.net, "release_graphs", None)
         if callable(release):
             release()
         if self.train_step is not None:
             self.train_step.release()
+
+
+# Graphs kept beyond the row counts the served layouts can call with (other callers of act).
+GRAPH_ROOM = 8
+
+
+def call_sizes(rows: list[int]) -> set[int]:
+    """Every row count a call acting on the parts that have replied can have (``_serve_ready``):
+    the sums of the non-empty subsets of the parts' row counts ``rows`` (each part replies once
+    per step). Equal parts of r rows give r, 2r, ..., len(rows) x r. Pure."""
+    reach = 1  # bit s set: some subset sums to s
+    for r in rows:
+        reach |= reach << r
+    return {s for s in range(1, reach.bit_length()) if reach >> s & 1}
 
 
 def _per_row(ts: Any, parts: Any) -> np.ndarray:

@@ -295,6 +295,82 @@ def test_graph_cache_records_once_per_layout_and_forgets_moved_weights(cpu_graph
         cpu_graphs._GraphCache(max_shapes=0)
 
 
+def test_graph_cache_keeps_the_shapes_its_caller_reserves(cpu_graphs):
+    """A caller cycling through more row counts than the cache holds records a graph on every
+    call; reserving room for them records each once. The limit never goes down and stops at
+    MAX_GRAPH_SHAPES."""
+    net = MLPActorCritic(5, BOX, seed=0)
+    xs = [torch.zeros(n, 5) for n in range(1, 13)]  # 12 row counts, as 12 parts merged
+    small, roomy = cpu_graphs._GraphCache(), cpu_graphs._GraphCache()
+    roomy.reserve(12)
+    with torch.no_grad():
+        for _ in range(2):
+            for x in xs:
+                small.run(net, net._rows, x)
+                roomy.run(net, net._rows, x)
+    assert small.captures == 24 and roomy.captures == 12
+    roomy.reserve(4)
+    assert roomy.max_shapes == 12
+    roomy.reserve(10**6)
+    assert roomy.max_shapes == cpu_graphs.MAX_GRAPH_SHAPES
+    net.use_cuda_graphs()
+    net.reserve_graph_shapes(20)
+    assert net._graphs.max_shapes == 20
+    net.use_cuda_graphs(False)
+    net.reserve_graph_shapes(20)  # no graphs: nothing to keep, no error
+
+
+def test_call_sizes_are_the_sums_of_the_parts_that_can_reply_together():
+    from loomrl.workers.policy import call_sizes
+
+    assert call_sizes([12] * 8) == {12 * i for i in range(1, 9)}
+    assert call_sizes([3, 3, 2]) == {2, 3, 5, 6, 8}
+    assert call_sizes([4, 0]) == {4} and call_sizes([]) == set()
+
+
+def test_the_policy_worker_keeps_a_graph_for_every_call_its_layouts_can_make(monkeypatch):
+    """serve_pipe announces the row counts of the rollout's calls before it waits for the env
+    workers: every merge of the parts that replied (pipelined, rows independent), or each
+    ring group (lockstep); the layouts add up until the graphs are released."""
+    from types import SimpleNamespace
+
+    from loomrl.workers.policy import GRAPH_ROOM, PolicyWorker
+
+    reserved = []
+    pol = PolicyWorker.__new__(PolicyWorker)
+    pol.graphs, pol.per_row, pol.train_step = True, True, None
+    pol.net = SimpleNamespace(
+        batch_invariant=True, reserve_graph_shapes=reserved.append, release_graphs=lambda: None
+    )
+
+    class Stop(Exception):
+        pass
+
+    def accept(*_):
+        raise Stop
+
+    monkeypatch.setattr(pol, "_accept_pipe", accept, raising=False)
+    k2 = [[(0, 0, 12), (1, 0, 12)], [(0, 12, 24), (1, 12, 24)]]  # 2 workers x 2 parts of 12
+    with pytest.raises(Stop):
+        pol.serve_pipe("t", 4, k2, 2, 1.0)
+    assert reserved == [GRAPH_ROOM + 4]  # 12, 24, 36, 48
+    pol.net.batch_invariant = False  # lockstep: one call per ring group of 24 (already there)
+    with pytest.raises(Stop):
+        pol.serve_pipe("t", 4, k2, 2, 1.0)
+    k1 = [[(0, 0, 24), (1, 0, 24)]]
+    with pytest.raises(Stop):
+        pol.serve_pipe("t", 4, k1, 2, 1.0)  # 48 rows (already there)
+    k3 = [[(0, 0, 8), (1, 0, 8)], [(0, 8, 16), (1, 8, 16)], [(0, 16, 24), (1, 16, 24)]]
+    pol.net.batch_invariant = True
+    with pytest.raises(Stop):
+        pol.serve_pipe("t", 4, k3, 2, 1.0)  # 8, 16, ..., 48: 8, 16, 32, 40 are new
+    assert reserved == [GRAPH_ROOM + n for n in (4, 4, 4, 8)]
+    pol._release_graphs()
+    with pytest.raises(Stop):
+        pol.serve_pipe("t", 4, k1, 2, 1.0)
+    assert reserved[-1] == GRAPH_ROOM + 1
+
+
 def test_graph_cache_falls_back_to_eager_once_capture_fails(cpu_graphs, monkeypatch):
     calls = []
 
