@@ -15,7 +15,8 @@ plan auto chose (in any round) is more than 5% slower than the best measured pla
 same placement, e.g. auto and the mode it picked, are pooled: they ran one plan). Beside the pooled
 time per placement it prints the fastest and slowest run of it (the noise a prediction is judged
 against) and how many runs (a mode in a round) were predicted within 5%. The last line reads
-``auto_mode: <mode> best_mode: <mode> auto_vs_best: <ratio>``; the line before it, when both
+``auto_mode: <mode> best_mode: <mode> auto_vs_best: <ratio>`` (auto's plan in its last round,
+the fastest plan's mode, the verdict's ratio); the line before it, when both
 ran, ``hybrid_vs_temporal`` (temporal's measured s/it over hybrid's; in ``--out`` too, null
 when either did not run). With ``--rounds`` every
 mode runs once per round, each round starting one mode later. ``--out`` is rewritten after every
@@ -237,6 +238,21 @@ def _verdict(runs: dict[str, list[dict]]) -> tuple[float, dict[str, float]]:
     return max(pooled[k] for k in picked) / min(pooled.values()), pooled
 
 
+def _best_mode(runs: dict[str, list[dict]], pooled: dict[str, float]) -> str:
+    """The mode (temporal or hybrid) of the fastest plan by pooled s/it: the plan auto_vs_best
+    is measured against ("none" when nothing ran). Not the fastest mode's row: auto's merged
+    rounds may have run two plans, its row showing the last one."""
+    if not pooled:
+        return "none"
+    best = min(pooled, key=pooled.__getitem__)
+    return next(
+        r["placement"]["mode"]
+        for rs in runs.values()
+        for r in rs
+        if r["feasible"] and _placement_key(r["placement"]) == best
+    )
+
+
 def round_order(modes: list[str], rnd: int) -> list[str]:
     """The modes of round ``rnd``: the list turned by ``rnd`` places, so that over as many
     rounds as modes each mode runs once in every position."""
@@ -337,7 +353,6 @@ def main(argv: list[str] | None = None) -> int:
 
     ok = [r for r in results if r["feasible"]]
     auto = next((r for r in ok if r["mode"] == "auto"), None)
-    best = min(ok, key=lambda r: r["measured_s"]) if ok else None
     print(
         f"{args.env} pixels={args.pixels} num_envs={args.num_envs} S={args.steps} "
         f"device={args.device} load average at start {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
@@ -405,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         speedup = by_mode["temporal"]["measured_s"] / by_mode["hybrid"]["measured_s"]
         print(f"hybrid_vs_temporal (temporal s/it / hybrid s/it): {speedup:.3f}")
     auto_mode = auto["plan_mode"] if auto else "none"
-    best_mode = best["plan_mode"] if best else "none"
+    best_mode = _best_mode(runs, pooled)
     if args.out:
         _write(
             args.out,

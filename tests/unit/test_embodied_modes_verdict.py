@@ -70,6 +70,21 @@ def test_the_slower_pick_counts_in_any_round_and_against_plans_auto_never_ran():
     assert math.isnan(b._verdict(runs)[0])
 
 
+def test_best_mode_is_the_mode_of_the_fastest_plan_not_of_autos_last_round():
+    # As at 96 envs on one H200 (call CK): auto ran the split k = 2 (fastest), then the
+    # co-located plan; its merged row is the fastest row and shows the co-located plan last.
+    b = _bench()
+    runs = {
+        "temporal": [_run(1, 0.35, 0.37, [0.35, 0.35])],
+        "hybrid": [_run(2, 0.25, 0.26, [0.25, 0.25])],
+        "auto": [_run(2, 0.20, 0.21, [0.20, 0.20]), _run(1, 0.28, 0.29, [0.28, 0.28])],
+    }
+    ratio, pooled = b._verdict(runs)
+    assert b._best_mode(runs, pooled) == "hybrid"
+    assert ratio == pytest.approx(0.315 / 0.225) and ratio > b.TOLERANCE
+    assert b._best_mode({}, {}) == "none"
+
+
 def test_round_errors_and_spread_by_placement():
     b = _bench()
     runs = {
