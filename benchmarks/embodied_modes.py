@@ -1,7 +1,7 @@
 """The embodied PPO recipe under each placement mode, measured in one run, beside the planner.
 
     python benchmarks/embodied_modes.py --env InvertedPendulum-v5 --num-envs 8 --steps 64 \
-        --iterations 4 --out embodied_modes.json
+        --iterations 12 --out embodied_modes.json
 
 Runs ``loomrl.recipes.embodied_ppo`` with placement temporal (env and policy co-located,
 alternating), hybrid (env and policy on disjoint devices, k ring groups, training time-shared),
@@ -283,7 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--num-envs", type=int, default=8)
     p.add_argument("--steps", type=int, default=64, help="steps per env per iteration (S)")
-    p.add_argument("--iterations", type=int, default=4, help="per mode; the first is warm-up")
+    # 12: on the 2-core host a state iteration takes about 0.1 s and one plan's iterations
+    # spread by +-30%; the median of 3 warm ones (the former default) could rank two runs of
+    # near-equal plans either way (run 32: auto_vs_best 1.326 between plans whose trial
+    # rollouts overlapped).
+    p.add_argument("--iterations", type=int, default=12, help="per mode; the first is warm-up")
     p.add_argument("--epochs", type=int, default=2, help="PPO epochs per iteration")
     p.add_argument("--minibatches", type=int, default=4)
     p.add_argument("--env-cores", type=float, default=1.0, help="env.cpu_cores per env worker")
