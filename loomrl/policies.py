@@ -257,7 +257,8 @@ class _GraphCache:
         self.params_key = None
 
     def reserve(self, n: int) -> None:
-        """Keep at least ``n`` graphs (at most ``MAX_GRAPH_SHAPES``); never lowers the limit."""
+        """Keep at least ``n`` graphs (at most ``MAX_GRAPH_SHAPES``); never lowers the limit,
+        which ``clear`` keeps too (the caller that reserved it may still call)."""
         self.max_shapes = max(self.max_shapes, min(n, MAX_GRAPH_SHAPES))
 
     def run(
@@ -473,7 +474,7 @@ class _ActorCriticBase(nn.Module):
             eps = self.heads.noise(generators, obs.device)
         graphed = None
         if self._graphs is not None and obs.is_cuda:
-            graphed = self._graphs.run(self, self._rows, obs)
+            graphed = self._graph_run(self._rows, obs)
         out, value = graphed if graphed is not None else self._rows(obs)
         a = self.heads.sample(out, generators, deterministic, eps)
         # Unchecked: every check would stall a GPU call (non-finite actions are refused by
@@ -516,9 +517,16 @@ class _ActorCriticBase(nn.Module):
                 )
             eps = self.heads.noise(generators, "cpu")
             pinned = self.host_io == "pinned"
-            staged = (self._pinned("obs", obs), self._pinned("eps", eps)) if pinned else (obs, eps)
+            n = obs.shape[0]
+            obs_p, eps_p = self._pad_rows((obs, eps), dev)  # rows rounded to whole blocks
+            staged = (
+                (self._pinned("obs", obs_p), self._pinned("eps", eps_p))
+                if pinned
+                else (obs_p, eps_p)
+            )
             outs = self._graphs.run(self, self._act_packed, *staged, device=dev, copy_out=False)
             if outs is not None:
+                outs = (outs[0][:n],)
                 if pinned:
                     packed = self._pinned("out", outs[0], non_blocking=True)
                     torch.cuda.current_stream(dev).synchronize()
@@ -529,6 +537,40 @@ class _ActorCriticBase(nn.Module):
                 return a, packed[:, k].clone(), packed[:, k + 1].clone()
         a, logp, value = self.act(obs.to(dev), generators)
         return a.cpu(), logp.float().cpu(), value.float().cpu()
+
+    def _graph_rows(self, n: int, like: Tensor) -> int:
+        """The rows a graphed call of ``n`` rows shaped like ``like`` (on the device it runs on)
+        is recorded and replayed with: ``n`` rounded up to a whole block of ``row_block`` rows
+        where the forward runs in blocks (``_rows`` pads to blocks anyway, and the block check
+        gives a row the same bits at any place in any block), else ``n``. A cycle that acts on
+        whichever parts have replied calls with any sum of its parts' rows; rounded, at most
+        num_envs / row_block shapes are recorded (16 at 128 envs) instead of every sum (44 for
+        k = 3 on 4 env workers at 128 envs)."""
+        block = self.row_block
+        if not self.batch_invariant or block <= 1 or n == 0 or n % block == 0:
+            return n
+        return n if not self._block_ok(like) else n + (-n % block)
+
+    def _pad_rows(self, xs: tuple[Tensor, ...], device: Any = None) -> tuple[Tensor, ...]:
+        """``xs`` (the same rows each) with zero rows appended up to ``_graph_rows`` rows, for a
+        graph on ``device`` (default: where ``xs`` are)."""
+        n = xs[0].shape[0]
+        dev = xs[0].device if device is None else torch.device(device)
+        like = torch.empty((0, *xs[0].shape[1:]), dtype=xs[0].dtype, device=dev)
+        m = self._graph_rows(n, like)
+        if m == n:
+            return xs
+        return tuple(torch.cat([x, x.new_zeros((m - n, *x.shape[1:]))]) for x in xs)
+
+    def _graph_run(
+        self, fn: Callable[..., tuple[Tensor, ...]], *xs: Tensor, device: Any = None
+    ) -> tuple[Tensor, ...] | None:
+        """``fn(*xs)`` replayed from the graph cache on ``xs`` padded by ``_pad_rows``, each
+        output cut back to the call's rows; None when recording has failed."""
+        assert self._graphs is not None
+        n = xs[0].shape[0]
+        outs = self._graphs.run(self, fn, *self._pad_rows(xs, device), device=device)
+        return None if outs is None else tuple(o[:n] for o in outs)
 
     def _act_packed(self, obs: Tensor, eps: Tensor) -> tuple[Tensor]:
         """act's arithmetic (continuous actions, the rows' noise given) with the results in one
@@ -548,7 +590,8 @@ class _ActorCriticBase(nn.Module):
         key = (name, tuple(x.shape), x.dtype)
         buf = bufs.get(key)
         if buf is None:
-            if len(bufs) >= 24:  # many batch shapes: start over rather than grow without end
+            # three buffers a graphed shape; beyond: start over rather than grow without end
+            if len(bufs) >= 3 * (8 if self._graphs is None else self._graphs.max_shapes):
                 bufs.clear()
             buf = bufs[key] = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
         return buf.copy_(x, non_blocking=non_blocking)

@@ -59,7 +59,8 @@ class Config:
     # feature_dim: 512} for the CNN or {hidden: [256, 256]} for the MLP (over ppo.hidden); a
     # factory gets them as **kwargs. Built-in policies' keys are checked before any worker starts.
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
-    # On a GPU, replay the built-in policy's forward as CUDA graphs (one per group size), and
+    # On a GPU, replay the built-in policy's forward as CUDA graphs (one per call's row count,
+    # rounded up to whole blocks of policy_kwargs.row_block rows), and
     # each PPO minibatch step (forward, backward, clipping, Adam) as one: one launch per call
     # instead of hundreds, the bits of the same calls run eagerly (Adam is then capturable;
     # off, it is the plain fused Adam). No effect on CPU or user policies.
@@ -894,7 +895,7 @@ def _time_in_turns(
     reps: int,
     warm_up: bool = True,
 ) -> None:
-    """A warm-up rollout of each cycle (a group size's first calls record graphs), then
+    """A warm-up rollout of each cycle (its first calls of each row count record graphs), then
     ``reps`` passes in which each cycle in turn times one rollout of each length into
     ``timed[i]``."""
     for cyc in cycles.values() if warm_up else ():

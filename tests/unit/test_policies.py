@@ -427,6 +427,35 @@ def test_packed_act_is_act_in_one_tensor_and_act_host_is_act_on_the_host(make, c
         net.act_host(obs, gens()[:2])
 
 
+@pytest.mark.parametrize(
+    "make", [lambda: MLPActorCritic(5, BOX), lambda: CNNActorCritic((3, 16, 16), BOX)]
+)
+def test_graphed_calls_are_rounded_to_whole_blocks_with_the_same_bits(make, cpu_graphs):
+    """Calls of 1 to 16 rows record two graphs (8 and 16 rows) where the forward runs in
+    blocks of 8, and each row keeps the bits of the call unpadded; row by row, every row count
+    is its own graph."""
+    net = make()
+    net.use_cuda_graphs(max_shapes=64)
+    g = torch.Generator().manual_seed(7)
+    full = (16, 5) if isinstance(net, MLPActorCritic) else (16, 3, 16, 16)
+    obs = (
+        torch.randn(full, generator=g)
+        if len(full) == 2
+        else torch.randint(0, 256, full, dtype=torch.uint8, generator=g)
+    )
+    eps = torch.randn(16, 3, generator=g)
+    with torch.no_grad():
+        for n in range(1, 17):
+            (got,) = net._graph_run(net._act_packed, obs[:n], eps[:n], device="cpu")
+            (want,) = net._act_packed(obs[:n], eps[:n])
+            assert got.shape == want.shape and torch.equal(got, want)
+        assert net.graph_captures == 2
+        net.row_block = 1  # drops the graphs
+        for n in range(1, 17):
+            net._graph_run(net._act_packed, obs[:n], eps[:n], device="cpu")
+        assert net.graph_captures == 2 + 16
+
+
 def test_cuda_graphs_leave_cpu_acting_copies_and_pickles_alone():
     import copy
     import pickle
