@@ -133,16 +133,22 @@ class _SlowPolicy(PolicyWorker):
     def __init__(self, *args, delay):
         super().__init__(*args)
         self.delay = delay
+        self.rows: set[int] = set()
 
     def act_parts(self, ts, parts):
         import time
 
         time.sleep(self.delay)
         self.mixed += len(set(ts)) > 1
+        self.rows.add(sum(len(p["env_ids"]) for p in parts))
         return super().act_parts(ts, parts)
 
     def mixed_calls(self):
         return self.mixed
+
+    def row_counts(self):
+        """The row counts its calls took, and those serve_pipe announced (for graphs)."""
+        return self.rows, self._call_sizes
 
 
 class _SlowEnv(EnvWorker):
@@ -178,6 +184,9 @@ def test_a_pipe_rollout_acts_on_the_parts_that_have_replied_with_the_same_result
                 for name, x in got.items():
                     assert torch.equal(x, getattr(want, name)), (name, env_cls.__name__)
                 assert res.env_calls == 4 * STEPS
+                # Every call's row count was announced: the 4 one-row parts, 1 to 4 rows.
+                rows, announced = wait(slow.row_counts())[0]
+                assert rows <= announced == {1, 2, 3, 4}, (rows, announced)
                 if env_cls is EnvWorker:  # 4 parts a step, several a call
                     assert res.policy_calls < 4 * STEPS
                 else:
