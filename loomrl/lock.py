@@ -28,6 +28,20 @@ _ACTOR_NAME = "loomrl_device_lock_v2"
 _LIVENESS_PERIOD_S = 1.0
 
 
+# Ray gives its head node this resource; other nodes never have it.
+_HEAD_RESOURCE = "node:__internal_head__"
+
+
+def _on_head_node(cluster_resources: dict[str, float]) -> dict[str, Any]:
+    """Options that place the lock actor on the head node, where it can only go with the
+    cluster's control store itself: on a worker node an autoscaler's scale-down would take it,
+    and the holds in it, along. No options where the cluster names no head node (an actor
+    waiting for a resource no node has would never start). Pure."""
+    if cluster_resources.get(_HEAD_RESOURCE, 0) > 0:
+        return {"resources": {_HEAD_RESOURCE: 0.001}}
+    return {}
+
+
 class DeviceLockTimeout(LoomError, TimeoutError):
     pass
 
@@ -165,6 +179,7 @@ class DeviceLock:
                     lifetime="detached",
                     num_cpus=0,
                     max_concurrency=10_000,
+                    **_on_head_node(ray.cluster_resources()),
                 )
                 .remote()
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from loomrl.lock import _LockServer
+from loomrl.lock import _LockServer, _on_head_node
 
 
 def test_an_owner_is_checked_by_the_process_that_holds_and_forgotten_when_it_holds_nothing():
@@ -26,3 +26,9 @@ def test_an_owner_is_checked_by_the_process_that_holds_and_forgotten_when_it_hol
         assert "p" not in s.handles and s.held[4] == ["p", 1]
 
     asyncio.run(go())
+
+
+def test_the_lock_actor_asks_for_the_head_node_only_where_there_is_one():
+    head = {"CPU": 2.0, "node:__internal_head__": 1.0, "node:10.0.0.1": 1.0}
+    assert _on_head_node(head) == {"resources": {"node:__internal_head__": 0.001}}
+    assert _on_head_node({"CPU": 2.0, "node:10.0.0.1": 1.0}) == {}
