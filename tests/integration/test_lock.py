@@ -201,3 +201,47 @@ def test_the_lock_outlives_the_driver_that_made_it_and_drops_a_dead_drivers_hold
         (me, depth), job = lock.state()[6], ray.get_runtime_context().get_job_id()
         assert (me, depth) == (f"driver:{job}/{os.getpid()}", 1) and me != other
     assert time.monotonic() - t0 < 15
+
+
+_TWO_NODES = """
+import sys
+import ray
+from ray.cluster_utils import Cluster
+from loomrl.lock import DeviceLock
+c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+worker = c.add_node(num_cpus=4)  # the roomier node: where a free placement could well go
+ray.init(address=c.address, log_to_driver=False)
+lock = DeviceLock.get()
+where = lambda self: ray.get_runtime_context().get_node_id()  # noqa: E731
+node = ray.get(lock._actor.__ray_call__.remote(where))
+head = [n["NodeID"] for n in ray.nodes() if "node:__internal_head__" in n["Resources"]]
+lock.acquire([3])
+c.remove_node(worker)  # as an autoscaler's scale-down
+print(node == head[0], node != worker.node_id, lock.state()[3][1], flush=True)
+ray.shutdown()
+c.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_the_lock_lives_on_the_head_node_and_outlasts_a_worker_node(tmp_path):
+    """On a cluster of two nodes (a fresh one, in its own process) the lock actor sits on the
+    head node, and a hold survives the other node's removal."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "two_nodes.py"
+    script.write_text(_TWO_NODES)
+    root = os.pathsep.join(
+        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": root},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "True True 1"
