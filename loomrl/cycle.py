@@ -37,6 +37,7 @@ W a node's cores afford.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -366,7 +367,8 @@ def measure_costs(
     min_chain_s: float = 0.1,
 ) -> dict[str, Any]:
     """Seconds per ``env.step`` and per ``policy.act`` at each group size in ``sizes``, and the
-    estimated seconds of one PPO update on a [steps, num_envs] rollout.
+    estimated seconds of one PPO update on a [steps, num_envs] rollout, called from the driver
+    (``PolicyWorker.time_update`` plus a call's round trip).
 
     Each side is timed as ``reps`` calls chained the way the cycle chains them (every call waits
     for the previous one's result, passed worker to worker by reference), so the per-call costs
@@ -406,6 +408,14 @@ def measure_costs(
                 busy = {ENV: env_busy, POLICY: pol_busy, BOTH: max(env_busy, pol_busy)}[side]
                 samples[BUSY[side]].append((x, busy))
     update_s = wait(p.time_update(steps))[0]
+    # An iteration calls the update from the driver and waits for it: its round trip is part of
+    # the time outside the rollout too (the median of a few calls that do nothing).
+    trips = []
+    for _ in range(5):
+        t = time.perf_counter()
+        wait(p.pop_busy())
+        trips.append(time.perf_counter() - t)
+    update_s += statistics.median(trips)
     return {"samples": samples, "update_s": update_s, "num_envs": num_envs, "env_workers": w}
 
 

@@ -532,3 +532,34 @@ def test_row_seeds_are_stateless_distinct_and_reused_generators_draw_the_same():
     assert all(
         torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(first, again, fresh, strict=True)
     )
+
+
+def test_time_update_warms_up_then_times_every_epoch_as_update_runs_them(monkeypatch):
+    """The process's first backward is a warm-up, not timed; the timed update runs all of
+    ppo.epochs at once (the advantages once), with no early stop on the random data."""
+    import loomrl.embodied as emb
+    from loomrl.embodied import PPOConfig
+    from loomrl.workers.policy import PolicyWorker
+
+    seen = []
+    real = emb.ppo_update
+
+    def spy(net, opt, buf, cfg, **kw):
+        seen.append((cfg.epochs, cfg.target_kl, kw.get("rewards") is not None))
+        return real(net, opt, buf, cfg, **kw)
+
+    monkeypatch.setattr(emb, "ppo_update", spy)
+    pol = PolicyWorker.__new__(PolicyWorker)
+    pol.ppo = PPOConfig(rollout_steps=32, epochs=3, num_minibatches=2, target_kl=0.01)
+    pol.num_envs, pol.obs_shape, pol.pixels, pol.device, pol.graphs = 4, (5,), False, "cpu", False
+    pol.net = MLPActorCritic(5, BOX, seed=0)
+    pol.scaler = None
+    assert pol.time_update(8) > 0
+    assert seen[0] == (1, None, False) and seen[1:] == [(3, None, False)] * 3  # median of 3
+    # With reward scaling the timed updates scale rewards as update does (the warm-up need not).
+    seen.clear()
+    pol.scaler = emb.RewardScaler(4, 0.99)
+    state = pol.scaler.state_dict()
+    assert pol.time_update(8) > 0
+    assert seen[1:] == [(3, None, True)] * 3
+    assert all(np.array_equal(v, state[k]) for k, v in pol.scaler.state_dict().items())  # a copy
