@@ -24,7 +24,7 @@ from loomrl.errors import LoomError
 
 # The version names the protocol between clients and the lock actor, which, detached, can outlive
 # the loomrl that started it on a long-lived cluster: another version is another lock.
-_ACTOR_NAME = "loomrl_device_lock_v2"
+_ACTOR_NAME = "loomrl_device_lock_v3"  # v3: on the head node (an existing v2 is not moved)
 _LIVENESS_PERIOD_S = 1.0
 
 
@@ -179,6 +179,10 @@ class DeviceLock:
                     lifetime="detached",
                     num_cpus=0,
                     max_concurrency=10_000,
+                    # Not in the caller's placement group (a driver inside one, a tuning
+                    # trial's, say): no bundle holds the head node's resource, and the lock
+                    # would go when the group does.
+                    scheduling_strategy="DEFAULT",
                     **_on_head_node(ray.cluster_resources()),
                 )
                 .remote()

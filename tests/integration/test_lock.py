@@ -144,6 +144,44 @@ def test_a_lock_whose_actor_died_is_replaced(cluster):
     assert ray.get_actor(_ACTOR_NAME)._actor_id != old._actor_id
 
 
+def test_a_lock_made_inside_a_placement_group_is_not_bound_to_it(cluster):
+    """A task inside a placement group that captures its children (a tuning trial's, say) may be
+    the first to need the lock: the actor is made outside the group (no bundle holds the head
+    node's resource) and outlives it."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from loomrl.lock import _ACTOR_NAME
+
+    ray.kill(ray.get_actor(_ACTOR_NAME), no_restart=True)  # the task below makes it anew
+    deadline = time.time() + 30
+    while True:
+        try:
+            ray.get_actor(_ACTOR_NAME)
+        except ValueError:
+            break
+        assert time.time() < deadline, "the killed lock actor's name was not freed in 30 s"
+        time.sleep(0.1)
+
+    @ray.remote(num_cpus=0.1)
+    def inside() -> list:
+        lock = DeviceLock.get(fresh=True)
+        with lock.hold([5]):
+            return list(lock.state())
+
+    pg = placement_group([{"CPU": 0.1}])
+    ray.get(pg.ready(), timeout=60)
+    try:
+        how = PlacementGroupSchedulingStrategy(pg, placement_group_capture_child_tasks=True)
+        assert ray.get(inside.options(scheduling_strategy=how).remote(), timeout=120) == [5]
+    finally:
+        remove_placement_group(pg)
+    lock = DeviceLock.get(fresh=True)
+    with lock.hold([5], timeout=30):  # the actor outlived the group
+        assert lock.state()[5][1] == 1
+
+
 _OTHER_DRIVER = """
 import os, sys
 import ray
