@@ -555,11 +555,12 @@ def test_time_update_warms_up_then_times_every_epoch_as_update_runs_them(monkeyp
     pol.net = MLPActorCritic(5, BOX, seed=0)
     pol.scaler = None
     assert pol.time_update(8) > 0
-    assert seen[0] == (1, None, False) and seen[1:] == [(3, None, False)] * 3  # median of 3
+    # the median of three timed updates (two where a host stall made those pass a second)
+    assert seen[0] == (1, None, False) and seen[1:] in ([(3, None, False)] * n for n in (2, 3))
     # With reward scaling the timed updates scale rewards as update does (the warm-up need not).
     seen.clear()
     pol.scaler = emb.RewardScaler(4, 0.99)
     state = pol.scaler.state_dict()
     assert pol.time_update(8) > 0
-    assert seen[1:] == [(3, None, True)] * 3
+    assert seen[1:] in ([(3, None, True)] * n for n in (2, 3))
     assert all(np.array_equal(v, state[k]) for k, v in pol.scaler.state_dict().items())  # a copy
