@@ -688,6 +688,10 @@ def choose_by_trial(
             _time_in_turns({i: cycles[i] for i in sorted(close)}, timed, lengths, 1, warm_up=False)
         for i, j in alias.items():
             timed[i], ran[i] = timed[j], ran[j]
+    # How many forwards the probe's policy has recorded as CUDA graphs by the end of the turns
+    # (its cost probe's included): about the row counts of the cycles timed there, many more
+    # where a cycle's calls outnumber the graphs kept (None: no graphs, or not a policy worker).
+    captures = _graph_captures(probe.policy) if shared else None  # type: ignore[union-attr]
     fresh: tuple | None = None  # (i, envs, policy, cycle): the last candidate on fresh workers
     for i, (_, place) in enumerate(candidates):
         if fits[i]:
@@ -773,7 +777,14 @@ def choose_by_trial(
     took = time.perf_counter() - t0
     (run.dir / "trials.json").write_text(
         json.dumps(
-            {"trials": rows, "chosen": pick, "rollout_s": rollout_s, "seconds": took}, indent=2
+            {
+                "trials": rows,
+                "chosen": pick,
+                "rollout_s": rollout_s,
+                "seconds": took,
+                "policy_graph_captures": captures,
+            },
+            indent=2,
         )
     )
     each = ", ".join(
@@ -788,6 +799,16 @@ def choose_by_trial(
         + (f"; the chosen one timed again: {rollout_s:.3f}s" if "confirmed_s" in rows[pick] else "")
     )
     return candidates[pick][0], rollout_s
+
+
+def _graph_captures(policy: Any) -> int | None:
+    """The forwards ``policy`` (a policy worker group) has recorded as CUDA graphs so far; None
+    where it records none (CPU, graphs off) or is not one."""
+    status = getattr(policy, "graph_status", None)
+    if not callable(status):
+        return None
+    got = wait(status())[0]
+    return int(got["captures"]) if got.get("enabled") else None
 
 
 def _kill_fresh(fresh: tuple | None) -> None:

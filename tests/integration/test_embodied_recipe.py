@@ -1017,6 +1017,7 @@ def test_trials_are_skipped_when_disabled_and_time_a_pinned_plan_alone(cluster, 
     profile = load_profile_json(out / "profile.json")
     update = profile.components["actor_train"].time(1, 1)
     assert len(row["confirmed_s"]["16"]) == 5
+    assert trials["policy_graph_captures"] is None  # on CPU nothing is recorded as graphs
     assert trials["rollout_s"] == statistics.median(row["confirmed_s"]["16"])
     assert s["predicted_iteration_s"] == pytest.approx(update + trials["rollout_s"])
     with pytest.raises(
