@@ -157,6 +157,8 @@ class PolicyWorker(Worker):
         self.shuffle = torch.Generator().manual_seed(ppo.seed)
         self.per_row = _accepts_generators(self.net)
         self._gens: list[Any] = []  # re-seeded every act (row_generators' reuse)
+        # Row counts of the calls the layouts served since the graphs were last released can make.
+        self._call_sizes: set[int] = set()
         self.action_shape = tuple(getattr(action_space, "shape", ()) or ())
         self.action_dtype = torch.long if not self.action_shape else torch.float32
         self.buffer: Any = None
@@ -458,11 +460,10 @@ class PolicyWorker(Worker):
         counts) ran its trial rollouts at 0.28-0.41 s against k = 2's 0.19-0.25 back to back (8
         parts, 8 captures a run), and k = 2 right after k = 3 in a trial's turns at up to 0.35 s
         (scripts/gpu/RESULTS.md, calls CI and CK)."""
-        seen: set[int] = self.__dict__.setdefault("_call_sizes", set())
-        seen |= sizes
+        self._call_sizes |= sizes
         reserve = getattr(self.net, "reserve_graph_shapes", None)
         if self.graphs and callable(reserve):  # a user's policy may record graphs its own way
-            reserve(GRAPH_ROOM + len(seen))
+            reserve(GRAPH_ROOM + len(self._call_sizes))
 
     @property
     def rows_independent(self) -> bool:
@@ -695,14 +696,14 @@ class PolicyWorker(Worker):
         # reward scaler's pass over the rollout (a Python loop over its steps) too. The median
         # of two, or of three within a second: one alone was 30% off on 2 cores.
         full = replace(self.ppo, target_kl=None)
-        scaler = copy.deepcopy(self.scaler) if getattr(self, "scaler", None) is not None else None
-        done = np.zeros((S, N), dtype=bool)
+        scaler = copy.deepcopy(self.scaler)  # None without reward scaling
+        ones, done = np.ones((S, N), np.float32), np.zeros((S, N), dtype=bool)
         took: list[float] = []
         while len(took) < 2 or (len(took) < 3 and sum(took) < 1.0):
             t = time.perf_counter()
             rewards = None
             if scaler is not None:
-                scaler.update(np.ones((S, N), np.float32), done)
+                scaler.update(ones, done)
                 rewards = scaler.scale(buf.rewards.cpu()).to(self.device)
             ppo_update(net, opt, buf, full, rewards=rewards, step=step)
             if self.device != "cpu":
@@ -773,7 +774,7 @@ class PolicyWorker(Worker):
             self._listener = None
 
     def _release_graphs(self) -> None:
-        self.__dict__.pop("_call_sizes", None)  # the next layouts start an empty cache
+        self._call_sizes.clear()  # the next layouts start an empty cache
         release = getattr(self.net, "release_graphs", None)
         if callable(release):
             release()

@@ -152,17 +152,7 @@ def test_a_lock_made_inside_a_placement_group_is_not_bound_to_it(cluster):
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from loomrl.lock import _ACTOR_NAME
-
-    ray.kill(ray.get_actor(_ACTOR_NAME), no_restart=True)  # the task below makes it anew
-    deadline = time.time() + 30
-    while True:
-        try:
-            ray.get_actor(_ACTOR_NAME)
-        except ValueError:
-            break
-        assert time.time() < deadline, "the killed lock actor's name was not freed in 30 s"
-        time.sleep(0.1)
+    _kill_lock_actor()  # the task below makes it anew
 
     @ray.remote(num_cpus=0.1)
     def inside() -> list:
@@ -200,37 +190,21 @@ def test_the_lock_outlives_the_driver_that_made_it_and_drops_a_dead_drivers_hold
     stays, with the locks other drivers hold in it; what the exited driver held is released once
     a waiter finds its job ended."""
     import os
-    import subprocess
-    import sys
 
     import ray
 
     from loomrl.cluster import _NAMESPACE
     from loomrl.lock import _ACTOR_NAME
 
-    ray.kill(ray.get_actor(_ACTOR_NAME), no_restart=True)  # the other driver creates it anew
-    deadline = time.time() + 30
-    while True:
-        try:
-            ray.get_actor(_ACTOR_NAME)
-        except ValueError:
-            break
-        assert time.time() < deadline, "the killed lock actor's name was not freed in 30 s"
-        time.sleep(0.1)
-    root = os.pathsep.join(
-        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
-    )
-    script = tmp_path / "other_driver.py"
-    script.write_text(_OTHER_DRIVER)
-    out = subprocess.run(
-        [sys.executable, str(script), ray.get_runtime_context().gcs_address, _NAMESPACE],
-        capture_output=True,
-        text=True,
+    _kill_lock_actor()  # the other driver creates it anew
+    last = _run_script(
+        tmp_path / "other_driver.py",
+        _OTHER_DRIVER,
+        ray.get_runtime_context().gcs_address,
+        _NAMESPACE,
         timeout=120,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": root},
     )
-    assert out.returncode == 0, out.stderr[-2000:]
-    actor_hex, other = out.stdout.strip().splitlines()[-1].split()
+    actor_hex, other = last.split()
     lock = DeviceLock.get(fresh=True)
     assert ray.get_actor(_ACTOR_NAME)._actor_id.hex() == actor_hex  # the same actor, alive
     assert lock.state()[6] == (other, 1)  # what the exited driver held, still there
@@ -265,21 +239,43 @@ c.shutdown()
 def test_the_lock_lives_on_the_head_node_and_outlasts_a_worker_node(tmp_path):
     """On a cluster of two nodes (a fresh one, in its own process) the lock actor sits on the
     head node, and a hold survives the other node's removal."""
+    assert _run_script(tmp_path / "two_nodes.py", _TWO_NODES, timeout=300) == "True True 1"
+
+
+def _kill_lock_actor() -> None:
+    """Kill the lock actor and wait until its name is free, for the next client to make anew."""
+    import ray
+
+    from loomrl.lock import _ACTOR_NAME
+
+    ray.kill(ray.get_actor(_ACTOR_NAME), no_restart=True)
+    deadline = time.time() + 30
+    while True:
+        try:
+            ray.get_actor(_ACTOR_NAME)
+        except ValueError:
+            return
+        assert time.time() < deadline, "the killed lock actor's name was not freed in 30 s"
+        time.sleep(0.1)
+
+
+def _run_script(path: Path, text: str, *args: str, timeout: float) -> str:
+    """Run ``text`` as a Python script at ``path`` in a process of its own (loomrl importable);
+    its last line of output, after checking that it exited cleanly."""
     import os
     import subprocess
     import sys
 
-    script = tmp_path / "two_nodes.py"
-    script.write_text(_TWO_NODES)
+    path.write_text(text)
     root = os.pathsep.join(
         [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
     )
     out = subprocess.run(
-        [sys.executable, str(script)],
+        [sys.executable, str(path), *args],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         env={**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": root},
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "True True 1"
+    return out.stdout.strip().splitlines()[-1]

@@ -338,7 +338,7 @@ def test_the_policy_worker_keeps_a_graph_for_every_call_its_layouts_can_make(mon
 
     reserved = []
     pol = PolicyWorker.__new__(PolicyWorker)
-    pol.graphs, pol.per_row, pol.train_step = True, True, None
+    pol.graphs, pol.per_row, pol.train_step, pol._call_sizes = True, True, None, set()
     pol.net = SimpleNamespace(
         batch_invariant=True, reserve_graph_shapes=reserved.append, release_graphs=lambda: None
     )
