@@ -97,6 +97,8 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
         "policy_busy_s": [m["time/policy_busy"] for m in logged],
         "env_render_s": [m.get("time/env_render") for m in logged],
         "env_render_reads": [m.get("env_render_reads") for m in logged],
+        "policy_calls": [m.get("policy_calls") for m in logged],
+        "policy_graph_captures": [m.get("policy_graph_captures") for m in logged],
     }
     prof = out_dir / placement / "profile.json"  # the fitted costs the plan was chosen from
     trials = out_dir / placement / "trials.json"  # short real rollouts timed before the run
@@ -223,6 +225,18 @@ def _round_errors(runs: dict[str, list[dict]]) -> list[dict]:
         for i, r in enumerate(rs)
         if r["feasible"]
     ]
+
+
+def _late_captures(runs: dict[str, list[dict]]) -> dict[str, int]:
+    """Per run ("mode round N") that recorded any, the policy's CUDA graphs recorded after its
+    first iteration: each is two eager forwards and a capture inside a timed iteration."""
+    out = {}
+    for mode, rs in runs.items():
+        for i, r in enumerate(rs):
+            caps = [c for c in r.get("policy_graph_captures") or [] if c is not None]
+            if len(caps) > 1 and caps[-1] > caps[0]:
+                out[f"{mode} round {i}"] = int(caps[-1] - caps[0])
+    return out
 
 
 def _verdict(runs: dict[str, list[dict]]) -> tuple[float, dict[str, float]]:
@@ -418,6 +432,12 @@ def main(argv: list[str] | None = None) -> int:
     steal = [x for x in steal if x is not None]
     if steal:
         print(f"host CPU steal during the runs: {100 * min(steal):.1f}-{100 * max(steal):.1f}%")
+    late = _late_captures(runs)
+    if late:
+        print(
+            "policy CUDA graphs recorded after the first iteration (calls of row counts the "
+            "cache did not hold): " + ", ".join(f"{k} {n}" for k, n in late.items())
+        )
     by_mode = {r["mode"]: r for r in ok}
     speedup = None
     if "temporal" in by_mode and "hybrid" in by_mode:

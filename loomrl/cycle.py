@@ -149,6 +149,7 @@ class CollectResult:
     env_steps: int = 0  # transitions over all envs
     env_calls: int = 0  # env.step calls, over env workers
     policy_calls: int = 0  # policy.act calls
+    policy_graph_captures: int = 0  # forwards recorded as CUDA graphs so far (cumulative)
 
 
 HANDOFFS = ("auto", "driver", "direct", "pipe")
@@ -332,6 +333,7 @@ class EnvPolicyCycle:
         out = CollectResult(wall_s=time.perf_counter() - t0, steps=steps)
         out.policy_busy_s = pol[0]["policy_busy_s"]
         out.policy_calls = int(pol[0]["policy_calls"])
+        out.policy_graph_captures = int(pol[0]["graph_captures"])
         for s in env_stats:
             out.env_calls += s["calls"]
             out.returns += s["returns"]

@@ -289,6 +289,9 @@ def main(cfg: Config) -> dict:
                 "time/policy_busy": roll.policy_busy_s,
                 "time/env_render": roll.env_render_s / cycle.workers,  # pixels: of env_busy
                 "env_render_reads": roll.env_render_reads / cycle.workers,
+                "policy_calls": roll.policy_calls,
+                # Cumulative: one that grows after the first iterations re-records graphs.
+                "policy_graph_captures": roll.policy_graph_captures,
                 "time/update": took - roll.wall_s,
                 **stats,
             }

@@ -549,7 +549,14 @@ class PolicyWorker(Worker):
             episodes=EpisodeStats(),
             timing={"policy_s": self.busy_s},
         )
-        out = {"policy_busy_s": self.busy_s, "policy_calls": float(self.calls)}
+        # Graphs recorded so far (cumulative; 0 without CUDA graphs): a rollout that records
+        # any after the first has met row counts its cache did not hold.
+        captures = float(getattr(self.net, "graph_captures", 0))
+        out = {
+            "policy_busy_s": self.busy_s,
+            "policy_calls": float(self.calls),
+            "graph_captures": captures,
+        }
         self.busy_s, self.calls = 0.0, 0
         return out
 

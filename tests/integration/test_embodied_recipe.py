@@ -68,6 +68,10 @@ def test_cli_runs_two_iterations_and_writes_the_summary(cluster, tmp_path):
     }
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2]
+    logged = [json.loads(x) for x in lines]
+    # every env step needs at least one policy call (ready ring groups are served together)
+    assert all(m["policy_calls"] >= 16 for m in logged), logged  # S = 64 / 4 steps
+    assert [m["policy_graph_captures"] for m in logged] == [0, 0]  # none on CPU
     assert (out / "plan.json").exists() and (out / "profile.json").exists()
     assert (out / "plots" / "episode_return.png").exists()
     # The probe's costs, and what each cycle model says of the plan that ran.

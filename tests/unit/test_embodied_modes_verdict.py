@@ -103,6 +103,16 @@ def test_round_errors_and_spread_by_placement():
     assert sorted(spread.values()) == [[0.3, 0.3], [0.5, 0.6]]
 
 
+def test_late_captures_count_graphs_recorded_after_the_first_iteration():
+    b = _bench()
+    runs = {
+        "temporal": [{"policy_graph_captures": [4, 4, 4]}, {"policy_graph_captures": [0, 0]}],
+        "hybrid": [{"feasible": False}, {"policy_graph_captures": [8, 9, 12]}],
+        "auto": [{"policy_graph_captures": [None, None]}, {"policy_graph_captures": [3]}],
+    }
+    assert b._late_captures(runs) == {"hybrid round 1": 4}
+
+
 @pytest.mark.parametrize(
     ("path", "expected"),
     [
