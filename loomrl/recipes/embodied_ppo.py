@@ -87,9 +87,9 @@ class Config:
     # are timed whole.
     auto_trial_steps: int = 32
     auto_trial_margin: float = 0.5
-    # Rollouts of the plan a trial picked (also the only one), timed back to back after the
-    # choice, that its prediction comes from (0: from its rollouts in the trial's turns;
-    # choose_by_trial).
+    # Rollouts of the plan a trial picked (also the only one), timed after the choice, each
+    # after a PPO update as in the run, that its prediction comes from (0: from its rollouts in
+    # the trial's turns; choose_by_trial).
     auto_trial_confirm: int = 5
     # How measured costs become the cycle's model: fixed_hops (a call's fixed cost is hand-off
     # latency that ring groups overlap), chained (each call costs what it took, hand-off
@@ -595,8 +595,9 @@ def choose_by_trial(
 
     The model ranks plans; where its ranking is within its own error (the margin), a measurement
     decides, and the measurement re-costs the prediction: ``cfg.auto_trial_confirm`` more
-    rollouts of the fastest (or only) candidate, timed back to back after the choice on the
-    workers that will run it (below), give its estimate. After a warm-up rollout, a
+    rollouts of the fastest (or only) candidate, timed after the choice on the workers that
+    will run it (below), each after a PPO update as in the run (rollouts of ``steps``; those
+    of L and 2L back to back), give its estimate. After a warm-up rollout, a
     rollout of ``steps`` is timed three times (median) when ``steps`` <= 2L (L = auto_trial_steps);
     longer ones are estimated from rollouts of L and 2L steps (twice each, medians) as a fixed
     cost per rollout plus a cost per step. A candidate with as many env workers as the
@@ -774,7 +775,12 @@ def choose_by_trial(
         _kill_fresh(fresh)  # a candidate's fresh workers, unless handed on (then None)
     if again_on is not None:
         again: dict[int, list[float]] = {n: [] for n in lengths}
-        _time_in_turns({0: again_on}, [again], lengths, confirm, warm_up=False)
+        # As in the run, each rollout comes after a PPO update (a rollout of S steps leaves the
+        # buffer the run's updates take; rollouts of L and 2L steps would record the update's
+        # graph again for each shape, so those run back to back). The workers the run keeps are
+        # rebuilt to their launch state afterwards (plan_cycle).
+        before = _update_policy if lengths == (steps,) else None
+        _time_in_turns({0: again_on}, [again], lengths, confirm, warm_up=False, before=before)
         rollout_s = _trial_estimate(again, steps, L)
         rows[pick]["confirmed_s"] = {str(n): v for n, v in again.items()}
     took = time.perf_counter() - t0
@@ -918,16 +924,24 @@ def _time_in_turns(
     lengths: tuple,
     reps: int,
     warm_up: bool = True,
+    before: Callable[[Any], None] | None = None,
 ) -> None:
     """A warm-up rollout of each cycle (its first calls of each row count record graphs), then
     ``reps`` passes in which each cycle in turn times one rollout of each length into
-    ``timed[i]``."""
+    ``timed[i]``; ``before(cycle)``, when given, runs (untimed) before each timed rollout."""
     for cyc in cycles.values() if warm_up else ():
         cyc.collect(min(lengths))
     for _ in range(reps):
         for i, cyc in cycles.items():
             for n in lengths:
+                if before is not None:
+                    before(cyc)
                 timed[i][n].append(cyc.collect(n).wall_s)
+
+
+def _update_policy(cycle: Any) -> None:
+    """One PPO update of ``cycle``'s policy on its last rollout, as the run makes after each."""
+    wait(cycle.policy.update(1.0))
 
 
 def calibrated_by_trial(profile: Any, plan: Any, rollout_s: float) -> Any:

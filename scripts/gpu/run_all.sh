@@ -25,6 +25,8 @@
 #   update_profile (one PPO update of the pixel policy: copy, GAE, Adam vs fused Adam, top operators;
 #   UP_SWEEP="16:32 64:16" num_envs:S)
 #   core_speed (a Python loop and the policy's forward, pinned to each core in turn, in sweeps)
+#   cycle_repeat (pixels: one plan's rollouts back to back, after an update, after a pause, then
+#   again after a rebuild of its workers; CR_PLACEMENTS "temporal", CR_ENVS 96, CR_STEPS 32, CR_REPS 8)
 # Needs (carried, ignored by git): out/gpu_wheels/ray_slim.tar.xz, out/gpu_wheels/whl/*.whl,
 # out/gpu_wheels/tok/models/smollm2-135m-instruct (tokenizer only), optionally out/gpu_wheels/emb/*.whl
 # and .gl/*.deb (GL loaders for rendering).
@@ -156,6 +158,11 @@ for s in "${STAGES[@]}"; do
         --procs ${RB_PROCS:-1,4} --out "$OUT/render_batch.json" ;;
     policy_launches) stage policy_launches 200 python3 scripts/gpu/policy_launches.py --launches ${PL_LAUNCHES:-8} \
         --out "$OUT/policy_launches.json" ;;
+    cycle_repeat) for pl in ${CR_PLACEMENTS:-temporal}; do  # one plan's rollouts: updates between, a rebuild
+        stage "cycle_repeat_${pl}_e${CR_ENVS:-96}" ${CR_CAP:-90} python3 scripts/cycle_repeat.py --device cuda --pixels \
+            --num-envs ${CR_ENVS:-96} --steps ${CR_STEPS:-32} --env-cores ${EMB_ENV_CORES:-4} --placement "$pl" \
+            --reps ${CR_REPS:-8} --rebuild --out "$OUT/cycle_repeat_${pl}_e${CR_ENVS:-96}.json"
+    done ;;
     core_speed) stage core_speed 200 python3 scripts/gpu/core_speed.py --sweeps ${CS_SWEEPS:-3} --out "$OUT/core_speed.json" ;;
     policy_call) stage policy_call${PC_TAG:-} 150 python3 scripts/gpu/policy_call.py --renderers ${PC_RENDERERS:-4} \
         --row-blocks ${PC_ROW_BLOCKS:-1,8} \

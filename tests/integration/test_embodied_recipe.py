@@ -435,6 +435,8 @@ def _trial_on_fakes(
     from loomrl.recipes.embodied_ppo import Config, choose_by_trial
 
     monkeypatch.setattr(embodied_ppo, "EnvPolicyCycle", fake_cycle)
+    # a PPO update of the cycle's policy (before each confirming rollout): the fake records it
+    monkeypatch.setattr(embodied_ppo, "_update_policy", lambda cycle: cycle.update())
     cfg = Config()
     cfg.env.num_envs, cfg.auto_trial_steps, cfg.auto_trial_confirm = 8, 8, confirm
     probe = SimpleNamespace(env=SimpleNamespace(world_size=2), policy=None, can_time=fits)
@@ -451,7 +453,7 @@ def _trial_on_fakes(
 
 def _fake_cycle(calls: list, wall_s) -> type:
     """A stand-in for EnvPolicyCycle: ``collect(n)`` records (k, n) in ``calls`` and takes
-    ``wall_s(k, n)`` seconds."""
+    ``wall_s(k, n)`` seconds; ``update()`` (a PPO update of its policy) records (k, "update")."""
     from types import SimpleNamespace
 
     class FakeCycle:
@@ -461,6 +463,9 @@ def _fake_cycle(calls: list, wall_s) -> type:
         def collect(self, n):
             calls.append((self.k, n))
             return SimpleNamespace(wall_s=wall_s(self.k, n))
+
+        def update(self):
+            calls.append((self.k, "update"))
 
     return FakeCycle
 
@@ -485,7 +490,7 @@ def test_a_trial_walks_past_its_window_while_the_fastest_is_at_its_edge(monkeypa
         + [(4, 16), (2, 16)] * 3
         + [(1, 16)]
         + [(2, 16), (1, 16)] * 3
-        + [(2, 16)] * 2
+        + [(2, "update"), (2, 16)] * 2  # each confirming rollout after an update, as in a run
     )
     assert plan is ladder[1][0] and rollout_s == pytest.approx(0.006 * 16)
     rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
@@ -510,7 +515,7 @@ def test_the_chosen_plan_is_predicted_from_rollouts_timed_after_the_choice(monke
     cands = [_trial_cand(k) for k in (2, 4)]
     plan, rollout_s = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16, confirm=5)
     assert plan is cands[0][0]
-    assert calls[-5:] == [(2, 16)] * 5 and len(calls) == 8 + 5
+    assert calls[-10:] == [(2, "update"), (2, 16)] * 5 and len(calls) == 8 + 10
     assert rollout_s == pytest.approx(0.006 * 16)
     rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
     assert rows[0]["rollout_s"] == pytest.approx(0.004 * 16)  # the turns' estimate, kept
@@ -525,7 +530,8 @@ def test_a_lone_plan_is_predicted_from_rollouts_after_its_warm_up_spell(monkeypa
     calls = []
     FakeCycle = _fake_cycle(calls, lambda k, n: (0.008 if len(calls) <= 4 else 0.005) * n)
     plan, alone = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, [_trial_cand(4)], 16, confirm=5)
-    assert calls == [(4, 16)] * 9 and alone == pytest.approx(0.005 * 16)
+    assert calls == [(4, 16)] * 4 + [(4, "update"), (4, 16)] * 5
+    assert alone == pytest.approx(0.005 * 16)
     trials = json.loads((tmp_path / "trials.json").read_text())
     assert trials["trials"][0]["rollout_s"] == pytest.approx(0.008 * 16)  # the turns' own
     assert trials["rollout_s"] == alone
@@ -551,7 +557,7 @@ def test_confirmation_is_made_on_the_workers_that_will_run(monkeypatch, tmp_path
     calls.clear()
     both = [_trial_cand(1, colocated=True), _trial_cand(1)]
     plan, _ = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, both, 16, has_cuda=True, confirm=3)
-    assert calls == [(1, 16)] * 7 and plan is both[0][0]
+    assert calls == [(1, 16)] * 4 + [(1, "update"), (1, 16)] * 3 and plan is both[0][0]
     # The probe gave its workers back for a candidate on fresh ones (the node's cores): the
     # chosen one, timed on the probe's, gets fresh workers of its own, timed after a warm-up,
     # which the run is then handed; the other candidate's are ended.
@@ -580,7 +586,8 @@ def test_confirmation_is_made_on_the_workers_that_will_run(monkeypatch, tmp_path
     assert probes[0].alive and probes[0].env.k == 2 and probes[0].policy.k == 2  # for the run
     assert plan is cands[0][0] and rollout_s == pytest.approx(0.002 * 16)
     assert starts == [8, 8, 2] and killed == [8, 8]  # env and policy of k = 8; k = 2's kept
-    assert calls[-8:] == [(8, 16)] * 4 + [(2, 16)] * 4  # k = 8's turns, then k = 2's own
+    # k = 8's turns, then k = 2's own: a warm-up and three rollouts, each after an update
+    assert calls[-11:] == [(8, 16)] * 4 + [(2, 16)] + [(2, "update"), (2, 16)] * 3
     trials = json.loads((tmp_path / "trials.json").read_text())
     assert trials["trials"][0]["confirmed_s"] == {"16": [pytest.approx(0.032)] * 3}
 
@@ -600,6 +607,7 @@ def test_a_pick_timed_on_fresh_workers_keeps_them_for_the_run(monkeypatch, tmp_p
 
     monkeypatch.setattr(embodied_ppo, "start_cycle", fresh_cycle)
     monkeypatch.setattr(embodied_ppo, "EnvPolicyCycle", FakeCycle)
+    monkeypatch.setattr(embodied_ppo, "_update_policy", lambda cycle: cycle.update())
     cfg = Config()
     cfg.env.num_envs, cfg.auto_trial_steps, cfg.auto_trial_confirm = 8, 8, 2
     probe = SimpleNamespace(env=SimpleNamespace(world_size=2), policy=None, alive=True)
@@ -622,7 +630,8 @@ def test_a_pick_timed_on_fresh_workers_keeps_them_for_the_run(monkeypatch, tmp_p
     fast[1].launch_devices, fast[1].policy_devices = (0,), (1,)
     plan, rollout_s = choose_by_trial(run, cfg, [_trial_cand(2), fast], 16, probe)
     assert plan is fast[0] and rollout_s == pytest.approx(0.001 * 16)
-    assert killed == [] and calls[-6:] == [(1, 16)] * 6  # its warm-up, 3 passes, 2 more
+    # its warm-up, 3 passes, 2 more, each after an update
+    assert killed == [] and calls[-8:] == [(1, 16)] * 4 + [(1, "update"), (1, 16)] * 2
     assert probe.alive and probe.env.world_size == 4 and probe.env_devices == (0,)
     assert probe.policy_devices == (1,) and ended == [2]
     trials = json.loads((tmp_path / "trials.json").read_text())
@@ -632,7 +641,8 @@ def test_a_pick_timed_on_fresh_workers_keeps_them_for_the_run(monkeypatch, tmp_p
     calls.clear()
     probe.alive, probe.env = True, SimpleNamespace(world_size=2)
     plan, _ = choose_by_trial(run, cfg, [fast], 16, probe)
-    assert calls == [(1, 16)] * 6 and killed == [] and probe.env.world_size == 4
+    assert calls == [(1, 16)] * 4 + [(1, "update"), (1, 16)] * 2
+    assert killed == [] and probe.env.world_size == 4
     assert ended == [2, 2]
 
 
