@@ -87,9 +87,9 @@ class Config:
     # are timed whole.
     auto_trial_steps: int = 32
     auto_trial_margin: float = 0.5
-    # Rollouts of the plan a trial picked (also the only one), timed after the choice, each
-    # after a PPO update as in the run, that its prediction comes from (0: from its rollouts in
-    # the trial's turns; choose_by_trial).
+    # Rollouts of the plan a trial picked (also the only one), timed after the choice, that its
+    # prediction comes from (0: from its rollouts in the trial's turns; choose_by_trial). In the
+    # turns and here, a rollout of S steps comes after a PPO update, as in the run.
     auto_trial_confirm: int = 5
     # How measured costs become the cycle's model: fixed_hops (a call's fixed cost is hand-off
     # latency that ring groups overlap), chained (each call costs what it took, hand-off
@@ -596,11 +596,11 @@ def choose_by_trial(
     The model ranks plans; where its ranking is within its own error (the margin), a measurement
     decides, and the measurement re-costs the prediction: ``cfg.auto_trial_confirm`` more
     rollouts of the fastest (or only) candidate, timed after the choice on the workers that
-    will run it (below), each after a PPO update as in the run (rollouts of ``steps``; those
-    of L and 2L back to back), give its estimate. After a warm-up rollout, a
-    rollout of ``steps`` is timed three times (median) when ``steps`` <= 2L (L = auto_trial_steps);
-    longer ones are estimated from rollouts of L and 2L steps (twice each, medians) as a fixed
-    cost per rollout plus a cost per step. A candidate with as many env workers as the
+    will run it (below), give its estimate. After a warm-up rollout, a
+    rollout of ``steps`` is timed three times (median) when ``steps`` <= 2L (L = auto_trial_steps),
+    each after a PPO update of the policy as in the run, in the turns and the confirmation alike;
+    longer ones are estimated from rollouts of L and 2L steps (twice each, medians, back to
+    back) as a fixed cost per rollout plus a cost per step. A candidate with as many env workers as the
     cost probe's ``probe`` workers is timed on those (their devices may differ from the plan's:
     with host-core env workers only rendering depends on the device, and a co-located plan
     alternates, so nothing renders beside a running policy), the candidates there taking turns
@@ -629,6 +629,12 @@ def choose_by_trial(
     L, t0, rows = cfg.auto_trial_steps, time.perf_counter(), []
     lengths = (steps,) if steps <= 2 * L else (L, 2 * L)
     reps = 3 if len(lengths) == 1 else 2
+    # Every timed rollout comes after a PPO update of its policy, as each of the run's does: on
+    # one H200 (pixels, 96 envs, calls CM and CN) k = 2's rollouts after updates ran 12-22%
+    # slower than its rollouts back to back in 3 of 4 trials, k = 3's within 5% in all 4, so
+    # turns without updates ranked k = 2 first where k = 3 then ran 12-16% faster. Rollouts of
+    # L and 2L steps run back to back: each shape would record the update's graph again.
+    before = _update_policy if lengths == (steps,) else None
     fits = [probe is not None and probe.can_time(p) for _, p in candidates]
     # Candidates the probe's workers can run go first: fresh workers for the others may need
     # the probe's cores.
@@ -666,7 +672,7 @@ def choose_by_trial(
 
         cycles = {i: on_probe(candidates[i][1]) for i in shared}
         ran.update({i: c.handoff for i, c in cycles.items()})
-        _time_in_turns(cycles, timed, lengths, reps)
+        _time_in_turns(cycles, timed, lengths, reps, before=before)
         can_time = probe.can_time  # type: ignore[union-attr]
         for _ in range(TRIAL_WALK):
             best = min(shared, key=lambda i: _trial_estimate(timed[i], steps, L))
@@ -682,14 +688,16 @@ def choose_by_trial(
             cycles[i] = on_probe(rung[1])
             ran[i] = cycles[i].handoff
             cycles[i].collect(min(lengths))  # its warm-up; the fastest had one
-            _time_in_turns({best: cycles[best], i: cycles[i]}, timed, lengths, reps, False)
+            pair = {best: cycles[best], i: cycles[i]}
+            _time_in_turns(pair, timed, lengths, reps, warm_up=False, before=before)
         # Plans closer than their own rollouts' spread are not ranked yet: the close ones take
         # more turns (up to 2 x reps more passes, no warm-up), which narrows their medians.
         for _ in range(2 * reps):
             close = _close_to_best({i: timed[i] for i in shared}, steps, L)
             if len(close) < 2:
                 break
-            _time_in_turns({i: cycles[i] for i in sorted(close)}, timed, lengths, 1, warm_up=False)
+            closest = {i: cycles[i] for i in sorted(close)}
+            _time_in_turns(closest, timed, lengths, 1, warm_up=False, before=before)
         for i, j in alias.items():
             timed[i], ran[i] = timed[j], ran[j]
     # How many forwards the probe's policy has recorded as CUDA graphs by the end of the turns
@@ -711,7 +719,7 @@ def choose_by_trial(
             envs, policy, cyc = start_cycle(run.cluster, cfg, place)
         ran[i] = cyc.handoff
         try:
-            _time_in_turns({i: cyc}, timed, lengths, reps)
+            _time_in_turns({i: cyc}, timed, lengths, reps, before=before)
         except BaseException:
             _kill_fresh((i, envs, policy, cyc))
             raise
@@ -775,11 +783,8 @@ def choose_by_trial(
         _kill_fresh(fresh)  # a candidate's fresh workers, unless handed on (then None)
     if again_on is not None:
         again: dict[int, list[float]] = {n: [] for n in lengths}
-        # As in the run, each rollout comes after a PPO update (a rollout of S steps leaves the
-        # buffer the run's updates take; rollouts of L and 2L steps would record the update's
-        # graph again for each shape, so those run back to back). The workers the run keeps are
-        # rebuilt to their launch state afterwards (plan_cycle).
-        before = _update_policy if lengths == (steps,) else None
+        # The updates leave the policy trained a little: the workers the run keeps are rebuilt
+        # to their launch state afterwards (plan_cycle).
         _time_in_turns({0: again_on}, [again], lengths, confirm, warm_up=False, before=before)
         rollout_s = _trial_estimate(again, steps, L)
         rows[pick]["confirmed_s"] = {str(n): v for n, v in again.items()}

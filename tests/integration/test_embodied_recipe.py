@@ -470,6 +470,17 @@ def _fake_cycle(calls: list, wall_s) -> type:
     return FakeCycle
 
 
+def _after_update(*groups: int, n: int = 16) -> list[tuple]:
+    """What a fake cycle records for timed rollouts of ``n`` steps at ring-group counts
+    ``groups`` in turn, each after a PPO update of its policy (as the run's rollouts come)."""
+    return [c for k in groups for c in ((k, "update"), (k, n))]
+
+
+def _rollouts(calls: list[tuple]) -> list[tuple]:
+    """The rollouts among a fake cycle's ``calls`` (its policy's updates left out)."""
+    return [c for c in calls if c[1] != "update"]
+
+
 def test_a_trial_walks_past_its_window_while_the_fastest_is_at_its_edge(monkeypatch, tmp_path):
     calls = []
     # Seconds per step by k: the window is k = 4 and 8, the best k is 2 (beyond it).
@@ -485,12 +496,13 @@ def test_a_trial_walks_past_its_window_while_the_fastest_is_at_its_edge(monkeypa
     # k = 2; k = 1 loses and the walk stops (k = 16, on the other side, is never timed); the
     # chosen k = 2 is timed again for its prediction.
     assert calls == (
-        [(4, 16), (8, 16)] * 4
+        [(4, 16), (8, 16)]
+        + _after_update(4, 8) * 3
         + [(2, 16)]
-        + [(4, 16), (2, 16)] * 3
+        + _after_update(4, 2) * 3
         + [(1, 16)]
-        + [(2, 16), (1, 16)] * 3
-        + [(2, "update"), (2, 16)] * 2  # each confirming rollout after an update, as in a run
+        + _after_update(2, 1) * 3
+        + _after_update(2) * 2
     )
     assert plan is ladder[1][0] and rollout_s == pytest.approx(0.006 * 16)
     rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
@@ -508,14 +520,14 @@ def test_the_chosen_plan_is_predicted_from_rollouts_timed_after_the_choice(monke
     calls = []
 
     def wall_s(k: int, n: int) -> float:
-        lucky = sum(1 for c in calls if c[0] == 2) <= 4  # its warm-up and three passes
+        lucky = _rollouts(calls).count((2, 16)) <= 4  # its warm-up and three passes
         return (0.004 if lucky else 0.006) * n if k == 2 else 0.005 * n
 
     FakeCycle = _fake_cycle(calls, wall_s)
     cands = [_trial_cand(k) for k in (2, 4)]
     plan, rollout_s = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16, confirm=5)
     assert plan is cands[0][0]
-    assert calls[-10:] == [(2, "update"), (2, 16)] * 5 and len(calls) == 8 + 10
+    assert calls == [(2, 16), (4, 16)] + _after_update(2, 4) * 3 + _after_update(2) * 5
     assert rollout_s == pytest.approx(0.006 * 16)
     rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
     assert rows[0]["rollout_s"] == pytest.approx(0.004 * 16)  # the turns' estimate, kept
@@ -528,9 +540,11 @@ def test_a_lone_plan_is_predicted_from_rollouts_after_its_warm_up_spell(monkeypa
     # Temporal's one plan: its first rollouts run slow (0.008 s a step over its warm-up and
     # three timed ones), then at its usual 0.005. Its prediction comes from the later ones.
     calls = []
-    FakeCycle = _fake_cycle(calls, lambda k, n: (0.008 if len(calls) <= 4 else 0.005) * n)
+    FakeCycle = _fake_cycle(
+        calls, lambda k, n: (0.008 if len(_rollouts(calls)) <= 4 else 0.005) * n
+    )
     plan, alone = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, [_trial_cand(4)], 16, confirm=5)
-    assert calls == [(4, 16)] * 4 + [(4, "update"), (4, 16)] * 5
+    assert calls == [(4, 16)] + _after_update(4) * 3 + _after_update(4) * 5
     assert alone == pytest.approx(0.005 * 16)
     trials = json.loads((tmp_path / "trials.json").read_text())
     assert trials["trials"][0]["rollout_s"] == pytest.approx(0.008 * 16)  # the turns' own
@@ -538,7 +552,7 @@ def test_a_lone_plan_is_predicted_from_rollouts_after_its_warm_up_spell(monkeypa
     # With confirm = 0 the turns are its prediction.
     calls.clear()
     _, turns = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, [_trial_cand(4)], 16, confirm=0)
-    assert len(calls) == 4 and turns == pytest.approx(0.008 * 16)
+    assert calls == [(4, 16)] + _after_update(4) * 3 and turns == pytest.approx(0.008 * 16)
 
 
 def test_confirmation_is_made_on_the_workers_that_will_run(monkeypatch, tmp_path):
@@ -552,12 +566,14 @@ def test_confirmation_is_made_on_the_workers_that_will_run(monkeypatch, tmp_path
     cands = [_trial_cand(k) for k in (2, 4)]
     _, rollout_s = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 32, confirm=3)
     assert calls[-6:] == [(2, 8), (2, 16)] * 3 and rollout_s == pytest.approx(0.002 * 32)
+    assert calls == _rollouts(calls)  # back to back: an update per shape would record its graph
     # A co-located plan and the split k = 1 beside accelerators are one cycle on the probe's
     # workers: timed once in the turns, and once again after (the co-located one, first, wins).
     calls.clear()
     both = [_trial_cand(1, colocated=True), _trial_cand(1)]
     plan, _ = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, both, 16, has_cuda=True, confirm=3)
-    assert calls == [(1, 16)] * 4 + [(1, "update"), (1, 16)] * 3 and plan is both[0][0]
+    assert calls == [(1, 16)] + _after_update(1) * 3 + _after_update(1) * 3
+    assert plan is both[0][0]
     # The probe gave its workers back for a candidate on fresh ones (the node's cores): the
     # chosen one, timed on the probe's, gets fresh workers of its own, timed after a warm-up,
     # which the run is then handed; the other candidate's are ended.
@@ -586,8 +602,8 @@ def test_confirmation_is_made_on_the_workers_that_will_run(monkeypatch, tmp_path
     assert probes[0].alive and probes[0].env.k == 2 and probes[0].policy.k == 2  # for the run
     assert plan is cands[0][0] and rollout_s == pytest.approx(0.002 * 16)
     assert starts == [8, 8, 2] and killed == [8, 8]  # env and policy of k = 8; k = 2's kept
-    # k = 8's turns, then k = 2's own: a warm-up and three rollouts, each after an update
-    assert calls[-11:] == [(8, 16)] * 4 + [(2, 16)] + [(2, "update"), (2, 16)] * 3
+    # k = 8's turns, then k = 2's own: a warm-up and three rollouts
+    assert calls[-14:] == [(8, 16)] + _after_update(8) * 3 + [(2, 16)] + _after_update(2) * 3
     trials = json.loads((tmp_path / "trials.json").read_text())
     assert trials["trials"][0]["confirmed_s"] == {"16": [pytest.approx(0.032)] * 3}
 
@@ -630,8 +646,8 @@ def test_a_pick_timed_on_fresh_workers_keeps_them_for_the_run(monkeypatch, tmp_p
     fast[1].launch_devices, fast[1].policy_devices = (0,), (1,)
     plan, rollout_s = choose_by_trial(run, cfg, [_trial_cand(2), fast], 16, probe)
     assert plan is fast[0] and rollout_s == pytest.approx(0.001 * 16)
-    # its warm-up, 3 passes, 2 more, each after an update
-    assert killed == [] and calls[-8:] == [(1, 16)] * 4 + [(1, "update"), (1, 16)] * 2
+    # its warm-up, 3 passes, 2 more
+    assert killed == [] and calls[-11:] == [(1, 16)] + _after_update(1) * 3 + _after_update(1) * 2
     assert probe.alive and probe.env.world_size == 4 and probe.env_devices == (0,)
     assert probe.policy_devices == (1,) and ended == [2]
     trials = json.loads((tmp_path / "trials.json").read_text())
@@ -641,7 +657,7 @@ def test_a_pick_timed_on_fresh_workers_keeps_them_for_the_run(monkeypatch, tmp_p
     calls.clear()
     probe.alive, probe.env = True, SimpleNamespace(world_size=2)
     plan, _ = choose_by_trial(run, cfg, [fast], 16, probe)
-    assert calls == [(1, 16)] * 4 + [(1, "update"), (1, 16)] * 2
+    assert calls == [(1, 16)] + _after_update(1) * 3 + _after_update(1) * 2
     assert killed == [] and probe.env.world_size == 4
     assert ended == [2, 2]
 
@@ -713,7 +729,8 @@ def test_a_trial_fills_the_gap_between_a_co_located_plan_and_its_window(monkeypa
     assert plan is ladder[1][0] and rollout_s == pytest.approx(0.006 * 16)
     rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
     assert [(r["placement"]["groups"], r["walked"]) for r in rows][-1] == (2, True)
-    assert sum(1 for k, _ in calls if k == 1) == 4  # the split k = 1 is not timed again
+    # the split k = 1 is not timed again
+    assert sum(1 for k, _ in _rollouts(calls) if k == 1) == 4
 
 
 def test_a_trial_walks_at_most_trial_walk_rungs(monkeypatch, tmp_path):
@@ -747,6 +764,9 @@ def test_a_walk_beside_a_co_located_plan_and_one_on_fresh_workers(monkeypatch, t
                 wall_s=(0.02 if self.tag[0] == "fresh" else per_step[self.tag[1]]) * n
             )
 
+        def update(self):
+            calls.append((*self.tag, "update"))
+
     def fresh_cycle(cluster, cfg, place):
         gone = SimpleNamespace(kill=lambda: None)
         return gone, gone, FakeCycle(None, None, 0, place.groups, True, tag="fresh")
@@ -768,9 +788,9 @@ def test_a_walk_beside_a_co_located_plan_and_one_on_fresh_workers(monkeypatch, t
     )
     # k = 2 wins at the top of the rungs timed (the co-located plan is the rung k = 1), so k = 4
     # is timed in turns with it; the split k = 1 never is; the fresh workers' plan runs last.
-    probe_ks = [k for tag, k, _ in calls if tag == "probe"]
+    probe_ks = [k for tag, k, n in calls if tag == "probe" and n != "update"]
     assert probe_ks.count(4) == 4 and probe_ks.count(1) == 4  # a warm-up and 3 passes each
-    assert [c[0] for c in calls][-4:] == ["fresh"] * 4
+    assert calls[-7:] == [("fresh", 1, 16)] + [("fresh", 1, "update"), ("fresh", 1, 16)] * 3
     assert plan is ladder[2][0]
     doc = json.loads((tmp_path / "trials.json").read_text())
     rows = doc["trials"]
@@ -793,7 +813,8 @@ def test_candidates_running_the_same_cycle_on_the_probe_are_timed_once(
     pair = pair if colocated_first else pair[::-1]
     cands = [*pair, _trial_cand(2)]
     plan, rollout_s = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16, has_cuda=True)
-    assert calls == [(1, 16), (2, 16)] * 4  # a warm-up and three passes of one k = 1 cycle
+    # a warm-up and three passes of one k = 1 cycle
+    assert calls == [(1, 16), (2, 16)] + _after_update(1, 2) * 3
     doc = json.loads((tmp_path / "trials.json").read_text())
     rows = doc["trials"]
     assert rows[0]["timed_s"] == rows[1]["timed_s"] and len(rows[0]["timed_s"]["16"]) == 3
@@ -808,7 +829,7 @@ def test_on_cpu_slots_a_co_located_plan_is_timed_apart_from_the_split_one(monkey
     FakeCycle = _fake_cycle(calls, lambda k, n: {1: 0.006, 2: 0.008}[k] * n)
     cands = [_trial_cand(1, colocated=True), _trial_cand(1), _trial_cand(2)]
     _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16)  # a CPU-only cluster
-    assert calls == [(1, 16), (1, 16), (2, 16)] * 4
+    assert calls == [(1, 16), (1, 16), (2, 16)] + _after_update(1, 1, 2) * 3
     rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
     assert [r["same_cycle_as"] for r in rows] == [None, None, None]
 
@@ -825,7 +846,7 @@ def test_trial_candidates_on_the_probes_workers_take_turns(monkeypatch, tmp_path
     cands = [_trial_cand(k) for k in (1, 2)]
     plan, rollout_s = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16)
     # A warm-up each, then three passes of one 16-step rollout per candidate.
-    assert calls == [(1, 16), (2, 16)] + [(1, 16), (2, 16)] * 3
+    assert calls == [(1, 16), (2, 16)] + _after_update(1, 2) * 3
     assert plan is cands[1][0] and rollout_s == pytest.approx(0.008 * 16 * 3)
     rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
     assert [len(r["timed_s"]["16"]) for r in rows] == [3, 3]
@@ -852,7 +873,7 @@ def test_trial_candidates_closer_than_their_noise_take_more_turns(
     plan, rollout_s = _trial_on_fakes(monkeypatch, tmp_path, FakeCycle, cands, 16)
     # A warm-up each, three passes, then the extra passes: the close two, in turns.
     first = [(1, 16), (2, 16), (4, 16)]
-    assert calls == first * 4 + [(1, 16), (2, 16)] * extra
+    assert calls == first + _after_update(1, 2, 4) * 3 + _after_update(1, 2) * extra
     rows = json.loads((tmp_path / "trials.json").read_text())["trials"]
     assert [len(r["timed_s"]["16"]) for r in rows] == [3 + extra, 3 + extra, 3]
     if extra == 1:
