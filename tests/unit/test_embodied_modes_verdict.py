@@ -122,6 +122,8 @@ def test_late_captures_count_graphs_recorded_after_the_first_iteration():
         ("docs/results/gpu/turns/embodied_px_e64_s16_c2_call_au.json", 1.000),
         # call AY, one H200: k = 4 then k = 2, pooled 0.362 and 0.357 s/it
         ("docs/results/gpu/one_h200/embodied_px_e16_s32_c3.json", 1.015),
+        # call CM, 96 envs: k = 2 in round 0 (pooled 0.254 s/it), k = 3 in round 1 (0.219)
+        ("docs/results/gpu/graphcache/cm/embodied_px_e96_s32_c3.json", 1.162),
     ],
 )
 def test_verdict_on_stored_gpu_runs(path, expected):
