@@ -596,11 +596,11 @@ def choose_by_trial(
     The model ranks plans; where its ranking is within its own error (the margin), a measurement
     decides, and the measurement re-costs the prediction: ``cfg.auto_trial_confirm`` more
     rollouts of the fastest (or only) candidate, timed after the choice on the workers that
-    will run it (below), give its estimate. After a warm-up rollout, a
-    rollout of ``steps`` is timed three times (median) when ``steps`` <= 2L (L = auto_trial_steps),
-    each after a PPO update of the policy as in the run, in the turns and the confirmation alike;
-    longer ones are estimated from rollouts of L and 2L steps (twice each, medians, back to
-    back) as a fixed cost per rollout plus a cost per step. A candidate with as many env workers as the
+    will run it (below), give its estimate. After a warm-up rollout, a rollout of ``steps`` is
+    timed three times (median) when ``steps`` <= 2L (L = auto_trial_steps), each after a PPO
+    update of the policy as in the run, in the turns and the confirmation alike; longer ones
+    are estimated from rollouts of L and 2L steps (twice each, medians, back to back) as a
+    fixed cost per rollout plus a cost per step. A candidate with as many env workers as the
     cost probe's ``probe`` workers is timed on those (their devices may differ from the plan's:
     with host-core env workers only rendering depends on the device, and a co-located plan
     alternates, so nothing renders beside a running policy), the candidates there taking turns
