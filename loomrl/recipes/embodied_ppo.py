@@ -629,12 +629,13 @@ def choose_by_trial(
     L, t0, rows = cfg.auto_trial_steps, time.perf_counter(), []
     lengths = (steps,) if steps <= 2 * L else (L, 2 * L)
     reps = 3 if len(lengths) == 1 else 2
-    # Every timed rollout comes after a PPO update of its policy, as each of the run's does: on
-    # one H200 (pixels, 96 envs, calls CM and CN) the co-located cycle's and k = 2's rollouts
-    # after updates ran 12-24% slower than back to back in 7 of 8 trials, k = 3's within 6% in
-    # all 4 (at 64 and 128 envs -12% to +13%, either way), and turns without updates ranked
-    # k = 2 first where k = 3 then ran 12-16% faster. Rollouts of L and 2L steps run back to
-    # back: each shape would record the update's graph again.
+    # Every timed rollout comes after a PPO update of its policy (at learning rate 0,
+    # _update_policy), as each of the run's does: on one H200 (pixels, 96 envs, calls CM and
+    # CN) the co-located cycle's and k = 2's rollouts after updates ran 12-24% slower than back
+    # to back in 7 of 8 trials, k = 3's within 6% in all 4 (at 64 and 128 envs -12% to +13%,
+    # either way), and turns without updates ranked k = 2 first where k = 3 then ran 12-16%
+    # faster. Rollouts of L and 2L steps run back to back: each shape would record the
+    # update's graph again.
     before = _update_policy if lengths == (steps,) else None
     fits = [probe is not None and probe.can_time(p) for _, p in candidates]
     # Candidates the probe's workers can run go first: fresh workers for the others may need
@@ -946,8 +947,14 @@ def _time_in_turns(
 
 
 def _update_policy(cycle: Any) -> None:
-    """One PPO update of ``cycle``'s policy on its last rollout, as the run makes after each."""
-    wait(cycle.policy.update(1.0))
+    """One PPO update of ``cycle``'s policy on its last rollout, as the run makes after each, at
+    learning rate 0: all of its work (GAE, every epoch's forward, backward and Adam step) and no
+    weight moved, so that through a trial's tens of updates the policy acts as it does when the
+    run starts (a policy that learned to keep the pole up longer would reset its envs less).
+    What slows a rollout is the work: on one H200 (calls CM, CN; temporal at 96 envs) rollouts
+    went from 0.25-0.28 s in the turns to 0.30-0.32 s in the first one after the process's first
+    update and stayed about there (0.28-0.35 s), too soon for anything learned to show."""
+    wait(cycle.policy.update(0.0))
 
 
 def calibrated_by_trial(profile: Any, plan: Any, rollout_s: float) -> Any:
