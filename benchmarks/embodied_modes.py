@@ -435,8 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     late = _late_captures(runs)
     if late:
         print(
-            "policy CUDA graphs recorded after the first iteration (calls of row counts the "
-            "cache did not hold): " + ", ".join(f"{k} {n}" for k, n in late.items())
+            "policy CUDA graphs recorded after the first iteration (row counts met late or "
+            "dropped by the cache): " + ", ".join(f"{k} {n}" for k, n in late.items())
         )
     by_mode = {r["mode"]: r for r in ok}
     speedup = None

@@ -63,8 +63,25 @@ def one_plan(
             run.close()
 
 
-def main() -> None:
+def rebuilt(cycle: Any, groups: int) -> Any:
+    """``cycle``'s workers rebuilt to their launch state, as ``plan_cycle`` hands a trial's
+    workers to the run, and a new cycle over them (the rebuilt policy listens on a new socket)."""
     from loomrl.cycle import EnvPolicyCycle
+    from loomrl.worker import wait
+
+    wait(cycle.envs._call("_loom_rebuild"), cycle.policy._call("_loom_rebuild"))
+    return EnvPolicyCycle(
+        cycle.envs,
+        cycle.policy,
+        cycle.num_envs // cycle.workers,
+        groups,
+        cycle.pipelined,
+        handoff=cycle.handoff,
+        timeout_s=cycle.timeout_s,
+    )
+
+
+def main() -> None:
     from loomrl.worker import wait
 
     ap = argparse.ArgumentParser()
@@ -103,17 +120,8 @@ def main() -> None:
         }
         sets = [""] + (["_rebuilt"] if args.rebuild else [])
         for suffix in sets:
-            if suffix:  # as plan_cycle hands a trial's workers to the run, and start_cycle
-                wait(cycle.envs._call("_loom_rebuild"), policy._call("_loom_rebuild"))
-                cycle = EnvPolicyCycle(  # the rebuilt policy listens on a new socket
-                    cycle.envs,
-                    policy,
-                    cycle.num_envs // cycle.workers,
-                    place.groups,
-                    cycle.pipelined,
-                    handoff=cycle.handoff,
-                    timeout_s=cycle.timeout_s,
-                )
+            if suffix:
+                cycle = rebuilt(cycle, place.groups)
                 cycle.collect(S)  # the run's first iteration, its warm-up
             res.update({name + suffix: [] for name in preludes})
             for _ in range(args.reps):
@@ -129,7 +137,7 @@ def main() -> None:
     )
     for name in (n + suffix for suffix in sets for n in preludes):
         v = res[name]
-        print(f"  {name:<19} median {statistics.median(v):.3f} s  {[round(x, 3) for x in v]}")
+        print(f"  {name:<21} median {statistics.median(v):.3f} s  {[round(x, 3) for x in v]}")
     print(
         f"  every rollout: {lo:.3f}-{hi:.3f} s, median {med:.3f} "
         f"({100 * (lo / med - 1):+.0f}% to {100 * (hi / med - 1):+.0f}%)"

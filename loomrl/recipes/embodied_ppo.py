@@ -631,7 +631,8 @@ def choose_by_trial(
     reps = 3 if len(lengths) == 1 else 2
     # Every timed rollout comes after a PPO update of its policy (at learning rate 0,
     # _update_policy), as each of the run's does: on one H200 (pixels, 96 envs, calls CM and
-    # CN) the co-located cycle's and k = 2's rollouts after updates ran 12-24% slower than back
+    # CN) the co-located cycle's and k = 2's rollouts after updates (at learning rate 1
+    # then) ran 12-24% slower than back
     # to back in 7 of 8 trials, k = 3's within 6% in all 4 (at 64 and 128 envs -12% to +13%,
     # either way), and turns without updates ranked k = 2 first where k = 3 then ran 12-16%
     # faster. Rollouts of L and 2L steps run back to back: each shape would record the
@@ -947,13 +948,19 @@ def _time_in_turns(
 
 
 def _update_policy(cycle: Any) -> None:
-    """One PPO update of ``cycle``'s policy on its last rollout, as the run makes after each, at
+    """One PPO update of ``cycle``'s policy on the last rollout it served (on the probe's shared
+    policy, often another candidate's: the same work), as the run makes after each rollout, at
     learning rate 0: all of its work (GAE, every epoch's forward, backward and Adam step) and no
-    weight moved, so that through a trial's tens of updates the policy acts as it does when the
-    run starts (a policy that learned to keep the pole up longer would reset its envs less).
-    What slows a rollout is the work: on one H200 (calls CM, CN; temporal at 96 envs) rollouts
-    went from 0.25-0.28 s in the turns to 0.30-0.32 s in the first one after the process's first
-    update and stayed about there (0.28-0.35 s), too soon for anything learned to show."""
+    weight moved, so that through a trial's tens of updates the weights stay those the run
+    starts from (a policy that learned to keep the pole up longer would reset its envs less;
+    state observations' normaliser still follows the trial's rollouts, as it follows the run's).
+    With ppo.target_kl set the run's updates may stop early where these (KL about 0) do not.
+    On one H200 (calls CM, CN; temporal at 96 envs) rollouts went from 0.25-0.28 s in the turns
+    to 0.30-0.32 s in the first one after the policy's first update (updates at learning rate 1
+    then) and stayed about there (0.28-0.35 s): after one update of 3e-4 the work is the likely
+    cause, not what was learned (not yet told apart on a GPU: scripts/gpu/first_update.py). The
+    cost probe's timed updates, on a copy of the policy in the same process, left the turns
+    fast."""
     wait(cycle.policy.update(0.0))
 
 

@@ -550,7 +550,8 @@ class PolicyWorker(Worker):
             timing={"policy_s": self.busy_s},
         )
         # Graphs recorded so far (cumulative; 0 without CUDA graphs): a rollout that records
-        # any after the first has met row counts its cache did not hold.
+        # any after the first met a row count for the first time, one the cache had dropped, or
+        # weights at new addresses.
         captures = float(getattr(self.net, "graph_captures", 0))
         out = {
             "policy_busy_s": self.busy_s,

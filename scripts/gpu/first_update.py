@@ -1,17 +1,25 @@
-"""Whether a policy's rollouts slow once its process has run a PPO update, and whether the
-policy process's intra-op threads are why: one plan, planned without a trial (no update runs in
-the policy's process before the first pattern), its rollouts timed back to back ("fresh"), then
-after one update at learning rate 0 ("after_update"), then again with the policy's torch on one
-thread ("one_thread"), and with an update before each ("one_thread_updates"). Each rollout's
-seconds inside env steps (per env worker) and inside policy calls say which side slowed.
+"""Whether a policy's rollouts slow once its own policy has been updated, and why: one plan,
+planned without a trial, then per variant its workers rebuilt to their launch state (as a run's
+are), rollouts timed back to back ("before"), then each after a PPO update ("after"):
+
+    lr0         updates at learning rate 0 (a trial's: the work, no weight moved)
+    lr1         updates at learning rate 1 (a run's first: the work and what is learned)
+    one_thread  lr0 with the policy process's torch on one thread
+
+The same jump from before to after under lr0 and lr1 says the update's work slows the rollouts,
+under lr1 alone what the policy learned; one_thread without it, the pixel policy's intra-op
+threads (its torch keeps the default count, the cores it may use; the state policy runs on one).
+Each rollout's seconds inside env steps (per env worker) and inside policy calls say which side
+slowed. The variants run one after another, so the host's drift between them is in the
+comparison: read the jump within a variant.
 
     python scripts/gpu/first_update.py --device cuda --pixels --num-envs 96 --env-cores 3 \
         --out first_update.json
 
 On one H200 (calls CM, CN: pixels, 96 envs, temporal) the trials' rollouts ran 0.25-0.28 s
-back to back and 0.30-0.32 s in the first one after the process's first update, and stayed
-about there. The pixel policy's torch keeps its default thread count (the cores it may use),
-where the state policy runs on one thread.
+back to back and 0.30-0.32 s in the first one after the policy's first update (at learning rate
+1), and stayed about there. The cost probe's timed updates (on a copy of the policy, in the same
+process) run before all of this here as there.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, for cycle_repeat
 
+VARIANTS = {"lr0": (0.0, None), "lr1": (1.0, None), "one_thread": (0.0, 1)}
+
 
 def _threads(worker: object, n: int | None = None) -> int:
     """Runs in the policy's process (``__ray_call__``): set torch's intra-op threads to ``n``
@@ -35,9 +45,19 @@ def _threads(worker: object, n: int | None = None) -> int:
     return torch.get_num_threads()
 
 
+def _row(r: object, workers: int) -> dict:
+    return {
+        "wall_s": r.wall_s,
+        "env_busy_s": r.env_busy_s / workers,
+        "policy_busy_s": r.policy_busy_s,
+        "policy_calls": r.policy_calls,
+        "graph_captures": r.policy_graph_captures,
+    }
+
+
 def main() -> None:
     import ray
-    from cycle_repeat import one_plan
+    from cycle_repeat import one_plan, rebuilt
 
     from loomrl.worker import wait
 
@@ -45,7 +65,7 @@ def main() -> None:
     ap.add_argument("--placement", default="temporal", choices=["temporal", "hybrid"])
     ap.add_argument("--num-envs", type=int, default=96)
     ap.add_argument("--steps", type=int, default=32, help="steps per env per rollout (S)")
-    ap.add_argument("--reps", type=int, default=8, help="rollouts per pattern")
+    ap.add_argument("--reps", type=int, default=8, help="rollouts before and after, per variant")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--pixels", action="store_true", help="64x64 image observations (CNN)")
     ap.add_argument("--env-cores", type=float, default=1.0, help="env.cpu_cores per env worker")
@@ -58,45 +78,37 @@ def main() -> None:
         extra.append("run.num_gpus=null")
     if args.pixels:
         extra += ["env.pixels=true", "env.image_size=64"]
-    res: dict = {"args": vars(args), "patterns": {}}
+    res: dict = {"args": vars(args), "variants": {}}
     with one_plan(args.placement, args.num_envs, S, extra) as (place, policy, cycle):
-        actor = policy.actors[0]
         res["placement"] = place.describe()
-        res["threads_before"] = ray.get(actor.__ray_call__.remote(_threads))
-        cycle.collect(S)  # warm-up: its calls record the graphs
-
-        def time(name: str, update_each: bool = False) -> None:
-            rows = []
+        default_threads = ray.get(policy.actors[0].__ray_call__.remote(_threads))
+        res["policy_threads"] = default_threads
+        for name, (lr, threads) in VARIANTS.items():
+            cycle = rebuilt(cycle, place.groups)
+            actor = policy.actors[0]
+            ray.get(actor.__ray_call__.remote(_threads, threads or default_threads))
+            cycle.collect(S)  # warm-up: its calls record the graphs
+            before = [_row(cycle.collect(S), cycle.workers) for _ in range(args.reps)]
+            after = []
             for _ in range(args.reps):
-                if update_each:
-                    wait(policy.update(0.0))
-                r = cycle.collect(S)
-                rows.append(
-                    {
-                        "wall_s": r.wall_s,
-                        "env_busy_s": r.env_busy_s / cycle.workers,
-                        "policy_busy_s": r.policy_busy_s,
-                        "policy_calls": r.policy_calls,
-                        "graph_captures": r.policy_graph_captures,
-                    }
-                )
-            res["patterns"][name] = rows
-
-        time("fresh")
-        wait(policy.update(0.0))  # the process's first update
-        time("after_update")
-        res["threads_after"] = ray.get(actor.__ray_call__.remote(_threads, 1))
-        time("one_thread")
-        time("one_thread_updates", update_each=True)
-    print(f"{args.placement} {res['placement']}: policy threads {res['threads_before']}")
-    for name, rows in res["patterns"].items():
+                wait(policy.update(lr))
+                after.append(_row(cycle.collect(S), cycle.workers))
+            res["variants"][name] = {"before": before, "after": after}
+    print(f"{args.placement} {res['placement']}: policy threads {res['policy_threads']}")
+    for name, v in res["variants"].items():
         med = {
-            k: statistics.median(r[k] for r in rows)
-            for k in ("wall_s", "env_busy_s", "policy_busy_s")
+            when: {
+                k: statistics.median(r[k] for r in rows)
+                for k in ("wall_s", "env_busy_s", "policy_busy_s")
+            }
+            for when, rows in v.items()
         }
+        b, a = med["before"], med["after"]
         print(
-            f"  {name:<19} rollout {med['wall_s']:.3f} s, env busy {med['env_busy_s']:.3f}, "
-            f"policy busy {med['policy_busy_s']:.3f}, captures {rows[-1]['graph_captures']}"
+            f"  {name:<11} rollout {b['wall_s']:.3f} -> {a['wall_s']:.3f} s "
+            f"({100 * (a['wall_s'] / b['wall_s'] - 1):+.1f}%), env busy {b['env_busy_s']:.3f} -> "
+            f"{a['env_busy_s']:.3f}, policy busy {b['policy_busy_s']:.3f} -> "
+            f"{a['policy_busy_s']:.3f}, captures {v['after'][-1]['graph_captures']}"
         )
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)

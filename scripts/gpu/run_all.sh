@@ -25,8 +25,9 @@
 #   update_profile (one PPO update of the pixel policy: copy, GAE, Adam vs fused Adam, top operators;
 #   UP_SWEEP="16:32 64:16" num_envs:S)
 #   core_speed (a Python loop and the policy's forward, pinned to each core in turn, in sweeps)
-#   first_update (pixels: one plan's rollouts before the policy process's first update, after it, and
-#   with its torch on one thread; FU_PLACEMENT "temporal", FU_ENVS 96, FU_REPS 8)
+#   first_update (pixels: one plan's rollouts before and after its policy's first updates, at learning
+#   rate 0, at 1, and at 0 with the policy's torch on one thread; FU_PLACEMENT "temporal", FU_ENVS 96,
+#   FU_REPS 8)
 #   cycle_repeat (pixels: one plan's rollouts back to back, after an update, after a pause, then
 #   again after a rebuild of its workers; CR_PLACEMENTS "temporal", CR_ENVS 96, CR_STEPS 32, CR_REPS 8)
 # Needs (carried, ignored by git): out/gpu_wheels/ray_slim.tar.xz, out/gpu_wheels/whl/*.whl,

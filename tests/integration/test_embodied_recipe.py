@@ -435,7 +435,7 @@ def _trial_on_fakes(
     from loomrl.recipes.embodied_ppo import Config, choose_by_trial
 
     monkeypatch.setattr(embodied_ppo, "EnvPolicyCycle", fake_cycle)
-    # a PPO update of the cycle's policy (before each confirming rollout): the fake records it
+    # a PPO update of the cycle's policy (before each timed S-step rollout): the fake records it
     monkeypatch.setattr(embodied_ppo, "_update_policy", lambda cycle: cycle.update())
     cfg = Config()
     cfg.env.num_envs, cfg.auto_trial_steps, cfg.auto_trial_confirm = 8, 8, confirm
