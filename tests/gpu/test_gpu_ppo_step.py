@@ -107,3 +107,25 @@ def test_a_step_that_cannot_be_recorded_runs_eagerly_and_says_why():
     assert step.failed and step.captures == 0
     assert np.isfinite(stats["policy_loss"])
     assert all(not torch.equal(a, b) for a, b in zip(before, _params(net), strict=True))
+
+
+def test_a_recorded_step_at_learning_rate_zero_moves_no_weight():
+    """A trial's updates (learning rate 0) replay the recorded step and leave every parameter's
+    bits as they were; back at the run's learning rate the same replay moves them."""
+    ppo = PPOConfig(rollout_steps=256, epochs=2, num_minibatches=4)
+    net = make_policy(SPACES["cnn"], BOX, seed=0).cuda()
+    opt = _trainer(net, ppo)
+    step = GraphedPPOStep(net, opt, ppo)
+    gen = torch.Generator().manual_seed(1)
+    buf = _buffer(SPACES["cnn"], 32, 8, seed=0)
+    ppo_update(net, opt, buf, ppo, generator=gen, step=step)  # warm-up steps, then recorded
+    assert step.captures == 1
+    before = _params(net)
+    set_lr(opt, 0.0)
+    ppo_update(net, opt, buf, ppo, generator=gen, step=step)  # replays only
+    assert step.captures == 1
+    for a, b in zip(before, _params(net), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    set_lr(opt, ppo.lr)
+    ppo_update(net, opt, buf, ppo, generator=gen, step=step)
+    assert any(not torch.equal(a, b) for a, b in zip(before, _params(net), strict=True))
