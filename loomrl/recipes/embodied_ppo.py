@@ -631,12 +631,11 @@ def choose_by_trial(
     reps = 3 if len(lengths) == 1 else 2
     # Every timed rollout comes after a PPO update of its policy (at learning rate 0,
     # _update_policy), as each of the run's does: on one H200 (pixels, 96 envs, calls CM and
-    # CN) the co-located cycle's and k = 2's rollouts after updates (at learning rate 1
-    # then) ran 12-24% slower than back
-    # to back in 7 of 8 trials, k = 3's within 6% in all 4 (at 64 and 128 envs -12% to +13%,
-    # either way), and turns without updates ranked k = 2 first where k = 3 then ran 12-16%
-    # faster. Rollouts of L and 2L steps run back to back: each shape would record the
-    # update's graph again.
+    # CN) the co-located cycle's and k = 2's rollouts after updates (at learning rate 1 then)
+    # ran 12-24% slower than back to back in 7 of 8 trials, k = 3's within 6% in all 4 (at 64
+    # and 128 envs -12% to +13%, either way), and turns without updates ranked k = 2 first
+    # where k = 3 then ran 12-16% faster. Rollouts of L and 2L steps run back to back: each
+    # shape would record the update's graph again.
     before = _update_policy if lengths == (steps,) else None
     fits = [probe is not None and probe.can_time(p) for _, p in candidates]
     # Candidates the probe's workers can run go first: fresh workers for the others may need
