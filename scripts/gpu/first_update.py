@@ -80,13 +80,12 @@ def main() -> None:
         extra += ["env.pixels=true", "env.image_size=64"]
     res: dict = {"args": vars(args), "variants": {}}
     with one_plan(args.placement, args.num_envs, S, extra) as (place, policy, cycle):
+        actor = policy.actors[0]  # rebuilt in place: the same process throughout
         res["placement"] = place.describe()
-        default_threads = ray.get(policy.actors[0].__ray_call__.remote(_threads))
-        res["policy_threads"] = default_threads
+        res["policy_threads"] = ray.get(actor.__ray_call__.remote(_threads))
         for name, (lr, threads) in VARIANTS.items():
             cycle = rebuilt(cycle, place.groups)
-            actor = policy.actors[0]
-            ray.get(actor.__ray_call__.remote(_threads, threads or default_threads))
+            ray.get(actor.__ray_call__.remote(_threads, threads or res["policy_threads"]))
             cycle.collect(S)  # warm-up: its calls record the graphs
             before = [_row(cycle.collect(S), cycle.workers) for _ in range(args.reps)]
             after = []
