@@ -1,25 +1,29 @@
 """Whether a policy's rollouts slow once its own policy has been updated, and why: one plan,
 planned without a trial, then per variant its workers rebuilt to their launch state (as a run's
-are), rollouts timed back to back ("before"), then each after a PPO update ("after"):
+are), rollouts timed back to back ("before"), then each after the variant's step ("after"):
 
-    lr0         updates at learning rate 0 (a trial's: the work, no weight moved)
-    lr1         updates at learning rate 1 (a run's first: the work and what is learned)
-    one_thread  lr0 with the policy process's torch on one thread
+    lr0          a PPO update at learning rate 0 (a trial's: the work, no weight moved)
+    lr1          a PPO update at learning rate 1 (a run's first: the work and what is learned)
+    eager_step   lr0 with the minibatch step run eagerly (no recorded PPO step graph)
+    release      lr0, then the recorded step graph, the gradients and the allocator's cache
+                 released (each update records the step again)
+    copy_only    the update's copy of the rollout to the device, no PPO
+    sleep        a 0.1 s pause, no work
 
-The same jump from before to after under lr0 and lr1 says the update's work slows the rollouts,
-under lr1 alone what the policy learned; one_thread without it, the pixel policy's intra-op
-threads (its torch keeps the default count, the cores it may use; the state policy runs on one).
-Each rollout's seconds inside env steps (per env worker) and inside policy calls say which side
-slowed. The variants run one after another, so the host's drift between them is in the
-comparison: read the jump within a variant.
+A jump under lr0 and not under eager_step puts the slowdown on the recorded step's existence;
+under release too, on what it holds (its memory pool, the gradients inside it); under
+copy_only, on the copy; under sleep, on the idle gap (clocks). Each rollout's seconds inside
+env steps (per env worker) and inside policy calls say which side slowed. The variants run one
+after another, so the host's drift between them is in the comparison: read the jump within a
+variant.
 
     python scripts/gpu/first_update.py --device cuda --pixels --num-envs 96 --env-cores 3 \
         --out first_update.json
 
-On one H200 (calls CM, CN: pixels, 96 envs, temporal) the trials' rollouts ran 0.25-0.28 s
-back to back and 0.30-0.32 s in the first one after the policy's first update (at learning rate
-1), and stayed about there. The cost probe's timed updates (on a copy of the policy, in the same
-process) run before all of this here as there.
+On one H200 (call CP, 96 envs, temporal, the policy's torch on one thread) the rollouts went
+from 0.294 to 0.338 s after updates at learning rate 0, 0.291 to 0.327 at 1, and 0.284 to 0.325
+with one intra-op thread: the update's work, not what it learned; env busy unchanged, policy
+busy 0.095 to 0.112 s.
 """
 
 from __future__ import annotations
@@ -29,20 +33,51 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, for cycle_repeat
 
-VARIANTS = {"lr0": (0.0, None), "lr1": (1.0, None), "one_thread": (0.0, 1)}
+VARIANTS = ("lr0", "lr1", "eager_step", "release", "copy_only", "sleep")
 
 
-def _threads(worker: object, n: int | None = None) -> int:
-    """Runs in the policy's process (``__ray_call__``): set torch's intra-op threads to ``n``
-    when given; return the count in use."""
+def _threads(worker: object) -> int:
+    """Runs in the policy's process (``__ray_call__``): torch's intra-op thread count."""
     import torch
 
-    if n is not None:
-        torch.set_num_threads(n)
     return torch.get_num_threads()
+
+
+def _step(worker: Any, kind: str) -> float:
+    """Runs in the policy's process (``__ray_call__``): the variant's step between two
+    rollouts; returns its seconds."""
+    import time
+
+    import torch
+
+    from loomrl.workers.policy import _to_device
+
+    t = time.perf_counter()
+    if kind == "sleep":
+        time.sleep(0.1)
+    elif kind == "copy_only":
+        _to_device(worker.buffer, worker.device)
+        if worker.device != "cpu":
+            torch.cuda.synchronize()
+    elif kind == "eager_step":
+        saved, worker.train_step = worker.train_step, None
+        try:
+            worker.update(0.0)
+        finally:
+            worker.train_step = saved
+    else:
+        worker.update(1.0 if kind == "lr1" else 0.0)
+        if kind == "release":
+            if worker.train_step is not None:
+                worker.train_step.release()
+            worker.optimizer.zero_grad(set_to_none=True)
+            if worker.device != "cpu":
+                torch.cuda.empty_cache()
+    return time.perf_counter() - t
 
 
 def _row(r: object, workers: int) -> dict:
@@ -55,11 +90,26 @@ def _row(r: object, workers: int) -> dict:
     }
 
 
+def _summary(name: str, before: list[dict], after: list[dict]) -> str:
+    def med(rows: list[dict], key: str) -> float:
+        return statistics.median(r[key] for r in rows)
+
+    b, a = (
+        {k: med(rows, k) for k in ("wall_s", "env_busy_s", "policy_busy_s")}
+        for rows in (before, after)
+    )
+    return (
+        f"  {name:<11} rollout {b['wall_s']:.3f} -> {a['wall_s']:.3f} s "
+        f"({100 * (a['wall_s'] / b['wall_s'] - 1):+.1f}%), env busy {b['env_busy_s']:.3f} -> "
+        f"{a['env_busy_s']:.3f}, policy busy {b['policy_busy_s']:.3f} -> "
+        f"{a['policy_busy_s']:.3f}, step {med(after, 'step_s'):.3f} s, "
+        f"captures {after[-1]['graph_captures']}"
+    )
+
+
 def main() -> None:
     import ray
     from cycle_repeat import one_plan, rebuilt
-
-    from loomrl.worker import wait
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--placement", default="temporal", choices=["temporal", "hybrid"])
@@ -69,8 +119,15 @@ def main() -> None:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--pixels", action="store_true", help="64x64 image observations (CNN)")
     ap.add_argument("--env-cores", type=float, default=1.0, help="env.cpu_cores per env worker")
+    ap.add_argument(
+        "--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}"
+    )
     ap.add_argument("--out", default="first_update.json")
     args = ap.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        ap.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
 
     S = args.steps
     extra = [f"env.cpu_cores={args.env_cores}", "auto_trial_steps=0"]  # no trial: no update yet
@@ -83,32 +140,19 @@ def main() -> None:
         actor = policy.actors[0]  # rebuilt in place: the same process throughout
         res["placement"] = place.describe()
         res["policy_threads"] = ray.get(actor.__ray_call__.remote(_threads))
-        for name, (lr, threads) in VARIANTS.items():
+        print(f"{args.placement} {res['placement']}: policy threads {res['policy_threads']}")
+        for name in variants:
             cycle = rebuilt(cycle, place.groups)
-            ray.get(actor.__ray_call__.remote(_threads, threads or res["policy_threads"]))
             cycle.collect(S)  # warm-up: its calls record the graphs
             before = [_row(cycle.collect(S), cycle.workers) for _ in range(args.reps)]
             after = []
             for _ in range(args.reps):
-                wait(policy.update(lr))
-                after.append(_row(cycle.collect(S), cycle.workers))
+                step_s = ray.get(actor.__ray_call__.remote(_step, name))
+                after.append({**_row(cycle.collect(S), cycle.workers), "step_s": step_s})
             res["variants"][name] = {"before": before, "after": after}
-    print(f"{args.placement} {res['placement']}: policy threads {res['policy_threads']}")
-    for name, v in res["variants"].items():
-        med = {
-            when: {
-                k: statistics.median(r[k] for r in rows)
-                for k in ("wall_s", "env_busy_s", "policy_busy_s")
-            }
-            for when, rows in v.items()
-        }
-        b, a = med["before"], med["after"]
-        print(
-            f"  {name:<11} rollout {b['wall_s']:.3f} -> {a['wall_s']:.3f} s "
-            f"({100 * (a['wall_s'] / b['wall_s'] - 1):+.1f}%), env busy {b['env_busy_s']:.3f} -> "
-            f"{a['env_busy_s']:.3f}, policy busy {b['policy_busy_s']:.3f} -> "
-            f"{a['policy_busy_s']:.3f}, captures {v['after'][-1]['graph_captures']}"
-        )
+            print(_summary(name, before, after), flush=True)
+            with open(args.out, "w") as f:  # after every variant: a cut-off call keeps the rest
+                json.dump(res, f, indent=1)
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
 

@@ -26,8 +26,8 @@
 #   UP_SWEEP="16:32 64:16" num_envs:S)
 #   core_speed (a Python loop and the policy's forward, pinned to each core in turn, in sweeps)
 #   first_update (pixels: one plan's rollouts before and after its policy's first updates, at learning
-#   rate 0, at 1, and at 0 with the policy's torch on one thread; FU_PLACEMENT "temporal", FU_ENVS 96,
-#   FU_REPS 8)
+#   rate 0 and 1, eagerly, with what the step holds released, the copy alone, a pause; FU_PLACEMENT
+#   "temporal", FU_ENVS 96, FU_REPS 8, FU_VARIANTS all)
 #   cycle_repeat (pixels: one plan's rollouts back to back, after an update, after a pause, then
 #   again after a rebuild of its workers; CR_PLACEMENTS "temporal", CR_ENVS 96, CR_STEPS 32, CR_REPS 8)
 # Needs (carried, ignored by git): out/gpu_wheels/ray_slim.tar.xz, out/gpu_wheels/whl/*.whl,
@@ -168,7 +168,7 @@ for s in "${STAGES[@]}"; do
     done ;;
     first_update) stage "first_update_${FU_PLACEMENT:-temporal}_e${FU_ENVS:-96}" ${FU_CAP:-90} python3 scripts/gpu/first_update.py \
         --device cuda --pixels --num-envs ${FU_ENVS:-96} --env-cores ${EMB_ENV_CORES:-4} --placement ${FU_PLACEMENT:-temporal} \
-        --reps ${FU_REPS:-8} --out "$OUT/first_update_${FU_PLACEMENT:-temporal}_e${FU_ENVS:-96}.json" ;;
+        --reps ${FU_REPS:-8} ${FU_VARIANTS:+--variants "$FU_VARIANTS"} --out "$OUT/first_update_${FU_PLACEMENT:-temporal}_e${FU_ENVS:-96}.json" ;;
     core_speed) stage core_speed 200 python3 scripts/gpu/core_speed.py --sweeps ${CS_SWEEPS:-3} --out "$OUT/core_speed.json" ;;
     policy_call) stage policy_call${PC_TAG:-} 150 python3 scripts/gpu/policy_call.py --renderers ${PC_RENDERERS:-4} \
         --row-blocks ${PC_ROW_BLOCKS:-1,8} \
