@@ -69,6 +69,8 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
         overrides.append("run.pin_cores=false")
     if args.no_graphs:
         overrides.append("policy_cuda_graphs=false")
+    if args.no_step_graph:
+        overrides.append("policy_step_graph=false")
     if args.no_batch_render:
         overrides.append("env.batch_render=false")
     if args.cycle_model:
@@ -316,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
         "--no-graphs",
         action="store_true",
         help="run a GPU policy's forward eagerly, not as CUDA graphs (policy_cuda_graphs)",
+    )
+    p.add_argument(
+        "--no-step-graph",
+        action="store_true",
+        help="run the PPO minibatch step eagerly, act's graphs kept (policy_step_graph)",
     )
     p.add_argument(
         "--no-batch-render",

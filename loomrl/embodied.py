@@ -516,7 +516,7 @@ class GraphedPPOStep:
             self.optimizer.zero_grad(set_to_none=True)
             warnings.warn(
                 f"the PPO step runs eagerly: recording it as a CUDA graph failed ({self.failed}); "
-                "policy_cuda_graphs: false skips the attempt",
+                "policy_step_graph: false skips the attempt",
                 stacklevel=2,
             )
             return ppo_step(self.policy, self.optimizer, self.cfg, mb)

@@ -65,6 +65,9 @@ class Config:
     # instead of hundreds, the bits of the same calls run eagerly (Adam is then capturable;
     # off, it is the plain fused Adam). No effect on CPU or user policies.
     policy_cuda_graphs: bool = True
+    # With policy_cuda_graphs, record the PPO minibatch step as a CUDA graph too (false: the
+    # step runs eagerly, with the fused Adam, and act's graphs stay).
+    policy_step_graph: bool = True
     groups: int | None = None  # pin the ring groups k (None: the plan's)
     pipelined: bool = True  # False: wait after every env step (the unpipelined loop)
     target_return: float | None = None  # stop once the mean of the last `window` returns reaches it
@@ -345,6 +348,7 @@ def _launch_policy(cluster: Any, cfg: Config, envs: Any, devices: list[int], nam
         cfg.policy,
         policy_kwargs=dict(cfg.policy_kwargs),
         cuda_graphs=cfg.policy_cuda_graphs,
+        step_graph=cfg.policy_step_graph,
         devices=devices,
         name=name,
     )

@@ -120,6 +120,7 @@ class PolicyWorker(Worker):
         policy_kwargs: dict[str, Any] | None = None,
         threads: int | None = None,
         cuda_graphs: bool = True,
+        step_graph: bool = True,
     ) -> None:
         super().__init__()
         import torch
@@ -147,6 +148,7 @@ class PolicyWorker(Worker):
         )
         if self.graphs:
             self.net.use_cuda_graphs()
+        self.step_graph = self.graphs and step_graph
         self.optimizer, self.train_step = self._trainer(self.net)
         self.normalizer = (
             RunningMeanStd(self.obs_shape) if ppo.normalize_obs and not self.pixels else None
@@ -172,9 +174,9 @@ class PolicyWorker(Worker):
         """The optimizer for ``net`` and the PPO step that drives it (None: eager ``ppo_step``).
 
         On a GPU, Adam is fused (one kernel per step rather than a dozen over the parameters),
-        and with ``cuda_graphs`` and a built-in policy the whole minibatch step is recorded as a
-        CUDA graph (``GraphedPPOStep``; Adam then capturable, its learning rate a tensor): the
-        update of a small policy is bound by kernel launches, not arithmetic."""
+        and with ``cuda_graphs``, ``step_graph`` and a built-in policy the whole minibatch step
+        is recorded as a CUDA graph (``GraphedPPOStep``; Adam then capturable, its learning rate
+        a tensor): the update of a small policy is bound by kernel launches, not arithmetic."""
         import torch
 
         from loomrl.embodied import GraphedPPOStep, capturable_adam
@@ -182,7 +184,7 @@ class PolicyWorker(Worker):
         lr, eps = self.ppo.lr, self.ppo.adam_eps
         if not str(self.device).startswith("cuda"):
             return torch.optim.Adam(net.parameters(), lr=lr, eps=eps), None
-        if not (self.graphs and callable(getattr(net, "use_cuda_graphs", None))):
+        if not (self.step_graph and callable(getattr(net, "use_cuda_graphs", None))):
             return torch.optim.Adam(net.parameters(), lr=lr, eps=eps, fused=True), None
         opt = capturable_adam(net.parameters(), lr, eps, self.device)
         return opt, GraphedPPOStep(net, opt, self.ppo)

@@ -80,6 +80,58 @@ def _step(worker: Any, kind: str) -> float:
     return time.perf_counter() - t
 
 
+def _act_parts(worker: Any, reps: int = 30) -> dict[str, float]:
+    """Runs in the policy's process (``__ray_call__``), between rollouts: medians, in ms, of one
+    act on ``num_envs`` rows from the host (``act_s``), the observations' copy to the device
+    alone (``h2d_s``), and one replay of the act graph alone on the device (``replay_gpu_s``,
+    CUDA events; 0 without a graph), so a slower act can be put on the copy, the device or
+    the host's work around them."""
+    import time
+
+    import numpy as np
+    import torch
+
+    n, dev = worker.num_envs, worker.device
+    cuda = dev != "cpu"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    gen = np.random.default_rng(0)
+    raw = gen.integers(0, 255, (n, *worker.obs_shape), dtype=np.uint8)
+    ids, steps = np.arange(n), np.zeros(n, np.int64)
+    host = torch.as_tensor(raw)
+    on_dev = torch.empty_like(host, device=dev)
+    act, h2d, replay = [], [], []
+    for _ in range(reps):
+        sync()
+        t = time.perf_counter()
+        worker._act(raw, ids, steps)
+        sync()
+        act.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        on_dev.copy_(host, non_blocking=True)
+        sync()
+        h2d.append(time.perf_counter() - t)
+    cache = getattr(worker.net, "_graphs", None)
+    if cuda and cache is not None and cache.entries:
+        graph = next(reversed(cache.entries.values()))[1]  # the latest used
+        for _ in range(reps):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            graph.replay()
+            e1.record()
+            torch.cuda.synchronize()
+            replay.append(e0.elapsed_time(e1) / 1e3)
+    med = statistics.median
+    return {
+        "act_ms": 1e3 * med(act),
+        "h2d_ms": 1e3 * med(h2d),
+        "replay_gpu_ms": 1e3 * med(replay) if replay else 0.0,
+    }
+
+
 def _row(r: object, workers: int) -> dict:
     return {
         "wall_s": r.wall_s,
@@ -145,12 +197,22 @@ def main() -> None:
             cycle = rebuilt(cycle, place.groups)
             cycle.collect(S)  # warm-up: its calls record the graphs
             before = [_row(cycle.collect(S), cycle.workers) for _ in range(args.reps)]
+            parts = {"before": ray.get(actor.__ray_call__.remote(_act_parts))}
             after = []
             for _ in range(args.reps):
                 step_s = ray.get(actor.__ray_call__.remote(_step, name))
                 after.append({**_row(cycle.collect(S), cycle.workers), "step_s": step_s})
-            res["variants"][name] = {"before": before, "after": after}
+            parts["after"] = ray.get(actor.__ray_call__.remote(_act_parts))
+            res["variants"][name] = {"before": before, "after": after, "act_alone": parts}
             print(_summary(name, before, after), flush=True)
+            print(
+                "    act alone (ms) before -> after: "
+                + ", ".join(
+                    f"{k} {parts['before'][k]:.2f} -> {parts['after'][k]:.2f}"
+                    for k in parts["after"]
+                ),
+                flush=True,
+            )
             with open(args.out, "w") as f:  # after every variant: a cut-off call keeps the rest
                 json.dump(res, f, indent=1)
     with open(args.out, "w") as f:

@@ -125,6 +125,7 @@ for s in "${STAGES[@]}"; do
             fl=(); sfx=""
             [ "$v" = nopin ] && { fl+=(--no-pin); sfx="_nopin"; }
             [ "$v" = eager ] && { fl+=(--no-graphs); sfx="_eager"; }
+            [ "$v" = eagerstep ] && { fl+=(--no-step-graph); sfx="_eagerstep"; }
             [ "$v" = nobatch ] && { fl+=(--no-batch-render); sfx="_nobatch"; }
             [ "$v" = driver ] && { fl+=(--handoff driver); sfx="_driver"; }
             [ "$v" = pipe ] && { fl+=(--handoff pipe); sfx="_pipe"; }
