@@ -564,3 +564,23 @@ def test_time_update_warms_up_then_times_every_epoch_as_update_runs_them(monkeyp
     assert pol.time_update(8) > 0
     assert seen[1:] in ([(3, None, True)] * n for n in (2, 3))
     assert all(np.array_equal(v, state[k]) for k, v in pol.scaler.state_dict().items())  # a copy
+
+
+def test_policy_step_graph_false_keeps_the_update_eager_with_acts_graphs_on():
+    """step_graph=False: the trainer is the plain fused Adam and no recorded PPO step, even on a
+    CUDA device with act's graphs on (a recorded step would need a capturable Adam there)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from loomrl.workers.policy import PolicyWorker
+
+    pol = PolicyWorker.__new__(PolicyWorker)
+    pol.device, pol.graphs, pol.step_graph = "cuda", True, False
+    pol.ppo = SimpleNamespace(lr=3e-4, adam_eps=1e-5)
+    net = torch.nn.Linear(3, 2)
+    net.use_cuda_graphs = lambda on=True: None  # a built-in policy's switch
+    opt, step = pol._trainer(net)
+    assert step is None
+    assert isinstance(opt, torch.optim.Adam) and opt.defaults["fused"] is True
+    assert opt.defaults["capturable"] is False
