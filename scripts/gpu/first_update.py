@@ -82,40 +82,32 @@ def _step(worker: Any, kind: str) -> float:
 
 def _act_parts(worker: Any, reps: int = 30) -> dict[str, float]:
     """Runs in the policy's process (``__ray_call__``), between rollouts: medians, in ms, of one
-    act on ``num_envs`` rows from the host (``act_s``), the observations' copy to the device
-    alone (``h2d_s``), and one replay of the act graph alone on the device (``replay_gpu_s``,
-    CUDA events; 0 without a graph), so a slower act can be put on the copy, the device or
-    the host's work around them."""
+    act on ``num_envs`` rows from the host (``act_ms``, the worker's ``time_act``), the
+    observations' copy to the device alone (``h2d_ms``), and one replay of the act graph alone
+    on the device (``replay_gpu_ms``, CUDA events; 0 without a graph), so a slower act can be
+    put on the copy, the device or the host's work around them."""
     import time
 
-    import numpy as np
     import torch
 
-    n, dev = worker.num_envs, worker.device
-    cuda = dev != "cpu"
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
-    gen = np.random.default_rng(0)
-    raw = gen.integers(0, 255, (n, *worker.obs_shape), dtype=np.uint8)
-    ids, steps = np.arange(n), np.zeros(n, np.int64)
-    host = torch.as_tensor(raw)
-    on_dev = torch.empty_like(host, device=dev)
-    act, h2d, replay = [], [], []
+    if worker.device == "cpu":
+        return {
+            "act_ms": 1e3 * worker.time_act(worker.num_envs, reps),
+            "h2d_ms": 0.0,
+            "replay_gpu_ms": 0.0,
+        }
+    dtype = torch.uint8 if worker.pixels else torch.float32  # as the env workers send
+    host = torch.zeros((worker.num_envs, *worker.obs_shape), dtype=dtype)
+    on_dev = torch.empty_like(host, device=worker.device)
+    h2d, replay = [], []
     for _ in range(reps):
-        sync()
-        t = time.perf_counter()
-        worker._act(raw, ids, steps)
-        sync()
-        act.append(time.perf_counter() - t)
+        torch.cuda.synchronize()
         t = time.perf_counter()
         on_dev.copy_(host, non_blocking=True)
-        sync()
+        torch.cuda.synchronize()
         h2d.append(time.perf_counter() - t)
     cache = getattr(worker.net, "_graphs", None)
-    if cuda and cache is not None and cache.entries:
+    if cache is not None and cache.entries:
         graph = next(reversed(cache.entries.values()))[1]  # the latest used
         for _ in range(reps):
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -126,7 +118,7 @@ def _act_parts(worker: Any, reps: int = 30) -> dict[str, float]:
             replay.append(e0.elapsed_time(e1) / 1e3)
     med = statistics.median
     return {
-        "act_ms": 1e3 * med(act),
+        "act_ms": 1e3 * worker.time_act(worker.num_envs, reps),
         "h2d_ms": 1e3 * med(h2d),
         "replay_gpu_ms": 1e3 * med(replay) if replay else 0.0,
     }
@@ -178,8 +170,11 @@ def main() -> None:
     args = ap.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))
-    if unknown:
-        ap.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+    if unknown or not variants:
+        ap.error(
+            f"--variants {args.variants!r}: unknown {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(VARIANTS)}"
+        )
 
     S = args.steps
     extra = [f"env.cpu_cores={args.env_cores}", "auto_trial_steps=0"]  # no trial: no update yet
@@ -215,8 +210,6 @@ def main() -> None:
             )
             with open(args.out, "w") as f:  # after every variant: a cut-off call keeps the rest
                 json.dump(res, f, indent=1)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
 
 
 if __name__ == "__main__":
