@@ -60,6 +60,7 @@ __all__ = [
     "check_cores",
     "cycle_profile",
     "hop_latency",
+    "pipe_hop",
     "CYCLE_MODELS",
     "CYCLE_MODEL_KEYS",
     "host_env_workers",
@@ -67,6 +68,7 @@ __all__ = [
     "overlap_slowdown",
     "placement_from_plan",
     "time_chain",
+    "time_pipe",
     "HANDOFFS",
     "RING_LAYOUTS",
     "resolve_handoff",
@@ -77,6 +79,9 @@ ENV, POLICY, TRAIN = "env", "policy", "actor_train"  # component names in cycle 
 BOTH = "both"  # measure_costs: env and policy chains timed running at once
 # measure_costs: per chain also the seconds per call the side kept its worker(s) busy
 BUSY = {ENV: "env_busy", POLICY: "policy_busy", BOTH: "both_busy"}
+# measure_costs(handoff="pipe"): seconds per step of one-group pipe rollouts, and per step the
+# seconds the busiest env worker and the policy were busy inside them
+PIPE = {"step": "pipe", ENV: "pipe_env_busy", POLICY: "pipe_policy_busy"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,6 +372,8 @@ def measure_costs(
     steps: int,
     reps: int = 5,
     min_chain_s: float = 0.1,
+    handoff: str = "driver",
+    timeout_s: float = 300.0,
 ) -> dict[str, Any]:
     """Seconds per ``env.step`` and per ``policy.act`` at each group size in ``sizes``, and the
     estimated seconds of one PPO update on a [steps, num_envs] rollout, called from the driver
@@ -386,13 +393,23 @@ def measure_costs(
     is the overlap slowdown. ``samples["env_busy"]`` etc. hold, for the same chains, the seconds
     per call the side's worker was busy inside the call (the busiest env worker; for "both_busy"
     the busier side): the rest of a chain's call is the hand-off around it (``hop_latency``).
+
+    ``handoff="pipe"``: the cycle will pass replies and actions over sockets, whose hand-offs
+    cost neither what a chain's do nor nothing, so at each size rollouts of one ring group are
+    also run over the pipe itself (``time_pipe``, as long as ``min_chain_s`` needs, the median
+    of three): ``samples[PIPE[...]]`` hold their seconds per step and per step the busy seconds
+    of each side; the rest of a step is the pipe's round trip (``pipe_hop``). On one H200 at 96
+    pixel envs a cycle costed from the chains came out about twice the pipe cycle's time, on
+    the 2-core host 2-3x. ``timeout_s`` bounds a silent pipe (the cycle's ``timeout_s``).
     The probe advances the probe envs: use throw-away workers.
     """
     import ray
 
     w = env.world_size
     ranks, p = [env.on(r) for r in range(w)], policy.on(0)
-    samples: dict[str, list[tuple[int, float]]] = {k: [] for k in (*BUSY, *BUSY.values())}
+    keys = (*BUSY, *BUSY.values(), *(PIPE.values() if handoff == "pipe" else ()))
+    samples: dict[str, list[tuple[int, float]]] = {k: [] for k in keys}
+    address = wait(p.listen())[0] if handoff == "pipe" else None
     for x in sorted(x for x in set(sizes) if x % w == 0):
         per = x // w
         actions = [wait(r.sample_actions(per))[0] for r in ranks]
@@ -409,6 +426,16 @@ def measure_costs(
                 samples[side].append((x, took))
                 busy = {ENV: env_busy, POLICY: pol_busy, BOTH: max(env_busy, pol_busy)}[side]
                 samples[BUSY[side]].append((x, busy))
+        if address is not None:
+            # A step of one group is about one call of each side: as many steps as the chains'
+            # calls, so that the fixed cost of connecting and closing stays out of the span.
+            chains = _medians(samples[ENV])[x] + _medians(samples[POLICY])[x]
+            n = min(16 * reps, max(reps, math.ceil(min_chain_s / max(chains, 1e-6))))
+            time_pipe(ranks, p, address, per, 2, timeout_s)  # warm-up: connections, graphs
+            for _ in range(3):
+                step_s, env_busy, pol_busy = time_pipe(ranks, p, address, per, n, timeout_s)
+                for key, v in zip(PIPE.values(), (step_s, env_busy, pol_busy), strict=True):
+                    samples[key].append((x, v))
     update_s = wait(p.time_update(steps))[0]
     # An iteration calls the update from the driver and waits for it: its round trip is part of
     # the time outside the rollout too (the median of a few calls that do nothing).
@@ -418,7 +445,39 @@ def measure_costs(
         wait(p.pop_busy())
         trips.append(time.perf_counter() - t)
     update_s += statistics.median(trips)
-    return {"samples": samples, "update_s": update_s, "num_envs": num_envs, "env_workers": w}
+    return {
+        "samples": samples,
+        "update_s": update_s,
+        "num_envs": num_envs,
+        "env_workers": w,
+        "handoff": handoff,
+    }
+
+
+def time_pipe(
+    ranks: list[Any], policy: Any, address: str, per: int, n: int, timeout: float
+) -> tuple[float, float, float]:
+    """Seconds per step of an n-step pipe rollout (``EnvWorker.run_pipe``, ``PolicyWorker.
+    serve_pipe``) of one ring group, the first ``per`` envs of every env worker view in
+    ``ranks``, and per step the seconds the busiest env worker was busy stepping and the
+    policy acting in it. The span runs from the first act to the last reply: connecting,
+    the first observations and closing the group are left out. ``address``: the policy's
+    ``listen()``. The rollout goes to the policy's buffer, which the next ``begin`` drops."""
+    import uuid
+
+    wait(*[r.pop_busy() for r in ranks], policy.pop_busy())
+    wait(policy.begin(n))
+    token, w = uuid.uuid4().hex, len(ranks)
+    serve = policy.serve_pipe(token, n, [[(r, 0, per) for r in range(w)]], w, timeout)
+    runs = [r.run_pipe(address, token, i, [(0, per)], n, timeout) for i, r in enumerate(ranks)]
+    try:
+        (span,), *_ = wait(serve, *runs)
+    except BaseException as e:
+        _abort_pipe(address, token, f"{type(e).__name__}: {str(e)[:500]}")
+        settle([ref for h in (serve, *runs) for ref in h.refs])
+        raise
+    *env_busy, _ = (b[0] for b in wait(*[r.pop_busy() for r in ranks], policy.pop_busy()))
+    return span["span_s"] / n, max(env_busy) / n, span["act_busy_s"] / n
 
 
 def time_chain(
@@ -479,6 +538,15 @@ def hop_latency(samples: dict[str, list[tuple[int, float]]]) -> float:
         if gaps:
             total += max(0.0, float(np.median(gaps)))
     return total
+
+
+def pipe_hop(samples: dict[str, list[tuple[int, float]]]) -> float:
+    """Seconds per step of a pipe round trip env -> policy -> env spent outside either side's
+    call: the median over sizes of (a one-group pipe step - its env busy - its policy busy),
+    at least 0; 0 without pipe samples. Pure."""
+    step, e, p = (_medians(samples.get(k, [])) for k in PIPE.values())
+    gaps = [step[x] - e[x] - p[x] for x in step if x in e and x in p]
+    return max(0.0, float(np.median(gaps))) if gaps else 0.0
 
 
 def _medians(rows: list[tuple[int, float]]) -> dict[int, float]:
@@ -560,22 +628,36 @@ def cycle_profile(
     smallest group size the probe timed: a fit says nothing below it, and fixed_hops carried
     below it planned k = 32 and 64 (groups of 2 and 1 envs) whose rollouts ran 1.9-4.5x those at
     k = 4 in the next runs (scripts/gpu/RESULTS.md, calls AG-AI).
+
+    Costs with pipe samples (``measure_costs(handoff="pipe")``) price the pipe the cycle runs
+    over instead of the chains: components cost their busy time in the pipe rollouts, the hop
+    is the pipe's round trip (``pipe_hop``; "chained" gives each side's call half of it,
+    "fixed_hops" adds the busy fits' intercepts to it), and the overlap slowdown is the chains'
+    ratio of busy times.
     """
     from loomrl.plan import load_profile
 
     if hops not in CYCLE_MODELS:
         raise ValueError(f"cycle_profile: hops={hops!r}; use one of {CYCLE_MODELS}")
     samples = costs["samples"]
-    busy = bool(hops == "busy_hops" and samples.get(BUSY[ENV]) and samples.get(BUSY[POLICY]))
-    fit = {side: samples.get(BUSY[side], []) for side in BUSY} if busy else samples
-    a_e, p_e = _fit_line(fit[ENV])
-    a_p, p_p = _fit_line(fit[POLICY])
-    slowdown, hop = overlap_slowdown(fit), (hop_latency(samples) if busy else 0.0)
-    if hops == "fixed_hops":  # the fits' intercepts become the cycle's hop
+    if samples.get(PIPE["step"]):  # a pipe cycle's probe: its own busy times and round trip
+        a_e, p_e = _fit_line(samples[PIPE[ENV]])
+        a_p, p_p = _fit_line(samples[PIPE[POLICY]])
+        slowdown = overlap_slowdown({side: samples.get(BUSY[side], []) for side in BUSY})
+        hop = pipe_hop(samples)
+        if hops == "chained":  # each side's call carries half of the round trip
+            a_e, a_p, hop = a_e + hop / 2, a_p + hop / 2, 0.0
+    else:
+        busy = bool(hops == "busy_hops" and samples.get(BUSY[ENV]) and samples.get(BUSY[POLICY]))
+        fit = {side: samples.get(BUSY[side], []) for side in BUSY} if busy else samples
+        a_e, p_e = _fit_line(fit[ENV])
+        a_p, p_p = _fit_line(fit[POLICY])
+        slowdown, hop = overlap_slowdown(fit), (hop_latency(samples) if busy else 0.0)
+    if hops == "fixed_hops":  # the fits' intercepts join the cycle's hop
         # A side whose fit found no cost per env (slope clamped to 0) cannot tell its fixed
         # cost from its work: it keeps its chained cost, or every k would look the same.
         grows_e, grows_p = p_e > 1e-9, p_p > 1e-9  # s per env: below a nanosecond is a flat fit
-        hop = (a_e if grows_e else 0.0) + (a_p if grows_p else 0.0)
+        hop += (a_e if grows_e else 0.0) + (a_p if grows_p else 0.0)
         a_e, a_p = (0.0 if grows_e else a_e), (0.0 if grows_p else a_p)
     valid = [n for n in range(1, devices + 1) if num_envs % n == 0]
     if host_env_workers is None:

@@ -97,7 +97,12 @@ class Config:
     # How measured costs become the cycle's model: fixed_hops (a call's fixed cost is hand-off
     # latency that ring groups overlap), chained (each call costs what it took, hand-off
     # included) or busy_hops (only the time the worker was busy); loomrl.cycle.cycle_profile.
-    # auto: chained. On CPU slots the hand-offs share the sides' cores; on one H200 a call's
+    # auto: busy_hops where the cycle runs over a pipe (the probe then times one-group pipe
+    # rollouts: each side's busy time in them and the pipe's round trip between; on the
+    # 2-core host the chains' model had predicted 2.3-3.1x the runs' times; this one was
+    # within 3% in 3 of 5 runs of two benchmark runs, 14-57% off where the host slowed
+    # between probe and run), else chained. Chained, for driver cycles:
+    # on CPU slots the hand-offs share the sides' cores; on one H200 a call's
     # fixed cost is work its side does call after call, not latency a ring hides: over 119
     # trial sets there (calls BE-CG, scripts/gpu/RESULTS.md, scripts/gpu/cycle_model_fit.py)
     # chained ranked the fastest plan first in 74 and was 30% off on split cycles, fixed_hops
@@ -114,9 +119,9 @@ class Config:
     # Ray call per step; one node, pipelined), or auto: pipe on a one-node cluster (rollouts
     # 2.7-2.9x faster than driver and 1.9-2.0x faster than direct on the 2-core machine,
     # scripts/handoff_cycle.py), else as before: direct on CPU slots, driver beside
-    # accelerators. The trajectories are the same. The probe times its chains through the
-    # driver, so the model prices every cycle as a driver one; the trials time them as they
-    # run. The run summary's cycle_handoff and trials.json say which ran.
+    # accelerators. The trajectories are the same. For a pipe the probe also times rollouts
+    # over the pipe, and the model prices the pipe (measure_costs); the trials time each
+    # cycle as it runs. The run summary's cycle_handoff and trials.json say which ran.
     cycle_handoff: str = "auto"
     # Seconds a pipe hand-off waits for the other side before stopping the rollout with an
     # error naming the silent worker (a dead worker is noticed at once, not after this).
@@ -1056,7 +1061,18 @@ def measured_profile(
     (``launch_probe``) and fit: (profile, the measured costs)."""
     n, w = cfg.env.num_envs, env.world_size
     sizes = sorted({n // d for d in (1, 2, 4, 8) if n % d == 0 and (n // d) % w == 0})
-    costs = measure_costs(env, pol, n, sizes, steps, reps or cfg.probe_reps)
+    # A pipe cycle's hand-offs are timed over the pipe (the chains' cost 2-3x as much).
+    how = "pipe" if handoff(cfg, cluster) == "pipe" else "driver"
+    costs = measure_costs(
+        env,
+        pol,
+        n,
+        sizes,
+        steps,
+        reps or cfg.probe_reps,
+        handoff=how,
+        timeout_s=cfg.cycle_timeout_s,
+    )
     return profile_of_costs(cluster, cfg, steps, hw, costs), costs
 
 
@@ -1068,7 +1084,7 @@ def profile_of_costs(
     node0 = cluster.nodes[0]
     hops = hops or cfg.cycle_model
     if hops == "auto":  # see Config.cycle_model
-        hops = "chained"
+        hops = "busy_hops" if costs.get("handoff") == "pipe" else "chained"
     return cycle_profile(
         costs,
         cfg.env.num_envs,

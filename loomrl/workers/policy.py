@@ -370,15 +370,22 @@ class PolicyWorker(Worker):
         groups: list[list[tuple[int, int, int]]],
         workers: int,
         timeout: float,
-    ) -> None:
+    ) -> dict[str, float]:
         """Serve rollout ``token`` of ``steps`` steps to ``workers`` env workers connecting to
         ``listen()``'s socket (``EnvWorker.run_pipe``). ``groups``: per ring group, its parts as
         (env worker rank, lo, hi). The groups are visited in the driver's order, group after
         group each step, with the same ``act`` and ``close_group`` calls, so the buffer is the
         driver cycle's. An env worker that raises, dies or stays silent for ``timeout`` seconds
         stops the rollout with ``HandoffError`` naming it; an error here is sent to every env
-        worker first, so none waits for actions that will not come."""
+        worker first, so none waits for actions that will not come.
+
+        Returns the rollout's steps alone, without connecting or closing: ``span_s``, seconds
+        from the start of the first act to the arrival of the last reply to act on (for one
+        group, ``steps`` round trips policy -> env -> policy), and ``act_busy_s``, the seconds
+        of act calls in that span (``measure_costs`` times the pipe's hand-offs with them)."""
         from loomrl.transport._socket import PeerClosed
+
+        clock = {"first": 0.0, "last": 0.0, "busy0": 0.0, "busy1": 0.0}
 
         merged = len(groups) > 1 and self.rows_independent
         rows = [[hi - lo for _, lo, hi in parts] for parts in groups]
@@ -405,10 +412,14 @@ class PolicyWorker(Worker):
                 ) from None
             if kind == "error":
                 raise HandoffError(f"{where} failed: {payload}")
+            if t == steps:  # a closing reply: the last one to arrive ends the span
+                clock["last"], clock["busy1"] = time.perf_counter(), self.busy_s
             return payload
 
         def act(ts: list[int], ws: list[int], replies: list[dict], where: str) -> None:
             span = f"{min(ts)}" + (f" to {max(ts)}" if max(ts) != min(ts) else "")
+            if not clock["first"]:
+                clock["first"], clock["busy0"] = time.perf_counter(), self.busy_s
             try:
                 actions = self.act_parts(ts, replies)
             except Exception as e:
@@ -438,19 +449,23 @@ class PolicyWorker(Worker):
         try:
             if merged:
                 self._serve_ready(conns, steps, groups, reply, act, silent, timeout)
-                return
-            for t in range(steps):
-                for g, parts in enumerate(groups):
-                    ws = [w for w, _, _ in parts]
-                    act([t] * len(ws), ws, [reply(w, t) for w in ws], f"ring group {g}")
-            for parts in groups:
-                self.close_group(*[reply(w, steps) for w, _, _ in parts])
+            else:
+                for t in range(steps):
+                    for g, parts in enumerate(groups):
+                        ws = [w for w, _, _ in parts]
+                        act([t] * len(ws), ws, [reply(w, t) for w in ws], f"ring group {g}")
+                for parts in groups:
+                    self.close_group(*[reply(w, steps) for w, _, _ in parts])
         except BaseException as e:
             _tell_and_close(conns.values(), e)
             raise
         finally:
             for conn in conns.values():
                 conn.close()
+        return {
+            "span_s": clock["last"] - clock["first"],
+            "act_busy_s": clock["busy1"] - clock["busy0"],
+        }
 
     def _expect_calls(self, sizes: set[int]) -> None:
         """Make the policy keep a recorded graph for every row count in ``sizes`` beside those

@@ -204,6 +204,37 @@ def test_a_pipe_rollout_acts_on_the_parts_that_have_replied_with_the_same_result
             envs.kill()
 
 
+def test_the_cost_probe_times_one_group_pipe_rollouts_for_a_pipe_cycle(cluster):
+    """measure_costs(handoff="pipe") times rollouts over the pipe at every size. Env worker 1
+    sleeps 30 ms a step and the policy 10 ms an act, outside the time either counts as busy:
+    a pipe step is at least their 40 ms, and that is the pipe's round trip, not work."""
+    from loomrl.cycle import PIPE, measure_costs, pipe_hop
+
+    envs = cluster.launch(
+        _SlowEnv, 2, worker_env_config(ENV, 2), devices=[0, 1], num_cpus=0.5, name="env_pp"
+    )
+    try:
+        sp = wait(envs.on(0).spaces())[0]
+        args = (sp["observation_space"], sp["action_space"], ENV.num_envs, PPO, ENV.seed)
+        slow = cluster.launch(_SlowPolicy, 1, *args, delay=0.01, devices=[2], name="policy_pp")
+        try:
+            costs = measure_costs(envs, slow, 4, [2, 4, 3], STEPS, reps=2, handoff="pipe")
+            chains = measure_costs(envs, slow, 4, [2, 4], STEPS, reps=2, min_chain_s=0.0)
+        finally:
+            slow.kill()
+    finally:
+        envs.kill()
+    s = costs["samples"]
+    assert costs["handoff"] == "pipe" and chains["handoff"] == "driver"
+    for key in PIPE.values():  # three rollouts a size; 3 is not split over 2 workers
+        assert sorted(x for x, _ in s[key]) == [2, 2, 2, 4, 4, 4], key
+        assert not any(k in chains["samples"] for k in PIPE.values())
+    for (_, step), (_, env_busy), (_, pol_busy) in zip(*(s[k] for k in PIPE.values())):
+        assert env_busy > 0 and pol_busy > 0
+        assert step >= 0.04 + pol_busy
+    assert pipe_hop(s) >= 0.035
+
+
 def test_env_worker_offsets_make_workers_one_batch(cluster):
     envs = cluster.launch(
         EnvWorker,

@@ -77,10 +77,13 @@ def test_cli_runs_two_iterations_and_writes_the_summary(cluster, tmp_path):
     # The probe's costs, and what each cycle model says of the plan that ran.
     costs = json.loads((out / "cycle_costs.json").read_text())
     assert {"env", "policy", "both"} <= set(costs["samples"]) and costs["update_s"] > 0
+    # the cycle runs over a pipe: the probe timed pipe rollouts at its sizes too
+    assert costs["handoff"] == "pipe"
+    assert {x for x, _ in costs["samples"]["pipe"]} == {x for x, _ in costs["samples"]["env"]}
     trials = json.loads((out / "trials.json").read_text())
     assert costs["model_s"] == pytest.approx(trials["trials"][trials["chosen"]]["predicted_s"])
-    # cycle_model auto: on CPU slots, where hand-offs share the plan's cores, chained.
-    assert costs["model_s"] == pytest.approx(costs["model_chained_s"])
+    # cycle_model auto on a pipe cycle: busy_hops (see Config.cycle_model).
+    assert costs["model_s"] == pytest.approx(costs["model_split_hops_s"])
     assert costs["model_split_hops_s"] > 0 and costs["model_fixed_hops_s"] > 0
 
 
@@ -1205,7 +1208,7 @@ def test_cycle_handoff_auto_is_pipe_on_one_node(asked, nodes, cuda, pipelined, e
     assert handoff(cfg, SimpleNamespace(has_cuda=cuda, nodes=[0] * nodes)) == expected
 
 
-def test_cycle_model_auto_is_chained_beside_accelerators_and_on_cpu_slots():
+def test_cycle_model_auto_is_chained_beside_accelerators_and_on_cpu_slots_busy_hops_on_a_pipe():
     from types import SimpleNamespace
 
     from loomrl.recipes.embodied_ppo import Config, profile_of_costs
@@ -1229,6 +1232,20 @@ def test_cycle_model_auto_is_chained_beside_accelerators_and_on_cpu_slots():
     # fixed_hops, asked for, makes the two 1 ms intercepts the cycle's hop
     assert hop(False, "fixed_hops") == pytest.approx(2e-3) and hop(True, "chained") == 0
     assert hop(True, "fixed_hops") == pytest.approx(2e-3)
+    # Costs of a pipe probe: busy times in its rollouts and its round trip, under busy_hops.
+    piped = _costs()
+    piped["handoff"] = "pipe"
+    piped["samples"].update(
+        {
+            "pipe": [(x, 5e-3 + 2e-4 * x) for x in (1, 2, 4)],
+            "pipe_env_busy": [(x, 1e-3 + 1e-4 * x) for x in (1, 2, 4)],
+            "pipe_policy_busy": [(x, 1e-3 + 1e-4 * x) for x in (1, 2, 4)],
+        }
+    )
+    cfg.cycle_model = "auto"
+    auto = profile_of_costs(cluster, cfg, 32, None, piped).to_dict()
+    assert auto == profile_of_costs(cluster, cfg, 32, None, piped, "busy_hops").to_dict()
+    assert auto["cycles"][0]["hop_s"] == pytest.approx(3e-3)
 
 
 def test_host_only_device_count_is_for_cycle_members():

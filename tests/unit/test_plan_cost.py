@@ -319,3 +319,72 @@ def test_overlap_slowdown_from_probe_samples():
     # Overlap never makes a side faster than alone; no overlap samples: 1.
     assert overlap_slowdown({"env": env, "policy": pol, "both": [(4, 0.005)]}) == 1.0
     assert overlap_slowdown({"env": env, "policy": pol}) == 1.0
+
+
+def test_pipe_hop_from_probe_samples():
+    from loomrl.cycle import pipe_hop
+
+    samples = {
+        "pipe": [(4, 0.006), (4, 0.008), (8, 0.009)],
+        "pipe_env_busy": [(4, 0.003), (8, 0.005)],
+        "pipe_policy_busy": [(4, 0.001), (8, 0.002)],
+    }
+    # 4 -> 0.007 - 0.003 - 0.001 = 0.003, 8 -> 0.009 - 0.005 - 0.002 = 0.002: median 0.0025
+    assert pipe_hop(samples) == pytest.approx(0.0025)
+    # Busy longer than the step (clock noise) is no negative latency; no pipe samples: 0.
+    assert pipe_hop({**samples, "pipe": [(4, 0.001), (8, 0.002)]}) == 0.0
+    assert pipe_hop({"env": [(4, 0.01)], "policy": [(4, 0.01)]}) == 0.0
+
+
+def _pipe_costs(pipe: bool) -> dict:
+    """Chains of 10 ms a call (both at once: twice that, busy the same as alone), and pipe
+    rollouts whose env is busy 1 ms + 0.5 ms per env a step, the policy 1 ms, plus a 2 ms
+    round trip."""
+    sizes = (4, 8)
+    samples = {
+        "env": [(x, 0.010) for x in sizes],
+        "policy": [(x, 0.010) for x in sizes],
+        "both": [(x, 0.020) for x in sizes],
+        "env_busy": [(x, 0.001 + 0.0005 * x) for x in sizes],
+        "policy_busy": [(x, 0.001) for x in sizes],
+        "both_busy": [(x, 0.001 + 0.0005 * x) for x in sizes],
+    }
+    if pipe:
+        samples["pipe_env_busy"] = [(x, 0.001 + 0.0005 * x) for x in sizes]
+        samples["pipe_policy_busy"] = [(x, 0.001) for x in sizes]
+        samples["pipe"] = [(x, 0.001 + 0.0005 * x + 0.001 + 0.002) for x in sizes]
+    return {"samples": samples, "update_s": 0.5, "env_workers": 1, "handoff": "pipe"}
+
+
+@pytest.mark.parametrize(
+    ("hops", "hop", "k1", "k2"),
+    [
+        # busy: env 5 ms at 8 envs, 3 at 4; policy 1; hop 2. k = 1: a step is the pipe's
+        # 8 ms (the first without its half hop): 9 * 8 + 5 + 1 + 1; k = 2: a step is
+        # max(2 * 3, 3 + 1 + 2) = 6 ms: 9 * 6 + 3 + 3 + 1 + 1.
+        ("busy_hops", 0.002, 0.079, 0.062),
+        # env's intercept (1 ms) joins the hop: env 4 / 2 ms, hop 3: 9 * 8 + 4 + 1 + 1.5 and
+        # 9 * max(4, 6) + 2 + 2 + 1 + 1.5
+        ("fixed_hops", 0.003, 0.0785, 0.0605),
+        # each call carries half the round trip (env 6 / 4 ms, policy 2), hop 0:
+        # 10 * (6 + 2) and 10 * 2 * 4 + 2
+        ("chained", 0.0, 0.080, 0.082),
+    ],
+)
+def test_a_pipe_probe_prices_the_pipe_not_the_chains(hops, hop, k1, k2):
+    from loomrl.cycle import cycle_profile
+    from loomrl.plan.cost import cycle_time
+
+    prof = cycle_profile(_pipe_costs(True), 8, 10, 2, 1, 4, hops=hops)
+    env, pol, cyc = prof.components["env"], prof.components["policy"], prof.cycles[0]
+    assert cyc.hop_s == pytest.approx(hop)
+    # the chains' busy times overlap without slowing (their calls' ratio, 2, is hand-offs)
+    assert cyc.overlap_slowdown == 1.0
+    for k, want in ((1, k1), (2, k2)):
+        got = cycle_time(env, pol, 10, 8, ("split", 1, 1, k), cyc.overlap_slowdown, cyc.hop_s)
+        assert got == pytest.approx(want), k
+    # Without the pipe samples the 10 ms chains price every step (k = 1: at least 10 * 20 ms).
+    chained = cycle_profile(_pipe_costs(False), 8, 10, 2, 1, 4, hops=hops)
+    c = chained.cycles[0]
+    e, p = chained.components["env"], chained.components["policy"]
+    assert cycle_time(e, p, 10, 8, ("split", 1, 1, 1), c.overlap_slowdown, c.hop_s) > 0.19
