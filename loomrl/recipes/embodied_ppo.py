@@ -97,13 +97,13 @@ class Config:
     # How measured costs become the cycle's model: fixed_hops (a call's fixed cost is hand-off
     # latency that ring groups overlap), chained (each call costs what it took, hand-off
     # included) or busy_hops (only the time the worker was busy); loomrl.cycle.cycle_profile.
-    # auto: busy_hops where the cycle runs over a pipe (the probe then times one-group pipe
-    # rollouts: each side's busy time in them and the pipe's round trip between; on the
-    # 2-core host the chains' model had predicted 2.3-3.1x the runs' times; this one was
-    # within 3% in 3 of 5 runs of two benchmark runs, 14-57% off where the host slowed
-    # between probe and run), else chained. Chained, for driver cycles:
-    # on CPU slots the hand-offs share the sides' cores; on one H200 a call's
-    # fixed cost is work its side does call after call, not latency a ring hides: over 119
+    # auto: chained. Where the cycle runs over a pipe the probe also times one-group pipe
+    # rollouts, and each side's call then costs its busy time there plus half the pipe's round
+    # trip: on one H200 (call CV, 96 and 128 pixel envs) split cycles came out 1-26% below the
+    # runs (busy_hops 19-32%), where chains through the driver had priced them at about twice
+    # the runs; on the 2-core host its medians per mode came within 4% for two of three modes
+    # in one benchmark run, 14-57% off for the other four (chains: 2.3-3.1x). Beside that: on CPU
+    # slots the hand-offs share the sides' cores; on one H200 a call's fixed cost is work its side does call after call, not latency a ring hides: over 119
     # trial sets there (calls BE-CG, scripts/gpu/RESULTS.md, scripts/gpu/cycle_model_fit.py)
     # chained ranked the fastest plan first in 74 and was 30% off on split cycles, fixed_hops
     # in 1 and 91% off (it ranked k = 8 or 16 first where k = 2 ran fastest). fixed_hops had
@@ -1084,7 +1084,7 @@ def profile_of_costs(
     node0 = cluster.nodes[0]
     hops = hops or cfg.cycle_model
     if hops == "auto":  # see Config.cycle_model
-        hops = "busy_hops" if costs.get("handoff") == "pipe" else "chained"
+        hops = "chained"
     return cycle_profile(
         costs,
         cfg.env.num_envs,

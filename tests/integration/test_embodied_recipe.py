@@ -82,8 +82,8 @@ def test_cli_runs_two_iterations_and_writes_the_summary(cluster, tmp_path):
     assert {x for x, _ in costs["samples"]["pipe"]} == {x for x, _ in costs["samples"]["env"]}
     trials = json.loads((out / "trials.json").read_text())
     assert costs["model_s"] == pytest.approx(trials["trials"][trials["chosen"]]["predicted_s"])
-    # cycle_model auto on a pipe cycle: busy_hops (see Config.cycle_model).
-    assert costs["model_s"] == pytest.approx(costs["model_split_hops_s"])
+    # cycle_model auto: chained, on a pipe cycle priced from its pipe rollouts.
+    assert costs["model_s"] == pytest.approx(costs["model_chained_s"])
     assert costs["model_split_hops_s"] > 0 and costs["model_fixed_hops_s"] > 0
 
 
@@ -1208,7 +1208,7 @@ def test_cycle_handoff_auto_is_pipe_on_one_node(asked, nodes, cuda, pipelined, e
     assert handoff(cfg, SimpleNamespace(has_cuda=cuda, nodes=[0] * nodes)) == expected
 
 
-def test_cycle_model_auto_is_chained_beside_accelerators_and_on_cpu_slots_busy_hops_on_a_pipe():
+def test_cycle_model_auto_is_chained_beside_accelerators_on_cpu_slots_and_on_a_pipe():
     from types import SimpleNamespace
 
     from loomrl.recipes.embodied_ppo import Config, profile_of_costs
@@ -1232,7 +1232,7 @@ def test_cycle_model_auto_is_chained_beside_accelerators_and_on_cpu_slots_busy_h
     # fixed_hops, asked for, makes the two 1 ms intercepts the cycle's hop
     assert hop(False, "fixed_hops") == pytest.approx(2e-3) and hop(True, "chained") == 0
     assert hop(True, "fixed_hops") == pytest.approx(2e-3)
-    # Costs of a pipe probe: busy times in its rollouts and its round trip, under busy_hops.
+    # Costs of a pipe probe: busy times in its rollouts, each side with half its round trip.
     piped = _costs()
     piped["handoff"] = "pipe"
     piped["samples"].update(
@@ -1244,8 +1244,12 @@ def test_cycle_model_auto_is_chained_beside_accelerators_and_on_cpu_slots_busy_h
     )
     cfg.cycle_model = "auto"
     auto = profile_of_costs(cluster, cfg, 32, None, piped).to_dict()
-    assert auto == profile_of_costs(cluster, cfg, 32, None, piped, "busy_hops").to_dict()
-    assert auto["cycles"][0]["hop_s"] == pytest.approx(3e-3)
+    assert auto == profile_of_costs(cluster, cfg, 32, None, piped, "chained").to_dict()
+    # 5 ms + 0.2 ms per env a step, of which 2 ms + 0.2 ms per env busy: a 3 ms round trip
+    assert "hop_s" not in auto["cycles"][0]
+    assert auto["components"]["env"]["time"]["alpha"] == pytest.approx(1e-3 + 1.5e-3)
+    busy = profile_of_costs(cluster, cfg, 32, None, piped, "busy_hops").to_dict()
+    assert busy["cycles"][0]["hop_s"] == pytest.approx(3e-3)
 
 
 def test_host_only_device_count_is_for_cycle_members():
