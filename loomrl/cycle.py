@@ -69,6 +69,7 @@ __all__ = [
     "placement_from_plan",
     "time_chain",
     "time_pipe",
+    "pipe_rollout",
     "HANDOFFS",
     "RING_LAYOUTS",
     "resolve_handoff",
@@ -186,6 +187,47 @@ def _abort_pipe(address: str, token: str, reason: str) -> None:
         pass
 
 
+def parts_by_worker(
+    groups: list[list[tuple[int, int, int]]], workers: int
+) -> dict[int, list[tuple[int, int]]]:
+    """Every env worker's (lo, hi) parts of ring ``groups`` of (worker, lo, hi) parts, in the
+    order the ring visits them. Pure."""
+    mine: dict[int, list[tuple[int, int]]] = {w: [] for w in range(workers)}
+    for parts in groups:
+        for w, lo, hi in parts:
+            mine[w].append((lo, hi))
+    return mine
+
+
+def pipe_rollout(
+    policy: Any,
+    envs: list[Any],
+    address: str,
+    groups: list[list[tuple[int, int, int]]],
+    steps: int,
+    timeout: float,
+) -> dict[str, float]:
+    """Run one rollout of ``steps`` steps over the policy's socket at ``address``: the policy
+    view's ``serve_pipe`` and each env worker view's ``run_pipe`` in ``envs`` (by rank), ring
+    ``groups`` as (env worker, lo, hi) parts; returns ``serve_pipe``'s timing. The policy's
+    buffer must be ready (``begin``). On an error both sides are stopped (once connected the
+    error travels over the socket; a policy still waiting for connections is told here) and
+    every call has ended, or ``SETTLE_S`` passed, before it is raised."""
+    import uuid
+
+    token = uuid.uuid4().hex  # this rollout's: a late connection of a failed one is refused
+    mine = parts_by_worker(groups, len(envs))
+    serve = policy.serve_pipe(token, steps, groups, len(envs), timeout)
+    runs = [envs[w].run_pipe(address, token, w, m, steps, timeout) for w, m in mine.items()]
+    try:
+        (timing,), *_ = wait(serve, *runs)
+    except BaseException as e:
+        _abort_pipe(address, token, f"{type(e).__name__}: {str(e)[:500]}")
+        settle([r for h in (serve, *runs) for r in h.refs])
+        raise
+    return timing
+
+
 def resolve_handoff(handoff: str, groups: list[list[Part]], pipelined: bool) -> str:
     """How results pass between env workers and the policy: ``driver`` (the driver submits every
     call, each result passed on as an object reference), ``direct`` (each env worker calls the
@@ -296,36 +338,26 @@ class EnvPolicyCycle:
     def _collect_pipe(self, steps: int, t0: float) -> CollectResult:
         """Each env worker and the policy worker pass replies and actions over a socket
         (``EnvWorker.run_pipe``, ``PolicyWorker.serve_pipe``) for the whole rollout."""
-        import uuid
-
         if self._socket is None:
             (self._socket,) = wait(self.policy.listen())
         wait(self.policy.begin(steps))
-        token = uuid.uuid4().hex  # this rollout's: a late connection of a failed one is refused
-        parts = [[(p.worker, p.lo, p.hi) for p in g] for g in self.groups]
-        serve = self.policy.serve_pipe(token, steps, parts, self.workers, self.timeout_s)
-        runs = [
-            self._env[w].run_pipe(self._socket, token, w, mine, steps, self.timeout_s)
-            for w, mine in self._parts_by_worker().items()
-        ]
         try:
-            wait(serve, *runs)
-        except BaseException as e:
-            # Both sides stop on the other's error once connected (it travels over the
-            # socket); a policy still waiting for connections is told here.
-            _abort_pipe(self._socket, token, f"{type(e).__name__}: {str(e)[:500]}")
-            self._abandon([serve, *runs])
+            pipe_rollout(
+                self.policy, self._env, self._socket, self._tuples(), steps, self.timeout_s
+            )
+        except BaseException:
+            self._abandon([])  # the rollout's calls have ended: close it as a good one closes
             raise
         pol, env_stats = wait(self.policy.finish(), self.envs.pop_stats())
         return self._result(steps, t0, pol, env_stats)
 
     def _parts_by_worker(self) -> dict[int, list[tuple[int, int]]]:
         """Every env worker's (lo, hi) parts, in the order the ring visits them."""
-        mine: dict[int, list[tuple[int, int]]] = {w: [] for w in range(self.workers)}
-        for g in self.groups:
-            for p in g:
-                mine[p.worker].append((p.lo, p.hi))
-        return mine
+        return parts_by_worker(self._tuples(), self.workers)
+
+    def _tuples(self) -> list[list[tuple[int, int, int]]]:
+        """The ring groups as (env worker, lo, hi) parts."""
+        return [[(p.worker, p.lo, p.hi) for p in g] for g in self.groups]
 
     def _abandon(self, handles: list[Handle]) -> None:
         """After a failed rollout: let ``handles`` end, then close the rollout as a good one
@@ -407,6 +439,8 @@ def measure_costs(
 
     w = env.world_size
     ranks, p = [env.on(r) for r in range(w)], policy.on(0)
+    if handoff not in ("driver", "pipe"):
+        raise ConfigError([f"handoff={handoff!r}: the probe times 'driver' chains or a 'pipe'"])
     keys = (*BUSY, *BUSY.values(), *(PIPE.values() if handoff == "pipe" else ()))
     samples: dict[str, list[tuple[int, float]]] = {k: [] for k in keys}
     address = wait(p.listen())[0] if handoff == "pipe" else None
@@ -463,19 +497,10 @@ def time_pipe(
     policy acting in it. The span runs from the first act to the last reply: connecting,
     the first observations and closing the group are left out. ``address``: the policy's
     ``listen()``. The rollout goes to the policy's buffer, which the next ``begin`` drops."""
-    import uuid
-
     wait(*[r.pop_busy() for r in ranks], policy.pop_busy())
     wait(policy.begin(n))
-    token, w = uuid.uuid4().hex, len(ranks)
-    serve = policy.serve_pipe(token, n, [[(r, 0, per) for r in range(w)]], w, timeout)
-    runs = [r.run_pipe(address, token, i, [(0, per)], n, timeout) for i, r in enumerate(ranks)]
-    try:
-        (span,), *_ = wait(serve, *runs)
-    except BaseException as e:
-        _abort_pipe(address, token, f"{type(e).__name__}: {str(e)[:500]}")
-        settle([ref for h in (serve, *runs) for ref in h.refs])
-        raise
+    group = [(w, 0, per) for w in range(len(ranks))]
+    span = pipe_rollout(policy, ranks, address, [group], n, timeout)
     *env_busy, _ = (b[0] for b in wait(*[r.pop_busy() for r in ranks], policy.pop_busy()))
     return span["span_s"] / n, max(env_busy) / n, span["act_busy_s"] / n
 

@@ -102,8 +102,9 @@ class Config:
     # trip: on one H200 (call CV, 96 and 128 pixel envs) split cycles came out 1-26% below the
     # runs (busy_hops 19-32%), where chains through the driver had priced them at about twice
     # the runs; on the 2-core host its medians per mode came within 4% for two of three modes
-    # in one benchmark run, 14-57% off for the other four (chains: 2.3-3.1x). Beside that: on CPU
-    # slots the hand-offs share the sides' cores; on one H200 a call's fixed cost is work its side does call after call, not latency a ring hides: over 119
+    # in one benchmark run, 14-57% off for the other four (chains: 2.3-3.1x). Beside that: on
+    # CPU slots the hand-offs share the sides' cores; on one H200 a call's fixed cost is work
+    # its side does call after call, not latency a ring hides: over 119
     # trial sets there (calls BE-CG, scripts/gpu/RESULTS.md, scripts/gpu/cycle_model_fit.py)
     # chained ranked the fastest plan first in 74 and was 30% off on split cycles, fixed_hops
     # in 1 and 91% off (it ranked k = 8 or 16 first where k = 2 ran fastest). fixed_hops had

@@ -380,9 +380,10 @@ class PolicyWorker(Worker):
         worker first, so none waits for actions that will not come.
 
         Returns the rollout's steps alone, without connecting or closing: ``span_s``, seconds
-        from the start of the first act to the arrival of the last reply to act on (for one
-        group, ``steps`` round trips policy -> env -> policy), and ``act_busy_s``, the seconds
-        of act calls in that span (``measure_costs`` times the pipe's hand-offs with them)."""
+        from the start of the first act to the arrival of the last closing reply (the envs'
+        results of the last step; for one group, ``steps`` round trips policy -> env ->
+        policy), and ``act_busy_s``, the seconds of act calls in that span (``measure_costs``
+        times the pipe's hand-offs with them)."""
         from loomrl.transport._socket import PeerClosed
 
         clock = {"first": 0.0, "last": 0.0, "busy0": 0.0, "busy1": 0.0}

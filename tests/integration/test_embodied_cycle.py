@@ -228,7 +228,7 @@ def test_the_cost_probe_times_one_group_pipe_rollouts_for_a_pipe_cycle(cluster):
     assert costs["handoff"] == "pipe" and chains["handoff"] == "driver"
     for key in PIPE.values():  # three rollouts a size; 3 is not split over 2 workers
         assert sorted(x for x, _ in s[key]) == [2, 2, 2, 4, 4, 4], key
-        assert not any(k in chains["samples"] for k in PIPE.values())
+    assert not any(k in chains["samples"] for k in PIPE.values())
     for (_, step), (_, env_busy), (_, pol_busy) in zip(*(s[k] for k in PIPE.values()), strict=True):
         assert env_busy > 0 and pol_busy > 0
         assert step >= 0.04 + pol_busy
