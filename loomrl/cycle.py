@@ -432,10 +432,8 @@ def measure_costs(
     of three): ``samples[PIPE[...]]`` hold their seconds per step and per step the busy seconds
     of each side; the rest of a step is the pipe's round trip (``pipe_hop``). On one H200 at 96
     pixel envs a cycle costed from the chains came out about twice the pipe cycle's time, on
-    the 2-core host 2-3x. Each timed pipe rollout follows a PPO update of the policy at learning
-    rate 0 on the rollout before it, as the run's follow its updates. ``timeout_s`` bounds a
-    silent pipe (the cycle's ``timeout_s``). The probe advances the probe envs and the policy's
-    optimizer state: use throw-away workers, or rebuild them after.
+    the 2-core host 2-3x. ``timeout_s`` bounds a silent pipe (the cycle's ``timeout_s``).
+    The probe advances the probe envs: use throw-away workers.
     """
     import ray
 
@@ -469,14 +467,6 @@ def measure_costs(
             n = min(16 * reps, max(reps, math.ceil(min_chain_s / max(chains, 1e-6))))
             time_pipe(ranks, p, address, per, 2, timeout_s)  # warm-up: connections, graphs
             for _ in range(3):
-                # Each of the run's rollouts follows a PPO update, and on one H200 (96 pixel
-                # envs) rollouts after one ran 12-24% slower than back to back (calls CM, CN);
-                # priced from rollouts without, co-located cycles came out 11-22% below their
-                # runs (call CV). On the rollout before (finish assembles it: rows of envs the
-                # size leaves out are zeros, and a state normaliser takes them in), at learning
-                # rate 0 no weight moves; untimed.
-                wait(p.finish())
-                wait(p.update(0.0))
                 step_s, env_busy, pol_busy = time_pipe(ranks, p, address, per, n, timeout_s)
                 for key, v in zip(PIPE.values(), (step_s, env_busy, pol_busy), strict=True):
                     samples[key].append((x, v))

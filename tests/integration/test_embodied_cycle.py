@@ -153,9 +153,6 @@ class _SlowPolicy(PolicyWorker):
     def mixed_calls(self):
         return self.mixed
 
-    def update_count(self):
-        return self.updates
-
     def row_counts(self):
         """The row counts its calls took, and those serve_pipe announced (for graphs)."""
         return self.rows, self._call_sizes
@@ -210,8 +207,7 @@ def test_a_pipe_rollout_acts_on_the_parts_that_have_replied_with_the_same_result
 def test_the_cost_probe_times_one_group_pipe_rollouts_for_a_pipe_cycle(cluster):
     """measure_costs(handoff="pipe") times rollouts over the pipe at every size. Env worker 1
     sleeps 30 ms a step and the policy 10 ms an act, outside the time either counts as busy:
-    a pipe step is at least their 40 ms, and that is the pipe's round trip, not work. Each
-    timed pipe rollout follows a PPO update at learning rate 0: the weights do not move."""
+    a pipe step is at least their 40 ms, and that is the pipe's round trip, not work."""
     from loomrl.cycle import PIPE, measure_costs, pipe_hop
 
     envs = cluster.launch(
@@ -222,11 +218,8 @@ def test_the_cost_probe_times_one_group_pipe_rollouts_for_a_pipe_cycle(cluster):
         args = (sp["observation_space"], sp["action_space"], ENV.num_envs, PPO, ENV.seed)
         slow = cluster.launch(_SlowPolicy, 1, *args, delay=0.01, devices=[2], name="policy_pp")
         try:
-            (sha,) = wait(slow.param_sha256())
             costs = measure_costs(envs, slow, 4, [2, 4, 3], STEPS, reps=2, handoff="pipe")
-            (updates,), (after,) = wait(slow.update_count(), slow.param_sha256())
             chains = measure_costs(envs, slow, 4, [2, 4], STEPS, reps=2, min_chain_s=0.0)
-            (chain_updates,) = wait(slow.update_count())
         finally:
             slow.kill()
     finally:
@@ -240,8 +233,6 @@ def test_the_cost_probe_times_one_group_pipe_rollouts_for_a_pipe_cycle(cluster):
         assert env_busy > 0 and pol_busy > 0
         assert step >= 0.04 + pol_busy
     assert pipe_hop(s) >= 0.035
-    # One update before each of the six timed pipe rollouts, none for the chains.
-    assert updates == 6 and chain_updates == 6 and after == sha
 
 
 def test_env_worker_offsets_make_workers_one_batch(cluster):
