@@ -23,7 +23,9 @@ This module knows nothing of torch or of policies.
 from __future__ import annotations
 
 import collections
+import contextlib
 import difflib
+import io
 import os
 import subprocess
 import sys
@@ -194,7 +196,10 @@ def check_env_id(env_id: str) -> None:
     if env_id in gym.registry:
         return
     try:  # Fetch/Franka ids appear only once gymnasium-robotics registers them
-        import gymnasium_robotics
+        # Its import prints a notice about the Adroit hand tasks' rewards to stderr (through
+        # farama-notifications), which read as part of a config error or a run's output.
+        with contextlib.redirect_stderr(io.StringIO()):
+            import gymnasium_robotics
 
         gym.register_envs(gymnasium_robotics)
     except ImportError:

@@ -129,6 +129,25 @@ def test_unknown_env_id_lists_close_matches():
         make("HalfCheeta-v5")
 
 
+def test_a_fetch_id_is_found_without_gymnasium_robotics_notices_on_stderr():
+    # In a fresh process: the notice comes with the package's first import only.
+    import subprocess
+    import sys
+
+    code = (
+        "from loomrl.envs.vec import check_env_id\n"
+        "check_env_id('FetchReach-v4')\n"
+        "try:\n"
+        "    check_env_id('FetchReac-v4')\n"
+        "except Exception as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "close matches: FetchReach-v4" in out.stdout
+    assert out.stderr == ""
+
+
 def test_wrong_action_shape_names_expected_and_given():
     env = make(num_envs=2)
     env.reset()
