@@ -312,7 +312,12 @@ class EnvPolicyCycle:
         # Waiting on close_group too surfaces a failure anywhere in the chain (it depends on
         # every group's last step, which depends on all before it), naming the worker that raised.
         closes = [self.policy.close_group(*cur[g]) for g in range(len(self.groups))]
-        *_, pol, env_stats = wait(*closes, self.policy.finish(), self.envs.pop_stats())
+        try:
+            wait(*closes)
+        except BaseException:
+            self._abandon(closes)  # the other groups' chains end in their closes
+            raise
+        pol, env_stats = wait(self.policy.finish(), self.envs.pop_stats())
         return self._result(steps, t0, pol, env_stats)
 
     def _collect_direct(self, steps: int, t0: float) -> CollectResult:
@@ -346,7 +351,7 @@ class EnvPolicyCycle:
                 self.policy, self._env, self._socket, self._tuples(), steps, self.timeout_s
             )
         except BaseException:
-            self._abandon([])  # the rollout's calls have ended: close it as a good one closes
+            self._abandon([])  # the rollout's calls have ended: drop it
             raise
         pol, env_stats = wait(self.policy.finish(), self.envs.pop_stats())
         return self._result(steps, t0, pol, env_stats)
@@ -360,11 +365,12 @@ class EnvPolicyCycle:
         return [[(p.worker, p.lo, p.hi) for p in g] for g in self.groups]
 
     def _abandon(self, handles: list[Handle]) -> None:
-        """After a failed rollout: let ``handles`` end, then close the rollout as a good one
-        closes, so the next starts on a clean buffer and counters. Bounded (``settle``), so
+        """After a failed rollout: let ``handles`` end, then drop the rollout (the policy's
+        ``abandon``: no buffer, the normaliser not fed the steps never reached) and pop the
+        env workers' statistics, so the next starts on clean counters. Bounded (``settle``), so
         that a hung worker cannot hide the error."""
         settle([r for h in handles for r in h.refs])
-        settle([*self.policy.finish().refs, *self.envs.pop_stats().refs])
+        settle([*self.policy.abandon().refs, *self.envs.pop_stats().refs])
 
     def _result(self, steps: int, t0: float, pol: list, env_stats: list) -> CollectResult:
         out = CollectResult(wall_s=time.perf_counter() - t0, steps=steps)

@@ -374,9 +374,12 @@ def compute_advantages(
 
     Truncated steps get ``gamma * V(final obs)`` added to their reward and are then cut like
     terminal ones, which bootstraps through a time limit without crossing into the next episode.
+    A step both terminal and truncated (gymnasium's TimeLimit truncates on its last step whether
+    or not the episode also ended there) is terminal: nothing follows it to bootstrap from.
     """
     r = buffer.rewards if rewards is None else rewards
-    r = r + gamma * buffer.final_values * buffer.truncated.float()
+    cut = buffer.truncated & ~buffer.terminated
+    r = r + gamma * buffer.final_values * cut.float()
     return gae(r, buffer.values, buffer.dones.float(), buffer.last_value, gamma, lam)
 
 

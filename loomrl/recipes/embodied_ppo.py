@@ -47,6 +47,8 @@ from loomrl.worker import wait
 from loomrl.workers.env import EnvWorker, worker_env_config
 from loomrl.workers.policy import PolicyWorker
 
+MAX_TIMEOUT_S = 1e6  # about 11.6 days: a wait no simulator step or policy call should need
+
 
 @dataclass
 class Config:
@@ -165,9 +167,12 @@ class Config:
                 "cycle_handoff: 'pipe' runs the ring pipeline, but pipelined=false; set "
                 "pipelined: true, or cycle_handoff: driver"
             )
-        if not (isinstance(self.cycle_timeout_s, (int, float)) and self.cycle_timeout_s > 0):
+        t = self.cycle_timeout_s
+        # A socket's timeout must fit the platform's time_t (1e12 s overflows; inf too).
+        if isinstance(t, bool) or not (isinstance(t, (int, float)) and 0 < t <= MAX_TIMEOUT_S):
             p.append(
-                f"cycle_timeout_s: {self.cycle_timeout_s!r} must be a positive number of seconds"
+                f"cycle_timeout_s: {t!r} must be a positive number of seconds, at most "
+                f"{MAX_TIMEOUT_S:g}"
             )
         if self.cycle_model not in ("auto", *CYCLE_MODELS):
             p.append(
@@ -186,6 +191,11 @@ def _check_policy_kwargs(cfg: Config) -> list[str]:
         return [
             "policy='cnn': the CNN takes images, but env.pixels=false gives state vectors; "
             "set env.pixels=true, or policy: auto (or mlp)"
+        ]
+    if policy == "mlp" and pixels:
+        return [
+            "policy='mlp': the MLP takes state vectors, but env.pixels=true gives images "
+            "[3, H, W]; set policy: auto (or cnn), or env.pixels=false"
         ]
     if policy not in ("auto", "mlp", "cnn") or (not kwargs and not pixels):
         return []

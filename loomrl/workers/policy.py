@@ -579,6 +579,13 @@ class PolicyWorker(Worker):
         self.busy_s, self.calls = 0.0, 0
         return out
 
+    def abandon(self) -> None:
+        """Drop a rollout that failed part way: no buffer (``update`` refuses until a rollout
+        finishes), the normaliser untouched (the steps never reached hold zeros), the counters
+        reset as ``finish`` resets them."""
+        self.buffer = None
+        self.busy_s, self.calls = 0.0, 0
+
     def rollout(self) -> dict[str, Any]:
         """The last rollout's buffer as a dict of CPU tensors (tests compare it to ``collect``)."""
         b = self.buffer

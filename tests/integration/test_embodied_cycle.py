@@ -281,8 +281,19 @@ def test_a_failing_env_step_surfaces_from_collect(cluster, handoff):
             cycle = EnvPolicyCycle(envs, policy, ENV.num_envs, groups=2, handoff=handoff)
             wait(envs.reset())
             wait(envs.offload())  # stepping an offloaded VecEnv raises in the env worker
+            (before,) = wait(policy.get_weights())
             with pytest.raises(RemoteError, match="offloaded"):
                 cycle.collect(3)
+            # The failed rollout is dropped: its zeros never reach the normaliser, and there is
+            # no buffer to update on.
+            (after,) = wait(policy.get_weights())
+            was, now = before["normalizer"], after["normalizer"]
+            assert now["count"] == was["count"]
+            assert np.array_equal(now["mean"], was["mean"]) and np.array_equal(
+                now["var"], was["var"]
+            )
+            with pytest.raises(RemoteError, match="before a rollout finished"):
+                wait(policy.update())
             wait(envs.onload())
             res = cycle.collect(3)
             # the failed rollout's calls do not count in the next one: 2 groups x 3 steps each

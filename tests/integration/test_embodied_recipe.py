@@ -1183,6 +1183,12 @@ def test_cycle_models_place_hand_offs_in_the_cycle_or_in_the_calls():
     with pytest.raises(ConfigError, match=r"cycle_handoff: 'pipe' runs the ring pipeline") as e:
         load_config(Config, EXAMPLE, ["cycle_handoff=pipe", "pipelined=false", "cycle_timeout_s=0"])
     assert "cycle_timeout_s: 0.0 must be a positive number of seconds" in str(e.value)
+    with pytest.raises(
+        ConfigError, match=r"cycle_timeout_s: 10000000000000.0 must be .* at most 1e\+06"
+    ):
+        load_config(Config, EXAMPLE, ["cycle_timeout_s=1e13"])
+    with pytest.raises(ConfigError, match=r"policy='mlp': the MLP takes state vectors"):
+        load_config(Config, EXAMPLE, ["policy=mlp", "env.pixels=true"])
 
 
 @pytest.mark.parametrize(

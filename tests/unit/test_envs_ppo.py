@@ -104,6 +104,10 @@ def test_advantages_bootstrap_through_truncation_but_not_termination():
     buf.terminated[0, 0], buf.truncated[0, 0] = True, False
     adv, _ = compute_advantages(buf, gamma=0.9, lam=1.0)
     assert_close(adv[0], torch.tensor([0.5]))  # 1 - .5, nothing bootstrapped
+    # Ended at the time limit: terminal and truncated at once, still nothing to bootstrap from.
+    buf.truncated[0, 0] = True
+    adv, _ = compute_advantages(buf, gamma=0.9, lam=1.0)
+    assert_close(adv[0], torch.tensor([0.5]))
 
 
 def _collect(policy, groups, split_workers=False, steps=30):
