@@ -242,6 +242,7 @@ def _build_dataclass(cls: type, data: Any, prefix: str, problems: list[str]) -> 
 
     kwargs: dict[str, Any] = {}
     own_ok = True  # every value of this section converted, so validate() may rely on the types
+    failed: list[str] = []  # fields whose value did not convert
     for name, f in fields.items():
         if not f.init:
             continue
@@ -253,10 +254,13 @@ def _build_dataclass(cls: type, data: Any, prefix: str, problems: list[str]) -> 
             continue
         value = _convert(data[name], hints[name], key, problems)
         if value is _MISSING:
-            own_ok = False
+            failed.append(name)
         else:
             kwargs[name] = value
 
+    if failed and own_ok:
+        _check_beside_failed_sections(cls, fields, hints, kwargs, failed, prefix, problems)
+        return _MISSING
     if not own_ok:
         # Nested sections were still built and validated above, so their problems are
         # reported too; this section's validate() would see wrong types, so it is skipped.
@@ -276,6 +280,45 @@ def _build_dataclass(cls: type, data: Any, prefix: str, problems: list[str]) -> 
         if found:
             problems.extend(_prefix_problems(cls, prefix, list(found)))
     return instance
+
+
+def _check_beside_failed_sections(
+    cls: type,
+    fields: dict[str, dataclasses.Field],
+    hints: dict[str, Any],
+    kwargs: dict[str, Any],
+    failed: list[str],
+    prefix: str,
+    problems: list[str],
+) -> None:
+    """Where only nested sections of ``cls`` failed (their problems are already listed), run
+    its ``validate()`` with those sections at their defaults, so that its own keys' problems are
+    reported in the same pass; a problem naming a failed section is left out (it would be about
+    the stand-in default, not what was given). Where a plain value failed, nothing runs: the
+    checks would see a wrong type."""
+    stand_in: dict[str, Any] = {}
+    for name in failed:
+        f = fields[name]
+        if not dataclasses.is_dataclass(hints[name]):
+            return
+        if f.default_factory is not dataclasses.MISSING:
+            stand_in[name] = f.default_factory()
+        elif f.default is not dataclasses.MISSING:
+            stand_in[name] = f.default
+        else:
+            return
+    try:
+        instance = cls(**kwargs, **stand_in)
+    except (ConfigError, ValueError):
+        return
+    validate = getattr(instance, "validate", None)
+    if not callable(validate):
+        return
+    names = "|".join(re.escape(n) for n in failed)
+    # "env.num_envs=0 ...", "env: ...": a key of a failed section, or the section itself
+    about_failed = re.compile(rf"(?<![A-Za-z0-9_.])({names})\.[A-Za-z_]|^({names})\s*:")
+    found = [p for p in validate() if not about_failed.search(str(p))]
+    problems.extend(_prefix_problems(cls, prefix, found))
 
 
 def _prefix_problems(cls: type, prefix: str, found: list[str]) -> list[str]:

@@ -275,6 +275,39 @@ def test_every_problem_reported_at_once_including_validate(tmp_path):
     assert "6 problem(s)" not in str(e.value) and "5 problem(s)" in str(e.value)
 
 
+@dataclass
+class Outer:
+    inner: ActorConfig = field(default_factory=ActorConfig)
+    n: int = 1
+
+    def validate(self) -> list[str]:
+        problems = []
+        if self.n < 1:
+            problems.append(f"n: must be >= 1, got {self.n}")
+        if self.n % self.inner.micro_batch:
+            problems.append(
+                f"n={self.n} is not a multiple of inner.micro_batch={self.inner.micro_batch}"
+            )
+        return problems
+
+
+def test_a_failed_nested_section_leaves_the_parents_own_checks_running():
+    with pytest.raises(ConfigError) as e:
+        load_config(Outer, {"inner": {"lr": "fast", "micro_batch": 3}, "n": -2})
+    # n's own problem is reported with the section's type error; the check across sections
+    # ran on the stand-in inner (micro_batch 4, not the 3 given) and is left out.
+    assert problems_of(e) == [
+        "inner.lr: expected float, got 'fast' (str)",
+        "n: must be >= 1, got -2",
+    ]
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, {"batch_size": 6, "rollout": {"temperature": "hot"}})
+    assert problems_of(e) == [
+        "rollout.temperature: expected float, got 'hot' (str)",
+        "batch_size (6) must be a multiple of group_size (4)",
+    ]
+
+
 def test_validate_problems_reported_with_unknown_keys():
     with pytest.raises(ConfigError) as e:
         load_config(TrainConfig, {"batch_size": 6, "seeed": 1})
