@@ -363,6 +363,25 @@ class PPOConfig:
             p.append(f"value_clip={self.value_clip}: must be > 0, or None to disable")
         if self.max_grad_norm <= 0:
             p.append(f"max_grad_norm={self.max_grad_norm}: must be > 0")
+        if self.adam_eps <= 0:
+            p.append(f"adam_eps={self.adam_eps}: must be > 0 (it keeps Adam's step finite)")
+        if self.target_kl is not None and self.target_kl <= 0:
+            p.append(
+                f"target_kl={self.target_kl}: must be > 0 (an update stops early past it), or "
+                "None to run every epoch"
+            )
+        # Clipping to [-c, c] with c <= 0 would flatten every observation or reward to one value.
+        if self.obs_clip <= 0:
+            p.append(f"obs_clip={self.obs_clip}: must be > 0 (normalised observations lie in ±it)")
+        if self.reward_clip <= 0:
+            p.append(f"reward_clip={self.reward_clip}: must be > 0 (scaled rewards lie in ±it)")
+        if self.vf_coef < 0 or self.ent_coef < 0:
+            p.append(
+                f"vf_coef={self.vf_coef}, ent_coef={self.ent_coef}: must be >= 0 (a negative "
+                "weight would push the value loss up, or the entropy down)"
+            )
+        if any(type(h) is not int or h < 1 for h in self.hidden):
+            p.append(f"hidden={list(self.hidden)}: layer widths must be positive integers")
         if p:
             raise ConfigError(p, source="PPOConfig")
 

@@ -271,6 +271,19 @@ def test_ppo_config_reports_problems():
     with pytest.raises(ConfigError) as e:
         PPOConfig(gamma=1.5, clip=0.0, num_minibatches=0)
     assert len(e.value.problems) == 3 and "gamma=1.5" in str(e.value)
+    # Values that would flatten observations or rewards, or break Adam or the early stop.
+    with pytest.raises(ConfigError) as e:
+        PPOConfig(obs_clip=0.0, reward_clip=-1.0, adam_eps=0.0, target_kl=0.0, hidden=(64, 0))
+    assert [p.split("=")[0] for p in e.value.problems] == [
+        "adam_eps",
+        "target_kl",
+        "obs_clip",
+        "reward_clip",
+        "hidden",
+    ]
+    with pytest.raises(ConfigError, match=r"vf_coef=0.5, ent_coef=-0.01: must be >= 0"):
+        PPOConfig(ent_coef=-0.01)
+    PPOConfig(target_kl=None, value_clip=None, hidden=())  # off, off, a linear policy
 
 
 @pytest.mark.slow
