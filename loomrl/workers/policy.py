@@ -137,6 +137,7 @@ class PolicyWorker(Worker):
             threads = 1  # 64-unit MLPs are fastest on one thread; more only adds contention
         if threads:
             torch.set_num_threads(threads)
+        self.spec = policy
         self.net = build_policy(
             policy, observation_space, action_space, ppo.seed, tuple(ppo.hidden), policy_kwargs
         ).to(self.device)
@@ -215,7 +216,33 @@ class PolicyWorker(Worker):
                 a, logp, v = self.net.act(o.to(self.device), generators=gens)
             else:
                 a, logp, v = self.net.act(o.to(self.device))
-        return o, a.cpu(), logp.float().cpu(), v.float().cpu()
+        a, logp, v = a.cpu(), logp.float().cpu(), v.float().cpu()
+        self._check_outputs(len(raw), a, logp, v)
+        return o, a, logp, v
+
+    def _check_outputs(self, n: int, a: Any, logp: Any, v: Any) -> None:
+        """A policy's act() gives actions [n, *action shape], log-probs [n] and values [n];
+        anything else (a value of [n, 1] is the usual slip) would break the rollout's buffer
+        with a bare broadcasting error, or fill it wrongly."""
+        want = {
+            "actions": (n, *self.action_shape),
+            "log-probs": (n,),
+            "values": (n,),
+        }
+        got = {"actions": tuple(a.shape), "log-probs": tuple(logp.shape), "values": tuple(v.shape)}
+        bad = [
+            f"{k} of shape {list(got[k])}, expected {list(w)}"
+            for k, w in want.items()
+            if got[k] != w
+        ]
+        if bad:
+            raise ConfigError(
+                [
+                    f"policy={self.spec!r}: act() on {n} observations returned "
+                    + "; ".join(bad)
+                    + " (it returns actions, log-probs and values, one row per observation)"
+                ]
+            )
 
     # -- the rollout ------------------------------------------------------------------------------
     def begin(self, steps: int) -> None:

@@ -584,3 +584,60 @@ def test_policy_step_graph_false_keeps_the_update_eager_with_acts_graphs_on():
     assert step is None
     assert isinstance(opt, torch.optim.Adam) and opt.defaults["fused"] is True
     assert opt.defaults["capturable"] is False
+
+
+_BAD_POLICIES = """
+from loomrl.policies import MLPActorCritic
+
+
+class _Off(MLPActorCritic):
+    def __init__(self, n, space, seed, fix):
+        super().__init__(n, space, seed=seed)
+        self.fix = fix
+
+    def act(self, obs, generators=None):
+        return self.fix(*super().act(obs))
+
+
+def value_column(observation_space, action_space, seed=0):
+    return _Off(observation_space.shape[0], action_space, seed, lambda a, l, v: (a, l, v[:, None]))
+
+
+def one_action(observation_space, action_space, seed=0):
+    return _Off(observation_space.shape[0], action_space, seed, lambda a, l, v: (a[:1], l, v))
+
+
+def right(observation_space, action_space, seed=0):
+    return _Off(observation_space.shape[0], action_space, seed, lambda a, l, v: (a, l, v))
+"""
+
+
+def test_a_user_policy_returning_misshapen_outputs_is_named_with_the_shapes(tmp_path, monkeypatch):
+    """A user policy's act() whose value comes as [n, 1], or whose actions cover one row, stops
+    the rollout with an error naming the policy, the output and both shapes, not numpy's."""
+    import gymnasium as gym
+
+    from loomrl.embodied import PPOConfig
+    from loomrl.errors import ConfigError
+    from loomrl.workers.policy import PolicyWorker
+
+    (tmp_path / "bad_policies.py").write_text(_BAD_POLICIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    obs = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    act = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    reply = {"obs": np.zeros((3, 4), np.float32), "env_ids": np.arange(3)}
+    reply["env_steps"] = np.zeros(3, np.int64)
+    ppo = PPOConfig(rollout_steps=6, num_minibatches=1)
+    for spec, said in [
+        ("bad_policies:value_column", r"values of shape \[3, 1\], expected \[3\]"),
+        ("bad_policies:one_action", r"actions of shape \[1, 2\], expected \[3, 2\]"),
+    ]:
+        pol = PolicyWorker(obs, act, 3, ppo, 0, policy=spec)
+        pol.begin(2)
+        with pytest.raises(
+            ConfigError, match=rf"policy='{spec}': act\(\) on 3 observations .*{said}"
+        ):
+            pol.act(0, reply)
+    good = PolicyWorker(obs, act, 3, ppo, 0, policy="bad_policies:right")
+    good.begin(2)
+    assert [a.shape for a in good.act(0, reply)] == [(3, 2)]
