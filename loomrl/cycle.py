@@ -224,6 +224,14 @@ def pipe_rollout(
     except BaseException as e:
         _abort_pipe(address, token, f"{type(e).__name__}: {str(e)[:500]}")
         settle([r for h in (serve, *runs) for r in h.refs])
+        # A user's mistake the policy found (its policy's outputs) is the cause, whichever side
+        # reported first: the env workers only say that the policy stopped.
+        try:
+            wait(serve)
+        except ConfigError:
+            raise
+        except BaseException:
+            pass
         raise
     return timing
 

@@ -380,10 +380,12 @@ def _get(h: Handle, rank: int, ref: Any) -> Any:
     except rex.RayTaskError as e:
         host = h.group._hosts.get(rank, "?")
         cause = e.cause if getattr(e, "cause", None) is not None else e
-        if isinstance(cause, ConfigError) and h.method == "__init__":
-            # A user's mistake found while the worker started: said as such, with where. Later
-            # calls keep RemoteError and the remote traceback (a bug may be behind those).
-            where = f"worker {h.group.name!r} rank {rank}, while starting"
+        if isinstance(cause, ConfigError):
+            # A user's mistake (a config value, a user policy's outputs) found in the worker:
+            # said as such, with where, and no traceback. Other errors keep RemoteError and the
+            # remote traceback (a bug may be behind those).
+            when = "while starting" if h.method == "__init__" else f"in {h.method}()"
+            where = f"worker {h.group.name!r} rank {rank}, {when}"
             raise ConfigError(
                 cause.problems, source=f"{cause.source} ({where})" if cause.source else where
             ) from None

@@ -450,6 +450,8 @@ class PolicyWorker(Worker):
                 clock["first"], clock["busy0"] = time.perf_counter(), self.busy_s
             try:
                 actions = self.act_parts(ts, replies)
+            except ConfigError:
+                raise  # a user policy's mistake, already named (the env workers are told)
             except Exception as e:
                 if len(set(ts)) == 1:
                     who = f"env workers {ws}"

@@ -257,6 +257,40 @@ def test_env_worker_offsets_make_workers_one_batch(cluster):
         envs.kill()
 
 
+class _ValueColumnPolicy(PolicyWorker):
+    """A policy whose act() gives its values as [n, 1] (a user policy's usual slip)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        act = self.net.act
+
+        def misshapen(obs, **kw):
+            a, logp, v = act(obs, **kw)
+            return a, logp, v[:, None]
+
+        self.net.act = misshapen
+
+
+@pytest.mark.parametrize("handoff", ["driver", "pipe"])
+def test_a_policy_with_misshapen_outputs_stops_collect_with_a_config_error(cluster, handoff):
+    envs = cluster.launch(
+        EnvWorker, 1, worker_env_config(ENV, 1), devices=[0], num_cpus=0.5, name="env_v"
+    )
+    try:
+        sp = wait(envs.spaces())[0]
+        args = (sp["observation_space"], sp["action_space"], ENV.num_envs, PPO, ENV.seed)
+        policy = cluster.launch(_ValueColumnPolicy, 1, *args, devices=[1], name="policy_v")
+        try:
+            cycle = EnvPolicyCycle(envs, policy, ENV.num_envs, groups=2, handoff=handoff)
+            with pytest.raises(ConfigError, match=r"returned values of shape \[[24], 1\]") as e:
+                cycle.collect(3)
+            assert "worker 'policy_v' rank 0" in str(e.value)
+        finally:
+            policy.kill()
+    finally:
+        envs.kill()
+
+
 @pytest.mark.parametrize("handoff", ["driver", "direct", "pipe"])
 def test_a_failing_env_step_surfaces_from_collect(cluster, handoff):
     from loomrl.errors import RemoteError
