@@ -156,8 +156,10 @@ def test_out_holds_every_finished_run_when_a_later_one_is_cut_off(tmp_path, monk
     bench = _bench()
 
     class FakeCluster:
+        shut = 0
+
         def shutdown(self):
-            pass
+            FakeCluster.shut += 1
 
     monkeypatch.setattr(loomrl.cluster.Cluster, "start", staticmethod(lambda **kw: FakeCluster()))
     calls = []
@@ -188,6 +190,7 @@ def test_out_holds_every_finished_run_when_a_later_one_is_cut_off(tmp_path, monk
     doc = json.loads(out.read_text())
     assert doc["complete"] is False
     assert {m: len(rs) for m, rs in doc["runs"].items()} == {"temporal": 1, "hybrid": 2, "auto": 1}
+    assert FakeCluster.shut == 1  # the cluster is stopped on the way out too
     assert not out.with_name("bench.json.tmp").exists()
     # Uncut, the same benchmark ends with the whole summary, the verdict included.
     calls.clear()
@@ -197,3 +200,11 @@ def test_out_holds_every_finished_run_when_a_later_one_is_cut_off(tmp_path, monk
     assert (rc, doc["complete"], doc["auto_vs_best"]) == (0, True, 1.0)
     assert doc["hybrid_vs_temporal"] == pytest.approx(0.5 / 0.3)
     assert [r["mode"] for r in doc["results"]] == ["temporal", "hybrid", "auto"]
+    # Without auto there is no pick to judge: the benchmark measures and exits 0.
+    calls.clear()
+    rc = bench.main(["--modes", "temporal,hybrid", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert (rc, doc["auto_mode"]) == (0, "none") and doc["auto_vs_best"] != doc["auto_vs_best"]
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--modes", "temporal,hybird"])
+    assert e.value.code == 2
