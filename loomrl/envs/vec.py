@@ -338,6 +338,7 @@ class VecEnv:
         self._alone: dict[int, str] = {}  # envs it cannot draw (-> why): drawn by themselves
         self._no_tiles: str | None = None  # why pixels are drawn env by env, when they are
         self._loaded = False
+        self._broken: str | None = None  # why no step can run any more (_recover)
         self.onload()
         probe = self._slots[0].env
         self.single_action_space = probe.action_space
@@ -502,6 +503,8 @@ class VecEnv:
             self._loaded = False
 
     def _require_loaded(self, what: str) -> None:
+        if self._broken is not None:
+            raise EnvFailureError(self._broken)
         if not self._loaded:
             raise LoomError(f"{self!r}.{what}() called while offloaded; call onload() first")
 
@@ -734,7 +737,17 @@ class VecEnv:
             _close_env(slot.env)
         except Exception:
             pass  # a broken simulator may fail to close too; it is being discarded
-        slot.env = self._make()
+        try:
+            slot.env = self._make()
+        except Exception as e:
+            # Nothing left to step env i with: this VecEnv is done (its other envs may have
+            # moved on within the step), and says so on every later call.
+            self._broken = (
+                f"{self.cfg.env_id}: env {self.index_offset + i} failed, its reset failed, and "
+                f"a new simulator could not be made ({type(e).__name__}: {e}); fix the "
+                "environment, then start the workers again"
+            )
+            raise EnvFailureError(self._broken) from e
         if self._tiles is not None:  # a fresh env: its first frame sets its camera, either way
             self._check_tile(i, slot)
         self._resume(i, slot, rng)

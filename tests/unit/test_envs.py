@@ -148,6 +148,44 @@ def test_a_fetch_id_is_found_without_gymnasium_robotics_notices_on_stderr():
     assert out.stderr == ""
 
 
+_MADE = []  # instances of _Unmakeable made so far (the test below clears it)
+
+
+class _Unmakeable(loomrl.envs.testing.CountingEnv):
+    """Fails its first step, then its reset; a third instance cannot be made at all."""
+
+    def __init__(self):
+        if len(_MADE) >= 2:
+            raise RuntimeError("simulator library gone")
+        _MADE.append(self)
+        super().__init__(fail_on=(1,))
+        self.failed = False
+
+    def step(self, action):
+        self.failed = self.total == 0
+        return super().step(action)
+
+    def reset(self, *, seed=None, options=None):
+        if getattr(self, "failed", False):
+            raise RuntimeError("reset exploded")
+        return super().reset(seed=seed, options=options)
+
+
+def test_an_env_that_can_be_neither_reset_nor_made_again_stops_the_vec_env_by_name():
+    _MADE.clear()
+    if "loomrl-test/Unmakeable-v0" not in gym.registry:
+        gym.register(id="loomrl-test/Unmakeable-v0", entry_point=_Unmakeable)
+    env = make("loomrl-test/Unmakeable-v0", max_failures=100)
+    env.reset()
+    with pytest.raises(EnvFailureError, match=r"env 0 failed, its reset failed, and a new") as e:
+        env.step(np.zeros((2, 1), np.float32))
+    assert "simulator library gone" in str(e.value)
+    with pytest.raises(EnvFailureError, match="a new simulator could not be made"):
+        env.step(np.zeros((2, 1), np.float32))  # not a half-stepped env's second step
+    with pytest.raises(EnvFailureError, match="a new simulator could not be made"):
+        env.reset()
+
+
 def test_wrong_action_shape_names_expected_and_given():
     env = make(num_envs=2)
     env.reset()
