@@ -302,7 +302,11 @@ def print_table(rows: list[dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument(
+        "--out",
+        default="channel.json",
+        help="write the results as JSON here (default: channel.json; '' writes none)",
+    )
     ap.add_argument("--quick", action="store_true", help="fewer items per case (smoke run)")
     ap.add_argument("--no-rlinf", action="store_true", help="skip the RLinf comparison")
     ap.add_argument("--rlinf-timeout", type=float, default=150.0)

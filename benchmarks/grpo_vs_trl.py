@@ -511,7 +511,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--only", choices=("both", "loomrl", "trl"), default="both")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per side")
-    p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument(
+        "--out",
+        default="grpo_vs_trl.json",
+        help="write the results as JSON here (default: grpo_vs_trl.json; '' writes none)",
+    )
     # Internal: one side, run in a child process.
     p.add_argument("--side", choices=("loomrl", "trl"), help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)

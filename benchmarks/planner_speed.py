@@ -110,7 +110,11 @@ def measure(profile, repeat: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument(
+        "--out",
+        default="planner_speed.json",
+        help="write the results as JSON here (default: planner_speed.json; '' writes none)",
+    )
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     rows = []

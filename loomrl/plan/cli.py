@@ -121,6 +121,20 @@ def _run(args: argparse.Namespace) -> int:
             for k, v in plans.items()
             if k != "best"
         }
+        if profile.fit_reports:  # components given as samples: how well their fits match
+            out["fits"] = [
+                {
+                    "component": r.component,
+                    "samples": r.n_samples,
+                    "measured_devices": list(r.measured_devices),
+                    "extrapolated_devices": list(r.extrapolated_devices),
+                    "exponent": r.exponent,
+                    "rel_err_mean": r.rel_err_mean,
+                    "rel_err_max": r.rel_err_max,
+                    "memory_rel_err_max": r.memory_rel_err_max,
+                }
+                for r in profile.fit_reports
+            ]
         if sim is not None:
             out["simulated"] = {
                 "mean_s": sim.mean_s,
@@ -143,8 +157,11 @@ def _human(args, profile, plan, sim) -> str:
         f"{plan.predicted_s:.4f} s/iteration, micro-batch {plan.micro_batch} "
         f"({plan.num_micro_batches} micro-batches), peak memory {plan.memory_gb:.1f} GB/device",
         plan.tree.pretty(1),
-        "devices per component:",
     ]
+    if profile.fit_reports:
+        lines.append("costs fitted from samples:")
+        lines += [f"  {r}" for r in profile.fit_reports]
+    lines.append("devices per component:")
     width = max(len(c) for c in profile.components)
     for comp, devs in plan.assignment().items():
         lines.append(f"  {comp:<{width}}  {_ranges(devs)}")

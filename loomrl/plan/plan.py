@@ -90,7 +90,9 @@ class Node:
         raise ValueError("member_devices is defined for leaf and cycle nodes")
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"op": self.op, "n": self.n, "devices": self.devices}
+        # Every node carries PLANNER.md's four keys; "component" is null on temporal and spatial
+        # nodes, which place sub-trees, not one component.
+        d: dict[str, Any] = {"op": self.op, "component": None, "n": self.n, "devices": self.devices}
         if self.op == "leaf":
             d["component"] = self.component
             d["used"] = self.used

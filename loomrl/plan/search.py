@@ -402,20 +402,35 @@ def _diagnose(profile: WorkloadProfile, devices: int, mode: str) -> str:
                 for o in node_options(profile, nd.name, devices, profile.batch)
                 if o.mem <= cap + EPS
             ]
-            need_dev[nd.name] = min((o.used for o in opts), default=0)
-            need_cores[nd.name] = min((o.cores for o in opts), default=0)
+            # A cycle laid out side by side is split: each member on devices of its own.
+            split = [o for o in opts if o.kind & KIND_S] if nd.is_cycle else opts
+            need_dev[nd.name] = min((o.used for o in split), default=0)
+            need_cores[nd.name] = min((o.cores for o in split), default=0)
         if sum(need_cores.values()) > ccap + EPS:
             return (
                 f"no all-spatial plan fits: side by side the components need at least "
                 f"{sum(need_cores.values()):g} CPU cores ({need_cores}), but cpu_cores_per_node*nodes is {ccap:g}"
             )
+        if sum(need_dev.values()) > devices:
+            return (
+                f"no all-spatial plan fits: side by side the components need at least "
+                f"{sum(need_dev.values())} devices ({need_dev}), but only {devices} are available"
+            )
         return (
-            f"no all-spatial plan fits: side by side the components need at least "
-            f"{sum(need_dev.values())} devices ({need_dev}), but only {devices} are available"
+            f"no all-spatial plan fits on {devices} devices: every side-by-side layout of "
+            f"{[nd.name for nd in g.nodes]} exceeds device_memory_gb {cap:g} or the cores"
         )
     if mode == "hybrid":
+        if len(g.nodes) < 3 and not any(nd.is_cycle for nd in g.nodes):
+            return (
+                f"no hybrid plan exists: it mixes temporal and spatial placement, which needs at "
+                f"least three graph nodes (or a cycle plus one more); this graph has "
+                f"{[nd.name for nd in g.nodes]}"
+            )
         return (
-            "no hybrid plan exists: it needs at least three graph nodes (or a cycle plus one more)"
+            f"no hybrid plan fits on {devices} devices: a hybrid plan runs some components side "
+            f"by side, on devices of their own (memory {cap:g} GB, cores {ccap:g}); give more "
+            "devices, or take the best plan"
         )
     return f"no {mode} plan fits on {devices} devices (memory {cap:g} GB, cores {ccap:g})"
 

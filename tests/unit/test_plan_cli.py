@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -30,6 +31,16 @@ def test_json_fields(capsys):
     assert d["tree"]["op"] == "spatial"
     assert set(d["modes"]) == {"temporal", "spatial", "hybrid"}
     assert d["devices"] == 16
+
+    def nodes(t):
+        yield t
+        for c in t["children"]:
+            yield from nodes(c)
+
+    # PLANNER.md's four keys on every node; a component only on leaves.
+    for t in nodes(d["tree"]):
+        assert {"op", "component", "devices", "children"} <= set(t), t
+        assert (t["component"] is None) == (t["op"] in ("temporal", "spatial")), t
 
 
 def test_exhaustive_simulate_timeline(capsys, tmp_path):
@@ -77,3 +88,37 @@ def test_malformed_profile_exits_2(capsys, tmp_path):
     p.write_text("devices: [unclosed\n")
     assert plan_main([str(p)]) == 2
     assert plan_main([str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_costs_fitted_from_samples_report_their_error(tmp_path, capsys):
+    """PLANNER.md: a fit from measured samples must report its error; `loomrl plan` prints it
+    (and --json gives it under "fits")."""
+    path = tmp_path / "fit.yaml"
+    path.write_text(
+        "devices: 4\ndevice_memory_gb: 80\nbatch: 8\ngranularities: [1, 2, 4, 8]\n"
+        "components:\n"
+        "  a:\n    valid_devices: [1, 2, 4]\n"
+        "    samples: [[1, 2, 2.2, 10], [1, 8, 8.3, 10], [2, 2, 1.2, 6], [2, 8, 4.1, 6]]\n"
+        "  b:\n    valid_devices: [1, 2]\n"
+        "    time: {alpha: 0.1, per_item: {1: 1.0, 2: 0.5}}\n    memory_gb: 5\n"
+        "edges: [[a, b]]\n"
+    )
+    assert plan_main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "costs fitted from samples:" in out
+    assert re.search(r"a: 4 samples, mean rel\. error \d+\.\d+%, max \d+\.\d+%", out)
+    assert plan_main([str(path), "--json"]) == 0
+    (fit,) = json.loads(capsys.readouterr().out)["fits"]
+    assert fit["component"] == "a" and fit["samples"] == 4 and fit["measured_devices"] == [1, 2]
+    assert 0 < fit["rel_err_mean"] <= fit["rel_err_max"] < 0.1
+
+
+def test_no_plan_of_a_mode_says_what_rules_it_out(capsys):
+    demo = str(EXAMPLES / "demo_matmul.yaml")
+    assert plan_main([demo, "--devices", "1", "--mode", "hybrid"]) == 2
+    assert "no hybrid plan fits on 1 devices" in capsys.readouterr().err
+    # A split cycle takes a device for each member, which the count of devices needed includes.
+    pixels = str(EXAMPLES / "embodied_pixels_cpu2.yaml")
+    assert plan_main([pixels, "--mode", "spatial"]) == 2
+    err = capsys.readouterr().err
+    assert "need at least 3 devices ({'env<->policy': 2, 'actor_train': 1})" in err
