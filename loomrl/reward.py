@@ -216,13 +216,23 @@ def _normalize(s: str) -> str:
     return s.rstrip(".")
 
 
+# Beyond this decimal exponent a number is not read exactly: Fraction("1e999999999") builds a
+# billion-digit integer (seconds to hours, hundreds of MB), and a model can write that in 14 chars.
+MAX_EXPONENT = 1000
+_HUGE = Fraction(-1, 7)  # stands for "a number too large to read": equal to nothing but itself
+
+
 def _as_number(s: str) -> Fraction | None:
-    """Exact value of a plain number: 12, -3.50, 1,000, 3/4, \\frac{3}{4}. Else None."""
+    """Exact value of a plain number: 12, -3.50, 1,000, 3/4, \\frac{3}{4}. Else None;
+    ``_HUGE`` for a decimal whose exponent is beyond ``MAX_EXPONENT``."""
     s = _normalize(s)
     if _THOUSANDS_RE.fullmatch(s):
         s = s.replace(",", "")
     try:
         if _DECIMAL_RE.fullmatch(s):
+            exp = re.search(r"[eE]([+-]?\d+)$", s)
+            if exp and abs(int(exp.group(1))) > MAX_EXPONENT:
+                return _HUGE
             return Fraction(s)
         m = _FRAC_RE.fullmatch(s) or _SLASH_RE.fullmatch(s)
         if m:
@@ -240,6 +250,10 @@ def _fast_compare(pred: str, gold: str) -> bool | None:
     if _normalize(pred) == _normalize(gold):
         return True
     p, g = _as_number(pred), _as_number(gold)
+    if p is _HUGE or g is _HUGE:
+        # Not read, and not handed to math-verify (whose parse would build it too): unequal
+        # unless the two are written alike (checked above).
+        return False
     if p is not None and g is not None:
         if p == g:
             return True

@@ -67,6 +67,17 @@ def test_extract_answer_is_fast_on_adversarial_text():
     assert time.perf_counter() - t0 < 2.0
 
 
+def test_a_number_with_a_runaway_exponent_is_wrong_without_being_built():
+    # Fraction("1e999999999") would build a billion-digit integer: such a number is not read.
+    assert reward_mod._as_number("1e999999999") is reward_mod._HUGE
+    assert reward_mod._as_number("-2.5E-1001") is reward_mod._HUGE
+    assert reward_mod._as_number("1e1000") == 10**1000  # up to MAX_EXPONENT, exact as before
+    r = score("so \\boxed{1e999999999}", "3")
+    assert (r.correct, r.malformed, r.parsed) == (False, False, "1e999999999")
+    assert score("\\boxed{1e999999999}", "1e999999999").correct  # written alike
+    assert score("\\boxed{3e0}", "3").correct
+
+
 # ---------------------------------------------------------------- scoring
 
 
