@@ -56,7 +56,9 @@ def common_problems(cfg: Any, min_group: int) -> list[str]:
             f"sampling.group_size: must be >= {min_group} responses per prompt, "
             f"got {cfg.sampling.group_size}"
         )
-    if cfg.batch % cfg.sampling.gen_groups and cfg.batch > cfg.sampling.gen_groups:
+    if cfg.sampling.gen_groups >= 1 and (
+        cfg.batch % cfg.sampling.gen_groups and cfg.batch > cfg.sampling.gen_groups
+    ):
         p.append(
             f"batch={cfg.batch} is not a multiple of sampling.gen_groups={cfg.sampling.gen_groups}"
         )

@@ -26,6 +26,21 @@ class ModelConfig:
     train_micro_batch: int = 8
     dtype: str = "auto"
 
+    def validate(self) -> list[str]:
+        p = []
+        if not self.lr > 0:
+            p.append(f"lr: must be > 0, got {self.lr}")
+        if self.weight_decay < 0:
+            p.append(f"weight_decay: must be >= 0, got {self.weight_decay}")
+        if not self.grad_clip > 0:
+            p.append(f"grad_clip: must be > 0 (the gradient norm's bound), got {self.grad_clip}")
+        if self.train_micro_batch < 1:
+            p.append(
+                f"train_micro_batch: must be >= 1 sequence per forward/backward, got "
+                f"{self.train_micro_batch}"
+            )
+        return p
+
 
 @dataclass
 class SamplingConfig:
@@ -35,6 +50,19 @@ class SamplingConfig:
     top_p: float = 1.0
     gen_groups: int = 4  # prompt groups generated together (one padded batch)
     eval_max_new_tokens: int = 48
+
+    def validate(self) -> list[str]:
+        p = []
+        for key in ("max_new_tokens", "eval_max_new_tokens", "gen_groups"):
+            if getattr(self, key) < 1:
+                p.append(f"{key}: must be >= 1, got {getattr(self, key)}")
+        # Log-probs divide the logits by the temperature: 0 would make every one NaN (greedy
+        # decoding is not a policy PPO or GRPO can train).
+        if not self.temperature > 0:
+            p.append(f"temperature: must be > 0 (sampling), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            p.append(f"top_p: must be in (0, 1], got {self.top_p}")
+        return p
 
 
 @dataclass
@@ -51,6 +79,16 @@ class AlgoConfig:
             p.append(f"advantage: {self.advantage!r} is not grpo | grpo_no_std | rloo")
         if self.kl_coef < 0:
             p.append(f"kl_coef: must be >= 0, got {self.kl_coef}")
+        if not 0 <= self.clip_low < 1:
+            p.append(
+                f"clip_low: must be in [0, 1) (the ratio's floor is 1 - clip_low), got {self.clip_low}"
+            )
+        if self.clip_high < 0:
+            p.append(f"clip_high: must be >= 0, got {self.clip_high}")
+        from loomrl.algos import AGG_MODES
+
+        if self.agg not in AGG_MODES:
+            p.append(f"agg: {self.agg!r} is not one of {', '.join(AGG_MODES)}")
         return p
 
 

@@ -73,6 +73,25 @@ def test_config_reports_every_problem():
         load_config(Config, ROOT / "examples/tiny_ppo.yaml", ["ppo.lam=1.5", "critic.vf_clip=-1"])
 
 
+def test_grpo_config_reports_sampling_model_and_algo_mistakes_together():
+    from loomrl.config import load_config
+    from loomrl.errors import ConfigError
+    from loomrl.recipes.reasoning_grpo import Config
+
+    bad = [
+        "sampling.gen_groups=0",  # once a ZeroDivisionError inside validate()
+        "sampling.temperature=0",
+        "sampling.max_new_tokens=0",
+        "model.train_micro_batch=0",
+        "algo.agg=seq-mean",
+        "algo.clip_low=1.5",
+    ]
+    with pytest.raises(ConfigError) as e:
+        load_config(Config, ROOT / "examples/tiny_grpo.yaml", bad)
+    said = [p.split(":")[0] for p in e.value.problems]
+    assert sorted(said) == sorted(o.split("=")[0] for o in bad), said
+
+
 def _initial_shas(seed: int) -> tuple[str, str]:
     from loomrl.engines.hf import EngineConfig, HFEngine, HFValueEngine
     from loomrl.workers.reasoning import model_dir
