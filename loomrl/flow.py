@@ -783,6 +783,15 @@ class Flow:
         finally:
             self._running.release()
 
+    def _close_channels(self) -> None:
+        """Close the hop channels (no more puts; gets drain, then raise ChannelClosed). The
+        failed run then drops them (``_run``)."""
+        for ch in list(self._chans):
+            try:
+                ch.close()
+            except Exception as e:  # its broker already gone
+                log.debug("channel %s not closed: %s", ch.name, e)
+
     def _hop_channels(self, n: int) -> list[Any]:
         """The ``n`` channels of the chain's hops, made on the first run (or when the chain or
         the capacity changed) and kept while runs succeed."""
@@ -928,6 +937,9 @@ class Flow:
                 self._execute(n, sub, specs, results, phases)
             except BaseException as e:  # surfaced below, in the driver thread
                 errors.append(e)
+                # The other side may be waiting on a channel this one will never fill (or
+                # drain): closed, its get (or put) raises instead of waiting for ever.
+                self._close_channels()
 
         th = threading.Thread(target=side, args=(b,), daemon=True)
         th.start()

@@ -159,6 +159,44 @@ class Flaky(Worker):
         return [x + 1 for x in items]
 
 
+@pytest.mark.timeout(120)
+def test_a_failing_producer_under_a_spatial_plan_ends_the_run_not_a_hang(cluster):
+    """Spatial: the consumer waits on the producer's channel; when the producer raises, the
+    channels are closed, the consumer's wait ends, and the producer's error is the one raised."""
+    from loomrl.errors import RemoteError
+    from loomrl.plan.plan import leaf, spatial
+    from loomrl.plan.search import fixed_plan
+
+    spec = {"valid_devices": [1], "time": {"alpha": 0, "per_item": {1: 0.1}}, "memory_gb": {1: 0}}
+    prof = load_profile(
+        {
+            "devices": 2,
+            "device_memory_gb": 8,
+            "batch": 4,
+            "granularities": [1, 2, 4],
+            "components": {"a": spec, "b": spec},
+            "edges": [["a", "b"]],
+        }
+    )
+    flow = Flow(cluster)
+    a = flow.group(Flaky, name="a")
+    b = flow.group(Flaky, name="b")
+    flow.chain(a.step, b.step)
+    tree = spatial(leaf("a", 1), leaf("b", 1))
+    flow.plan(plan_path := _save(fixed_plan(prof, tree, 1)))
+    try:
+        assert flow.run([1, 2, 3, 4]).outputs == [3, 4, 5, 6]
+        wait(a.group.set_fail(True))
+        with pytest.raises(RemoteError, match="flaky stage failed"):
+            flow.run([1, 2, 3, 4])
+        assert flow._chans == []
+        wait(a.group.set_fail(False))
+        assert flow.run([1, 2, 3, 4]).outputs == [3, 4, 5, 6]  # and the flow goes on
+    finally:
+        flow.shutdown()
+        Path(plan_path).unlink()
+
+
 def test_hop_channels_are_kept_while_runs_succeed_and_remade_after_a_failure(cluster):
     from loomrl.errors import RemoteError
     from loomrl.plan.plan import leaf, temporal
