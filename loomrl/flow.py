@@ -255,6 +255,16 @@ class FlowResult:
         return out
 
 
+def _check_micro_batch(micro_batch: int, batch: int) -> None:
+    """A pinned micro-batch must divide the batch: every micro-batch holds as many items."""
+    if micro_batch < 1 or batch % micro_batch:
+        divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+        raise PlanError(
+            f"micro_batch={micro_batch} does not divide the batch of {batch} items (every "
+            f"micro-batch holds as many); use one of {divisors}"
+        )
+
+
 def _drop_channels(box: list, wait: bool = True) -> None:
     """Delete the channels in ``box`` (a Flow's reused set) and empty it. ``wait=False`` (a
     collected Flow's: this may run in any thread, during garbage collection) kills their brokers
@@ -405,7 +415,8 @@ class Flow:
                     f"placement={str(placement)!r}: not one of {PLACEMENTS} and no such plan file"
                 )
             pinned = PlanCls.load(path)
-            self._check_pinned(pinned, memory=True)
+            want = len(sample) if sample is not None else batch
+            self._check_pinned(pinned, memory=True, batch=want, micro_batch=micro_batch)
             self._launch(pinned)
             self.plan_ = pinned
             return pinned
@@ -425,6 +436,8 @@ class Flow:
                 raise ValueError(
                     f"placement={placement!r} needs sample= (items of one iteration) to profile"
                 )
+            if micro_batch is not None:  # before minutes of profiling, not after
+                _check_micro_batch(micro_batch, len(sample))
             from loomrl.profiler import DEFAULT_BUDGET, profile_flow
 
             profile = profile_flow(
@@ -447,6 +460,7 @@ class Flow:
             )
         self.profile_ = profile
         if micro_batch is not None:
+            _check_micro_batch(micro_batch, profile.batch)
             profile = _with_granularities(profile, [micro_batch])
         result = search_all(profile)
         chosen = result["best" if placement == "auto" else str(placement)]
@@ -579,11 +593,29 @@ class Flow:
         self.profile_ = prof
         return fixed_plan(prof, plan.tree, M, method="calibrated")
 
-    def _check_pinned(self, plan: Plan, memory: bool = False) -> None:
+    def _check_pinned(
+        self,
+        plan: Plan,
+        memory: bool = False,
+        batch: int | None = None,
+        micro_batch: int | None = None,
+    ) -> None:
         """Refuse a plan that does not fit this workflow and cluster, naming every problem;
         ``memory``: also its peak memory per device against the devices' (a plan file may come
-        from another machine; plans searched here were searched for the profile's memory)."""
+        from another machine; plans searched here were searched for the profile's memory);
+        ``batch``: the run's items per iteration, which the plan must be for; ``micro_batch``:
+        the run's pinned micro-batch, which a plan file must have."""
         problems = []
+        if batch and plan.batch != batch:
+            problems.append(
+                f"the plan is for batch={plan.batch} items per iteration but this run has {batch}: "
+                f"pin a plan made for batch {batch}, or run {plan.batch} items"
+            )
+        if micro_batch is not None and plan.micro_batch != micro_batch:
+            problems.append(
+                f"the plan's micro_batch is {plan.micro_batch} but the run pins {micro_batch}: "
+                "drop run.micro_batch, or pin a plan made with it"
+            )
         comps = set(plan.assignment())
         known = set(self.components)
         for c in sorted(comps - known):
@@ -764,7 +796,10 @@ class Flow:
             raise RuntimeError("flow.run() before flow.plan(): choose a placement first")
         M = len(items)
         if M != plan.batch:
-            raise ValueError(f"flow.run got {M} items but the plan is for batch={plan.batch}")
+            raise PlanError(
+                f"flow.run got {M} items but the plan is for batch={plan.batch}: plan again for "
+                f"{M} items (flow.plan), or pass {plan.batch}"
+            )
         names = [s.component.name for s in self.stages]
         idle = [c for c in names if self.components[c].group is None]
         if idle:

@@ -197,6 +197,31 @@ def test_a_failing_producer_under_a_spatial_plan_ends_the_run_not_a_hang(cluster
         Path(plan_path).unlink()
 
 
+def test_a_micro_batch_or_a_pinned_plan_that_does_not_fit_the_batch_is_refused(
+    cluster, demo_profile
+):
+    flow = Flow(cluster)
+    build(flow, SMALL)
+    try:
+        with pytest.raises(PlanError, match=r"micro_batch=3 does not divide the batch of 8 items"):
+            flow.plan("auto", profile=demo_profile, micro_batch=3)
+        plan = flow.plan("temporal", profile=demo_profile)
+        with pytest.raises(PlanError, match=r"flow.run got 6 items but the plan is for batch=8"):
+            flow.run(make_items(0, 6))
+        path = _save(plan)
+        try:
+            with pytest.raises(PlanError) as e:
+                flow.plan(path, sample=make_items(0, 16), micro_batch=2)
+            assert "the plan is for batch=8 items per iteration but this run has 16" in str(e.value)
+            assert f"the plan's micro_batch is {plan.micro_batch} but the run pins 2" in str(
+                e.value
+            )
+        finally:
+            Path(path).unlink()
+    finally:
+        flow.shutdown()
+
+
 def test_hop_channels_are_kept_while_runs_succeed_and_remade_after_a_failure(cluster):
     from loomrl.errors import RemoteError
     from loomrl.plan.plan import leaf, temporal
