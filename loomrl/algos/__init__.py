@@ -26,6 +26,7 @@ from loomrl.algos.losses import (
 from loomrl.algos.masked import (
     AGG_MODES,
     aggregate,
+    loss_scale_for,
     masked_mean,
     masked_sum,
     masked_var,
@@ -45,6 +46,7 @@ __all__ = [
     "kl_penalty",
     "kl_shaped_rewards",
     "logprobs_from_logits",
+    "loss_scale_for",
     "masked_mean",
     "masked_sum",
     "masked_var",

@@ -15,6 +15,18 @@ from torch import Tensor
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 
+def loss_scale_for(agg: str) -> str:
+    """How a trainer combines micro-batch losses aggregated with ``agg`` (``train_step``'s
+    ``loss_scale``) so that the batch's loss is the one ``agg`` names whatever the split: by
+    their share of tokens for token-mean, of sequences for the sequence means (weighted by
+    tokens, a sequence mean over micro-batches of one sequence each became a token mean)."""
+    if agg not in AGG_MODES:
+        raise ValueError(
+            f"agg={agg!r} is not a known aggregation mode; use one of {list(AGG_MODES)}"
+        )
+    return "tokens" if agg == "token-mean" else "sequences"
+
+
 def _check_same_shape(x: Tensor, mask: Tensor, fn: str) -> Tensor:
     if x.shape != mask.shape:
         raise ValueError(

@@ -248,7 +248,7 @@ class CriticWorker(EngineWorker, WeightSource, WeightSink):
         """``ppo.ppo_epochs`` optimizer steps of the clipped value loss over ``groups``."""
         import torch
 
-        from loomrl.algos import masked_mean, masked_var, value_loss
+        from loomrl.algos import loss_scale_for, masked_mean, masked_var, value_loss
 
         prompts, responses, old, ret = [], [], [], []
         for g in groups:
@@ -280,7 +280,7 @@ class CriticWorker(EngineWorker, WeightSource, WeightSink):
 
         with resident(self.engine) as eng:
             for _ in range(self.ppo.ppo_epochs):
-                stats = eng.train_step(batch, loss_fn)
+                stats = eng.train_step(batch, loss_fn, loss_scale=loss_scale_for(agg))
         returns, m = _dense(ret)
         err = returns - _dense(old)[0]
         var_r, var_e = float(masked_var(returns, m)), float(masked_var(err, m))
@@ -325,7 +325,7 @@ class PPOActorWorker(ActorWorker):
         self.ppo = ppo
 
     def _update(self, groups: list[dict]) -> dict[str, float]:
-        from loomrl.algos import masked_whiten, ppo_policy_loss
+        from loomrl.algos import loss_scale_for, masked_whiten, ppo_policy_loss
 
         tok = self.engine.tokenizer
         eos = int(tok.eos_token_id if tok is not None and tok.eos_token_id is not None else 0)
@@ -357,7 +357,9 @@ class PPOActorWorker(ActorWorker):
             )
 
         for _ in range(c.ppo_epochs):
-            stats = self.engine.train_step(batch, loss_fn, temperature=temp)
+            stats = self.engine.train_step(
+                batch, loss_fn, temperature=temp, loss_scale=loss_scale_for(c.agg)
+            )
         rewards = [r for g in groups for r in g["rewards"]]
         stats["reward_mean"] = sum(rewards) / max(1, len(rewards))
         stats["response_len"] = sum(len(r) for r in responses) / max(1, len(responses))

@@ -305,7 +305,7 @@ class ActorWorker(EngineWorker, WeightSource):
     def _update(self, groups: list[dict]) -> dict[str, float]:
         import torch
 
-        from loomrl.algos import kl_loss, ppo_policy_loss
+        from loomrl.algos import kl_loss, loss_scale_for, ppo_policy_loss
 
         prompts, responses, adv, ref = [], [], [], []
         for g in groups:
@@ -342,7 +342,12 @@ class ActorWorker(EngineWorker, WeightSource):
                 stats = {**stats, "kl": float(kl.detach())}
             return loss, stats
 
-        stats = self.engine.train_step(batch, loss_fn, temperature=self.sampling.temperature)
+        stats = self.engine.train_step(
+            batch,
+            loss_fn,
+            temperature=self.sampling.temperature,
+            loss_scale=loss_scale_for(algo.agg),
+        )
         rewards = [r for g in groups for r in g["rewards"]]
         stats["reward_mean"] = sum(rewards) / max(1, len(rewards))
         stats["response_len"] = sum(len(r) for r in responses) / max(1, len(responses))
