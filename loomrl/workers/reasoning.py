@@ -175,7 +175,10 @@ class RolloutWorker(EngineWorker, WeightSink):
                 max_new_tokens=s.max_new_tokens,
                 temperature=s.temperature,
                 top_p=s.top_p,
-                seed=hash((self.seed, it["step"], c)) & 0x7FFFFFFF,
+                # Per piece of a chunk: a plan whose micro-batch splits a chunk of gen_groups
+                # groups over calls gives each piece its own draws (the same seed for every
+                # piece drew the same noise for different prompt groups).
+                seed=hash((self.seed, it["step"], c, group[0]["index"])) & 0x7FFFFFFF,
             )
             dt = time.perf_counter() - t
             for j, it in enumerate(group):
