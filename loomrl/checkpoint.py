@@ -42,6 +42,7 @@ __all__ = [
     "verify_checkpoint",
     "checkpoint_step",
     "list_checkpoints",
+    "set_aside",
     "capture_rng",
     "restore_rng",
 ]
@@ -258,6 +259,24 @@ def _prune(root: Path, step: int, keep: int) -> None:
 # --------------------------------------------------------------------------------------
 # Finding and loading
 # --------------------------------------------------------------------------------------
+
+
+def set_aside(run_dir: str | os.PathLike) -> Path | None:
+    """Move an earlier run's checkpoints out of ``run_dir/checkpoints`` (to
+    ``checkpoints-before-<time>`` beside it, kept whole) and return where; None when there were
+    none. A fresh run in a reused directory calls this first, so that its restarts resume from
+    its own checkpoints, never from a later step another run left there."""
+    root = _checkpoints_dir(run_dir)
+    if not list_checkpoints(run_dir):
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dest = root.with_name(f"checkpoints-before-{stamp}")
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = root.with_name(f"checkpoints-before-{stamp}-{n}")
+    os.rename(root, dest)
+    return dest
 
 
 def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:

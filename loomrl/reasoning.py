@@ -143,6 +143,17 @@ def save(run: Any, groups: dict, step: int) -> None:
     )
 
 
+def fresh_start(run: Any) -> int:
+    """Step 0 of a run that does not resume: an earlier run's checkpoints in the same directory
+    are set aside first (``checkpoint.set_aside``), so a restart of this run cannot load them."""
+    from loomrl.checkpoint import set_aside
+
+    moved = set_aside(run.dir)
+    if moved is not None:
+        run.logger.echo(f"an earlier run's checkpoints moved to {moved} (resume=false)")
+    return 0
+
+
 def restore(run: Any, groups: dict) -> int:
     from loomrl.checkpoint import latest_checkpoint, load_checkpoint, restore_rng
 

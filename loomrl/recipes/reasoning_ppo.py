@@ -105,7 +105,7 @@ def build(flow: Any, cfg: Config) -> dict[str, Any]:
 
 def main(cfg: Config) -> dict:
     from loomrl.flow import Flow
-    from loomrl.reasoning import Encoder, evaluate, metrics_of, weight_sync
+    from loomrl.reasoning import Encoder, evaluate, fresh_start, metrics_of, weight_sync
     from loomrl.tasks import make_task
 
     run = Run(cfg, cfg.run)
@@ -115,7 +115,7 @@ def main(cfg: Config) -> dict:
         flow = Flow(run.cluster, run.dir, offload=cfg.run.offload)
         g = build(flow, cfg)
         run.apply_plan(flow, prompts(task, encode, 0, cfg.batch))
-        start = restore(run, g) if cfg.resume else 0
+        start = restore(run, g) if cfg.resume else fresh_start(run)
         syncs = [
             weight_sync(g["actor"], g["rollout"], cfg=cfg.run),
             weight_sync(g["critic_train"], g["critic"], cfg=cfg.run),

@@ -65,6 +65,10 @@ def test_dead_worker_restarts_from_checkpoint(cluster, straight, tmp_path):
     common = [*COMMON, "steps=4", "run.checkpoint_every=2"]
     clean = straight
     crashy = tmp_path / "crashy"
+    # An earlier run in the same directory got further: a restart must not resume from it.
+    from loomrl.checkpoint import list_checkpoints, save_checkpoint
+
+    save_checkpoint(crashy, 10, {"step": 10, "note": "another run's"})
     mod, cfg = load_recipe_config(
         ROOT / "examples/tiny_grpo.yaml",
         _normalise_overrides(
@@ -77,3 +81,6 @@ def test_dead_worker_restarts_from_checkpoint(cluster, straight, tmp_path):
     a = json.loads((clean / "run_summary.json").read_text())
     b = json.loads((crashy / "run_summary.json").read_text())
     assert a["param_sha256"] == b["param_sha256"]
+    (aside,) = crashy.glob("checkpoints-before-*")  # kept whole, beside this run's own
+    assert [s for s, _ in list_checkpoints(crashy)] == [2, 4]
+    assert (aside / "step-000010").is_dir()

@@ -294,3 +294,21 @@ def test_weights_only_refusal_is_explained(tmp_path):
     path = save_checkpoint(tmp_path, 1, {"obj": Custom()})
     with pytest.raises(CheckpointError, match="load it with weights_only=False"):
         load_checkpoint(path)
+
+
+def test_set_aside_moves_an_earlier_runs_checkpoints_whole(tmp_path):
+    from loomrl.checkpoint import latest_checkpoint, list_checkpoints, set_aside
+
+    assert set_aside(tmp_path) is None  # nothing there: nothing moved
+    save_checkpoint(tmp_path, 3, {"step": 3})
+    save_checkpoint(tmp_path, 7, {"step": 7})
+    moved = set_aside(tmp_path)
+    assert moved is not None and moved.name.startswith("checkpoints-before-")
+    assert latest_checkpoint(tmp_path) is None and list_checkpoints(tmp_path) == []
+    assert sorted(p.name for p in moved.iterdir() if p.name.startswith("step-")) == [
+        "step-000003",
+        "step-000007",
+    ]
+    save_checkpoint(tmp_path, 1, {"step": 1})
+    again = set_aside(tmp_path)  # a second earlier run, within the same second: its own place
+    assert again is not None and again != moved and again.is_dir() and moved.is_dir()
