@@ -159,6 +159,26 @@ class Flaky(Worker):
         return [x + 1 for x in items]
 
 
+def _flaky_chain(cluster, devices: int, batch: int, granularities: list[int], fails: str = "a"):
+    """A flow a -> b of two Flaky stages, with a profile for it; returns the flow, the group of
+    stage ``fails`` (to make it raise) and the profile."""
+    spec = {"valid_devices": [1], "time": {"alpha": 0, "per_item": {1: 0.1}}, "memory_gb": {1: 0}}
+    prof = load_profile(
+        {
+            "devices": devices,
+            "device_memory_gb": 8,
+            "batch": batch,
+            "granularities": granularities,
+            "components": {"a": spec, "b": spec},
+            "edges": [["a", "b"]],
+        }
+    )
+    flow = Flow(cluster)
+    groups = {"a": flow.group(Flaky, name="a"), "b": flow.group(Flaky, name="b")}
+    flow.chain(groups["a"].step, groups["b"].step)
+    return flow, groups[fails], prof
+
+
 @pytest.mark.timeout(120)
 def test_a_failing_producer_under_a_spatial_plan_ends_the_run_not_a_hang(cluster):
     """Spatial: the consumer waits on the producer's channel; when the producer raises, the
@@ -167,21 +187,7 @@ def test_a_failing_producer_under_a_spatial_plan_ends_the_run_not_a_hang(cluster
     from loomrl.plan.plan import leaf, spatial
     from loomrl.plan.search import fixed_plan
 
-    spec = {"valid_devices": [1], "time": {"alpha": 0, "per_item": {1: 0.1}}, "memory_gb": {1: 0}}
-    prof = load_profile(
-        {
-            "devices": 2,
-            "device_memory_gb": 8,
-            "batch": 4,
-            "granularities": [1, 2, 4],
-            "components": {"a": spec, "b": spec},
-            "edges": [["a", "b"]],
-        }
-    )
-    flow = Flow(cluster)
-    a = flow.group(Flaky, name="a")
-    b = flow.group(Flaky, name="b")
-    flow.chain(a.step, b.step)
+    flow, a, prof = _flaky_chain(cluster, devices=2, batch=4, granularities=[1, 2, 4])
     tree = spatial(leaf("a", 1), leaf("b", 1))
     flow.plan(plan_path := _save(fixed_plan(prof, tree, 1)))
     try:
@@ -227,21 +233,7 @@ def test_hop_channels_are_kept_while_runs_succeed_and_remade_after_a_failure(clu
     from loomrl.plan.plan import leaf, temporal
     from loomrl.plan.search import fixed_plan
 
-    spec = {"valid_devices": [1], "time": {"alpha": 0, "per_item": {1: 0.1}}, "memory_gb": {1: 0}}
-    prof = load_profile(
-        {
-            "devices": 1,
-            "device_memory_gb": 8,
-            "batch": 2,
-            "granularities": [2],
-            "components": {"a": spec, "b": spec},
-            "edges": [["a", "b"]],
-        }
-    )
-    flow = Flow(cluster)
-    a = flow.group(Flaky, name="a")
-    b = flow.group(Flaky, name="b")
-    flow.chain(a.step, b.step)
+    flow, b, prof = _flaky_chain(cluster, devices=1, batch=2, granularities=[2], fails="b")
     flow.plan(plan_path := _save(fixed_plan(prof, temporal(leaf("a", 1), leaf("b", 1)), 2)))
     try:
         assert flow.run([1, 2]).outputs == [3, 4]
