@@ -408,6 +408,7 @@ class Flow:
             raise ValueError("declare the data flow with flow.chain(...) before flow.plan()")
         pinned: Plan | None = None
         profiled = False
+        want = len(sample) if sample is not None else batch  # the run's items per iteration
         if str(placement) not in PLACEMENTS:
             path = Path(placement)
             if not path.exists():
@@ -415,7 +416,6 @@ class Flow:
                     f"placement={str(placement)!r}: not one of {PLACEMENTS} and no such plan file"
                 )
             pinned = PlanCls.load(path)
-            want = len(sample) if sample is not None else batch
             self._check_pinned(pinned, memory=True, batch=want, micro_batch=micro_batch)
             self._launch(pinned)
             self.plan_ = pinned
@@ -426,7 +426,7 @@ class Flow:
                     f"profile='calibrate' plans only placement='temporal' (got {placement!r}): "
                     "other modes need measured costs to split devices; drop profile= to measure them"
                 )
-            chosen = self._default_temporal(len(sample) if sample is not None else int(batch or 0))
+            chosen = self._default_temporal(int(want or 0))
             self._calibrate, self._calibrate_seen = True, 0
             self._launch(chosen)
             self.plan_ = chosen
@@ -437,7 +437,7 @@ class Flow:
                     f"placement={placement!r} needs sample= (items of one iteration) to profile"
                 )
             if micro_batch is not None:  # before minutes of profiling, not after
-                _check_micro_batch(micro_batch, len(sample))
+                _check_micro_batch(micro_batch, want)
             from loomrl.profiler import DEFAULT_BUDGET, profile_flow
 
             profile = profile_flow(
@@ -451,7 +451,6 @@ class Flow:
             profiled = True
         elif not hasattr(profile, "components"):
             profile = load_profile(profile)
-        want = len(sample) if sample is not None else batch
         if want and profile.batch != want:
             raise PlanError(
                 f"the profile is for batch={profile.batch} items per iteration but this run has "

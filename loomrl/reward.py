@@ -219,10 +219,10 @@ def _normalize(s: str) -> str:
 # Beyond this decimal exponent a number is not read exactly: Fraction("1e999999999") builds a
 # billion-digit integer (seconds to hours, hundreds of MB), and a model can write that in 14 chars.
 MAX_EXPONENT = 1000
-_HUGE = Fraction(-1, 7)  # stands for "a number too large to read": equal to nothing but itself
+_HUGE = object()  # stands for "a number too large to read": equal to nothing but itself
 
 
-def _as_number(s: str) -> Fraction | None:
+def _as_number(s: str) -> Fraction | object | None:
     """Exact value of a plain number: 12, -3.50, 1,000, 3/4, \\frac{3}{4}. Else None;
     ``_HUGE`` for a decimal whose exponent is beyond ``MAX_EXPONENT``."""
     s = _normalize(s)

@@ -20,11 +20,15 @@ def loss_scale_for(agg: str) -> str:
     ``loss_scale``) so that the batch's loss is the one ``agg`` names whatever the split: by
     their share of tokens for token-mean, of sequences for the sequence means (weighted by
     tokens, a sequence mean over micro-batches of one sequence each became a token mean)."""
-    if agg not in AGG_MODES:
-        raise ValueError(
-            f"agg={agg!r} is not a known aggregation mode; use one of {list(AGG_MODES)}"
-        )
+    _check_agg(agg)
     return "tokens" if agg == "token-mean" else "sequences"
+
+
+def _check_agg(mode: str) -> None:
+    if mode not in AGG_MODES:
+        raise ValueError(
+            f"agg={mode!r} is not a known aggregation mode; use one of {list(AGG_MODES)}"
+        )
 
 
 def _check_same_shape(x: Tensor, mask: Tensor, fn: str) -> Tensor:
@@ -98,10 +102,7 @@ def aggregate(x: Tensor, mask: Tensor, mode: str = "token-mean") -> Tensor:
     Sequences without any valid token are left out of the sequence means; if no token
     is valid at all the result is 0.
     """
-    if mode not in AGG_MODES:
-        raise ValueError(
-            f"agg={mode!r} is not a known aggregation mode; use one of {list(AGG_MODES)}"
-        )
+    _check_agg(mode)
     m = _check_same_shape(x, mask, "aggregate")
     if mode == "token-mean":
         return masked_mean(x, m)

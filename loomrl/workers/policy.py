@@ -224,25 +224,22 @@ class PolicyWorker(Worker):
         """A policy's act() gives actions [n, *action shape], log-probs [n] and values [n];
         anything else (a value of [n, 1] is the usual slip) would break the rollout's buffer
         with a bare broadcasting error, or fill it wrongly."""
-        want = {
-            "actions": (n, *self.action_shape),
-            "log-probs": (n,),
-            "values": (n,),
-        }
-        got = {"actions": tuple(a.shape), "log-probs": tuple(logp.shape), "values": tuple(v.shape)}
+        got = (tuple(a.shape), tuple(logp.shape), tuple(v.shape))
+        want = ((n, *self.action_shape), (n,), (n,))
+        if got == want:  # every call: nothing more than this comparison
+            return
         bad = [
-            f"{k} of shape {list(got[k])}, expected {list(w)}"
-            for k, w in want.items()
-            if got[k] != w
+            f"{k} of shape {list(g)}, expected {list(w)}"
+            for k, g, w in zip(("actions", "log-probs", "values"), got, want, strict=True)
+            if g != w
         ]
-        if bad:
-            raise ConfigError(
-                [
-                    f"policy={self.spec!r}: act() on {n} observations returned "
-                    + "; ".join(bad)
-                    + " (it returns actions, log-probs and values, one row per observation)"
-                ]
-            )
+        raise ConfigError(
+            [
+                f"policy={self.spec!r}: act() on {n} observations returned "
+                + "; ".join(bad)
+                + " (it returns actions, log-probs and values, one row per observation)"
+            ]
+        )
 
     # -- the rollout ------------------------------------------------------------------------------
     def begin(self, steps: int) -> None:
