@@ -11,7 +11,15 @@ kind (memory there combines by max, so feasibility is all that matters).
 
 ``kind`` is a 2-bit mask (1: uses temporal placement, 2: uses spatial
 placement) so one pass yields the best all-temporal, all-spatial and hybrid
-plans together. Never imports torch.
+plans together.
+
+Branch and bound, exact: a quick scout finds real plans of each mode (on large graphs
+with a few points per state; on nodes with many valid device counts on a few spread-out
+counts, then zooming in on those its plans use). Their times bound the exact pass, which
+drops every stream point whose lower bound (``_DP._lower_bound``: its own F + (K-1) P plus
+the least the nodes outside it can add) exceeds them, and makes only the pairs of points
+that can pass that test (``_DP._pairs``). With every count of 1..4,096 valid the points
+and pairs would otherwise grow with the square of the count. Never imports torch.
 """
 
 from __future__ import annotations
@@ -154,32 +162,178 @@ class _DP:
         self.core_cap = profile.cpu_core_budget + EPS
         self.order = self.graph.reachable_subgraphs()
         self.truncate: int | None = None
+        # Scout passes: per node, the device counts its options may use (None: all of them).
+        self.grid: dict[int, list[frozenset[int]]] | None = None
+        self._on_grid: dict[tuple[int, int], _OptSet] = {}
         self.switch = switch_total(profile)
+        self._fitting: dict[tuple[int, int], _OptSet] = {}
         # Leaf / cycle options in phase context (M items) do not depend on m.
-        self.phase_opts = {
-            i: self._feasible(node_options(profile, nd.name, devices, profile.batch))
-            for i, nd in enumerate(self.graph.nodes)
-        }
+        self._phase_all = {i: self._node_opts(i, profile.batch) for i in range(len(self.graph))}
+        self.phase_opts = self._phase_all
 
-    def _feasible(self, opts: list[Option]) -> list[Option]:
-        return [
-            o for o in opts if o.mem <= self.cap and o.cores <= self.core_cap and o.used <= self.N
-        ]
+    def _node_opts(self, i: int, items: int) -> _OptSet:
+        """Node i's options on items, those that fit memory, cores and N (and the scout's grid)."""
+        key = (i, items)
+        opts = self._fitting.get(key)
+        if opts is None:
+            every = node_options(self.profile, self.graph.nodes[i].name, self.N, items)
+            opts = _OptSet(
+                [
+                    o
+                    for o in every
+                    if o.mem <= self.cap and o.cores <= self.core_cap and o.used <= self.N
+                ]
+            )
+            self._fitting[key] = opts
+        if self.grid is not None:
+            if key not in self._on_grid:
+                ok = np.ones(len(opts), dtype=bool)
+                for p, grid in enumerate(self.grid[i]):
+                    col = opts.counts[:, p]
+                    ok &= (col < 0) | np.isin(col, np.fromiter(grid, dtype=np.int64))
+                self._on_grid[key] = opts.take(np.nonzero(ok)[0])
+            opts = self._on_grid[key]
+        return opts
+
+    def use_grid(self, grid: dict[int, list[frozenset[int]]] | None) -> None:
+        """Restrict each node's options to the device counts in ``grid`` (None: lift it)."""
+        self.grid = None
+        self.phase_opts = self._phase_all
+        self._on_grid = {}
+        if grid is not None:
+            self.grid = grid
+            self.phase_opts = {i: self._node_opts(i, self.profile.batch) for i in self._phase_all}
+
+    def _coords(self, i: int) -> list[list[int]]:
+        """The device counts node i's options name, per position (n', or n_a and n_b)."""
+        col = self._phase_all[i].counts
+        return [sorted(int(x) for x in np.unique(col[:, p]) if x >= 0) for p in (0, 1)]
+
+    def spread_grid(self) -> dict[int, list[frozenset[int]]]:
+        """A few device counts per node, spread over 1..N."""
+        return {i: [_spread(c, self.N) for c in self._coords(i)] for i in self._phase_all}
+
+    def grid_around(self, trees: list[Node], step: int) -> dict[int, list[frozenset[int]]]:
+        """Per node, the counts nearest to c + j * step (|j| <= 4) for each count c the plans use."""
+        index = {nd.name: i for i, nd in enumerate(self.graph.nodes)}
+        used: dict[int, list[set[int]]] = {i: [set(), set()] for i in self._phase_all}
+        for tree in trees:
+            for leaf in tree.leaves():
+                counts = leaf.split if leaf.split else (leaf.used,)
+                for p, c in enumerate(counts):
+                    used[index[leaf.component]][p].add(c)
+        offsets = step * np.arange(-_NEAR, _NEAR + 1)
+        grid = {}
+        for i in self._phase_all:
+            near = []
+            for p, c in enumerate(self._coords(i)):
+                if not c or not used[i][p]:
+                    near.append(frozenset(c))
+                    continue
+                targets = (np.array(sorted(used[i][p]))[:, None] + offsets[None, :]).ravel()
+                cs = np.asarray(c)
+                pick = np.abs(cs[None, :] - targets[:, None]).argmin(axis=1)
+                near.append(frozenset(int(x) for x in cs[np.unique(pick)]))
+            grid[i] = near
+        return grid
+
+    def dense(self) -> bool:
+        """Whether some node has so many options that the exact pass benefits from a scout."""
+        return any(len(o) > _DENSE_OPTIONS for o in self._phase_all.values())
+
+    def _lower_bounds(self, m: int) -> None:
+        """Per node, the fastest feasible call on at most n devices (n = 0..N), at m and M items.
+
+        They bound from below what the nodes outside a sub-graph add to any plan that contains
+        one of its stream points (``_lower_bound``).
+        """
+        self._tm, self._tM, self._te = {}, {}, {}
+        for i in range(len(self.graph)):
+            best = np.full(self.N + 1, np.inf)
+            opts = self._node_opts(i, m)
+            np.minimum.at(best, opts.used, opts.time)
+            best = np.minimum.accumulate(best)
+            self._tm[i] = best
+            ph = self.phase_opts[i]
+            self._tM[i] = float(ph.time.min()) if len(ph) else math.inf
+            self._te[i] = min(best[self.N], self._tM[i])
+        self._rest: dict[int, tuple | None] = {}
+
+    def _lower_bound(self, s: int, F: np.ndarray, P: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """A lower bound on the iteration time of any plan holding these stream points of s.
+
+        With t_c(n) the fastest call of node c on at most n devices (m items; ``_tm``) and e_c
+        its fastest call at m or M items on any count (``_te``), each node c outside s ends
+        in one of three places:
+        (a) In the same stream subtree S as s, on devices disjoint from s's: it adds its call,
+            at least t_c(N - u), to F, and P is at least that call. If every outside node is
+            there, T >= F + sum t_c(N - u) + (K-1) max(P, max t_c(N - u)).
+        (b) In S, sharing devices with s below a co-resident temporal node: it adds t_c(N) to F
+            and at least as much to P, K t_c(N) in all.
+        (c) Outside S: the root is then a phase temporal node, which pays every switch, and the
+            phase part holding c takes at least g_c = min(t_c(N, M), K t_c(N)) (a spatial part
+            pays K times its slowest member, and at least e of every other).
+        Every other outside node adds at least its e, whatever its place.
+        """
+        K = self.K
+        T = F + (K - 1) * P
+        out = self._outside(s)
+        if out is None:
+            return T
+        total, slowest, shared, _, _ = out
+        uu = np.minimum(u, self.N)
+        disjoint = F + total[uu]
+        if K > 1:  # (K-1) * inf would be nan when an outside node has no call on N - u devices
+            disjoint = disjoint + (K - 1) * np.maximum(P, slowest[uu])
+        return np.minimum(disjoint, T + shared)
+
+    def _outside(self, s: int):
+        """For the nodes outside s (None if there are none), indexed by the devices u s uses:
+        the sum and the slowest of their fastest calls on N - u devices; what they add at the
+        least when some share s's devices or run outside its stream subtree; and what they add
+        at the least wherever they run (the sum of their e). See ``_lower_bound``."""
+        if s in self._rest:
+            return self._rest[s]
+        rest = [i for i in range(len(self.graph)) if not s >> i & 1]
+        if not rest:
+            self._rest[s] = None
+            return None
+        N, K = self.N, self.K
+        left = N - np.arange(N + 1)
+        calls = np.stack([self._tm[i][left] for i in rest])
+        e = {i: self._te[i] for i in rest}
+        floor = sum(e.values())
+        if math.isfinite(floor):
+            shared_b = min(K * self._tm[i][N] - e[i] for i in rest)
+            shared_c = min(min(self._tM[i], K * self._tm[i][N]) - e[i] for i in rest)
+            shared = floor + min(shared_b, shared_c + self.switch)
+        else:  # some outside node fits nowhere: no plan holds any point of s
+            shared = math.inf
+        total, slowest = calls.sum(axis=0), calls.max(axis=0)
+        if K > 1:
+            h = total + (K - 1) * slowest
+        else:
+            h = total
+        # h is non-decreasing in u (for searchsorted): the calls only slow on fewer devices
+        self._rest[s] = (total, slowest, shared, floor, h)
+        return self._rest[s]
 
     def run(self, m: int, bound: np.ndarray | None = None):
         """Return (best per kind at the root, back-pointer tables) for micro-batch m.
 
-        ``bound[kind]``: a stream point of that kind whose F + (K-1) P exceeds it
-        cannot be part of any plan we still want (F and P only grow towards the
-        root, and the root pays at least F + (K-1) P), so it is dropped.
+        ``bound[kind]``: the time of a real plan of every mode a plan of that kind counts
+        in. A stream point ends in a plan of kind | KIND_S (it sits below a spatial node);
+        when its lower bound exceeds that bound, it cannot be part of any plan we still want,
+        so it is dropped.
         """
-        g, prof, N = self.graph, self.profile, self.N
+        g, prof = self.graph, self.profile
         K = prof.batch // m
         self.K = K
         self.bound = bound if bound is not None else np.full(4, np.inf)
+        self._lower_bounds(m)
         stream: dict[int, _Points] = {}
         spat: dict[int, _Points] = {}
-        leaf_opts: dict[int, list[Option]] = {}
+        leaf_opts: dict[int, _OptSet] = {}
         # phase[s] = (values[4], source[4]) with source ("leaf", idx) | ("spat", idx) | ("temp", cut, ka, kb)
         phase: dict[int, tuple[np.ndarray, list]] = {}
         root_other = root_temp = None
@@ -188,28 +342,31 @@ class _DP:
             src: list = [None] * 4
             if s & (s - 1) == 0:  # a single graph node
                 i = s.bit_length() - 1
-                opts = self._feasible(node_options(prof, g.nodes[i].name, N, m))
+                opts = self._node_opts(i, m)
                 leaf_opts[s] = opts
-                if opts:
+                if len(opts):
                     pts = _Points(
-                        np.array([o.time for o in opts]),
-                        np.array([o.time for o in opts]),
-                        np.array([o.mem for o in opts]),
-                        np.array([o.cores for o in opts], dtype=np.float64),
-                        np.array([o.used for o in opts], dtype=np.int64),
-                        np.array([o.kind for o in opts], dtype=np.int64),
+                        opts.time,
+                        opts.time,
+                        opts.mem,
+                        opts.cores,
+                        opts.used,
+                        opts.kind,
                         np.zeros(len(opts), dtype=np.int64),
                         np.zeros(len(opts), dtype=np.int64),
                         np.arange(len(opts), dtype=np.int64),
                         np.zeros(len(opts), dtype=np.int64),
                     )
-                    stream[s] = self._prune(self._bounded(pts))
+                    stream[s] = self._prune(self._bounded(pts, s))
                 else:
                     stream[s] = _empty()
                 spat[s] = _empty()
-                for j, o in enumerate(self.phase_opts[i]):
-                    if o.time < vals[o.kind]:
-                        vals[o.kind], src[o.kind] = o.time, ("leaf", j)
+                ph = self.phase_opts[i]
+                for kk in range(4):
+                    sel = np.nonzero(ph.kind == kk)[0]
+                    if sel.size:  # the first of the fastest, as a scan would keep
+                        j = int(sel[np.argmin(ph.time[sel])])
+                        vals[kk], src[kk] = ph.time[j], ("leaf", j)
                 phase[s] = (vals, src)
                 if s == g.full:
                     root_other = (vals.copy(), list(src))
@@ -223,11 +380,11 @@ class _DP:
                 b = s & ~a
                 A, B = stream[a], stream[b]
                 if len(A) and len(B):
-                    sp_parts.append(self._combine(A, B, a, spatial=True))
+                    sp_parts.append(self._combine(A, B, a, b, spatial=True))
                     if (
                         not is_root
                     ):  # the root is in phase context: no co-resident stream node there
-                        tp_parts.append(self._combine(A, B, a, spatial=False))
+                        tp_parts.append(self._combine(A, B, a, b, spatial=False))
                 va, vb = phase[a][0], phase[b][0]
                 for ka in range(4):
                     if not math.isfinite(va[ka]):
@@ -263,41 +420,121 @@ class _DP:
             if s == g.full:
                 root_other = (ovals, osrc)
                 root_temp = (tvals + self.switch, tsrc)
-        tables = (stream, spat, leaf_opts, phase)
+        tables = (stream, spat, leaf_opts, phase, self.phase_opts)
         return root_other, root_temp, tables
 
-    def _combine(self, A: _Points, B: _Points, cut: int, spatial: bool) -> _Points:
-        """Every pairing of A's and B's points under a spatial or co-resident temporal node."""
+    def _combine(self, A: _Points, B: _Points, cut: int, other: int, spatial: bool) -> _Points:
+        """Every pairing of A's and B's points under a spatial or co-resident temporal node
+        that fits and whose lower bound (``_lower_bound``) does not exceed the bound."""
+        ia, ib = self._pairs(A, B, cut | other, spatial)
         if spatial:
-            u = np.add.outer(A.u, B.u)
-            mem = np.maximum.outer(A.mem, B.mem)
-            cores = np.add.outer(A.cores, B.cores)
+            u = A.u[ia] + B.u[ib]
+            mem = np.maximum(A.mem[ia], B.mem[ib])
+            cores = A.cores[ia] + B.cores[ib]
         else:
-            u = np.maximum.outer(A.u, B.u)
-            mem = np.add.outer(A.mem, B.mem)
-            cores = np.maximum.outer(A.cores, B.cores)
+            u = np.maximum(A.u[ia], B.u[ib])
+            mem = A.mem[ia] + B.mem[ib]
+            cores = np.maximum(A.cores[ia], B.cores[ib])
         ok = (u <= self.N) & (mem <= self.cap)
         if self.core_cap < math.inf:
             ok &= cores <= self.core_cap
-        ia, ib = np.nonzero(ok)
         F = A.F[ia] + B.F[ib]
         P = np.maximum(A.P[ia], B.P[ib]) if spatial else A.P[ia] + B.P[ib]
         kind = A.kind[ia] | B.kind[ib] | (KIND_S if spatial else KIND_T)
-        keep = F + (self.K - 1) * P <= self.bound[kind]
-        ia, ib = ia[keep], ib[keep]
-        k = ia.size
+        # A stream point only ever ends below a spatial node, so in a plan of kind | KIND_S.
+        ok &= self._lower_bound(cut | other, F, P, u) <= self.bound[kind | KIND_S]
+        keep = np.nonzero(ok)[0]
+        k = keep.size
         return _Points(
             F[keep],
             P[keep],
-            mem[ia, ib],
-            cores[ia, ib],
-            u[ia, ib],
+            mem[keep],
+            cores[keep],
+            u[keep],
             kind[keep],
             np.full(k, 1 if spatial else 2, dtype=np.int64),
             np.full(k, cut, dtype=np.int64),
-            ia.astype(np.int64),
-            ib.astype(np.int64),
+            ia[keep],
+            ib[keep],
         )
+
+    def _pairs(
+        self, A: _Points, B: _Points, s: int, spatial: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Index pairs (a, b), in row-major order, that can pass ``_lower_bound``'s test.
+
+        A stream point has F >= P and the outside nodes add at least ``floor``, so
+        T >= F_a + floor + K P_b (co-resident, where P = P_a + P_b: also + (K-1) P_a): that
+        caps P_b. Unless the outside nodes can share devices or run
+        apart (``shared``), they run beside the pair on N - u devices, and T >= F_a + min F_B +
+        h(u) with h(u) = sum + (K-1) max of their fastest calls there, non-decreasing in u:
+        that caps u. With B in order of u, the first cap leaves a suffix (B's running minimum
+        of P) and the second a prefix: each a pairs with one window of B.
+        """
+        K, N = self.K, self.N
+        nA, nB = len(A), len(B)
+        if nA * nB <= _ALL_PAIRS:  # windows cost more than they save on small sets
+            return np.divmod(np.arange(nA * nB, dtype=np.int64), nB)
+        op = KIND_S if spatial else KIND_T | KIND_S
+        # the loosest bound among the kinds a pairing with a can take (supersets of kind_a | op)
+        loose = np.array(
+            [max(self.bound[k] for k in range(4) if k & (ka | op) == ka | op) for ka in range(4)]
+        )[A.kind]
+        out = self._outside(s)
+        floor, shared = (out[3], out[2]) if out is not None else (0.0, 0.0)
+        if not math.isfinite(floor):
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        # rounding: the exact test sums the same terms in another order
+        left = loose - A.F - (K - 1) * A.P + 1e-9 * np.abs(loose) + 1e-12
+        min_fb = float(B.F.min())
+        order = np.argsort(B.u, kind="stable")
+        Bu = B.u[order]
+        run_min = np.minimum.accumulate(B.P[order])  # non-increasing
+        # K P_b <= T - F_a - (what the outside adds), and co-resident also - (K-1) P_a
+        cap_b = left if not spatial else left + (K - 1) * A.P
+        gate = left - min_fb  # T - F_a - (K-1) P_a - min F_B, before the outside's share
+
+        def u_b(u_max: np.ndarray) -> np.ndarray:
+            """The most devices b may use when the pair may use u_max."""
+            return u_max - A.u if spatial else np.where(A.u <= u_max, u_max, -1)
+
+        windows = []
+        if out is None:
+            lo = np.searchsorted(-K * run_min, -cap_b, side="left")
+            hi = np.searchsorted(Bu, u_b(np.full(nA, N)), side="right")
+            windows.append((lo, np.where(gate >= 0, hi, 0)))
+        else:
+            # beside the pair: the outside adds >= floor, and h(u) caps the devices
+            lo = np.searchsorted(-K * run_min, -(cap_b - floor), side="left")
+            u_max = np.searchsorted(out[4], gate + (K - 1) * A.P, side="right") - 1
+            hi = np.searchsorted(Bu, u_b(u_max), side="right")
+            windows.append((lo, np.where(gate - floor >= 0, hi, 0)))
+            # sharing devices or apart: the outside adds >= shared, on any number of devices
+            lo_s = np.searchsorted(-K * run_min, -(cap_b - shared), side="left")
+            hi_s = np.searchsorted(Bu, u_b(np.full(nA, N)), side="right")
+            windows.append((np.maximum(lo_s, hi), np.where(gate - shared >= 0, hi_s, 0)))
+        parts = []
+        for lo, hi in windows:
+            if spatial:
+                parts.append(_windows(lo, hi, order))
+                continue
+            # Co-resident, u = max(u_a, u_b): when u_a <= u_b, an a' with u_a < u_a' <= u_b
+            # that is as good as a in F, P, memory and cores gives a pair as good (same u), so
+            # a pairs only with the b whose u lies in [u_a, next_a) (next: ``_next_better``).
+            lo = np.maximum(lo, np.searchsorted(Bu, A.u, side="left"))
+            hi = np.minimum(hi, np.searchsorted(Bu, _next_better(A, N), side="left"))
+            parts.append(_windows(lo, hi, order))
+        if not spatial:  # the pairs with u_b < u_a, by the same rule from b's side
+            orderA = np.argsort(A.u, kind="stable")
+            Au = A.u[orderA]
+            lo2 = np.searchsorted(Au, B.u, side="right")
+            hi2 = np.searchsorted(Au, _next_better(B, N), side="left")
+            ib2, ia2 = _windows(lo2, hi2, orderA)
+            parts.append((ia2, ib2))
+        ia = np.concatenate([p[0] for p in parts])
+        ib = np.concatenate([p[1] for p in parts])
+        rm = np.argsort(ia * nB + ib, kind="stable")
+        return ia[rm], ib[rm]
 
     def _prune(self, pts: _Points) -> _Points:
         pts = _prune(pts)
@@ -311,13 +548,14 @@ class _DP:
             pts = pts.take(np.sort(np.concatenate(keep)))
         return pts
 
-    def _bounded(self, pts: _Points) -> _Points:
-        return pts.take(np.nonzero(pts.F + (self.K - 1) * pts.P <= self.bound[pts.kind])[0])
+    def _bounded(self, pts: _Points, s: int) -> _Points:
+        T = self._lower_bound(s, pts.F, pts.P, pts.u)
+        return pts.take(np.nonzero(T <= self.bound[pts.kind | KIND_S])[0])
 
     # ------------------------------------------------------------------ reconstruction
 
     def build(self, tables, root_src, root_is_temp: bool) -> Node:
-        stream, spat, leaf_opts, phase = tables
+        stream, spat, leaf_opts, phase, phase_opts = tables
         g, prof = self.graph, self.profile
 
         def opt_node(s: int, o: Option) -> Node:
@@ -327,7 +565,7 @@ class _DP:
         def st(s: int, pts: _Points, j: int) -> Node:
             op = int(pts.op[j])
             if op == 0:
-                return opt_node(s, leaf_opts[s][int(pts.ia[j])])
+                return opt_node(s, leaf_opts[s].opts[int(pts.ia[j])])
             a = int(pts.cut[j])
             b = s & ~a
             na = st(a, stream[a], int(pts.ia[j]))
@@ -340,7 +578,7 @@ class _DP:
 
         def ph(s: int, source) -> Node:
             if source[0] == "leaf":
-                return opt_node(s, self.phase_opts[s.bit_length() - 1][source[1]])
+                return opt_node(s, phase_opts[s.bit_length() - 1].opts[source[1]])
             if source[0] == "spat":
                 return st(s, spat[s], source[1])
             _, a, ka, kb = source
@@ -349,6 +587,81 @@ class _DP:
             return Node("temporal", max(na.n, nb.n), children=(na, nb))
 
         return ph(g.full, root_src)
+
+
+class _OptSet:
+    """A node's options as a list (to rebuild plans) and as arrays (to search)."""
+
+    def __init__(self, opts: list[Option]):
+        self.opts = opts
+        self.time = np.array([o.time for o in opts], dtype=np.float64)
+        self.mem = np.array([o.mem for o in opts], dtype=np.float64)
+        self.cores = np.array([o.cores for o in opts], dtype=np.float64)
+        self.used = np.array([o.used for o in opts], dtype=np.int64)
+        self.kind = np.array([o.kind for o in opts], dtype=np.int64)
+        # the device counts each option names, -1 where it names fewer than two
+        self.counts = np.array([(_counts(o) + (-1, -1))[:2] for o in opts], dtype=np.int64).reshape(
+            len(opts), 2
+        )
+
+    def __len__(self) -> int:
+        return len(self.opts)
+
+    def take(self, idx: np.ndarray) -> _OptSet:
+        out = object.__new__(_OptSet)
+        out.opts = [self.opts[j] for j in idx]
+        for f in ("time", "mem", "cores", "used", "kind", "counts"):
+            setattr(out, f, getattr(self, f)[idx])
+        return out
+
+
+def _windows(lo: np.ndarray, hi: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs (i, order[j]) for every i and lo[i] <= j < hi[i]."""
+    counts = np.maximum(hi - lo, 0)
+    total = int(counts.sum())
+    i = np.repeat(np.arange(len(lo), dtype=np.int64), counts)
+    offset = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return i, order[np.repeat(lo, counts) + offset].astype(np.int64)
+
+
+def _next_better(X: _Points, N: int, look: int = 8) -> np.ndarray:
+    """Per point, the u of a later point in order of u that is as good in F, P, memory and
+    cores (the first of the next ``look``); N + 1 if none is found. Larger than the least such
+    u is safe: it only keeps more pairs. Kinds need not match: a co-resident pair always ends
+    below a spatial node, in a hybrid plan, whatever its sides' kinds."""
+    order = np.argsort(X.u, kind="stable")
+    cols = [X.F[order], X.P[order], X.mem[order], X.cores[order]]
+    u = X.u[order]
+    found = np.full(len(X), N + 1, dtype=np.int64)
+    for d in range(look, 0, -1):  # nearest last, so it wins
+        if d >= len(X):
+            continue
+        ok = np.ones(len(X) - d, dtype=bool)
+        for c in cols:
+            ok &= c[d:] <= c[:-d]
+        found[:-d] = np.where(ok, u[d:], found[:-d])
+    out = np.empty_like(found)
+    out[order] = found
+    return out
+
+
+def _counts(o: Option) -> tuple[int, ...]:
+    """The device counts an option names: (n',) for a leaf or co-located cycle, (n_a, n_b) split."""
+    return o.spec[1:2] if o.spec[0] != "split" else o.spec[1:3]
+
+
+def _spread(counts: list[int], N: int) -> frozenset[int]:
+    """A few of ``counts`` spread over 1..N: nearest to a geometric and to a linear grid."""
+    if len(counts) <= _DENSE_OPTIONS // 2:
+        return frozenset(counts)
+    c = np.asarray(counts)
+    targets = np.concatenate([np.geomspace(1, max(N, 1), 16), np.linspace(0, N, 17)])
+    pick = np.abs(c[None, :] - targets[:, None]).argmin(axis=1)
+    return frozenset(int(x) for x in c[np.unique(pick)])
+
+
+_DENSE_OPTIONS = 48
+_ALL_PAIRS = 16384
 
 
 def _option_node(profile: WorkloadProfile, name: str, o: Option) -> Node:
@@ -448,17 +761,7 @@ def _run_all(profile: WorkloadProfile, devices: int) -> dict[str, _Best | None]:
     dp = _DP(profile, devices)
     best: dict[str, _Best | None] = {k: None for k in _MODE_KINDS}
     grans = sorted(profile.granularities, reverse=True)
-    # A quick heuristic pass (few points per state) finds real plans of each mode;
-    # their times bound the exact pass, which then drops hopeless points early.
-    bounds = np.full(4, np.inf)
-    if len(dp.graph) > 3:  # small graphs: the exact pass alone is faster
-        dp.truncate = _HEURISTIC_POINTS
-        scout: dict[str, _Best | None] = {k: None for k in _MODE_KINDS}
-        for m in grans:
-            (ov, osrc), (tv, tsrc), _ = dp.run(m)
-            _update(scout, m, ov, osrc, tv, tsrc, None)
-        bounds = _bounds(scout)
-        dp.truncate = None
+    bounds = _scout(dp, grans)
     # Larger m first so that ties (plans that never stream) keep whole-batch calls.
     for m in grans:
         (ov, osrc), (tv, tsrc), tables = dp.run(m, np.minimum(bounds, _bounds(best)))
@@ -467,7 +770,38 @@ def _run_all(profile: WorkloadProfile, devices: int) -> dict[str, _Best | None]:
     return best
 
 
+def _scout(dp: _DP, grans: list[int]) -> np.ndarray:
+    """Times of real plans per mode, found quickly, as bounds for the exact pass.
+
+    Large graphs: a few points per state (``truncate``). Nodes with many device counts: first
+    a few spread-out counts, then, for the micro-batch sizes of the plans found, the counts
+    near theirs, zooming in 4x a round. Small graphs with few counts need no scout.
+    """
+    dense = dp.dense()
+    if len(dp.graph) <= 3 and not dense:
+        return np.full(4, np.inf)
+    dp.truncate = _HEURISTIC_POINTS if len(dp.graph) > 3 else None
+    scout: dict[str, _Best | None] = {k: None for k in _MODE_KINDS}
+    grid = dp.spread_grid() if dense else None
+    step = -(-dp.N // 32)  # about the spread grid's spacing
+    while True:
+        dp.use_grid(grid)
+        for m in grans:
+            (ov, osrc), (tv, tsrc), tables = dp.run(m, _bounds(scout))
+            _update(scout, m, ov, osrc, tv, tsrc, tables)
+        if grid is None or step == 1:
+            break
+        step = max(step // 4, 1)
+        found = [b for b in scout.values() if b]
+        grid = dp.grid_around([dp.build(b.tables, b.src, b.is_temp) for b in found], step)
+        grans = sorted({b.m for b in found}, reverse=True)
+    dp.truncate = None
+    dp.use_grid(None)
+    return _bounds(scout)
+
+
 _HEURISTIC_POINTS = 6
+_NEAR = 4  # grid steps either side of a scout plan's device counts searched again
 
 
 def _update(best, m, ov, osrc, tv, tsrc, tables) -> None:

@@ -14,7 +14,9 @@ def random_profile(
     dag: bool = False,
     cycle: bool = False,
     cores: bool = False,
+    dense: bool = False,
 ):
+    """A random profile; ``dense``: most counts 1..n valid (else at most three)."""
     names = [f"c{i}" for i in range(v)]
     batch = int(rng.choice([4, 8, 12]))
     grans = [g for g in (1, 2, 4, batch) if batch % g == 0]
@@ -22,7 +24,11 @@ def random_profile(
     cap = float(rng.uniform(30, 90))
     comps = {}
     for name in names:
-        k = int(rng.integers(1, min(n, 3) + 1))
+        k = (
+            int(rng.integers(max(1, n // 2), n + 1))
+            if dense
+            else int(rng.integers(1, min(n, 3) + 1))
+        )
         valid = sorted(set(int(x) for x in rng.choice(np.arange(1, n + 1), size=k, replace=False)))
         base = float(rng.uniform(0.2, 3.0))
         p = float(rng.uniform(0.5, 1.0))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from pathlib import Path
@@ -85,6 +86,93 @@ def test_dp_equals_exhaustive_on_random_instances(seed):
                     assert k in prof.cycles[0].group_counts(items), (plan, prof)
         checked += 1
     assert checked == 100 and infeasible > 0
+
+
+search_mod = importlib.import_module("loomrl.plan.search")
+
+
+def _assert_same_times(got: dict, want: dict, prof) -> None:
+    for mode in want:
+        if want[mode] is None:
+            assert got[mode] is None, (mode, prof)
+        else:
+            assert got[mode] == pytest.approx(want[mode], rel=1e-9, abs=1e-12), (mode, prof)
+
+
+@pytest.mark.parametrize("poor_scout", [False, True])
+def test_dense_path_equals_exhaustive(monkeypatch, poor_scout):
+    """Every instance takes the many-counts path: the scout's grids and zoom, the bound's
+    windows of pairs and the co-resident rule; still equal to brute force. A scout that keeps
+    only the smallest count of each node (poor bounds, or none) must not change the result."""
+    monkeypatch.setattr(search_mod, "_DENSE_OPTIONS", 0)
+    monkeypatch.setattr(search_mod, "_ALL_PAIRS", 0)
+    if poor_scout:
+        monkeypatch.setattr(search_mod, "_spread", lambda counts, n: frozenset(counts[:1]))
+    for prof in _instances(7 if poor_scout else 8, 120):
+        dp, plans = _dp_times(prof)
+        _assert_same_times(dp, exhaustive_times(prof), prof)
+        for plan in plans.values():
+            if plan is not None:
+                assert evaluate(plan.tree, prof, plan.micro_batch).predicted_s == pytest.approx(
+                    plan.predicted_s, rel=1e-12
+                )
+
+
+def _unbounded_times(monkeypatch, prof) -> dict:
+    """The plain DP: no scout, no bound, every pair made."""
+    with monkeypatch.context() as mp:
+        mp.setattr(search_mod, "_scout", lambda dp, grans: np.full(4, np.inf))
+        mp.setattr(search_mod, "_ALL_PAIRS", 1 << 62)
+        return _dp_times(prof)[0]
+
+
+def test_dense_search_equals_unbounded_dp(monkeypatch):
+    """Larger instances with most device counts valid (beyond brute force): the search with
+    its scout and bounds equals the plain DP in every mode."""
+    rng = np.random.default_rng(11)
+    for _ in range(12):
+        v = int(rng.integers(2, 5))
+        prof = random_profile(
+            rng,
+            v,
+            int(rng.integers(24, 72)),
+            dag=bool(rng.random() < 0.4),
+            cycle=bool(rng.random() < 0.3),
+            cores=bool(rng.random() < 0.25),
+            dense=True,
+        )
+        _assert_same_times(_dp_times(prof)[0], _unbounded_times(monkeypatch, prof), prof)
+
+
+def test_dense_chain_every_count_equals_unbounded_dp(monkeypatch):
+    """The benchmark's 3-chain with every count 1..96 valid."""
+    valid = list(range(1, 97))
+    comps = {
+        name: {
+            "valid_devices": valid,
+            "time": {"alpha": a, "per_item": {d: sc * d**-0.9 for d in valid}},
+            "memory_gb": {d: 10 + mm / d for d in valid},
+            "switch_s": sw,
+        }
+        for name, a, sc, mm, sw in (
+            ("rollout", 0.5, 400, 300, 3.0),
+            ("inference", 0.1, 60, 200, 1.0),
+            ("actor", 0.3, 200, 400, 4.0),
+        )
+    }
+    prof = load_profile(
+        {
+            "devices": 96,
+            "device_memory_gb": 80,
+            "batch": 512,
+            "granularities": [1, 4, 16, 64, 256, 512],
+            "components": comps,
+            "edges": [["rollout", "inference"], ["inference", "actor"]],
+        }
+    )
+    got = _dp_times(prof)[0]
+    assert got["hybrid"] is not None and got["spatial"] is not None
+    _assert_same_times(got, _unbounded_times(monkeypatch, prof), prof)
 
 
 def test_exhaustive_plan_matches_search_on_example():
