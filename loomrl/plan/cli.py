@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 
 from loomrl.errors import ConfigError, PlanError
 
@@ -62,11 +63,19 @@ def build_parser(prog: str = "loomrl plan") -> argparse.ArgumentParser:
 def plan_main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return _run(args)
+        with warnings.catch_warnings():
+            # a warning about the user's profile reads as one line, not as a source location
+            warnings.showwarning = _show_warning
+            warnings.simplefilter("default")  # each distinct warning once per call
+            return _run(args)
     except (ConfigError, PlanError) as e:
         kind = "invalid profile" if isinstance(e, ConfigError) else "no plan fits"
         print(f"loomrl plan: {kind}: {e}", file=sys.stderr)
         return 2
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"loomrl plan: warning: {message}", file=sys.stderr)
 
 
 def _run(args: argparse.Namespace) -> int:

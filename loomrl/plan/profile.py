@@ -220,8 +220,21 @@ class FitReport:
         return (
             f"{self.component}: {self.n_samples} samples, mean rel. error "
             f"{100 * self.rel_err_mean:.2f}%, max {100 * self.rel_err_max:.2f}%, "
-            f"per_item ~ n^{-self.exponent:.3f}, extrapolated to {list(self.extrapolated_devices)}"
+            f"per_item ~ n^{-self.exponent:.3f}, extrapolated to "
+            f"{count_ranges(self.extrapolated_devices)}"
         )
+
+
+def count_ranges(counts) -> str:
+    """Device counts as short runs, e.g. [3, 5, 6, 7, 9] -> '3, 5-7, 9' (a profile may allow
+    every count of 1..4,096)."""
+    runs: list[list[int]] = []
+    for n in sorted(counts):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "none"
 
 
 # --------------------------------------------------------------------------- loading
@@ -638,7 +651,7 @@ def fit_component(
     far = [n for n in extrap if n > EXTRAPOLATION_WARN_FACTOR * max(measured)]
     if far:
         warnings.warn(
-            f"component {name!r}: extrapolating per_item to n={far}, more than "
+            f"component {name!r}: extrapolating per_item to n = {count_ranges(far)}, more than "
             f"{EXTRAPOLATION_WARN_FACTOR}x the largest measured n={max(measured)}; measure larger n",
             stacklevel=2,
         )

@@ -42,7 +42,7 @@ from loomrl.plan.cost import (
 )
 from loomrl.plan.graph import WorkGraph
 from loomrl.plan.plan import Node, Plan, layout, mode_of
-from loomrl.plan.profile import WorkloadProfile
+from loomrl.plan.profile import ComponentProfile, WorkloadProfile
 
 __all__ = [
     "MODES",
@@ -129,7 +129,7 @@ def _pareto_idx(pts: _Points) -> np.ndarray:
     return order[front]
 
 
-_BLOCK = 512
+_BLOCK = 128
 
 
 def _pareto_matrix(rows: list[np.ndarray], kind: np.ndarray) -> np.ndarray:
@@ -176,14 +176,13 @@ class _DP:
         key = (i, items)
         opts = self._fitting.get(key)
         if opts is None:
-            every = node_options(self.profile, self.graph.nodes[i].name, self.N, items)
-            opts = _OptSet(
-                [
-                    o
-                    for o in every
-                    if o.mem <= self.cap and o.cores <= self.core_cap and o.used <= self.N
-                ]
-            )
+            name = self.graph.nodes[i].name
+            if name in self.profile.components:
+                every = _OptSet.leaf(self.profile.components[name], self.N, items)
+            else:
+                every = _OptSet.of(node_options(self.profile, name, self.N, items))
+            fits = (every.mem <= self.cap) & (every.cores <= self.core_cap) & (every.used <= self.N)
+            opts = every.take(np.nonzero(fits)[0])
             self._fitting[key] = opts
         if self.grid is not None:
             if key not in self._on_grid:
@@ -565,7 +564,7 @@ class _DP:
         def st(s: int, pts: _Points, j: int) -> Node:
             op = int(pts.op[j])
             if op == 0:
-                return opt_node(s, leaf_opts[s].opts[int(pts.ia[j])])
+                return opt_node(s, leaf_opts[s].option(int(pts.ia[j])))
             a = int(pts.cut[j])
             b = s & ~a
             na = st(a, stream[a], int(pts.ia[j]))
@@ -578,7 +577,7 @@ class _DP:
 
         def ph(s: int, source) -> Node:
             if source[0] == "leaf":
-                return opt_node(s, phase_opts[s.bit_length() - 1].opts[source[1]])
+                return opt_node(s, phase_opts[s.bit_length() - 1].option(source[1]))
             if source[0] == "spat":
                 return st(s, spat[s], source[1])
             _, a, ka, kb = source
@@ -590,28 +589,58 @@ class _DP:
 
 
 class _OptSet:
-    """A node's options as a list (to rebuild plans) and as arrays (to search)."""
+    """A node's options as arrays (to search); ``option(j)`` rebuilds one as an Option."""
 
-    def __init__(self, opts: list[Option]):
-        self.opts = opts
-        self.time = np.array([o.time for o in opts], dtype=np.float64)
-        self.mem = np.array([o.mem for o in opts], dtype=np.float64)
-        self.cores = np.array([o.cores for o in opts], dtype=np.float64)
-        self.used = np.array([o.used for o in opts], dtype=np.int64)
-        self.kind = np.array([o.kind for o in opts], dtype=np.int64)
+    _FIELDS = ("time", "mem", "cores", "used", "kind", "counts", "index")
+
+    def __init__(self, time, mem, cores, used, kind, counts, make) -> None:
+        self.time = np.asarray(time, dtype=np.float64)
+        self.mem = np.asarray(mem, dtype=np.float64)
+        self.cores = np.asarray(cores, dtype=np.float64)
+        self.used = np.asarray(used, dtype=np.int64)
+        self.kind = np.asarray(kind, dtype=np.int64)
         # the device counts each option names, -1 where it names fewer than two
-        self.counts = np.array([(_counts(o) + (-1, -1))[:2] for o in opts], dtype=np.int64).reshape(
-            len(opts), 2
+        self.counts = np.asarray(counts, dtype=np.int64).reshape(len(self.time), 2)
+        self.index = np.arange(len(self.time))  # into what ``make`` was built from
+        self._make = make
+
+    @classmethod
+    def of(cls, opts: list[Option]) -> _OptSet:
+        return cls(
+            [o.time for o in opts],
+            [o.mem for o in opts],
+            [o.cores for o in opts],
+            [o.used for o in opts],
+            [o.kind for o in opts],
+            [(_counts(o) + (-1, -1))[:2] for o in opts],
+            opts.__getitem__,
         )
 
+    @classmethod
+    def leaf(cls, comp: ComponentProfile, n: int, items: int) -> _OptSet:
+        """``leaf_options(comp, n, items)`` without making an Option per count."""
+        valid = [v for v in comp.valid_devices if v <= n]
+        time = [comp.time(v, items) for v in valid]
+        mem = [comp.memory_gb[v] for v in valid]
+        cores = [comp.cores(v) for v in valid]
+
+        def make(j: int) -> Option:
+            return Option(time[j], mem[j], cores[j], valid[j], 0, ("leaf", valid[j]))
+
+        counts = [(v, -1) for v in valid]
+        return cls(time, mem, cores, valid, [0] * len(valid), counts, make)
+
     def __len__(self) -> int:
-        return len(self.opts)
+        return len(self.time)
+
+    def option(self, j: int) -> Option:
+        return self._make(int(self.index[j]))
 
     def take(self, idx: np.ndarray) -> _OptSet:
         out = object.__new__(_OptSet)
-        out.opts = [self.opts[j] for j in idx]
-        for f in ("time", "mem", "cores", "used", "kind", "counts"):
+        for f in self._FIELDS:
             setattr(out, f, getattr(self, f)[idx])
+        out._make = self._make
         return out
 
 

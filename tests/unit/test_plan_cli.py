@@ -122,3 +122,33 @@ def test_no_plan_of_a_mode_says_what_rules_it_out(capsys):
     assert plan_main([pixels, "--mode", "spatial"]) == 2
     err = capsys.readouterr().err
     assert "need at least 3 devices ({'env<->policy': 2, 'actor_train': 1})" in err
+
+
+def test_profile_warnings_are_one_line_each(tmp_path, capsys):
+    """A fit carried far past its samples warns as 'loomrl plan: warning: ...', runs shortened."""
+    valid = list(range(1, 257))
+
+    def comp(scale):
+        samples = [[n, x, 0.2 + x * scale / n, 10 + 40 / n] for n in (1, 2, 4) for x in (4, 16)]
+        return {"valid_devices": valid, "samples": samples}
+
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "devices": 256,
+                "device_memory_gb": 80,
+                "batch": 64,
+                "granularities": [4, 16, 64],
+                "components": {"gen": comp(2.0), "train": comp(1.0)},
+                "edges": [["gen", "train"]],
+            }
+        )
+    )
+    assert plan_main([str(path)]) == 0
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 2, captured.err
+    assert all(x.startswith("loomrl plan: warning: component ") for x in lines)
+    assert "n = 33-256, more than 8x" in lines[0] and "UserWarning" not in captured.err
+    assert "extrapolated to 3, 5-256" in captured.out

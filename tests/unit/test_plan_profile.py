@@ -9,6 +9,7 @@ import pytest
 
 from loomrl.errors import ConfigError
 from loomrl.plan import fit_component, fit_profile, load_profile
+from loomrl.plan.profile import count_ranges
 
 
 def base(**over):
@@ -106,6 +107,17 @@ def test_fit_component_reports_error_and_warns_far_extrapolation():
     assert 0 < rep.rel_err_max < 0.05
     assert rep.exponent == pytest.approx(0.8, abs=0.05)
     assert comp.per_item[8] < comp.per_item[4]
+
+
+def test_count_ranges_and_report_name_many_counts_briefly():
+    assert count_ranges([9, 3, 5, 6, 7]) == "3, 5-7, 9"
+    assert count_ranges([4]) == "4" and count_ranges([]) == "none"
+    samples = [("gen", n, x, 1.0 + x / n, 10.0) for n in (1, 2, 4) for x in (2, 8)]
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        _, rep = fit_component(samples, valid_devices=list(range(1, 1025)))
+    assert "extrapolated to 3, 5-1024" in str(rep)
+    assert any("n = 33-1024, more than 8x" in str(x.message) for x in w)
 
 
 def test_fit_profile_builds_a_valid_profile():
