@@ -116,13 +116,18 @@ def _pareto_idx(pts: _Points) -> np.ndarray:
     X = np.stack(rows)[:, order]
     kd = pts.kind[order]
     front = np.zeros(0, dtype=np.int64)
-    for lo in range(0, k, _BLOCK):
-        blk = np.arange(lo, min(lo + _BLOCK, k))
+    lo, size = 0, _BLOCK
+    while lo < k:
+        blk = np.arange(lo, min(lo + size, k))
+        lo += size
         if front.size:
             dom = kd[front][:, None] == kd[blk][None, :]
             for r in range(X.shape[0]):
                 dom &= X[r, front][:, None] <= X[r, blk][None, :]
             blk = blk[~dom.any(axis=0)]
+        # Large inputs often have small fronts: once few of a block survive the front,
+        # take bigger blocks (fewer passes); when many do, smaller ones (cheaper all-pairs).
+        size = min(size * 2, _BLOCK_MAX) if blk.size * 8 <= size else max(size // 2, _BLOCK)
         if blk.size:
             blk = blk[_pareto_matrix([X[r, blk] for r in range(X.shape[0])], kd[blk])]
             front = np.concatenate([front, blk])
@@ -130,6 +135,7 @@ def _pareto_idx(pts: _Points) -> np.ndarray:
 
 
 _BLOCK = 128
+_BLOCK_MAX = 8192
 
 
 def _pareto_matrix(rows: list[np.ndarray], kind: np.ndarray) -> np.ndarray:
@@ -246,19 +252,20 @@ class _DP:
         They bound from below what the nodes outside a sub-graph add to any plan that contains
         one of its stream points (``_lower_bound``).
         """
-        self._tm, self._tM, self._te = {}, {}, {}
+        self._tm, self._tM, self._te, self._mm = {}, {}, {}, {}
         for i in range(len(self.graph)):
             best = np.full(self.N + 1, np.inf)
             opts = self._node_opts(i, m)
             np.minimum.at(best, opts.used, opts.time)
             best = np.minimum.accumulate(best)
             self._tm[i] = best
+            self._mm[i] = float(opts.mem.min()) if len(opts) else math.inf
             ph = self.phase_opts[i]
             self._tM[i] = float(ph.time.min()) if len(ph) else math.inf
             self._te[i] = min(best[self.N], self._tM[i])
         self._rest: dict[int, tuple | None] = {}
 
-    def _lower_bound(self, s: int, F: np.ndarray, P: np.ndarray, u: np.ndarray) -> np.ndarray:
+    def _lower_bound(self, s: int, F: np.ndarray, P: np.ndarray, u: np.ndarray, mem: np.ndarray):
         """A lower bound on the iteration time of any plan holding these stream points of s.
 
         With t_c(n) the fastest call of node c on at most n devices (m items; ``_tm``) and e_c
@@ -268,23 +275,44 @@ class _DP:
             at least t_c(N - u), to F, and P is at least that call. If every outside node is
             there, T >= F + sum t_c(N - u) + (K-1) max(P, max t_c(N - u)).
         (b) In S, sharing devices with s below a co-resident temporal node: it adds t_c(N) to F
-            and at least as much to P, K t_c(N) in all.
+            and at least as much to P, K t_c(N) in all; its memory adds to the point's there, so
+            the smallest memory of its options must fit beside the point's.
         (c) Outside S: the root is then a phase temporal node, which pays every switch, and the
             phase part holding c takes at least g_c = min(t_c(N, M), K t_c(N)) (a spatial part
             pays K times its slowest member, and at least e of every other).
         Every other outside node adds at least its e, whatever its place.
+
+        Returns (beside, anywhere): the bound when every outside node is in case (a), the only
+        case an all-spatial plan has, and the bound over all cases.
         """
         K = self.K
         T = F + (K - 1) * P
         out = self._outside(s)
         if out is None:
-            return T
-        total, slowest, shared, _, _ = out
+            return T, T
+        total, slowest, _, _, _, share, share_mem, apart = out
         uu = np.minimum(u, self.N)
-        disjoint = F + total[uu]
+        beside = F + total[uu]
         if K > 1:  # (K-1) * inf would be nan when an outside node has no call on N - u devices
-            disjoint = disjoint + (K - 1) * np.maximum(P, slowest[uu])
-        return np.minimum(disjoint, T + shared)
+            beside = beside + (K - 1) * np.maximum(P, slowest[uu])
+        # (b) needs the outside node's memory beside the point's: co-resident memory adds
+        fits = mem[:, None] + share_mem[None, :] <= self.cap
+        shared = np.minimum(np.where(fits, share[None, :], np.inf).min(axis=1), apart)
+        return beside, np.minimum(beside, T + shared)
+
+    def _keep(self, s: int, F, P, u, mem, kind) -> np.ndarray:
+        """Which stream points of s can still be part of the best spatial or hybrid plan.
+
+        A point with temporal placement in it ends in a hybrid plan. One without ends in an
+        all-spatial plan (every outside node beside it) or, if there are outside nodes, in a
+        hybrid one.
+        """
+        beside, anywhere = self._lower_bound(s, F, P, u, mem)
+        spatial_only = (kind & KIND_T) == 0
+        hybrid = anywhere <= self.bound[1]
+        if self._outside(s) is None:
+            hybrid &= ~spatial_only
+        return hybrid | (spatial_only & (beside <= self.bound[0]))
 
     def _outside(self, s: int):
         """For the nodes outside s (None if there are none), indexed by the devices u s uses:
@@ -303,32 +331,36 @@ class _DP:
         e = {i: self._te[i] for i in rest}
         floor = sum(e.values())
         if math.isfinite(floor):
-            shared_b = min(K * self._tm[i][N] - e[i] for i in rest)
-            shared_c = min(min(self._tM[i], K * self._tm[i][N]) - e[i] for i in rest)
-            shared = floor + min(shared_b, shared_c + self.switch)
+            # (b), per outside node: it must fit in memory beside the point (``_lower_bound``)
+            share = np.array([floor + K * self._tm[i][N] - e[i] for i in rest])
+            share_mem = np.array([self._mm[i] for i in rest])
+            apart = (
+                floor + self.switch + min(min(self._tM[i], K * self._tm[i][N]) - e[i] for i in rest)
+            )
         else:  # some outside node fits nowhere: no plan holds any point of s
-            shared = math.inf
+            share, share_mem, apart = np.array([math.inf]), np.array([0.0]), math.inf
+        shared = min(float(share.min()), apart)
         total, slowest = calls.sum(axis=0), calls.max(axis=0)
         if K > 1:
             h = total + (K - 1) * slowest
         else:
             h = total
         # h is non-decreasing in u (for searchsorted): the calls only slow on fewer devices
-        self._rest[s] = (total, slowest, shared, floor, h)
+        self._rest[s] = (total, slowest, shared, floor, h, share, share_mem, apart)
         return self._rest[s]
 
     def run(self, m: int, bound: np.ndarray | None = None):
         """Return (best per kind at the root, back-pointer tables) for micro-batch m.
 
-        ``bound[kind]``: the time of a real plan of every mode a plan of that kind counts
-        in. A stream point ends in a plan of kind | KIND_S (it sits below a spatial node);
-        when its lower bound exceeds that bound, it cannot be part of any plan we still want,
-        so it is dropped.
+        ``bound``: (spatial, hybrid), the times of real plans of those modes (``_bounds``).
+        A stream point sits below a spatial node, so it ends in an all-spatial or a hybrid
+        plan; when its lower bounds exceed both bounds (``_keep``), it cannot be part of any
+        plan we still want, and it is dropped.
         """
         g, prof = self.graph, self.profile
         K = prof.batch // m
         self.K = K
-        self.bound = bound if bound is not None else np.full(4, np.inf)
+        self.bound = bound if bound is not None else np.full(2, np.inf)
         self._lower_bounds(m)
         stream: dict[int, _Points] = {}
         spat: dict[int, _Points] = {}
@@ -440,8 +472,7 @@ class _DP:
         F = A.F[ia] + B.F[ib]
         P = np.maximum(A.P[ia], B.P[ib]) if spatial else A.P[ia] + B.P[ib]
         kind = A.kind[ia] | B.kind[ib] | (KIND_S if spatial else KIND_T)
-        # A stream point only ever ends below a spatial node, so in a plan of kind | KIND_S.
-        ok &= self._lower_bound(cut | other, F, P, u) <= self.bound[kind | KIND_S]
+        ok &= self._keep(cut | other, F, P, u, mem, kind)
         keep = np.nonzero(ok)[0]
         k = keep.size
         return _Points(
@@ -474,24 +505,32 @@ class _DP:
         nA, nB = len(A), len(B)
         if nA * nB <= _ALL_PAIRS:  # windows cost more than they save on small sets
             return np.divmod(np.arange(nA * nB, dtype=np.int64), nB)
-        op = KIND_S if spatial else KIND_T | KIND_S
-        # the loosest bound among the kinds a pairing with a can take (supersets of kind_a | op)
-        loose = np.array(
-            [max(self.bound[k] for k in range(4) if k & (ka | op) == ka | op) for ka in range(4)]
-        )[A.kind]
         out = self._outside(s)
-        floor, shared = (out[3], out[2]) if out is not None else (0.0, 0.0)
+        floor, shared = (out[3], out[2]) if out is not None else (0.0, 0.0)  # no memory gate
         if not math.isfinite(floor):
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        b_spatial, b_hybrid = self.bound
+        # The bound a pairing with a answers to (``_keep``): a co-resident pair, or one with
+        # temporal placement in it, ends in a hybrid plan; another in either mode (at the
+        # root, with nothing outside, only in an all-spatial one).
+        spatial_only = spatial & ((A.kind & KIND_T) == 0)
+        if out is None:
+            loose = np.where(spatial_only, b_spatial, b_hybrid)
+        else:
+            loose = np.where(spatial_only, max(b_spatial, b_hybrid), b_hybrid)
         # rounding: the exact test sums the same terms in another order
-        left = loose - A.F - (K - 1) * A.P + 1e-9 * np.abs(loose) + 1e-12
+        slack = 1e-9 * max(abs(b_spatial), abs(b_hybrid)) + 1e-12
+        left = loose - A.F - (K - 1) * A.P + slack
+        left_h = b_hybrid - A.F - (K - 1) * A.P + slack  # sharing or apart: hybrid only
         min_fb = float(B.F.min())
         order = np.argsort(B.u, kind="stable")
         Bu = B.u[order]
         run_min = np.minimum.accumulate(B.P[order])  # non-increasing
         # K P_b <= T - F_a - (what the outside adds), and co-resident also - (K-1) P_a
         cap_b = left if not spatial else left + (K - 1) * A.P
+        cap_h = left_h if not spatial else left_h + (K - 1) * A.P
         gate = left - min_fb  # T - F_a - (K-1) P_a - min F_B, before the outside's share
+        gate_h = left_h - min_fb
 
         def u_b(u_max: np.ndarray) -> np.ndarray:
             """The most devices b may use when the pair may use u_max."""
@@ -509,9 +548,9 @@ class _DP:
             hi = np.searchsorted(Bu, u_b(u_max), side="right")
             windows.append((lo, np.where(gate - floor >= 0, hi, 0)))
             # sharing devices or apart: the outside adds >= shared, on any number of devices
-            lo_s = np.searchsorted(-K * run_min, -(cap_b - shared), side="left")
+            lo_s = np.searchsorted(-K * run_min, -(cap_h - shared), side="left")
             hi_s = np.searchsorted(Bu, u_b(np.full(nA, N)), side="right")
-            windows.append((np.maximum(lo_s, hi), np.where(gate - shared >= 0, hi_s, 0)))
+            windows.append((np.maximum(lo_s, hi), np.where(gate_h - shared >= 0, hi_s, 0)))
         parts = []
         for lo, hi in windows:
             if spatial:
@@ -548,8 +587,7 @@ class _DP:
         return pts
 
     def _bounded(self, pts: _Points, s: int) -> _Points:
-        T = self._lower_bound(s, pts.F, pts.P, pts.u)
-        return pts.take(np.nonzero(T <= self.bound[pts.kind | KIND_S])[0])
+        return pts.take(np.nonzero(self._keep(s, pts.F, pts.P, pts.u, pts.mem, pts.kind))[0])
 
     # ------------------------------------------------------------------ reconstruction
 
@@ -808,7 +846,7 @@ def _scout(dp: _DP, grans: list[int]) -> np.ndarray:
     """
     dense = dp.dense()
     if len(dp.graph) <= 3 and not dense:
-        return np.full(4, np.inf)
+        return np.full(2, np.inf)
     dp.truncate = _HEURISTIC_POINTS if len(dp.graph) > 3 else None
     scout: dict[str, _Best | None] = {k: None for k in _MODE_KINDS}
     grid = dp.spread_grid() if dense else None
@@ -844,25 +882,15 @@ def _update(best, m, ov, osrc, tv, tsrc, tables) -> None:
 
 
 def _bounds(best: dict[str, _Best | None]) -> np.ndarray:
-    """Per point kind, the worst of the best times found so far among the modes it can end in.
+    """(spatial, hybrid): the best times found so far of the two modes a stream point can end
+    in (it sits below a spatial node), inf where none is known. The slack keeps ties, so the
+    bounds never change which optimum is found."""
 
-    A point of kind k ends in a plan whose kind contains k: kind 0 in any mode,
-    1 in temporal or hybrid, 2 in spatial or hybrid, 3 only in hybrid. The slack
-    keeps ties, so the bound never changes which optimum is found.
-    """
+    def ub(mode: str) -> float:
+        b = best[mode]
+        return b.t * (1 + 1e-9) + 1e-12 if b is not None else math.inf
 
-    def ub(*modes: str) -> float:
-        vals = [best[m].t if best[m] is not None else math.inf for m in modes]  # type: ignore[union-attr]
-        return max(vals) * (1 + 1e-9) + 1e-12
-
-    return np.array(
-        [
-            ub("temporal", "spatial", "hybrid"),
-            ub("temporal", "hybrid"),
-            ub("spatial", "hybrid"),
-            ub("hybrid"),
-        ]
-    )
+    return np.array([ub("spatial"), ub("hybrid")])
 
 
 def _to_plan(

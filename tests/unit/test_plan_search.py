@@ -120,7 +120,7 @@ def test_dense_path_equals_exhaustive(monkeypatch, poor_scout):
 def _unbounded_times(monkeypatch, prof) -> dict:
     """The plain DP: no scout, no bound, every pair made."""
     with monkeypatch.context() as mp:
-        mp.setattr(search_mod, "_scout", lambda dp, grans: np.full(4, np.inf))
+        mp.setattr(search_mod, "_scout", lambda dp, grans: np.full(2, np.inf))
         mp.setattr(search_mod, "_ALL_PAIRS", 1 << 62)
         return _dp_times(prof)[0]
 
