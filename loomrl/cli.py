@@ -23,6 +23,7 @@ RECIPES = {
     "grpo": "loomrl.recipes.reasoning_grpo",
     "ppo": "loomrl.recipes.reasoning_ppo",
     "embodied_ppo": "loomrl.recipes.embodied_ppo",
+    "agentic_search": "loomrl.recipes.agentic_search",
 }
 
 

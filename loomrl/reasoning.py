@@ -8,9 +8,10 @@ from loomrl.worker import wait
 
 
 class Encoder:
-    """Chat-template prompt encoding in the driver (tokenizer only, no model)."""
+    """Chat-template prompt encoding in the driver (tokenizer only, no model). The prompt ends
+    with ``response_prefix`` (the start of the model's reply, e.g. an agent's ``<search>``)."""
 
-    def __init__(self, model_path: str, instruction: str = "think"):
+    def __init__(self, model_path: str, instruction: str = "think", response_prefix: str = ""):
         self.instruction = instruction
         from transformers import AutoTokenizer
 
@@ -18,6 +19,9 @@ class Encoder:
         from loomrl.workers.reasoning import model_dir
 
         self.tok = AutoTokenizer.from_pretrained(str(resolve_model(model_dir(model_path))))
+        self.prefix_ids = (
+            self.tok.encode(response_prefix, add_special_tokens=False) if response_prefix else []
+        )
 
     def __call__(self, question: str) -> list[int]:
         from loomrl.tasks.prompts import build_messages
@@ -38,7 +42,7 @@ class Encoder:
         )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
-        return [int(x) for x in ids]
+        return [int(x) for x in ids] + self.prefix_ids
 
 
 PACKAGED_MODELS = ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2")

@@ -607,6 +607,15 @@ class WorkerGroup:
     def __repr__(self) -> str:
         return f"WorkerGroup({self.name}, world_size={self.world_size}, devices={self.devices})"
 
+    def __reduce__(self) -> tuple:
+        # Handed to another process (a worker that calls this group, e.g. a rollout calling its
+        # tool): the actors, devices and hosts travel; giving the cluster's reservations back
+        # on kill() stays with the driver that launched the group.
+        return (
+            WorkerGroup,
+            (self.cls, self.name, self._actors, self._devices, self._hosts, self._ranks),
+        )
+
 
 _RESERVED = {"devices_locked", "torch_device"}
 _GROUP_ATTRS = {k for k in dir(WorkerGroup) if not k.startswith("_")} | {"name", "cls", "infos"}

@@ -41,7 +41,7 @@ from loomrl.engines.batching import (
     right_pad,
     slice_batch,
 )
-from loomrl.engines.sampling import entropy_from_logits, sample_tokens, token_logprobs
+from loomrl.engines.sampling import StopText, entropy_from_logits, sample_tokens, token_logprobs
 from loomrl.errors import ConfigError, LoomError
 
 _DTYPES = {
@@ -141,7 +141,8 @@ class GenerationOutput:
 
     response_ids[i]: sampled tokens, including the stop token when one ended the response.
     response_logprobs[i]: log softmax(logits / temperature) of each sampled token.
-    finish_reasons[i]: "stop" (a stop token was sampled) or "length" (max_new_tokens reached).
+    finish_reasons[i]: "stop" (a stop token was sampled, or a stop string completed) or "length"
+    (max_new_tokens reached).
     num_tokens: total sampled tokens. version: weight version that produced them.
     """
 
@@ -481,6 +482,7 @@ class HFEngine:
         top_k: int = 0,
         stop_token_ids: Iterable[int] | None = None,
         ignore_eos: bool = False,
+        stop_strings: Sequence[str] = (),
     ) -> GenerationOutput:
         """Sample a response for every prompt (batched, KV cache, left padding).
 
@@ -489,6 +491,9 @@ class HFEngine:
         includes, or after ``max_new_tokens``. The same seed, prompts and weights give the
         same tokens. With seed None, each call draws the next seed of the engine's sequence.
         ``ignore_eos=True`` keeps sampling past EOS (fixed-length runs for benchmarks).
+        ``stop_strings`` also end a response at the token whose text completes one of them (a
+        tool call's closing tag; the tokenizer may split a tag over several tokens or merge it
+        with what follows, so ids alone cannot say).
         """
         self._check_onloaded("generate")
         if len(prompt_ids) == 0:
@@ -502,6 +507,7 @@ class HFEngine:
             raise ConfigError(f"max_new_tokens={max_new_tokens}: must be >= 1")
         if not 0.0 < top_p <= 1.0:
             raise ConfigError(f"top_p={top_p}: must be in (0, 1]")
+        stop_text = StopText(self.tokenizer, stop_strings) if stop_strings else None
         if seed is None:
             seed = self.config.seed * 1_000_003 + self._gen_calls
         self._gen_calls += 1
@@ -523,10 +529,18 @@ class HFEngine:
                         seed,
                         stops,
                         static=impl == "hf_static",
+                        stop_text=stop_text,
                     )
                 else:
                     out = self._generate_loop(
-                        prompt_ids, max_new_tokens, temperature, top_p, top_k, seed, stops
+                        prompt_ids,
+                        max_new_tokens,
+                        temperature,
+                        top_p,
+                        top_k,
+                        seed,
+                        stops,
+                        stop_text,
                     )
         finally:
             self.net.train(was_training)
@@ -534,7 +548,7 @@ class HFEngine:
         return out
 
     def _generate_loop(
-        self, prompts, max_new, temperature, top_p, top_k, seed, stops
+        self, prompts, max_new, temperature, top_p, top_k, seed, stops, stop_text=None
     ) -> GenerationOutput:
         dev = self.device
         gen = torch.Generator(device=dev).manual_seed(int(seed))
@@ -569,7 +583,7 @@ class HFEngine:
             for j, row in enumerate(alive):
                 responses[row].append(tok_list[j])
                 logps[row].append(lp_list[j])
-                if tok_list[j] in stops:
+                if tok_list[j] in stops or (stop_text and stop_text.ends(responses[row])):
                     reasons[row] = "stop"
                 else:
                     keep.append(j)
@@ -611,7 +625,7 @@ class HFEngine:
         return impl
 
     def _generate_hf(
-        self, prompts, max_new, temperature, top_p, top_k, seed, stops, static=False
+        self, prompts, max_new, temperature, top_p, top_k, seed, stops, static=False, stop_text=None
     ) -> GenerationOutput:
         dev = self.device
         width = None
@@ -636,6 +650,8 @@ class HFEngine:
             kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k or None)
         if static:
             kwargs.update(cache_implementation="static")
+        if stop_text:
+            kwargs.update(stop_strings=list(stop_text.strings), tokenizer=self.tokenizer)
         devices = [dev] if dev.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(int(seed))
@@ -648,7 +664,7 @@ class HFEngine:
             row = new[i].tolist()
             cut, reason = len(row), "length"
             for t, tok in enumerate(row):
-                if tok in stops:
+                if tok in stops or (stop_text and stop_text.ends(row[: t + 1])):
                     cut, reason = t + 1, "stop"
                     break
             responses.append(row[:cut])

@@ -93,3 +93,26 @@ def inverse_cdf_sample(
     )
     idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
     return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+class StopText:
+    """Ends a response at the token that completes one of ``strings`` in its decoded text.
+
+    Checked after every sampled token on the last few tokens only (enough of them to hold the
+    longest string: a token decodes to at least one character), so a check costs one short
+    decode whatever the response's length. A string is found at the token that completes it:
+    earlier windows, checked at their own steps, did not hold it.
+    """
+
+    def __init__(self, tokenizer, strings):
+        strings = tuple(s for s in strings if s)
+        if tokenizer is None:
+            raise ValueError("stop_strings need the model's tokenizer to read the sampled text")
+        if not strings:
+            raise ValueError("stop_strings: give at least one non-empty string")
+        self.tokenizer, self.strings = tokenizer, strings
+        self.window = max(len(s) for s in strings) + 2
+
+    def ends(self, tokens) -> bool:
+        tail = self.tokenizer.decode(list(tokens[-self.window :]), skip_special_tokens=False)
+        return any(s in tail for s in self.strings)

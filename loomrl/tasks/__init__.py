@@ -18,12 +18,14 @@ from loomrl.tasks.countdown import CountdownTask, check_solution
 from loomrl.tasks.digits import DigitsTask
 from loomrl.tasks.jsonl import DatasetError, JsonlTask, load_jsonl
 from loomrl.tasks.prompts import build_messages, plain_prompt, render_prompt
+from loomrl.tasks.search_qa import SearchQATask
 
 _REGISTRY: dict[str, type] = {
     "digits": DigitsTask,
     "arithmetic": ArithmeticTask,
     "countdown": CountdownTask,
     "jsonl": JsonlTask,
+    "search_qa": SearchQATask,
 }
 
 
@@ -72,6 +74,7 @@ __all__ = [
     "DatasetError",
     "Example",
     "JsonlTask",
+    "SearchQATask",
     "Task",
     "build_messages",
     "check_solution",

@@ -16,9 +16,23 @@ PROMPT_FORMATS = ("chat", "plain")
 
 
 # Small models ramble when told to think step by step; "direct" asks for the answer alone.
+# An instruction holding "{question}" is the whole user turn, the question put in its place
+# ("search": the tool protocol and one worked example come first, so the question is the last
+# thing the model reads before it writes its query).
 INSTRUCTIONS = {
     "think": INSTRUCTION,
     "direct": "Reply with only the final answer in \\boxed{}, for example \\boxed{42}.",
+    "search": (
+        "Answer the question with the help of a search engine. Search with <search> query "
+        "</search>; the results appear between <information> and </information>. Then give "
+        "the final answer as <answer> answer </answer>.\n"
+        "Example. Question: In which city was Lorma Vesk born?\n"
+        "<search> Lorma Vesk </search>\n"
+        "<information> Doc 1: Lorma Vesk was a baker born in 1802 in the city of Drun. "
+        "</information>\n"
+        "<answer> Drun </answer>\n\n"
+        "Question: {question}"
+    ),
 }
 
 
@@ -31,7 +45,12 @@ def build_messages(
     if instruction not in INSTRUCTIONS:
         raise ValueError(f"instruction={instruction!r}: choose one of {sorted(INSTRUCTIONS)}")
     messages = [] if system is None else [{"role": "system", "content": system}]
-    messages.append({"role": "user", "content": f"{question.strip()}\n{INSTRUCTIONS[instruction]}"})
+    text = INSTRUCTIONS[instruction]
+    if "{question}" in text:
+        content = text.replace("{question}", question.strip())
+    else:
+        content = f"{question.strip()}\n{text}"
+    messages.append({"role": "user", "content": content})
     return messages
 
 

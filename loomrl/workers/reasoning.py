@@ -170,33 +170,48 @@ class RolloutWorker(EngineWorker, WeightSink):
         for c, group in sorted(chunks.items()):
             prompts = [it["prompt_ids"] for it in group for _ in range(s.group_size)]
             t = time.perf_counter()
-            gen = self.engine.generate(
-                prompts,
-                max_new_tokens=s.max_new_tokens,
-                temperature=s.temperature,
-                top_p=s.top_p,
-                # Per piece of a chunk: a plan whose micro-batch splits a chunk of gen_groups
-                # groups over calls gives each piece its own draws (the same seed for every
-                # piece drew the same noise for different prompt groups).
-                seed=hash((self.seed, it["step"], c, group[0]["index"])) & 0x7FFFFFFF,
+            # Per piece of a chunk: a plan whose micro-batch splits a chunk of gen_groups
+            # groups over calls gives each piece its own draws (the same seed for every
+            # piece drew the same noise for different prompt groups).
+            cols = self.responses(
+                prompts, hash((self.seed, group[0]["step"], c, group[0]["index"])) & 0x7FFFFFFF
             )
             dt = time.perf_counter() - t
             for j, it in enumerate(group):
                 sl = slice(j * s.group_size, (j + 1) * s.group_size)
-                ids = gen.response_ids[sl]
+                mine = {k: v[sl] for k, v in cols.items()}
+                masks = mine.get("response_masks")
                 out.append(
                     {
                         **it,
-                        "response_ids": ids,
-                        "logprobs": gen.response_logprobs[sl],
-                        "texts": [self.engine.decode(r) for r in ids],
-                        "gen_tokens": sum(len(r) for r in ids),
+                        **mine,
+                        # Tokens the policy sampled (not what a tool inserted).
+                        "gen_tokens": sum(map(sum, masks))
+                        if masks is not None
+                        else sum(len(r) for r in mine["response_ids"]),
                         "gen_s": dt / len(group),  # this group's share of the batched call
                         "version": self.engine.version,
                     }
                 )
         by_index = {o["index"]: o for o in out}
         return [by_index[it["index"]] for it in items]
+
+    def responses(self, prompts: list[list[int]], seed: int) -> dict[str, list]:
+        """One response per prompt row, as columns over the rows: ``response_ids``, ``logprobs``
+        and ``texts`` (subclasses add columns, e.g. a multi-turn agent's ``response_masks``)."""
+        s = self.sampling
+        gen = self.engine.generate(
+            prompts,
+            max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            seed=seed,
+        )
+        return {
+            "response_ids": gen.response_ids,
+            "logprobs": gen.response_logprobs,
+            "texts": [self.engine.decode(r) for r in gen.response_ids],
+        }
 
     @dispatch("split")
     def evaluate(self, examples: list[dict]) -> list[str]:
@@ -279,6 +294,9 @@ class ReferenceWorker(EngineWorker):
         return out
 
 
+AGENT_STATS = ("searches", "tool_failures", "answered")
+
+
 class ActorWorker(EngineWorker, WeightSource):
     """Trains on whole prompt groups; one optimizer step per iteration over the batch it received."""
 
@@ -310,7 +328,7 @@ class ActorWorker(EngineWorker, WeightSource):
 
         from loomrl.algos import kl_loss, loss_scale_for, ppo_policy_loss
 
-        prompts, responses, adv, ref = [], [], [], []
+        prompts, responses, adv, ref, masks = [], [], [], [], []
         for g in groups:
             for j, r in enumerate(g["response_ids"]):
                 prompts.append(g["prompt_ids"])
@@ -318,6 +336,9 @@ class ActorWorker(EngineWorker, WeightSource):
                 adv.append(g["advantages"][j])
                 if "ref_logprobs" in g:
                     ref.append(g["ref_logprobs"][j])
+                if "response_masks" in g:
+                    # Tokens a tool inserted are context the policy read, not actions it took.
+                    masks.append(g["response_masks"][j] if r else [0])
         batch: dict[str, Any] = {
             "prompt_ids": prompts,
             "response_ids": responses,
@@ -325,6 +346,8 @@ class ActorWorker(EngineWorker, WeightSource):
         }
         if ref:
             batch["ref_logprobs"] = ref
+        if masks:
+            batch["response_mask"] = masks
         algo = self.algo
 
         def loss_fn(logp, mb):
@@ -356,6 +379,10 @@ class ActorWorker(EngineWorker, WeightSource):
         stats["response_len"] = sum(len(r) for r in responses) / max(1, len(responses))
         stats["gen_tokens"] = float(sum(g["gen_tokens"] for g in groups))
         stats["malformed"] = float(sum(g["malformed"] for g in groups))
+        for key in AGENT_STATS:  # per-response counts of an agent's rollout, as means
+            if key in groups[0]:
+                values = [v for g in groups for v in g[key]]
+                stats[key] = sum(values) / max(1, len(values))
         return stats
 
     def param_sha256(self) -> str:
@@ -396,6 +423,6 @@ class TaskConfig:
         kw: dict[str, Any] = {"name": self.name, "seed": seed, **self.options}
         if self.name in ("arithmetic", "digits"):
             kw["level"] = self.level
-        if self.name in ("arithmetic", "countdown", "digits"):
+        if self.name in ("arithmetic", "countdown", "digits", "search_qa"):
             kw["eval_size"] = self.eval_size
         return kw

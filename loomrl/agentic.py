@@ -1,0 +1,231 @@
+"""Multi-turn agent rollouts: the policy writes, calls a tool, reads the result, writes on.
+
+One rollout of B prompts runs up to ``max_turns`` generation turns. Every turn samples all rows
+still open in one batch; a turn stops at ``</search>`` or ``</answer>`` (stop strings), at EOS,
+or at its token budget. Rows that asked a search get the tool's results inserted as
+``<information> ... </information>`` tokens and take part in the next turn; the others are done.
+
+A response is every token after the prompt, the inserted ones included; ``response_mask`` marks
+which the policy sampled (1) and which a tool wrote (0), so the trainer's loss counts only the
+policy's own actions, and the log-probs of inserted tokens are 0. Token ids are kept as sampled
+(never re-tokenized from text), so the trainer scores exactly the sequence the rollout saw.
+
+``agent_rollout`` is a pure function of its callables (generate, tool, encode, decode): the
+same seed, weights and tool give the same trajectories wherever the rows are split, as long as
+the same rows share a call. The tool's failures (a timeout, an error, a dead tool worker) become
+results the agent reads ("search failed: ..."), counted per trajectory; ``ToolCaller`` stops the
+run with a ``ToolError`` when ``max_tool_failures`` calls in a row fail.
+
+This module never imports torch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from loomrl.tasks.search_qa import (
+    ANSWER_CLOSE,
+    INFO_CLOSE,
+    INFO_OPEN,
+    SEARCH_CLOSE,
+    SEARCH_OPEN,
+)
+from loomrl.tools import ToolError, ToolResult
+
+MAX_QUERY_CHARS = 200  # a query longer than this is cut: a model can write anything in a tag
+FINISHES = ("answer", "eos", "length", "turns", "budget")
+
+
+@dataclass
+class AgentConfig:
+    max_turns: int = 3  # generation turns per response (at most max_turns - 1 searches are used)
+    turn_tokens: int = 32  # new tokens per turn
+    max_response_tokens: int = 192  # every turn plus the inserted results
+    top_k: int = 2  # documents per search
+    doc_chars: int = 300  # characters kept of each document
+    # Text the response starts with (part of the prompt, not trained): "<search>" opens every
+    # response with a search, which a small model otherwise rarely writes on its own.
+    response_prefix: str = ""
+    tool_workers: int = 1  # search worker processes (queries of one call are split over them)
+    tool_timeout_s: float = 30.0  # a search call without a reply by then counts as failed
+    max_tool_failures: int = 3  # failed search calls in a row that stop the run
+    corpus_path: str | None = None  # JSONL {"title", "text"} lines; None: the task's own corpus
+
+    def validate(self) -> list[str]:
+        p = []
+        for key in ("max_turns", "turn_tokens", "max_response_tokens", "top_k", "doc_chars"):
+            if getattr(self, key) < 1:
+                p.append(f"{key}: must be >= 1, got {getattr(self, key)}")
+        if self.max_response_tokens < self.turn_tokens:
+            p.append(
+                f"max_response_tokens={self.max_response_tokens} is below turn_tokens="
+                f"{self.turn_tokens}: raise max_response_tokens (it bounds all turns together)"
+            )
+        if self.tool_workers < 1:
+            p.append(f"tool_workers: must be >= 1, got {self.tool_workers}")
+        if not 0 < self.tool_timeout_s <= 86_400:
+            p.append(f"tool_timeout_s: must be in (0, 86400] seconds, got {self.tool_timeout_s}")
+        if self.max_tool_failures < 1:
+            p.append(f"max_tool_failures: must be >= 1, got {self.max_tool_failures}")
+        return p
+
+
+@dataclass
+class Trajectory:
+    """One multi-turn response. ``finish``: how it ended (one of ``FINISHES``)."""
+
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)  # 1 = sampled, 0 = inserted
+    logprobs: list[float] = field(default_factory=list)  # 0.0 where inserted
+    text: str = ""  # response_prefix + the whole response, tool results included
+    searches: int = 0
+    tool_failures: int = 0
+    finish: str = "length"
+
+    def add(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
+        self.response_ids.extend(ids)
+        self.response_mask.extend([0 if logprobs is None else 1] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+
+def search_query(turn_text: str) -> str | None:
+    """The query of a turn that wrote ``</search>``: the text after the last ``<search>`` before
+    it (or all of it, when the tag was not opened); None when the turn asked no search."""
+    end = turn_text.find(SEARCH_CLOSE)
+    if end < 0:
+        return None
+    head = turn_text[:end]
+    start = head.rfind(SEARCH_OPEN)
+    query = head[start + len(SEARCH_OPEN) :] if start >= 0 else head
+    return query.strip()[:MAX_QUERY_CHARS]
+
+
+def information(result: ToolResult) -> str:
+    """The text inserted after a search: the tool's results, or what went wrong."""
+    body = result.text if result.ok else f"search failed: {result.status}"
+    return f"\n{INFO_OPEN} {body} {INFO_CLOSE}\n"
+
+
+def _room(t: Trajectory, cfg: AgentConfig) -> int:
+    """Tokens a tool result may take in ``t`` and still leave one whole turn."""
+    return cfg.max_response_tokens - len(t.response_ids) - cfg.turn_tokens
+
+
+def agent_rollout(
+    prompts: Sequence[Sequence[int]],
+    *,
+    generate: Callable[[list[list[int]], int, int], Any],
+    tool: Callable[[list[str]], list[ToolResult]],
+    encode: Callable[[str], list[int]],
+    decode: Callable[[Sequence[int]], str],
+    cfg: AgentConfig,
+    seed: int,
+) -> list[Trajectory]:
+    """Run the turns for every prompt (see the module docstring).
+
+    generate(rows, max_new_tokens, seed) -> an object with ``response_ids``,
+    ``response_logprobs`` and ``finish_reasons`` per row, stopping at ``</search>`` and
+    ``</answer>``; tool(queries) -> one ToolResult per query; encode(text) -> token ids
+    without special tokens; decode(ids) -> text.
+    """
+    trajs = [Trajectory() for _ in prompts]
+    contexts = [list(p) for p in prompts]
+    open_rows = list(range(len(prompts)))
+    for turn in range(cfg.max_turns):
+        if not open_rows:
+            break
+        budgets = {i: cfg.max_response_tokens - len(trajs[i].response_ids) for i in open_rows}
+        out = generate(
+            [contexts[i] for i in open_rows],
+            min(cfg.turn_tokens, max(budgets.values())),
+            (seed * 1_000_003 + turn) & 0x7FFFFFFF,
+        )
+        asking: list[tuple[int, str]] = []
+        for j, i in enumerate(open_rows):
+            ids = list(out.response_ids[j][: budgets[i]])
+            trajs[i].add(ids, list(out.response_logprobs[j][: len(ids)]))
+            contexts[i].extend(ids)
+            text = (cfg.response_prefix if turn == 0 else "") + decode(ids)
+            query = search_query(text)
+            if ANSWER_CLOSE in text and (
+                query is None or text.find(ANSWER_CLOSE) < text.find(SEARCH_CLOSE)
+            ):
+                trajs[i].finish = "answer"
+            elif query is not None and turn + 1 == cfg.max_turns:
+                trajs[i].finish = "turns"  # asked, with no turn left to read the answer
+            elif query is not None and _room(trajs[i], cfg) <= 0:
+                trajs[i].finish = "budget"  # no tokens left for a result and another turn
+            elif query is not None:
+                asking.append((i, query))
+            elif len(ids) >= budgets[i]:
+                trajs[i].finish = "budget" if budgets[i] < cfg.turn_tokens else "length"
+            else:
+                trajs[i].finish = "eos" if out.finish_reasons[j] == "stop" else "length"
+        results = tool([q for _, q in asking]) if asking else []
+        open_rows = []
+        for (i, _), res in zip(asking, results, strict=True):
+            t = trajs[i]
+            t.searches += 1
+            t.tool_failures += not res.ok
+            # Cut to leave the next turn its tokens (the closing tag may go: the model still reads).
+            info = encode(information(res))[: _room(t, cfg)]
+            t.add(info, None)
+            contexts[i].extend(info)
+            open_rows.append(i)
+    for t in trajs:
+        t.text = cfg.response_prefix + decode(t.response_ids)
+    return trajs
+
+
+class ToolCaller:
+    """Calls a search worker group with a deadline and turns failures into results.
+
+    A call that gets no reply within ``timeout_s``, raises, or finds its worker dead gives every
+    query a failed ``ToolResult`` (status "timeout" or "error") and is counted in ``events``;
+    ``max_failures`` failed calls in a row raise ``ToolError`` naming the last cause. Queries are
+    split over the group's ranks in contiguous chunks.
+    """
+
+    def __init__(self, group: Any, timeout_s: float, max_failures: int):
+        self.group, self.timeout_s, self.max_failures = group, timeout_s, max_failures
+        self.failures_in_row = 0
+        self.events: list[dict[str, Any]] = []
+        self.calls = 0
+        self.seconds = 0.0
+
+    def __call__(self, queries: list[str]) -> list[ToolResult]:
+        from loomrl.errors import RemoteError, WorkerDiedError
+        from loomrl.worker import wait
+
+        self.calls += 1
+        t0 = time.perf_counter()
+        try:
+            parts = wait(self.group.search(queries), timeout=self.timeout_s)
+            results = [r for part in parts for r in part]
+            status, cause = "ok", ""
+        except TimeoutError:
+            status, cause = "timeout", f"no reply within tool_timeout_s={self.timeout_s:g}"
+        except (RemoteError, WorkerDiedError) as e:
+            status, cause = "error", str(e).splitlines()[0]
+        self.seconds += time.perf_counter() - t0
+        if status == "ok":
+            self.failures_in_row = 0
+            return results
+        self.failures_in_row += 1
+        self.events.append(
+            {
+                "event": f"tool_{status}",
+                "queries": len(queries),
+                "cause": cause,
+                "time": time.time(),
+            }
+        )
+        if self.failures_in_row >= self.max_failures:
+            raise ToolError(
+                f"the search tool failed {self.failures_in_row} calls in a row (last: {cause}); "
+                "check the tool workers, or raise agent.tool_timeout_s / agent.max_tool_failures"
+            )
+        return [ToolResult(f"search failed: {status}", status) for _ in queries]

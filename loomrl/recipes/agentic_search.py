@@ -1,0 +1,171 @@
+"""Agentic RL (Search-R1 style): GRPO on a language model that calls a search tool mid-answer.
+
+Run: loomrl run examples/search_grpo_smollm2.yaml
+
+Each response is a multi-turn rollout: the model writes ``<search> query </search>``, a BM25
+search worker (bm25s, on CPU, beside the plan) answers with ``<information> ... </information>``,
+and the model goes on until it writes ``<answer> ... </answer>`` (``loomrl.agentic``). The reward
+is the exact match of that answer; the tool's tokens are masked out of the loss. The workflow is
+rollout.generate (with the tool) -> reward.score [-> reference.logprobs] -> actor.train, planned
+like the reasoning recipes; the tool's time is part of the rollout's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from loomrl.agentic import AgentConfig
+from loomrl.reasoning import common_problems, prompts
+from loomrl.run import Run, RunConfig, profile_recipe
+from loomrl.worker import wait
+from loomrl.workers.reasoning import (
+    ActorWorker,
+    AlgoConfig,
+    ModelConfig,
+    ReferenceWorker,
+    RewardWorker,
+    SamplingConfig,
+    TaskConfig,
+)
+
+
+@dataclass
+class Config:
+    recipe: str = "agentic_search"
+    batch: int = 4  # prompt groups per step (the flow's work items)
+    eval_every: int = 5  # steps; 0 = only before and after training
+    resume: bool = False
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    task: TaskConfig = field(
+        default_factory=lambda: TaskConfig(name="search_qa", instruction="search")
+    )
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def validate(self) -> list[str]:
+        p = common_problems(self, min_group=2)
+        if self.agent.corpus_path is None and self.task.name != "search_qa":
+            p.append(
+                f"agent.corpus_path: task {self.task.name!r} has no corpus of its own; give a "
+                'JSONL file of {"title", "text"} lines (or use task.name: search_qa)'
+            )
+        return p
+
+
+def build(flow: Any, cfg: Config) -> dict[str, Any]:
+    from loomrl.workers.agent import AgentRolloutWorker
+    from loomrl.workers.tool import SearchWorker
+
+    s, a = cfg.run.seed, cfg.agent
+    tool = flow.cluster.launch(
+        SearchWorker,
+        a.tool_workers,
+        None if a.corpus_path else cfg.task.as_kwargs(s),
+        a.corpus_path,
+        a.top_k,
+        a.doc_chars,
+        name="search",
+    )
+    g = {
+        "search": tool,
+        "rollout": flow.group(
+            AgentRolloutWorker, cfg.model, cfg.sampling, a, tool, s, name="rollout"
+        ),
+        "reward": flow.group(
+            RewardWorker,
+            cfg.task.as_kwargs(s),
+            cfg.algo,
+            cfg.sampling.group_size,
+            name="reward",
+            valid_devices=[1],
+        ),
+        "actor": flow.group(
+            ActorWorker, cfg.model, cfg.sampling, cfg.algo, s, name="actor", single_process="cpu"
+        ),
+    }
+    stages = [g["rollout"].generate, g["reward"].score]
+    if cfg.algo.kl_coef > 0:
+        g["reference"] = flow.group(ReferenceWorker, cfg.model, cfg.sampling, s, name="reference")
+        stages.append(g["reference"].logprobs)
+    flow.chain(*stages, g["actor"].train)
+    return g
+
+
+def main(cfg: Config) -> dict:
+    from loomrl.flow import Flow
+    from loomrl.reasoning import (
+        Encoder,
+        evaluate,
+        fresh_start,
+        metrics_of,
+        restore,
+        save,
+        weight_sync,
+    )
+    from loomrl.tasks import make_task
+
+    run = Run(cfg, cfg.run)
+    try:
+        task = make_task(**cfg.task.as_kwargs(cfg.run.seed))
+        encode = Encoder(cfg.model.path, cfg.task.instruction, cfg.agent.response_prefix)
+        flow = Flow(run.cluster, run.dir, offload=cfg.run.offload)
+        g = build(flow, cfg)
+        run.apply_plan(flow, prompts(task, encode, 0, cfg.batch))
+        start = restore(run, g) if cfg.resume else fresh_start(run)
+        sync = weight_sync(g["actor"], g["rollout"], cfg=cfg.run)
+        sync()
+        metrics: dict[str, Any] = {"eval_accuracy": evaluate(g["rollout"], task, encode, cfg)}
+        run.logger.log(start, metrics)
+        for step in range(start, cfg.run.steps):
+            run.maybe_inject_failure(step, g["rollout"].group)
+            result = flow.run(prompts(task, encode, step, cfg.batch))
+            sync()
+            run.record(step, result, flow)
+            metrics = metrics_of(result, sync)
+            record_tool_events(run, g["rollout"], step)
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.run.steps:
+                metrics["eval_accuracy"] = evaluate(g["rollout"], task, encode, cfg)
+            run.logger.log(step + 1, metrics)
+            if cfg.run.checkpoint_every and (step + 1) % cfg.run.checkpoint_every == 0:
+                save(run, g, step + 1)
+        save(run, g, cfg.run.steps)
+        sha = wait(g["actor"].param_sha256())[0]
+        flow.shutdown()
+        from loomrl.plots import plot_run
+
+        plot_run(run.dir)
+        return run.summary(cfg.run.steps, sha, metrics)
+    finally:
+        run.close()
+
+
+def record_tool_events(run: Run, rollout: Any, step: int) -> None:
+    """Append the search tool's failed calls of this step to ``tool_events.jsonl``."""
+    import json
+
+    events = [e for rank in wait(rollout.tool_events()) for e in rank]
+    if events:
+        with open(run.dir / "tool_events.jsonl", "a") as f:
+            for e in events:
+                f.write(json.dumps({"step": step, **e}) + "\n")
+        run.logger.echo(f"step {step}: {len(events)} search call(s) failed (tool_events.jsonl)")
+
+
+def profile(cfg: Config) -> str:
+    """`loomrl profile CONFIG`: measure the components, fit, save the profile, show the plans."""
+    from loomrl.reasoning import Encoder
+    from loomrl.tasks import make_task
+
+    return profile_recipe(
+        cfg,
+        build,
+        lambda: prompts(
+            make_task(**cfg.task.as_kwargs(cfg.run.seed)),
+            Encoder(cfg.model.path, cfg.task.instruction, cfg.agent.response_prefix),
+            0,
+            cfg.batch,
+        ),
+    )

@@ -1,0 +1,162 @@
+"""The agent <-> search tool loop on Ray: a scripted policy (the tiny model's tokens, chosen by
+rule) with the real search worker, reward and actor; tool timeouts, errors and dead tools."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from loomrl import wait
+from loomrl.agentic import AgentConfig
+from loomrl.errors import RemoteError
+from loomrl.reasoning import Encoder, prompts
+from loomrl.tasks import make_task
+from loomrl.workers.agent import AgentRolloutWorker
+from loomrl.workers.reasoning import (
+    ActorWorker,
+    AlgoConfig,
+    ModelConfig,
+    RewardWorker,
+    SamplingConfig,
+)
+from loomrl.workers.tool import SearchWorker
+
+TASK = {"name": "search_qa", "seed": 0, "people": 200, "hops": 1, "eval_size": 8}
+MODEL = ModelConfig(path="tiny-llama", lr=1e-3, train_micro_batch=4)
+SAMPLING = SamplingConfig(group_size=4, gen_groups=1)
+
+
+@dataclass
+class _Out:
+    response_ids: list
+    response_logprobs: list
+    finish_reasons: list
+
+
+# Where the first result states what each kind of question asks.
+QUESTION = r"Question: (?:In \w+ \w+ was (.+?) born|What was the profession of (.+?))\?"
+READ = {"city": r"city of (\w+)", "year": r"born in (\d+)", "profession": r"was an? (\w+) born"}
+
+
+class ScriptedAgent(AgentRolloutWorker):
+    """Writes by rule instead of sampling: turn 1 searches the question's name, turn 2 answers
+    with what the first result says (rows 0 and 1 of a group) or with a wrong answer (2, 3)."""
+
+    def _generate(self, rows, max_new, seed, temperature, top_p):
+        tok, out = self.engine.tokenizer, []
+        for r, row in enumerate(rows):
+            text = tok.decode(row)
+            reply = text.rsplit("assistant", 1)[1]  # the prompt's worked example has tags too
+            if "<information>" not in reply:
+                asked = re.findall(QUESTION, text)[-1]
+                name = asked[0] or asked[1]
+                line = f" {name} </search>"
+            else:
+                info = reply.rsplit("<information>", 1)[1]
+                question = re.findall(r"Question: (.+)\?", text)[-1]
+                rule = next(v for k, v in READ.items() if k in question)
+                found = re.search(rule, info)  # None when the search failed
+                said = found.group(1) if found and r % 4 < 2 else "Nowhere"
+                line = f"<answer> {said} </answer>"
+            out.append(tok.encode(line, add_special_tokens=False)[:max_new])
+        return _Out(out, [[-1.0] * len(x) for x in out], ["stop"] * len(out))
+
+
+class SlowSearch(SearchWorker):
+    def search(self, queries):
+        time.sleep(2.0)
+        return super().search(queries)
+
+
+class BrokenSearch(SearchWorker):
+    def search(self, queries):
+        raise RuntimeError("index corrupted")
+
+
+AGENT = AgentConfig(
+    max_turns=2, turn_tokens=40, max_response_tokens=400, response_prefix="<search>"
+)
+
+
+def _items(n: int = 2) -> list[dict]:
+    task = make_task(**{**TASK, "name": "search_qa"})
+    return prompts(task, Encoder("tiny-llama", "search", "<search>"), 0, n)
+
+
+def _tool(cluster, cls=SearchWorker, n=1):
+    return cluster.launch(cls, n, TASK, None, 2, 300, name=f"search-{cls.__name__}")
+
+
+def test_tool_results_reach_the_policy_and_only_its_tokens_train(cluster):
+    tool = _tool(cluster, n=2)  # queries split over two search ranks
+    agent = cluster.launch(ScriptedAgent, 1, MODEL, SAMPLING, AGENT, tool, 0, name="agent")
+    reward = cluster.launch(RewardWorker, 1, TASK, AlgoConfig(), 4, name="reward")
+    actor = cluster.launch(ActorWorker, 1, MODEL, SAMPLING, AlgoConfig(), 0, name="actor")
+    try:
+        items = _items()
+        (rolled,) = wait(agent.generate(items))
+        for it in rolled:
+            assert it["searches"] == [1] * 4 and it["answered"] == [1] * 4
+            for ids, mask, text in zip(
+                it["response_ids"], it["response_masks"], it["texts"], strict=True
+            ):
+                assert len(mask) == len(ids) and 0 < sum(mask) < len(ids)
+                assert it["answer"] in text  # the tool's result names the city
+            assert it["gen_tokens"] == sum(map(sum, it["response_masks"]))
+        (scored,) = wait(reward.score(rolled))
+        assert [g["rewards"] for g in scored] == [[1.0, 1.0, 0.0, 0.0]] * 2
+        (trained,) = wait(actor.train(scored))
+        stats = trained[-1]
+        sampled = sum(it["gen_tokens"] for it in rolled)
+        total = sum(len(r) for it in rolled for r in it["response_ids"])
+        assert stats["tokens"] == sampled < total  # inserted results are not in the loss
+        assert stats["searches"] == 1.0 and stats["answered"] == 1.0
+        assert stats["reward_mean"] == 0.5 and stats["grad_norm"] > 0
+        assert sum(wait(tool.documents())) == 2 * len(make_task(**TASK).corpus())
+    finally:
+        for g in (tool, agent, reward, actor):
+            g.kill()
+
+
+def test_a_slow_tool_times_out_then_stops_the_run(cluster):
+    tool = _tool(cluster, SlowSearch)
+    slow = AgentConfig(**{**AGENT.__dict__, "tool_timeout_s": 0.3, "max_tool_failures": 2})
+    agent = cluster.launch(ScriptedAgent, 1, MODEL, SAMPLING, slow, tool, 0, name="agent-slow")
+    try:
+        (rolled,) = wait(agent.generate(_items(1)))
+        assert rolled[0]["tool_failures"] == [1] * 4
+        assert all("search failed: timeout" in t for t in rolled[0]["texts"])
+        (events,) = wait(agent.tool_events())
+        assert [e["event"] for e in events] == ["tool_timeout"]
+        assert "tool_timeout_s=0.3" in events[0]["cause"]
+        with pytest.raises(RemoteError, match="ToolError: the search tool failed 2 calls in a row"):
+            wait(agent.generate(_items(1)))
+    finally:
+        tool.kill()
+        agent.kill()
+
+
+def test_a_failing_or_dead_tool_is_a_recorded_failure(cluster):
+    broken = _tool(cluster, BrokenSearch)
+    agent = cluster.launch(ScriptedAgent, 1, MODEL, SAMPLING, AGENT, broken, 0, name="agent-b")
+    try:
+        (rolled,) = wait(agent.generate(_items(1)))
+        assert all("search failed: error" in t for t in rolled[0]["texts"])
+        (events,) = wait(agent.tool_events())
+        assert "index corrupted" in events[0]["cause"]
+    finally:
+        broken.kill()
+        agent.kill()
+    tool = _tool(cluster)
+    agent = cluster.launch(ScriptedAgent, 1, MODEL, SAMPLING, AGENT, tool, 0, name="agent-d")
+    try:
+        tool.kill()  # a view inside the agent cannot kill it; the driver's group can
+        (rolled,) = wait(agent.generate(_items(1)))
+        assert rolled[0]["tool_failures"] == [1] * 4
+        (events,) = wait(agent.tool_events())
+        assert events[0]["event"] == "tool_error" and "died" in events[0]["cause"]
+    finally:
+        agent.kill()

@@ -1,0 +1,54 @@
+"""The agentic_search recipe end to end through the CLI on a tiny model, and its config errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loomrl.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(600)
+def test_tiny_search_run_writes_its_summary_and_agent_metrics(cluster, tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main(
+        [
+            "run",
+            str(ROOT / "examples/tiny_search.yaml"),
+            "placement=temporal",
+            "steps=2",
+            f"output_dir={out}",
+        ]
+    )
+    assert rc == 0
+    s = json.loads((out / "run_summary.json").read_text())
+    assert s["steps"] == 2 and s["plan"]["mode"] == "temporal"
+    assert set(s["plan"]["assignment"]) == {"rollout", "reward", "actor"}
+    m = s["metrics"]
+    for key in ("searches", "tool_failures", "answered", "reward_mean", "eval_accuracy"):
+        assert key in m, key
+    assert m["tool_failures"] == 0.0 and 0.0 <= m["eval_accuracy"] <= 1.0
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("tokens" in r for r in rows)
+
+
+def test_config_mistakes_are_reported_together(tmp_path, capsys):
+    rc = main(
+        [
+            "run",
+            str(ROOT / "examples/tiny_search.yaml"),
+            "agent.max_turns=0",
+            "agent.tool_timeout_s=-1",
+            "agent.top_kk=3",
+            "task.name=arithmetic",
+            f"output_dir={tmp_path}",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "max_turns: must be >= 1" in err and "tool_timeout_s" in err
+    assert "top_kk" in err and "top_k" in err  # unknown key, with the close match
