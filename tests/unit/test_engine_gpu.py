@@ -49,3 +49,15 @@ def test_gpu_train_offload_roundtrip(tiny_dir):
     assert eng.param_sha256() == h
     assert next(eng.model.parameters()).device.type == "cuda"
     eng.train_step(batch, _loss)
+
+
+@pytest.mark.parametrize("impl", ["loop", "hf", "hf_static"])
+def test_gpu_stop_strings_cut_where_the_string_completes(tiny_dir, impl):
+    eng = HFEngine(EngineConfig(model=str(tiny_dir), trainable=False, generate_impl=impl))
+    prompts = [eng.encode_prompt("hi")]
+    kw = dict(max_new_tokens=32, seed=3, ignore_eos=True)
+    free = eng.generate(prompts, **kw).response_ids[0]
+    stop = eng.decode(free[8:11], skip_special_tokens=False)
+    cut = eng.generate(prompts, **kw, stop_strings=(stop,))
+    n = next(t + 1 for t in range(len(free)) if stop in eng.decode(free[: t + 1], False))
+    assert cut.response_ids[0] == free[:n] and cut.finish_reasons == ["stop"]
