@@ -19,15 +19,7 @@ from loomrl.agentic import AgentConfig
 from loomrl.reasoning import common_problems, prompts
 from loomrl.run import Run, RunConfig, profile_recipe
 from loomrl.worker import wait
-from loomrl.workers.reasoning import (
-    ActorWorker,
-    AlgoConfig,
-    ModelConfig,
-    ReferenceWorker,
-    RewardWorker,
-    SamplingConfig,
-    TaskConfig,
-)
+from loomrl.workers.reasoning import AlgoConfig, ModelConfig, SamplingConfig, TaskConfig
 
 
 @dataclass
@@ -56,6 +48,8 @@ class Config:
 
 
 def build(flow: Any, cfg: Config) -> dict[str, Any]:
+    """GRPO's flow with the agent's rollout, and the search workers it calls (beside the plan)."""
+    from loomrl.recipes import reasoning_grpo
     from loomrl.workers.agent import AgentRolloutWorker
     from loomrl.workers.tool import SearchWorker
 
@@ -69,29 +63,8 @@ def build(flow: Any, cfg: Config) -> dict[str, Any]:
         a.doc_chars,
         name="search",
     )
-    g = {
-        "search": tool,
-        "rollout": flow.group(
-            AgentRolloutWorker, cfg.model, cfg.sampling, a, tool, s, name="rollout"
-        ),
-        "reward": flow.group(
-            RewardWorker,
-            cfg.task.as_kwargs(s),
-            cfg.algo,
-            cfg.sampling.group_size,
-            name="reward",
-            valid_devices=[1],
-        ),
-        "actor": flow.group(
-            ActorWorker, cfg.model, cfg.sampling, cfg.algo, s, name="actor", single_process="cpu"
-        ),
-    }
-    stages = [g["rollout"].generate, g["reward"].score]
-    if cfg.algo.kl_coef > 0:
-        g["reference"] = flow.group(ReferenceWorker, cfg.model, cfg.sampling, s, name="reference")
-        stages.append(g["reference"].logprobs)
-    flow.chain(*stages, g["actor"].train)
-    return g
+    rollout = flow.group(AgentRolloutWorker, cfg.model, cfg.sampling, a, tool, s, name="rollout")
+    return {**reasoning_grpo.build(flow, cfg, rollout=rollout), "search": tool}
 
 
 def main(cfg: Config) -> dict:

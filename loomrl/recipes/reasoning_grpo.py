@@ -43,10 +43,13 @@ class Config:
         return common_problems(self, min_group=2)
 
 
-def build(flow: Any, cfg: Config) -> dict[str, Any]:
+def build(flow: Any, cfg: Config, rollout: Any = None) -> dict[str, Any]:
+    """The GRPO flow; ``rollout`` replaces the plain rollout group (an agent's, for one)."""
     s = cfg.run.seed
+    if rollout is None:
+        rollout = flow.group(RolloutWorker, cfg.model, cfg.sampling, s, name="rollout")
     g = {
-        "rollout": flow.group(RolloutWorker, cfg.model, cfg.sampling, s, name="rollout"),
+        "rollout": rollout,
         "reward": flow.group(
             RewardWorker,
             cfg.task.as_kwargs(s),
