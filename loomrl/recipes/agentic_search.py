@@ -61,10 +61,17 @@ def build(flow: Any, cfg: Config) -> dict[str, Any]:
         a.corpus_path,
         a.top_k,
         a.doc_chars,
+        devices=tool_devices(a.tool_workers, flow.cluster.num_devices),
         name="search",
     )
     rollout = flow.group(AgentRolloutWorker, cfg.model, cfg.sampling, a, tool, s, name="rollout")
     return {**reasoning_grpo.build(flow, cfg, rollout=rollout), "search": tool}
+
+
+def tool_devices(workers: int, available: int) -> int:
+    """How many of the cluster's first devices ``workers`` search workers spread over (their
+    cores on a CPU-only node): the most that split evenly, so any worker count can start."""
+    return max(d for d in range(1, available + 1) if workers % d == 0 or d % workers == 0)
 
 
 def main(cfg: Config) -> dict:

@@ -165,3 +165,12 @@ def test_agent_config_reports_every_problem():
     text = "\n".join(p)
     assert "max_turns: must be >= 1" in text and "max_response_tokens=32" in text
     assert "tool_timeout_s" in text and "max_tool_failures" in text
+
+
+@pytest.mark.parametrize(
+    "workers, available, want", [(1, 2, 2), (2, 2, 2), (3, 2, 1), (3, 8, 6), (4, 8, 8), (5, 1, 1)]
+)
+def test_search_workers_spread_over_devices_they_split_evenly(workers, available, want):
+    from loomrl.recipes.agentic_search import tool_devices
+
+    assert tool_devices(workers, available) == want
