@@ -58,7 +58,7 @@ class AgentRolloutWorker(RolloutWorker):
             seed=seed,
         )
 
-    def responses(self, prompts: list[list[int]], seed: int) -> dict[str, list]:
+    def _responses(self, prompts: list[list[int]], seed: int) -> dict[str, list]:
         s = self.sampling
         trajs = self._rollout(prompts, seed, s.temperature, s.top_p)
         return {

@@ -173,7 +173,7 @@ class RolloutWorker(EngineWorker, WeightSink):
             # Per piece of a chunk: a plan whose micro-batch splits a chunk of gen_groups
             # groups over calls gives each piece its own draws (the same seed for every
             # piece drew the same noise for different prompt groups).
-            cols = self.responses(
+            cols = self._responses(
                 prompts, hash((self.seed, group[0]["step"], c, group[0]["index"])) & 0x7FFFFFFF
             )
             dt = time.perf_counter() - t
@@ -196,7 +196,7 @@ class RolloutWorker(EngineWorker, WeightSink):
         by_index = {o["index"]: o for o in out}
         return [by_index[it["index"]] for it in items]
 
-    def responses(self, prompts: list[list[int]], seed: int) -> dict[str, list]:
+    def _responses(self, prompts: list[list[int]], seed: int) -> dict[str, list]:
         """One response per prompt row, as columns over the rows: ``response_ids``, ``logprobs``
         and ``texts`` (subclasses add columns, e.g. a multi-turn agent's ``response_masks``)."""
         s = self.sampling

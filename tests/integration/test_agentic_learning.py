@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct learns to search and answer (slow: about 8 minutes on 2 cores)."""
+"""SmolLM2-135M-Instruct learns to search and answer (slow: about 13 minutes on 2 cores)."""
 
 from __future__ import annotations
 
