@@ -52,6 +52,9 @@ class AgentConfig:
     tool_workers: int = 1  # search worker processes (queries of one call are split over them)
     tool_timeout_s: float = 30.0  # a search call without a reply by then counts as failed
     max_tool_failures: int = 3  # failed search calls in a row that stop the run
+    # Rows of a rollout call cut into this many groups taking turns: one group's search runs
+    # while the others generate (worth it when the tool takes about as long as a turn).
+    tool_groups: int = 1
     corpus_path: str | None = None  # JSONL {"title", "text"} lines; None: the task's own corpus
 
     def validate(self) -> list[str]:
@@ -64,8 +67,9 @@ class AgentConfig:
                 f"max_response_tokens={self.max_response_tokens} is below turn_tokens="
                 f"{self.turn_tokens}: raise max_response_tokens (it bounds all turns together)"
             )
-        if self.tool_workers < 1:
-            p.append(f"tool_workers: must be >= 1, got {self.tool_workers}")
+        for key in ("tool_workers", "tool_groups"):
+            if getattr(self, key) < 1:
+                p.append(f"{key}: must be >= 1, got {getattr(self, key)}")
         if not 0 < self.tool_timeout_s <= 86_400:
             p.append(f"tool_timeout_s: must be in (0, 86400] seconds, got {self.tool_timeout_s}")
         if self.max_tool_failures < 1:
@@ -118,7 +122,7 @@ def agent_rollout(
     prompts: Sequence[Sequence[int]],
     *,
     generate: Callable[[list[list[int]], int, int], Any],
-    tool: Callable[[list[str]], list[ToolResult]],
+    submit: Callable[[list[str]], Callable[[], list[ToolResult]]],
     encode: Callable[[str], list[int]],
     decode: Callable[[Sequence[int]], str],
     cfg: AgentConfig,
@@ -128,56 +132,88 @@ def agent_rollout(
 
     generate(rows, max_new_tokens, seed) -> an object with ``response_ids``,
     ``response_logprobs`` and ``finish_reasons`` per row, stopping at ``</search>`` and
-    ``</answer>``; tool(queries) -> one ToolResult per query; encode(text) -> token ids
-    without special tokens; decode(ids) -> text.
+    ``</answer>``; submit(queries) starts a tool call and returns what waits for its results
+    (one ToolResult per query); encode(text) -> token ids without special tokens;
+    decode(ids) -> text.
+
+    With ``cfg.tool_groups`` = k > 1 the prompts are cut into k contiguous groups that take
+    turns: a group's search runs while the next groups generate, and the group waits for it
+    only when its own next turn comes (a ring, as env and policy groups in embodied RL). A
+    group's rows generate together; the trajectories depend on k (smaller batches, a seed per
+    group and turn), not on how long the tool takes.
     """
+    n = len(prompts)
+    k = max(1, min(cfg.tool_groups, n))
     trajs = [Trajectory() for _ in prompts]
     contexts = [list(p) for p in prompts]
-    open_rows = list(range(len(prompts)))
+    open_rows = [list(range(g * n // k, (g + 1) * n // k)) for g in range(k)]
+    pending: list[tuple[list[tuple[int, str]], Callable[[], list[ToolResult]]] | None] = [None] * k
     for turn in range(cfg.max_turns):
-        if not open_rows:
+        for g in range(k):
+            if pending[g] is not None:
+                asking, results = pending[g]
+                pending[g] = None
+                open_rows[g] = _insert_results(trajs, contexts, asking, results(), encode, cfg)
+            if not open_rows[g]:
+                continue
+            asking = _turn(trajs, contexts, open_rows[g], turn, g, generate, decode, cfg, seed)
+            open_rows[g] = []
+            if asking:
+                pending[g] = (asking, submit([q for _, q in asking]))
+        if not any(pending):
             break
-        budgets = {i: cfg.max_response_tokens - len(trajs[i].response_ids) for i in open_rows}
-        out = generate(
-            [contexts[i] for i in open_rows],
-            min(cfg.turn_tokens, max(budgets.values())),
-            (seed * 1_000_003 + turn) & 0x7FFFFFFF,
-        )
-        asking: list[tuple[int, str]] = []
-        for j, i in enumerate(open_rows):
-            ids = list(out.response_ids[j][: budgets[i]])
-            trajs[i].add(ids, list(out.response_logprobs[j][: len(ids)]))
-            contexts[i].extend(ids)
-            text = (cfg.response_prefix if turn == 0 else "") + decode(ids)
-            query = search_query(text)
-            if ANSWER_CLOSE in text and (
-                query is None or text.find(ANSWER_CLOSE) < text.find(SEARCH_CLOSE)
-            ):
-                trajs[i].finish = "answer"
-            elif query is not None and turn + 1 == cfg.max_turns:
-                trajs[i].finish = "turns"  # asked, with no turn left to read the answer
-            elif query is not None and _room(trajs[i], cfg) <= 0:
-                trajs[i].finish = "budget"  # no tokens left for a result and another turn
-            elif query is not None:
-                asking.append((i, query))
-            elif len(ids) >= budgets[i]:
-                trajs[i].finish = "budget" if budgets[i] < cfg.turn_tokens else "length"
-            else:
-                trajs[i].finish = "eos" if out.finish_reasons[j] == "stop" else "length"
-        results = tool([q for _, q in asking]) if asking else []
-        open_rows = []
-        for (i, _), res in zip(asking, results, strict=True):
-            t = trajs[i]
-            t.searches += 1
-            t.tool_failures += not res.ok
-            # Cut to leave the next turn its tokens (the closing tag may go: the model still reads).
-            info = encode(information(res))[: _room(t, cfg)]
-            t.add(info, None)
-            contexts[i].extend(info)
-            open_rows.append(i)
     for t in trajs:
         t.text = cfg.response_prefix + decode(t.response_ids)
     return trajs
+
+
+def _turn(trajs, contexts, rows, turn, group, generate, decode, cfg, seed) -> list[tuple[int, str]]:
+    """One generation turn of ``rows``: record what each wrote and how it ended; return the
+    rows that asked a search, with their queries."""
+    budgets = {i: cfg.max_response_tokens - len(trajs[i].response_ids) for i in rows}
+    out = generate(
+        [contexts[i] for i in rows],
+        min(cfg.turn_tokens, max(budgets.values())),
+        (seed * 1_000_003 + turn + 7919 * group) & 0x7FFFFFFF,
+    )
+    asking: list[tuple[int, str]] = []
+    for j, i in enumerate(rows):
+        t = trajs[i]
+        ids = list(out.response_ids[j][: budgets[i]])
+        t.add(ids, list(out.response_logprobs[j][: len(ids)]))
+        contexts[i].extend(ids)
+        text = (cfg.response_prefix if turn == 0 else "") + decode(ids)
+        query = search_query(text)
+        if ANSWER_CLOSE in text and (
+            query is None or text.find(ANSWER_CLOSE) < text.find(SEARCH_CLOSE)
+        ):
+            t.finish = "answer"
+        elif query is not None and turn + 1 == cfg.max_turns:
+            t.finish = "turns"  # asked, with no turn left to read the answer
+        elif query is not None and _room(t, cfg) <= 0:
+            t.finish = "budget"  # no tokens left for a result and another turn
+        elif query is not None:
+            asking.append((i, query))
+        elif len(ids) >= budgets[i]:
+            t.finish = "budget" if budgets[i] < cfg.turn_tokens else "length"
+        else:
+            t.finish = "eos" if out.finish_reasons[j] == "stop" else "length"
+    return asking
+
+
+def _insert_results(trajs, contexts, asking, results, encode, cfg) -> list[int]:
+    """Insert each search's result after its row's turn; return the rows, open again."""
+    rows = []
+    for (i, _), res in zip(asking, results, strict=True):
+        t = trajs[i]
+        t.searches += 1
+        t.tool_failures += not res.ok
+        # Cut to leave the next turn its tokens (the closing tag may go: the model still reads).
+        info = encode(information(res))[: _room(t, cfg)]
+        t.add(info, None)
+        contexts[i].extend(info)
+        rows.append(i)
+    return rows
 
 
 class ToolCaller:
@@ -194,23 +230,35 @@ class ToolCaller:
         self.failures_in_row = 0
         self.events: list[dict[str, Any]] = []
         self.calls = 0
-        self.seconds = 0.0
+        self.wait_s = 0.0  # seconds the rollout sat waiting for results
 
-    def __call__(self, queries: list[str]) -> list[ToolResult]:
+    def submit(self, queries: list[str]) -> Callable[[], list[ToolResult]]:
+        """Start a search of ``queries``; the returned callable waits for its results, at most
+        until ``timeout_s`` after this call."""
+        self.calls += 1
+        start = time.perf_counter()
+        handle = self.group.search(queries)
+
+        def results() -> list[ToolResult]:
+            return self._collect(handle, queries, start)
+
+        return results
+
+    def _collect(self, handle: Any, queries: list[str], start: float) -> list[ToolResult]:
         from loomrl.errors import RemoteError, WorkerDiedError
         from loomrl.worker import wait
 
-        self.calls += 1
         t0 = time.perf_counter()
         try:
-            parts = wait(self.group.search(queries), timeout=self.timeout_s)
+            left = max(0.0, self.timeout_s - (t0 - start))
+            parts = wait(handle, timeout=left)
             results = [r for part in parts for r in part]
             status, cause = "ok", ""
         except TimeoutError:
             status, cause = "timeout", f"no reply within tool_timeout_s={self.timeout_s:g}"
         except (RemoteError, WorkerDiedError) as e:
             status, cause = "error", str(e).splitlines()[0]
-        self.seconds += time.perf_counter() - t0
+        self.wait_s += time.perf_counter() - t0  # blocked: what ring groups are there to hide
         if status == "ok":
             self.failures_in_row = 0
             return results

@@ -104,8 +104,7 @@ def main(cfg: Config) -> dict:
             result = flow.run(prompts(task, encode, step, cfg.batch))
             sync()
             run.record(step, result, flow)
-            metrics = metrics_of(result, sync)
-            record_tool_events(run, g["rollout"], step)
+            metrics = {**metrics_of(result, sync), **tool_step(run, g["rollout"], step)}
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.run.steps:
                 metrics["eval_accuracy"] = evaluate(g["rollout"], task, encode, cfg)
             run.logger.log(step + 1, metrics)
@@ -122,16 +121,19 @@ def main(cfg: Config) -> dict:
         run.close()
 
 
-def record_tool_events(run: Run, rollout: Any, step: int) -> None:
-    """Append the search tool's failed calls of this step to ``tool_events.jsonl``."""
+def tool_step(run: Run, rollout: Any, step: int) -> dict[str, float]:
+    """The search tool's part of a step: its failed calls appended to ``tool_events.jsonl``,
+    and the seconds the rollout waited for results (``time/tool_wait``)."""
     import json
 
-    events = [e for rank in wait(rollout.tool_events()) for e in rank]
+    logs = wait(rollout.tool_log())
+    events = [e for log in logs for e in log["events"]]
     if events:
         with open(run.dir / "tool_events.jsonl", "a") as f:
             for e in events:
                 f.write(json.dumps({"step": step, **e}) + "\n")
         run.logger.echo(f"step {step}: {len(events)} search call(s) failed (tool_events.jsonl)")
+    return {"time/tool_wait": sum(log["wait_s"] for log in logs)}
 
 
 def profile(cfg: Config) -> str:

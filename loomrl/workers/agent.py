@@ -51,7 +51,7 @@ class AgentRolloutWorker(RolloutWorker):
             generate=lambda rows, n, turn_seed: self._generate(
                 rows, n, turn_seed, temperature, top_p
             ),
-            tool=self.tool,
+            submit=self.tool.submit,
             encode=lambda text: eng.tokenizer.encode(text, add_special_tokens=False),
             decode=eng.decode,
             cfg=self.agent,
@@ -81,7 +81,11 @@ class AgentRolloutWorker(RolloutWorker):
                 texts.extend(t.text for t in self._rollout(chunk, 0, 0.0, 1.0))
         return texts
 
-    def tool_events(self) -> list[dict[str, Any]]:
-        """The tool's failed calls since the last call of this method (then forgotten)."""
-        events, self.tool.events = self.tool.events, []
-        return events
+    def tool_log(self) -> dict[str, Any]:
+        """What the search tool did since the last call of this method: its calls, the seconds
+        the rollout sat waiting for results (ring groups hide the rest of a call), and the
+        failed calls (``events``)."""
+        t = self.tool
+        log = {"calls": t.calls, "wait_s": t.wait_s, "events": t.events}
+        t.calls, t.wait_s, t.events = 0, 0.0, []
+        return log

@@ -29,7 +29,14 @@ def test_tiny_search_run_writes_its_summary_and_agent_metrics(cluster, tmp_path,
     assert s["steps"] == 2 and s["plan"]["mode"] == "temporal"
     assert set(s["plan"]["assignment"]) == {"rollout", "reward", "actor"}
     m = s["metrics"]
-    for key in ("searches", "tool_failures", "answered", "reward_mean", "eval_accuracy"):
+    for key in (
+        "searches",
+        "tool_failures",
+        "answered",
+        "reward_mean",
+        "eval_accuracy",
+        "time/tool_wait",
+    ):
         assert key in m, key
     assert m["tool_failures"] == 0.0 and 0.0 <= m["eval_accuracy"] <= 1.0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

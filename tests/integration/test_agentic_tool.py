@@ -129,8 +129,9 @@ def test_a_slow_tool_times_out_then_stops_the_run(cluster):
         (rolled,) = wait(agent.generate(_items(1)))
         assert rolled[0]["tool_failures"] == [1] * 4
         assert all("search failed: timeout" in t for t in rolled[0]["texts"])
-        (events,) = wait(agent.tool_events())
-        assert [e["event"] for e in events] == ["tool_timeout"]
+        (log,) = wait(agent.tool_log())
+        events = log["events"]
+        assert [e["event"] for e in events] == ["tool_timeout"] and log["calls"] == 1
         assert "tool_timeout_s=0.3" in events[0]["cause"]
         with pytest.raises(RemoteError, match="ToolError: the search tool failed 2 calls in a row"):
             wait(agent.generate(_items(1)))
@@ -145,8 +146,8 @@ def test_a_failing_or_dead_tool_is_a_recorded_failure(cluster):
     try:
         (rolled,) = wait(agent.generate(_items(1)))
         assert all("search failed: error" in t for t in rolled[0]["texts"])
-        (events,) = wait(agent.tool_events())
-        assert "index corrupted" in events[0]["cause"]
+        (log,) = wait(agent.tool_log())
+        assert "index corrupted" in log["events"][0]["cause"]
     finally:
         broken.kill()
         agent.kill()
@@ -156,7 +157,7 @@ def test_a_failing_or_dead_tool_is_a_recorded_failure(cluster):
         tool.kill()  # a view inside the agent cannot kill it; the driver's group can
         (rolled,) = wait(agent.generate(_items(1)))
         assert rolled[0]["tool_failures"] == [1] * 4
-        (events,) = wait(agent.tool_events())
-        assert events[0]["event"] == "tool_error" and "died" in events[0]["cause"]
+        (log,) = wait(agent.tool_log())
+        assert log["events"][0]["event"] == "tool_error" and "died" in log["events"][0]["cause"]
     finally:
         agent.kill()

@@ -1,0 +1,167 @@
+"""Agent rollouts with a slow search tool: ring groups (agent.tool_groups) against one batch.
+
+    python benchmarks/agentic_overlap.py --tool-latency 2.0 --groups 1,2,4 --rounds 2
+
+A search service often answers in hundreds of milliseconds or more (a remote API, a dense
+retriever on another machine). Here the BM25 search worker waits ``--tool-latency`` seconds per
+call before answering, and the same rollout (SmolLM2-135M-Instruct, ``--batch`` questions of
+``search_qa`` x ``--group-size`` responses, a search then an answer) runs with its rows cut into
+k ring groups for each k of ``--groups``: one group's search runs while the next generates.
+Every k runs once per round, each round starting at the next k. Printed per k: the median
+seconds per rollout, the seconds the rollout sat waiting for the tool, searches per response,
+the ring model's seconds (``ring_model``: the groups' turns and the tool's calls played out,
+from the k = 1 rollout's turn time and the tool's latency, a group's turn taken as that time /
+k), and the speed-up over k = 1 in the same run. The last line reads
+``best_groups: <k> speedup_vs_1: <x>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from loomrl.workers.tool import SearchWorker  # noqa: E402
+
+
+class LaggedSearch(SearchWorker):
+    """The BM25 search worker, answering each call after a fixed latency."""
+
+    def __init__(self, *args, latency_s: float = 0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.latency_s = latency_s
+
+    def search(self, queries):
+        time.sleep(self.latency_s)
+        return super().search(queries)
+
+
+def ring_model(turn_s: float, tool_s: float, k: int, turns: int) -> float:
+    """Seconds per rollout of ``turns`` turns (a search between two) with k ring groups, a
+    group's turn taking turn_s / k and every search tool_s on one tool worker (calls one after
+    the other): the schedule played out, each group generating once the generator is free and
+    its results are in."""
+    a = turn_s / k
+    gen_free = tool_free = 0.0
+    ready = [0.0] * k  # when each group's search results are in
+    for t in range(turns):
+        for g in range(k):
+            gen_free = max(gen_free, ready[g]) + a
+            if t + 1 < turns:
+                tool_free = max(gen_free, tool_free) + tool_s
+                ready[g] = tool_free
+    return gen_free
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--batch", type=int, default=4, help="questions per rollout")
+    p.add_argument("--group-size", type=int, default=8, help="responses per question")
+    p.add_argument("--tool-latency", type=float, default=2.0, help="seconds per search call")
+    p.add_argument("--groups", default="1,2,4", help="ring group counts k to compare")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--turn-tokens", type=int, default=24)
+    p.add_argument("--out", default="runs/bench_agentic_overlap.json")
+    args = p.parse_args(argv)
+    ks = [int(x) for x in args.groups.split(",")]
+    if 1 not in ks or any(k < 1 for k in ks):
+        p.error(f"--groups {args.groups!r}: give counts >= 1, including 1 (the reference)")
+
+    from loomrl.agentic import AgentConfig
+    from loomrl.cluster import Cluster
+    from loomrl.reasoning import Encoder, prompts
+    from loomrl.tasks import make_task
+    from loomrl.worker import wait
+    from loomrl.workers.agent import AgentRolloutWorker
+    from loomrl.workers.reasoning import ModelConfig, SamplingConfig
+
+    task_kw = {"name": "search_qa", "seed": 0, "hops": 1, "eval_size": 8}
+    model = ModelConfig(path=args.model)
+    sampling = SamplingConfig(
+        group_size=args.group_size, temperature=0.8, gen_groups=args.batch, max_new_tokens=24
+    )
+    items = prompts(make_task(**task_kw), Encoder(args.model, "search", "<search>"), 0, args.batch)
+    cluster = Cluster.start(log_to_driver=False)
+    rows: dict[int, list[dict]] = {k: [] for k in ks}
+    try:
+        tool = cluster.launch(
+            LaggedSearch, 1, task_kw, None, 2, 300, latency_s=args.tool_latency, name="search"
+        )
+        workers = {}
+        for k in ks:
+            agent = AgentConfig(
+                max_turns=2,
+                turn_tokens=args.turn_tokens,
+                max_response_tokens=160,
+                response_prefix="<search>",
+                tool_groups=k,
+                tool_timeout_s=max(30.0, 10 * args.tool_latency),
+            )
+            workers[k] = cluster.launch(
+                AgentRolloutWorker, 1, model, sampling, agent, tool, 0, name=f"agent-k{k}"
+            )
+        for k in ks:  # warm-up: first calls load kernels and caches
+            wait(workers[k].generate(items))
+        for rnd in range(args.rounds):
+            order = ks[rnd % len(ks) :] + ks[: rnd % len(ks)]
+            for k in order:
+                wait(workers[k].tool_log())  # from here on
+                t = time.perf_counter()
+                (out,) = wait(workers[k].generate(items))
+                secs = time.perf_counter() - t
+                (log,) = wait(workers[k].tool_log())
+                searches = [s for it in out for s in it["searches"]]
+                rows[k].append(
+                    {
+                        "seconds": secs,
+                        "tool_wait_s": log["wait_s"],
+                        "tool_calls": log["calls"],
+                        "searches_per_response": sum(searches) / len(searches),
+                    }
+                )
+                print(f"round {rnd} k={k}: {secs:.2f} s", flush=True)
+    finally:
+        cluster.shutdown()
+
+    med = {k: statistics.median(r["seconds"] for r in rows[k]) for k in ks}
+    wait_1 = statistics.median(r["tool_wait_s"] for r in rows[1])
+    turn_s = (med[1] - wait_1) / 2  # k = 1: two turns, one search in between
+    print(
+        f"\n{'k':>3} {'s/rollout':>10} {'tool wait':>10} {'searches':>9} {'model':>7} {'vs k=1':>7}"
+    )
+    summary = {}
+    for k in ks:
+        model_s = ring_model(turn_s, args.tool_latency, k, 2)
+        w = statistics.median(r["tool_wait_s"] for r in rows[k])
+        s = statistics.median(r["searches_per_response"] for r in rows[k])
+        summary[k] = {
+            "seconds": med[k],
+            "tool_wait_s": w,
+            "searches": s,
+            "model_s": model_s,
+            "speedup_vs_1": med[1] / med[k],
+        }
+        print(
+            f"{k:>3} {med[k]:>10.2f} {w:>10.2f} {s:>9.2f} {model_s:>7.2f} {med[1] / med[k]:>7.3f}"
+        )
+    best = min(ks, key=med.__getitem__)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(
+        json.dumps({"args": vars(args), "runs": rows, "summary": summary, "best": best}, indent=2)
+    )
+    print(f"results: {args.out}")
+    print(f"best_groups: {best} speedup_vs_1: {med[1] / med[best]:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
