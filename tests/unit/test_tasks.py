@@ -374,7 +374,7 @@ def test_render_prompt_with_a_real_tokenizer():
 
 
 def test_make_task_and_protocol(tmp_path):
-    assert task_names() == ["arithmetic", "countdown", "digits", "jsonl"]
+    assert task_names() == ["arithmetic", "countdown", "digits", "jsonl", "search_qa"]
     t = make_task("arithmetic", level=3, seed=2)
     assert isinstance(t, ArithmeticTask) and t.level == 3 and isinstance(t, Task)
     assert isinstance(make_task("countdown", num_numbers=3), Task)
@@ -382,6 +382,7 @@ def test_make_task_and_protocol(tmp_path):
         tmp_path / "d.jsonl", [json.dumps({"prompt": f"q{i}", "answer": "1"}) for i in range(30)]
     )
     assert isinstance(make_task("jsonl", path=str(p)), Task)
+    assert isinstance(make_task("search_qa", people=50), Task)
 
 
 def test_make_task_unknown_name_suggests():
@@ -389,7 +390,7 @@ def test_make_task_unknown_name_suggests():
         ConfigError, match=r"'arithmatic' is not known \(did you mean 'arithmetic'\?\)"
     ):
         make_task("arithmatic")
-    with pytest.raises(ConfigError, match="Known tasks: arithmetic, countdown, digits, jsonl"):
+    with pytest.raises(ConfigError, match="Known tasks: arithmetic, countdown, digits, jsonl, search_qa"):
         make_task("chess")
 
 
