@@ -1,4 +1,4 @@
-"""The `loomrl` command: run | plan | profile | report | resume.
+"""The `loomrl` command: run | plan | profile | report | resume | export.
 
 ``loomrl run CONFIG [key=value ...]`` loads a recipe config (its ``recipe:`` key picks the recipe),
 applies overrides and runs it. User mistakes (bad config, impossible plan, missing files) end with
@@ -107,6 +107,47 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write a run's trained policy (the actor) as a Hugging Face model directory."""
+    run_dir, out = Path(args.run_dir), Path(args.out_dir)
+    cfg_file = run_dir / "config.yaml"
+    if not cfg_file.exists():
+        raise ConfigError([f"{run_dir} has no config.yaml: is it a loomrl run directory?"])
+    mod, cfg = load_recipe_config(cfg_file, [])
+    if not hasattr(cfg, "model"):
+        raise ConfigError(
+            [
+                f"recipe {cfg.recipe!r} trains no Hugging Face model: export takes runs of "
+                "grpo, ppo or agentic_search"
+            ]
+        )
+    from loomrl.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+
+    if args.step is None:
+        path = latest_checkpoint(run_dir)
+    else:
+        path = dict(list_checkpoints(run_dir)).get(args.step)
+    if path is None:
+        steps = [s for s, _ in list_checkpoints(run_dir)]
+        raise ConfigError(
+            [
+                f"{run_dir} has no complete checkpoint"
+                + (f" at step {args.step} (steps saved: {steps})" if args.step is not None else "")
+            ]
+        )
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError([f"out_dir {str(out)!r} exists and is not empty; name a new directory"])
+    from loomrl.engines.hf import HFEngine
+    from loomrl.workers.reasoning import engine_config
+
+    state = load_checkpoint(path, weights_only=False)
+    engine = HFEngine(engine_config(cfg.model, trainable=True, seed=cfg.run.seed))
+    engine.load_state_dict(state["actor"])
+    engine.save_pretrained(out)
+    print(f"exported {path.name} of {run_dir} to {out} (load it as model.path={out})")
+    return 0
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     """Profile the components of a config's workflow, print the fit and the plan it leads to."""
     overrides = [*args.overrides, "run.steps=1"]
@@ -154,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     rs.add_argument("run_dir")
     rs.add_argument("overrides", nargs="*")
     rs.set_defaults(fn=cmd_resume)
+    ex = sub.add_parser("export", help="write a run's trained model as a Hugging Face directory")
+    ex.add_argument("run_dir")
+    ex.add_argument("out_dir")
+    ex.add_argument("--step", type=int, default=None, help="a checkpoint's step (default: last)")
+    ex.set_defaults(fn=cmd_export)
     sub.add_parser("plan", help="plan a workload profile (loomrl plan PROFILE --devices N)")
     sub.add_parser("report", help="predicted vs measured timeline of a run (loomrl report RUN_DIR)")
     args = p.parse_args(argv)

@@ -1156,13 +1156,8 @@ class HFEngine:
 
         if self.fsdp and dist.get_rank() != 0:
             return directory
-        directory.mkdir(parents=True, exist_ok=True)
         weights = state.pop("model")
-        lm_weights = {k: v for k, v in weights.items() if not k.startswith("value_head.")}
-        head = {k: v for k, v in weights.items() if k.startswith("value_head.")}
-        self.model.save_pretrained(str(directory), state_dict=lm_weights, safe_serialization=True)
-        if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(str(directory))
+        head = self._save_pretrained(directory, weights)
         if head:
             from safetensors.torch import save_file
 
@@ -1177,6 +1172,23 @@ class HFEngine:
             )
         )
         return directory
+
+    def save_pretrained(self, directory: str | os.PathLike) -> Path:
+        """Write the language model's weights and the tokenizer as a Hugging Face model
+        directory (no optimizer or engine state: a model to use, not a run to continue)."""
+        self._check_onloaded("save_pretrained")
+        directory = Path(directory)
+        self._save_pretrained(directory, self._model_state())
+        return directory
+
+    def _save_pretrained(self, directory: Path, weights: Mapping[str, torch.Tensor]) -> dict:
+        """Save the LM part of ``weights`` and the tokenizer; return the value head's part."""
+        directory.mkdir(parents=True, exist_ok=True)
+        lm_weights = {k: v for k, v in weights.items() if not k.startswith("value_head.")}
+        self.model.save_pretrained(str(directory), state_dict=lm_weights, safe_serialization=True)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(str(directory))
+        return {k: v for k, v in weights.items() if k.startswith("value_head.")}
 
     def load(self, directory: str | os.PathLike) -> None:
         """Restore weights, optimizer, counters and RNG written by ``save``."""

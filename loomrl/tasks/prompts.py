@@ -33,6 +33,21 @@ INSTRUCTIONS = {
         "<answer> Drun </answer>\n\n"
         "Question: {question}"
     ),
+    # Questions that need a second look-up (search_qa's hops: 2): the example searches twice.
+    "search_multi": (
+        "Answer the question with the help of a search engine. Search with <search> query "
+        "</search>; the results appear between <information> and </information>. Search again "
+        "when the results do not answer the question yet. Then give the final answer as "
+        "<answer> answer </answer>.\n"
+        "Example. Question: In which country was Lorma Vesk born?\n"
+        "<search> Lorma Vesk </search>\n"
+        "<information> Doc 1: Lorma Vesk was a baker born in 1802 in the city of Drun. "
+        "</information>\n"
+        "<search> Drun </search>\n"
+        "<information> Doc 1: Drun is a city in the country of Belmar. </information>\n"
+        "<answer> Belmar </answer>\n\n"
+        "Question: {question}"
+    ),
 }
 
 

@@ -42,6 +42,21 @@ def test_tiny_search_run_writes_its_summary_and_agent_metrics(cluster, tmp_path,
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert any("tokens" in r for r in rows)
 
+    # The trained actor, exported as a Hugging Face directory, is the run's final parameters.
+    from loomrl.engines import EngineConfig, HFEngine
+
+    hf = tmp_path / "hf"
+    assert main(["export", str(out), str(hf)]) == 0
+    assert (
+        HFEngine(EngineConfig(model=str(hf), trainable=False)).param_sha256() == s["param_sha256"]
+    )
+    assert main(["export", str(out), str(hf)]) == 2  # not over an existing export
+    assert main(["export", str(out), str(tmp_path / "x"), "--step", "7"]) == 2
+    assert main(["export", str(tmp_path), str(tmp_path / "y")]) == 2
+    err = capsys.readouterr().err
+    assert "exists and is not empty" in err and "at step 7 (steps saved: [2])" in err
+    assert "has no config.yaml" in err
+
 
 def test_config_mistakes_are_reported_together(tmp_path, capsys):
     rc = main(

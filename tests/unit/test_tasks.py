@@ -390,7 +390,9 @@ def test_make_task_unknown_name_suggests():
         ConfigError, match=r"'arithmatic' is not known \(did you mean 'arithmetic'\?\)"
     ):
         make_task("arithmatic")
-    with pytest.raises(ConfigError, match="Known tasks: arithmetic, countdown, digits, jsonl, search_qa"):
+    with pytest.raises(
+        ConfigError, match="Known tasks: arithmetic, countdown, digits, jsonl, search_qa"
+    ):
         make_task("chess")
 
 
