@@ -106,15 +106,21 @@ def weight_sync(source: Any, *sinks: Any, cfg: Any = None) -> Any:
 
 
 def evaluate(rollout: Any, task: Any, encode: Encoder, cfg: Any) -> float:
+    """Held-out accuracy: the share of the eval set answered correctly (greedy)."""
+    scores = [score for _, score in eval_scores(rollout, task, encode, cfg)]
+    return sum(scores) / max(1, len(scores))
+
+
+def eval_scores(rollout: Any, task: Any, encode: Encoder, cfg: Any) -> list[tuple[Any, float]]:
+    """Each held-out example with its score (1.0 correct, else 0.0)."""
     exs = task.eval_set()[: cfg.task.eval_size]
     items = [
         {"question": e.question, "answer": e.answer, "prompt_ids": encode(e.question)} for e in exs
     ]
     texts = [t for rank in wait(rollout.evaluate(items)) for t in rank]
-    scores = [
-        1.0 if task.score(t, e).reward >= 1.0 else 0.0 for t, e in zip(texts, exs, strict=True)
+    return [
+        (e, 1.0 if task.score(t, e).reward >= 1.0 else 0.0) for t, e in zip(texts, exs, strict=True)
     ]
-    return sum(scores) / max(1, len(scores))
 
 
 def metrics_of(result: Any, *syncs: Any) -> dict[str, float]:

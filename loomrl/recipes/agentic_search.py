@@ -78,7 +78,6 @@ def main(cfg: Config) -> dict:
     from loomrl.flow import Flow
     from loomrl.reasoning import (
         Encoder,
-        evaluate,
         fresh_start,
         metrics_of,
         restore,
@@ -97,7 +96,7 @@ def main(cfg: Config) -> dict:
         start = restore(run, g) if cfg.resume else fresh_start(run)
         sync = weight_sync(g["actor"], g["rollout"], cfg=cfg.run)
         sync()
-        metrics: dict[str, Any] = {"eval_accuracy": evaluate(g["rollout"], task, encode, cfg)}
+        metrics: dict[str, Any] = evaluate_by_hops(g["rollout"], task, encode, cfg)
         run.logger.log(start, metrics)
         for step in range(start, cfg.run.steps):
             run.maybe_inject_failure(step, g["rollout"].group)
@@ -106,7 +105,7 @@ def main(cfg: Config) -> dict:
             run.record(step, result, flow)
             metrics = {**metrics_of(result, sync), **tool_step(run, g["rollout"], step)}
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.run.steps:
-                metrics["eval_accuracy"] = evaluate(g["rollout"], task, encode, cfg)
+                metrics.update(evaluate_by_hops(g["rollout"], task, encode, cfg))
             run.logger.log(step + 1, metrics)
             if cfg.run.checkpoint_every and (step + 1) % cfg.run.checkpoint_every == 0:
                 save(run, g, step + 1)
@@ -119,6 +118,20 @@ def main(cfg: Config) -> dict:
         return run.summary(cfg.run.steps, sha, metrics)
     finally:
         run.close()
+
+
+def evaluate_by_hops(rollout: Any, task: Any, encode: Any, cfg: Config) -> dict[str, float]:
+    """Held-out accuracy, and per number of look-ups a question needs when the task says
+    (``eval_accuracy/hops1``, ``/hops2``)."""
+    from loomrl.reasoning import eval_scores
+
+    scored = eval_scores(rollout, task, encode, cfg)
+    out = {"eval_accuracy": sum(s for _, s in scored) / max(1, len(scored))}
+    hops = sorted({e.meta["hops"] for e, _ in scored if "hops" in e.meta})
+    for h in hops if len(hops) > 1 else []:
+        mine = [s for e, s in scored if e.meta.get("hops") == h]
+        out[f"eval_accuracy/hops{h}"] = sum(mine) / len(mine)
+    return out
 
 
 def tool_step(run: Run, rollout: Any, step: int) -> dict[str, float]:

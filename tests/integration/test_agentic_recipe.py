@@ -36,6 +36,8 @@ def test_tiny_search_run_writes_its_summary_and_agent_metrics(cluster, tmp_path,
         "reward_mean",
         "eval_accuracy",
         "time/tool_wait",
+        "eval_accuracy/hops1",  # tiny_search asks questions of one and two hops
+        "eval_accuracy/hops2",
     ):
         assert key in m, key
     assert m["tool_failures"] == 0.0 and 0.0 <= m["eval_accuracy"] <= 1.0
