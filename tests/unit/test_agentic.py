@@ -249,3 +249,24 @@ def test_ring_model_plays_the_schedule_out():
     assert ring(2.0, 1.5, 2, 2) == 5.0
     # Three turns, one group: three turns and two searches.
     assert ring(1.0, 0.5, 1, 3) == 4.0
+
+
+def test_search_eval_script_scores_by_hops(tmp_path, capsys):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _scripts import load_script
+
+    from loomrl.workers.reasoning import model_dir
+
+    out = tmp_path / "eval.json"
+    script = load_script("scripts/search_eval.py")
+    args = [model_dir("tiny-llama"), "--eval-size", "8", "--turn-tokens", "4", "--out", str(out)]
+    assert script.main(args) == 0
+    res = json.loads(out.read_text())
+    assert set(res["by_hops"]) == {"1", "2"}  # mixed: 6 one-hop and 2 two-hop questions
+    assert sum(v["n"] for v in res["by_hops"].values()) == 8
+    assert res["accuracy"] == 0.0  # a random tiny model answers nothing right
+    assert "accuracy: 0.000" in capsys.readouterr().out
