@@ -7,12 +7,15 @@ retriever on another machine). Here the BM25 search worker waits ``--tool-latenc
 call before answering, and the same rollout (SmolLM2-135M-Instruct, ``--batch`` questions of
 ``search_qa`` x ``--group-size`` responses, a search then an answer) runs with its rows cut into
 k ring groups for each k of ``--groups``: one group's search runs while the next generates.
-Every k runs once per round, each round starting at the next k. Printed per k: the median
-seconds per rollout, the seconds the rollout sat waiting for the tool, searches per response,
-the ring model's seconds (``ring_model``: the groups' turns and the tool's calls played out,
-from the k = 1 rollout's turn time and the tool's latency, a group's turn taken as that time /
-k), and the speed-up over k = 1 in the same run. The last line reads
-``best_groups: <k> speedup_vs_1: <x>``.
+Before the timed rounds, the k = 1 worker runs the probe of ``agent.tool_groups: auto``
+(``probe_ring``: one-group rollouts at rows / 1, / 2, / 4) and the planner prices every k as the
+cycle agent <-> tool (``loomrl.agentic.plan_tool_groups``) and chooses one. Every k runs once
+per round, each round starting at the next k. Printed per k: the median seconds per rollout,
+the seconds the rollout sat waiting for the tool, searches per response, the planner's seconds
+from the probe (``planned``), the share model's seconds (``ring_model``: the schedule played out
+from the k = 1 rollout's turn time, a group's turn taken as that time / k, which misses that a
+small batch costs more per row), and the speed-up over k = 1 in the same run. The last line
+reads ``best_groups: <k> speedup_vs_1: <x> auto_groups: <k> auto_vs_best: <r>``.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if 1 not in ks or any(k < 1 for k in ks):
         p.error(f"--groups {args.groups!r}: give counts >= 1, including 1 (the reference)")
 
-    from loomrl.agentic import AgentConfig
+    from loomrl.agentic import AgentConfig, plan_tool_groups, ring_sizes
     from loomrl.cluster import Cluster
     from loomrl.reasoning import Encoder, prompts
     from loomrl.tasks import make_task
@@ -109,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
             workers[k] = cluster.launch(
                 AgentRolloutWorker, 1, model, sampling, agent, tool, 0, name=f"agent-k{k}"
             )
+        call_rows = [it["prompt_ids"] for it in items for _ in range(args.group_size)]
+        t = time.perf_counter()
+        (samples,) = wait(workers[1].probe_ring(call_rows, ring_sizes(len(call_rows))))
+        choice = plan_tool_groups(samples, len(call_rows))
+        probe_s = time.perf_counter() - t
+        print(f"probe {probe_s:.1f}s: planner chose k={choice['groups']}", flush=True)
         for k in ks:  # warm-up: first calls load kernels and caches
             wait(workers[k].generate(items))
         for rnd in range(args.rounds):
@@ -136,30 +145,53 @@ def main(argv: list[str] | None = None) -> int:
     wait_1 = statistics.median(r["tool_wait_s"] for r in rows[1])
     turn_s = (med[1] - wait_1) / 2  # k = 1: two turns, one search in between
     print(
-        f"\n{'k':>3} {'s/rollout':>10} {'tool wait':>10} {'searches':>9} {'model':>7} {'vs k=1':>7}"
+        f"\n{'k':>3} {'s/rollout':>10} {'tool wait':>10} {'searches':>9} {'planned':>8} "
+        f"{'share':>7} {'vs k=1':>7}"
     )
     summary = {}
     for k in ks:
         model_s = ring_model(turn_s, args.tool_latency, k, 2)
+        planned = choice["predicted_s"].get(k)
         w = statistics.median(r["tool_wait_s"] for r in rows[k])
         s = statistics.median(r["searches_per_response"] for r in rows[k])
         summary[k] = {
             "seconds": med[k],
             "tool_wait_s": w,
             "searches": s,
+            "planned_s": planned,
             "model_s": model_s,
             "speedup_vs_1": med[1] / med[k],
         }
+        shown = "-" if planned is None else f"{planned:.2f}"
         print(
-            f"{k:>3} {med[k]:>10.2f} {w:>10.2f} {s:>9.2f} {model_s:>7.2f} {med[1] / med[k]:>7.3f}"
+            f"{k:>3} {med[k]:>10.2f} {w:>10.2f} {s:>9.2f} {shown:>8} {model_s:>7.2f} "
+            f"{med[1] / med[k]:>7.3f}"
         )
     best = min(ks, key=med.__getitem__)
+    auto = choice["groups"]
+    auto_vs_best = med[auto] / med[best] if auto in med else None
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(
-        json.dumps({"args": vars(args), "runs": rows, "summary": summary, "best": best}, indent=2)
+        json.dumps(
+            {
+                "args": vars(args),
+                "runs": rows,
+                "summary": summary,
+                "best": best,
+                "auto": auto,
+                "auto_vs_best": auto_vs_best,
+                "probe": {**choice, "samples": samples, "probe_s": probe_s},
+            },
+            indent=2,
+            default=str,
+        )
     )
     print(f"results: {args.out}")
-    print(f"best_groups: {best} speedup_vs_1: {med[1] / med[best]:.3f}")
+    ratio = "n/a (not timed: add it to --groups)" if auto_vs_best is None else f"{auto_vs_best:.3f}"
+    print(
+        f"best_groups: {best} speedup_vs_1: {med[1] / med[best]:.3f} auto_groups: {auto} "
+        f"auto_vs_best: {ratio}"
+    )
     return 0
 
 

@@ -16,15 +16,23 @@ the same rows share a call. The tool's failures (a timeout, an error, a dead too
 results the agent reads ("search failed: ..."), counted per trajectory; ``ToolCaller`` stops the
 run with a ``ToolError`` when ``max_tool_failures`` calls in a row fail.
 
+**Planning the ring.** The agent <-> tool loop is a cycle of the planner (``PLANNER.md``): each
+group makes S generation calls and S - 1 tool calls (``ends_with`` the agent). With
+``tool_groups: auto`` the rollout worker times one-group rollouts at a few group sizes
+(``AgentRolloutWorker.probe_ring``); ``ring_profile`` fits each side's seconds per call over the
+rows of a group (a small batch costs more per row than its share of a large one, which a plain
+share of the full batch misses) and ``plan_tool_groups`` lets the planner choose k.
+
 This module never imports torch.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from loomrl.tasks.search_qa import (
     ANSWER_CLOSE,
@@ -35,6 +43,7 @@ from loomrl.tasks.search_qa import (
 )
 from loomrl.tools import ToolError, ToolResult
 
+AGENT, TOOL = "agent", "tool"  # component names of the agent <-> tool cycle's profile
 MAX_QUERY_CHARS = 200  # a query longer than this is cut: a model can write anything in a tag
 FINISHES = ("answer", "eos", "length", "turns", "budget")
 
@@ -54,7 +63,8 @@ class AgentConfig:
     max_tool_failures: int = 3  # failed search calls in a row that stop the run
     # Rows of a rollout call cut into this many groups taking turns: one group's search runs
     # while the others generate (worth it when the tool takes about as long as a turn).
-    tool_groups: int = 1
+    # "auto": time one-group rollouts at a few group sizes and let the planner choose.
+    tool_groups: int | Literal["auto"] = 1
     corpus_path: str | None = None  # JSONL {"title", "text"} lines; None: the task's own corpus
 
     def validate(self) -> list[str]:
@@ -67,9 +77,10 @@ class AgentConfig:
                 f"max_response_tokens={self.max_response_tokens} is below turn_tokens="
                 f"{self.turn_tokens}: raise max_response_tokens (it bounds all turns together)"
             )
-        for key in ("tool_workers", "tool_groups"):
-            if getattr(self, key) < 1:
-                p.append(f"{key}: must be >= 1, got {getattr(self, key)}")
+        if self.tool_workers < 1:
+            p.append(f"tool_workers: must be >= 1, got {self.tool_workers}")
+        if self.tool_groups != "auto" and self.tool_groups < 1:
+            p.append(f"tool_groups: must be >= 1 or 'auto', got {self.tool_groups}")
         if not 0 < self.tool_timeout_s <= 86_400:
             p.append(f"tool_timeout_s: must be in (0, 86400] seconds, got {self.tool_timeout_s}")
         if self.max_tool_failures < 1:
@@ -143,6 +154,8 @@ def agent_rollout(
     group and turn), not on how long the tool takes.
     """
     n = len(prompts)
+    if cfg.tool_groups == "auto":
+        raise ValueError("agent_rollout: tool_groups='auto' must be resolved to a count first")
     k = max(1, min(cfg.tool_groups, n))
     trajs = [Trajectory() for _ in prompts]
     contexts = [list(p) for p in prompts]
@@ -277,3 +290,81 @@ class ToolCaller:
                 "check the tool workers, or raise agent.tool_timeout_s / agent.max_tool_failures"
             )
         return [ToolResult(f"search failed: {status}", status) for _ in queries]
+
+
+def ring_sizes(rows: int, most_groups: int = 4) -> list[int]:
+    """Group sizes a probe times for a rollout call of ``rows`` rows: rows / k for k = 1 ..
+    ``most_groups`` dividing rows, largest first."""
+    return [rows // k for k in range(1, min(most_groups, rows) + 1) if rows % k == 0]
+
+
+def ring_profile(samples: dict[str, list], rows: int) -> Any:
+    """The workload profile of one rollout call of ``rows`` rows as the cycle agent <-> tool.
+
+    ``samples`` (``AgentRolloutWorker.probe_ring``): ``agent`` and ``tool`` as (group rows,
+    seconds per call), ``turns`` as generation calls per rollout. Each side's cost is a line
+    fitted over the group sizes; the cycle runs the median number of turns and ends with the
+    agent. The agent holds the device; the tool runs on host cores beside it (0 devices), in
+    its own process. Ring groups are kept at or above the smallest size probed.
+    """
+    from loomrl.plan import load_profile
+    from loomrl.plan.profile import fit_line
+
+    problems = [f"samples[{key!r}] is empty" for key in (AGENT, "turns") if not samples.get(key)]
+    if problems:
+        raise ValueError(f"ring_profile: {'; '.join(problems)} (a probe of no rollouts)")
+    turns = max(1, round(statistics.median(samples["turns"])))
+    a_alpha, a_per = fit_line(samples[AGENT])
+    # No tool call in any probe rollout (every row answered at once): the tool costs nothing.
+    t_alpha, t_per = fit_line(samples[TOOL]) if samples.get(TOOL) else (0.0, 0.0)
+    tiny = 0.01  # GB: the choice of k does not depend on memory
+    return load_profile(
+        {
+            "devices": 1,
+            "device_memory_gb": 1000.0,
+            "batch": rows,
+            "granularities": [rows],
+            "components": {
+                AGENT: {
+                    "valid_devices": [1],
+                    "time": {"alpha": a_alpha, "per_item": {1: a_per}},
+                    "memory_gb": tiny,
+                },
+                TOOL: {
+                    "valid_devices": [0],
+                    "time": {"alpha": t_alpha, "per_item": {0: t_per}},
+                    "memory_gb": tiny,
+                },
+            },
+            "edges": [[AGENT, TOOL], [TOOL, AGENT]],
+            "cycles": [
+                {
+                    "members": [AGENT, TOOL],
+                    "steps": turns,
+                    "ends_with": AGENT,
+                    "min_group": min(int(x) for x, _ in samples[AGENT]),
+                }
+            ],
+        }
+    )
+
+
+def plan_tool_groups(samples: dict[str, list], rows: int) -> dict[str, Any]:
+    """The planner's choice of ``tool_groups`` for rollout calls of ``rows`` rows: ``groups``
+    (k), ``predicted_s`` per k it may use (seconds per rollout call), ``turns`` and the
+    ``profile`` it planned on."""
+    from loomrl.plan import cycle, fixed_plan, search
+
+    prof = ring_profile(samples, rows)
+    cyc = prof.cycles[0]
+    predicted = {
+        k: fixed_plan(prof, cycle(AGENT, TOOL, 1, split=(1, 0), groups=k), rows).predicted_s
+        for k in cyc.group_counts(rows)
+    }
+    best = search(prof)
+    return {
+        "groups": int(best.tree.groups),
+        "predicted_s": predicted,
+        "turns": cyc.steps,
+        "profile": prof.to_dict(),
+    }

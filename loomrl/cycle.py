@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from loomrl.errors import ConfigError, PlacementError
+from loomrl.plan.profile import fit_line as _fit_line
 from loomrl.worker import Handle, WorkerGroup, wait
 
 __all__ = [
@@ -598,23 +599,6 @@ def _medians(rows: list[tuple[int, float]]) -> dict[int, float]:
 
 def _refs(handles: list[Handle]) -> list[Any]:
     return [h.refs[0] for h in handles]
-
-
-def _fit_line(pts: list[tuple[int, float]]) -> tuple[float, float]:
-    """Least-squares (alpha, per_item) of t = alpha + x * per_item over medians per x, clamped >= 0."""
-    by_x: dict[int, list[float]] = {}
-    for x, t in pts:
-        by_x.setdefault(x, []).append(t)
-    xs = np.array(sorted(by_x), float)
-    ts = np.array([float(np.median(by_x[int(x)])) for x in xs])
-    if len(xs) == 1:
-        return 0.0, float(ts[0] / xs[0])
-    per, alpha = np.polyfit(xs, ts, 1)
-    if alpha < 0:
-        return 0.0, float((ts @ xs) / (xs @ xs))
-    if per < 0:
-        return float(ts.mean()), 0.0
-    return float(alpha), float(per)
 
 
 def host_env_workers(num_envs: int, env_cores: float, node_cores: float) -> int:

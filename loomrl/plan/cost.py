@@ -41,6 +41,7 @@ __all__ = [
     "leaf_options",
     "node_options",
     "pareto",
+    "ring_span",
     "switch_total",
 ]
 
@@ -76,6 +77,7 @@ def cycle_time(
     spec: tuple,
     slowdown: float = 1.0,
     hop: float = 0.0,
+    last_b: bool = True,
 ) -> float:
     """Iteration time of the 2-cycle a <-> b on ``items`` items (PLANNER.md's baseline model
     when ``hop`` is 0); ``slowdown`` stretches both sides' calls where they overlap (split,
@@ -86,6 +88,9 @@ def cycle_time(
     round trip is longer. The first step has no hop before its first call and the last ends on
     b's call, so T = (S - 1) * P + (k - 1) * max(ta, tb) + ta + tb + hop / 2, which is
     S * k * max + min at hop 0 (the simulator runs the same ring event by event).
+
+    ``last_b=False`` (a cycle that ``ends_with`` its first member: S calls of a, S - 1 of b per
+    group) is priced by playing the ring out (``ring_span``), O(S * k).
     """
     if spec[0] == "coloc":
         n = spec[1]
@@ -95,10 +100,33 @@ def cycle_time(
         ta, tb = a.time(na, items / k), b.time(nb, items / k)
         if k >= 2:
             ta, tb = slowdown * ta, slowdown * tb
+    if not last_b:
+        return ring_span(ta, tb, steps, k, hop, last_b=False)
     if not hop:  # the same value, in the baseline's own arithmetic: existing plans keep theirs
         return steps * (ta + tb) if k == 1 else steps * k * max(ta, tb) + min(ta, tb)
     period = max(k * max(ta, tb), ta + tb + hop)
     return (steps - 1) * period + (k - 1) * max(ta, tb) + ta + tb + hop / 2
+
+
+def ring_span(
+    ta: float, tb: float, steps: int, k: int, hop: float = 0.0, last_b: bool = True
+) -> float:
+    """Seconds from the first call to the last of k ring groups taking ``steps`` steps of
+    a -> b (each side one worker, calls in ring order, each hand-off half of ``hop``), the
+    schedule played out as the simulator plays it; ``last_b=False`` leaves out every group's
+    last call of b (the cycle ends on a). With ``last_b`` it equals ``cycle_time``'s closed form.
+    """
+    half = hop / 2
+    free_a = free_b = 0.0
+    done_b = [0.0] * k
+    for s in range(steps):
+        for g in range(k):
+            free_a = max(free_a, done_b[g] + (half if s else 0.0)) + ta
+            if s + 1 == steps and not last_b:
+                continue
+            free_b = max(free_b, free_a + half) + tb
+            done_b[g] = free_b
+    return max(done_b) if last_b else free_a
 
 
 def cycle_options(
@@ -110,6 +138,7 @@ def cycle_options(
     groups: list[int],
     slowdown: float = 1.0,
     hop: float = 0.0,
+    last_b: bool = True,
 ) -> list[Option]:
     """Co-located on a common valid count, or split over n_a + n_b <= n in k ring groups, for
     each k in ``groups`` (divisors of items: ``CycleSpec.group_counts``).
@@ -123,7 +152,7 @@ def cycle_options(
             spec = ("coloc", v)
             out.append(
                 Option(
-                    cycle_time(a, b, steps, items, spec, hop=hop),
+                    cycle_time(a, b, steps, items, spec, hop=hop, last_b=last_b),
                     a.memory_gb[v]
                     + b.memory_gb[v],  # both stay resident: they alternate every step
                     max(a.cores(v), b.cores(v)),
@@ -142,7 +171,7 @@ def cycle_options(
                 cores = max(a.cores(na), b.cores(nb)) if k == 1 else a.cores(na) + b.cores(nb)
                 out.append(
                     Option(
-                        cycle_time(a, b, steps, items, spec, slowdown, hop),
+                        cycle_time(a, b, steps, items, spec, slowdown, hop, last_b),
                         mem,
                         cores,
                         na + nb,
@@ -164,7 +193,9 @@ def node_options(
     cyc = _cycle_by_name(profile, name)
     a, b = (profile.components[x] for x in cyc.members)
     groups = cyc.group_counts(items, limited=not any_groups)
-    return cycle_options(a, b, cyc.steps, n, items, groups, cyc.overlap_slowdown, cyc.hop_s)
+    return cycle_options(
+        a, b, cyc.steps, n, items, groups, cyc.overlap_slowdown, cyc.hop_s, cyc.last_b
+    )
 
 
 def _cycle_by_name(profile: WorkloadProfile, name: str) -> CycleSpec:

@@ -41,6 +41,7 @@ __all__ = [
     "FitReport",
     "WorkloadProfile",
     "fit_component",
+    "fit_line",
     "fit_profile",
     "load_profile",
 ]
@@ -109,6 +110,11 @@ class CycleSpec:
     fit carried far below them mispriced small groups (per call costs that the fit did not see:
     k = 32 groups of 2 envs ran twice the rollout of k = 4, which the fit priced about the same).
     1 = any k (the baseline model).
+
+    ``ends_with`` (a member): the side whose call ends a group's iteration. The default, the
+    second member, gives each group ``steps`` calls of each side (a -> b, S times). The first
+    member gives S calls of a and S - 1 of b (a -> b -> ... -> a): an agent's turns around its
+    tool calls, where the last turn answers and calls no tool.
     """
 
     members: tuple[str, str]
@@ -116,6 +122,12 @@ class CycleSpec:
     overlap_slowdown: float = 1.0
     hop_s: float = 0.0
     min_group: int = 1
+    ends_with: str | None = None  # None: members[1] (the baseline model)
+
+    @property
+    def last_b(self) -> bool:
+        """Whether the last step calls the second member (the baseline); False: it ends on a."""
+        return self.ends_with in (None, self.members[1])
 
     def group_counts(self, items: int, limited: bool = True) -> list[int]:
         """The ring-group counts k a split cycle on ``items`` items may use: k divides items,
@@ -133,6 +145,7 @@ class CycleSpec:
             **({"overlap_slowdown": self.overlap_slowdown} if self.overlap_slowdown != 1 else {}),
             **({"hop_s": self.hop_s} if self.hop_s else {}),
             **({"min_group": self.min_group} if self.min_group != 1 else {}),
+            **({"ends_with": self.members[0]} if not self.last_b else {}),
         }
 
     @property
@@ -237,6 +250,26 @@ def count_ranges(counts) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "none"
 
 
+def fit_line(pts: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares (alpha, per_item) of t = alpha + x * per_item over the medians per x of
+    (x, seconds) samples, both clamped >= 0 (one size alone: all of it per item)."""
+    by_x: dict[float, list[float]] = {}
+    for x, t in pts:
+        by_x.setdefault(x, []).append(t)
+    if not by_x:
+        raise ValueError("fit_line: no samples")
+    xs = np.array(sorted(by_x), float)
+    ts = np.array([float(np.median(by_x[x])) for x in sorted(by_x)])
+    if len(xs) == 1:
+        return 0.0, float(ts[0] / xs[0])
+    per, alpha = np.polyfit(xs, ts, 1)
+    if alpha < 0:
+        return 0.0, float((ts @ xs) / (xs @ xs))
+    if per < 0:
+        return float(ts.mean()), 0.0
+    return float(alpha), float(per)
+
+
 # --------------------------------------------------------------------------- loading
 
 _TOP_KEYS = {
@@ -253,7 +286,7 @@ _TOP_KEYS = {
 }
 _COMPONENT_KEYS = {"valid_devices", "time", "memory_gb", "switch_s", "cpu_cores", "samples"}
 _TIME_KEYS = {"alpha", "per_item", "item_cv"}
-_CYCLE_KEYS = {"members", "steps", "overlap_slowdown", "hop_s", "min_group"}
+_CYCLE_KEYS = {"members", "steps", "overlap_slowdown", "hop_s", "min_group", "ends_with"}
 
 
 def _unknown(keys: Iterable[str], known: set[str], where: str, problems: list[str]) -> None:
@@ -430,12 +463,17 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
                 f"may hold; 1 = any), got {min_group!r}"
             )
             min_group = 1
-        if steps and all(v in names for v in members):
-            cycles.append(
-                CycleSpec(
-                    (str(members[0]), str(members[1])), steps, float(slow), float(hop), min_group
-                )
+        ends_with = c.get("ends_with")
+        if ends_with is not None and ends_with not in members:
+            problems.append(
+                f"cycles[{i}].ends_with must name one of the members {list(members)} (the side "
+                f"whose call ends a group's iteration; default {members[1]!r}), got {ends_with!r}"
             )
+            ends_with = None
+        if steps and all(v in names for v in members):
+            pair = (str(members[0]), str(members[1]))
+            ends = None if ends_with in (None, pair[1]) else pair[0]
+            cycles.append(CycleSpec(pair, steps, float(slow), float(hop), min_group, ends))
     seen: dict[str, int] = {}
     for i, c in enumerate(cycles):
         for v in c.members:

@@ -85,10 +85,14 @@ class _Sim:
             t = t0
             for s in range(cyc.steps):
                 da = self.draw((id(node), j, s, "a"), a.time(na, items))
-                db = self.draw((id(node), j, s, "b"), b.time(nb, items))
                 t += half if s else 0.0
                 if record:
                     self.intervals.append(Interval(a.name, ra, t, t + da, j))
+                if s + 1 == cyc.steps and not cyc.last_b:  # the cycle ends on a's call
+                    t += da
+                    break
+                db = self.draw((id(node), j, s, "b"), b.time(nb, items))
+                if record:
                     self.intervals.append(
                         Interval(b.name, rb, t + da + half, t + da + half + db, j)
                     )
@@ -104,13 +108,16 @@ class _Sim:
                 db = self.draw((id(node), j, s, g, "b"), c * b.time(nb, items / k))
                 sa = max(free_a, done_b[g] + (half if s else 0.0))
                 free_a = sa + da
+                if record:
+                    self.intervals.append(Interval(a.name, ra, sa, sa + da, j))
+                if s + 1 == cyc.steps and not cyc.last_b:  # the cycle ends on a's call
+                    continue
                 sb = max(free_b, free_a + half)
                 free_b = sb + db
                 done_b[g] = free_b
                 if record:
-                    self.intervals.append(Interval(a.name, ra, sa, sa + da, j))
                     self.intervals.append(Interval(b.name, rb, sb, sb + db, j))
-        return max(done_b) - t0
+        return (max(done_b) if cyc.last_b else free_a) - t0
 
     def single_time(self, node: Node, items: int, j: int) -> float:
         if node.op == "leaf":

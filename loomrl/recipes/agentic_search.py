@@ -7,12 +7,15 @@ search worker (bm25s, on CPU, beside the plan) answers with ``<information> ... 
 and the model goes on until it writes ``<answer> ... </answer>`` (``loomrl.agentic``). The reward
 is the exact match of that answer; the tool's tokens are masked out of the loss. The workflow is
 rollout.generate (with the tool) -> reward.score [-> reference.logprobs] -> actor.train, planned
-like the reasoning recipes; the tool's time is part of the rollout's.
+like the reasoning recipes; the tool's time is part of the rollout's. Inside the rollout, the
+agent <-> tool loop is a cycle of its own: ``agent.tool_groups: auto`` times a probe rollout at
+a few group sizes before the flow is planned and lets the planner choose the ring groups
+(``choose_tool_groups``, written to ``tool_plan.json``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from loomrl.agentic import AgentConfig
@@ -47,8 +50,10 @@ class Config:
         return p
 
 
-def build(flow: Any, cfg: Config) -> dict[str, Any]:
-    """GRPO's flow with the agent's rollout, and the search workers it calls (beside the plan)."""
+def build(flow: Any, cfg: Config, notify: Any = print) -> dict[str, Any]:
+    """GRPO's flow with the agent's rollout, and the search workers it calls (beside the plan).
+    With ``agent.tool_groups: auto`` the ring groups are chosen first (``choose_tool_groups``);
+    the choice is under ``"tool_plan"`` (None otherwise)."""
     from loomrl.recipes import reasoning_grpo
     from loomrl.workers.agent import AgentRolloutWorker
     from loomrl.workers.tool import SearchWorker
@@ -64,8 +69,47 @@ def build(flow: Any, cfg: Config) -> dict[str, Any]:
         devices=tool_devices(a.tool_workers, flow.cluster.num_devices),
         name="search",
     )
+    choice = None
+    if a.tool_groups == "auto":
+        choice = choose_tool_groups(flow.cluster, cfg, tool, notify)
+        a = replace(a, tool_groups=choice["groups"])
     rollout = flow.group(AgentRolloutWorker, cfg.model, cfg.sampling, a, tool, s, name="rollout")
-    return {**reasoning_grpo.build(flow, cfg, rollout=rollout), "search": tool}
+    return {**reasoning_grpo.build(flow, cfg, rollout=rollout), "search": tool, "tool_plan": choice}
+
+
+def choose_tool_groups(cluster: Any, cfg: Config, tool: Any, notify: Any = print) -> dict:
+    """``agent.tool_groups: auto``: a probe rollout worker (on the first device, before the
+    flow's workers start) times one-group rollouts of the first rollout call's rows at group
+    sizes rows / 1, / 2, / 4 (``probe_ring``); the planner prices every k those sizes allow as
+    the cycle agent <-> tool and chooses (``loomrl.agentic.plan_tool_groups``)."""
+    import time
+
+    from loomrl.agentic import plan_tool_groups, ring_sizes
+    from loomrl.reasoning import Encoder
+    from loomrl.tasks import make_task
+    from loomrl.workers.agent import AgentRolloutWorker
+
+    s, t0 = cfg.sampling, time.perf_counter()
+    task = make_task(**cfg.task.as_kwargs(cfg.run.seed))
+    encode = Encoder(cfg.model.path, cfg.task.instruction, cfg.agent.response_prefix)
+    items = prompts(task, encode, 0, min(cfg.batch, s.gen_groups))
+    rows = [it["prompt_ids"] for it in items for _ in range(s.group_size)]
+    agent = replace(cfg.agent, tool_groups=1)
+    probe = cluster.launch(
+        AgentRolloutWorker, 1, cfg.model, s, agent, tool, cfg.run.seed, devices=1, name="probe"
+    )
+    try:
+        (samples,) = wait(probe.probe_ring(rows, ring_sizes(len(rows))))
+    finally:
+        probe.kill()
+    choice = plan_tool_groups(samples, len(rows))
+    choice.update(samples=samples, probe_s=time.perf_counter() - t0, rows=len(rows))
+    table = ", ".join(f"k={k}: {v:.2f}s" for k, v in choice["predicted_s"].items())
+    notify(
+        f"tool_groups auto: k={choice['groups']} for rollout calls of {len(rows)} rows "
+        f"(predicted per call {table}; probe {choice['probe_s']:.1f}s)"
+    )
+    return choice
 
 
 def tool_devices(workers: int, available: int) -> int:
@@ -91,7 +135,9 @@ def main(cfg: Config) -> dict:
         task = make_task(**cfg.task.as_kwargs(cfg.run.seed))
         encode = Encoder(cfg.model.path, cfg.task.instruction, cfg.agent.response_prefix)
         flow = Flow(run.cluster, run.dir, offload=cfg.run.offload)
-        g = build(flow, cfg)
+        g = build(flow, cfg, notify=run.logger.echo)
+        if g["tool_plan"] is not None:
+            write_tool_plan(run.dir, g["tool_plan"])
         run.apply_plan(flow, prompts(task, encode, 0, cfg.batch))
         start = restore(run, g) if cfg.resume else fresh_start(run)
         sync = weight_sync(g["actor"], g["rollout"], cfg=cfg.run)
@@ -115,9 +161,28 @@ def main(cfg: Config) -> dict:
         from loomrl.plots import plot_run
 
         plot_run(run.dir)
-        return run.summary(cfg.run.steps, sha, metrics)
+        return run.summary(cfg.run.steps, sha, metrics, tool_groups=tool_groups_summary(g, cfg))
     finally:
         run.close()
+
+
+def write_tool_plan(run_dir: Any, choice: dict) -> None:
+    import json
+
+    (run_dir / "tool_plan.json").write_text(json.dumps(choice, indent=2, default=str))
+
+
+def tool_groups_summary(g: dict, cfg: Config) -> dict[str, Any]:
+    """``run_summary.json``'s ``tool_groups``: the ring groups used, as set or as chosen."""
+    choice = g["tool_plan"]
+    if choice is None:
+        return {"groups": cfg.agent.tool_groups, "source": "config"}
+    return {
+        "groups": choice["groups"],
+        "source": "auto",
+        "predicted_s": choice["predicted_s"],
+        "probe_s": choice["probe_s"],
+    }
 
 
 def evaluate_by_hops(rollout: Any, task: Any, encode: Any, cfg: Config) -> dict[str, float]:

@@ -9,9 +9,11 @@ the tool), ``searches``, ``tool_failures`` and ``answered`` per response.
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from typing import Any
 
-from loomrl.agentic import AgentConfig, ToolCaller, agent_rollout
+from loomrl.agentic import AGENT, TOOL, AgentConfig, ToolCaller, agent_rollout
 from loomrl.tasks.search_qa import ANSWER_CLOSE, SEARCH_CLOSE
 from loomrl.weights import resident
 from loomrl.worker import dispatch
@@ -44,19 +46,80 @@ class AgentRolloutWorker(RolloutWorker):
             stop_strings=(SEARCH_CLOSE, ANSWER_CLOSE),
         )
 
-    def _rollout(self, prompts: list[list[int]], seed: int, temperature: float, top_p: float):
+    def _rollout(
+        self,
+        prompts: list[list[int]],
+        seed: int,
+        temperature: float,
+        top_p: float,
+        generate: Any = None,
+        submit: Any = None,
+        cfg: AgentConfig | None = None,
+    ):
         eng = self.engine
         return agent_rollout(
             prompts,
-            generate=lambda rows, n, turn_seed: self._generate(
-                rows, n, turn_seed, temperature, top_p
-            ),
-            submit=self.tool.submit,
+            generate=generate
+            or (lambda rows, n, turn_seed: self._generate(rows, n, turn_seed, temperature, top_p)),
+            submit=submit or self.tool.submit,
             encode=lambda text: eng.tokenizer.encode(text, add_special_tokens=False),
             decode=eng.decode,
-            cfg=self.agent,
+            cfg=cfg or self.agent,
             seed=seed,
         )
+
+    def set_tool_groups(self, k: int) -> None:
+        """Use k ring groups from the next rollout on (``tool_groups: auto`` resolved)."""
+        self.agent = replace(self.agent, tool_groups=int(k))
+
+    @dispatch("rank0")
+    def probe_ring(self, prompts: list[list[int]], sizes: list[int], reps: int = 1) -> dict:
+        """Time one-group rollouts (k = 1) of the first m prompts for each m in ``sizes``: one
+        untimed rollout per size first (kernels, caches, shapes), then ``reps`` timed ones.
+
+        Returns samples for ``loomrl.agentic.ring_profile``: ``agent``, each generation call as
+        (m, seconds); ``tool``, each tool call as (m, seconds from its start to its results,
+        which a single group waits for at once); ``turns``, generation calls per rollout. The
+        probe calls the tool through a caller of its own, so ``tool_log`` is left as it was.
+        """
+        s = self.sampling
+        caller = ToolCaller(
+            self.tool.group, self.agent.tool_timeout_s, self.agent.max_tool_failures
+        )
+        cfg = replace(self.agent, tool_groups=1)
+        out: dict[str, list] = {AGENT: [], TOOL: [], "turns": []}
+        runs = [(m, False) for m in sizes] + [(m, True) for _ in range(reps) for m in sizes]
+        with resident(self.engine):
+            for r, (m, timed) in enumerate(runs):
+                gen_s: list[float] = []
+                tool_s: list[float] = []
+
+                def generate(rows, n, seed, gen_s=gen_s):
+                    t = time.perf_counter()
+                    res = self._generate(rows, n, seed, s.temperature, s.top_p)
+                    gen_s.append(time.perf_counter() - t)
+                    return res
+
+                def submit(queries, tool_s=tool_s):
+                    t = time.perf_counter()
+                    results = caller.submit(queries)
+
+                    def wait_results():
+                        res = results()
+                        tool_s.append(time.perf_counter() - t)
+                        return res
+
+                    return wait_results
+
+                self._rollout(
+                    prompts[:m], self.seed + 7 * r, s.temperature, s.top_p, generate, submit, cfg
+                )
+                if timed:
+                    out[AGENT] += [(m, x) for x in gen_s]
+                    out[TOOL] += [(m, x) for x in tool_s]
+                    out["turns"].append(len(gen_s))
+        out["tool_failures"] = len(caller.events)
+        return out
 
     def _responses(self, prompts: list[list[int]], seed: int) -> dict[str, list]:
         s = self.sampling

@@ -21,12 +21,19 @@ def test_tiny_search_run_writes_its_summary_and_agent_metrics(cluster, tmp_path,
             str(ROOT / "examples/tiny_search.yaml"),
             "placement=temporal",
             "steps=2",
+            "agent.tool_groups=auto",
             f"output_dir={out}",
         ]
     )
     assert rc == 0
     s = json.loads((out / "run_summary.json").read_text())
     assert s["steps"] == 2 and s["plan"]["mode"] == "temporal"
+    # tool_groups auto: probed before planning, chosen by the planner, recorded.
+    choice = json.loads((out / "tool_plan.json").read_text())
+    tg = s["tool_groups"]
+    assert tg["source"] == "auto" and tg["groups"] == choice["groups"]
+    assert set(choice["predicted_s"]) == {"1", "2", "4"}  # 4 rows a call: groups of 4, 2, 1
+    assert "tool_groups auto: k=" in capsys.readouterr().err
     assert set(s["plan"]["assignment"]) == {"rollout", "reward", "actor"}
     m = s["metrics"]
     for key in (
@@ -68,6 +75,7 @@ def test_config_mistakes_are_reported_together(tmp_path, capsys):
             "agent.max_turns=0",
             "agent.tool_timeout_s=-1",
             "agent.top_kk=3",
+            "agent.tool_groups=0",
             "task.name=arithmetic",
             f"output_dir={tmp_path}",
         ]
@@ -76,3 +84,4 @@ def test_config_mistakes_are_reported_together(tmp_path, capsys):
     assert rc == 2
     assert "max_turns: must be >= 1" in err and "tool_timeout_s" in err
     assert "top_kk" in err and "top_k" in err  # unknown key, with the close match
+    assert "tool_groups: must be >= 1 or 'auto'" in err

@@ -161,3 +161,36 @@ def test_a_failing_or_dead_tool_is_a_recorded_failure(cluster):
         assert log["events"][0]["event"] == "tool_error" and "died" in log["events"][0]["cause"]
     finally:
         agent.kill()
+
+
+class LaggedSearch(SearchWorker):
+    def search(self, queries):
+        time.sleep(0.2)
+        return super().search(queries)
+
+
+def test_the_ring_probe_times_both_sides_and_the_planner_chooses(cluster):
+    from loomrl.agentic import plan_tool_groups, ring_sizes
+
+    tool = _tool(cluster, LaggedSearch)
+    agent = cluster.launch(ScriptedAgent, 1, MODEL, SAMPLING, AGENT, tool, 0, name="agent-probe")
+    try:
+        rows = [it["prompt_ids"] for it in _items(2) for _ in range(4)]
+        (samples,) = wait(agent.probe_ring(rows, ring_sizes(len(rows)), 2))
+        # Per timed rollout: a search turn and an answer turn, one tool call in between.
+        assert samples["turns"] == [2] * 6 and samples["tool_failures"] == 0
+        assert sorted({m for m, _ in samples["agent"]}) == [2, 4, 8]
+        assert len(samples["agent"]) == 12 and len(samples["tool"]) == 6
+        assert all(s >= 0.2 for _, s in samples["tool"])  # the tool's latency is in its calls
+        (log,) = wait(agent.tool_log())
+        assert log["calls"] == 0  # the probe's calls are its own
+        choice = plan_tool_groups(samples, len(rows))
+        # The scripted policy takes milliseconds and one tool worker answers calls one after
+        # the other: every extra group is another 0.2 s call, so one group is best.
+        p = choice["predicted_s"]
+        assert choice["groups"] == 1 and choice["turns"] == 2
+        assert sorted(p) == [1, 2, 4] and p[1] < p[2] < p[4]
+        assert p[2] - p[1] >= 0.2 * 0.9
+    finally:
+        for g in (tool, agent):
+            g.kill()

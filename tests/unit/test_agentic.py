@@ -270,3 +270,66 @@ def test_search_eval_script_scores_by_hops(tmp_path, capsys):
     assert sum(v["n"] for v in res["by_hops"].values()) == 8
     assert res["accuracy"] == 0.0  # a random tiny model answers nothing right
     assert "accuracy: 0.000" in capsys.readouterr().out
+
+
+def test_the_planner_prices_the_agent_tool_ring_as_the_schedule_played_out():
+    import sys
+    from pathlib import Path
+
+    from loomrl.agentic import plan_tool_groups
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _scripts import load_script
+
+    ring = load_script("benchmarks/agentic_overlap.py").ring_model
+    # Turns that cost exactly their share of the batch (0.25 s a row) and a flat tool: the
+    # planner's cycle (ends with the agent) and the benchmark's schedule agree for every k.
+    for tool_s, turns in ((2.0, 2), (0.5, 3), (8.0, 2)):
+        samples = {
+            "agent": [(m, 0.25 * m) for m in (32, 16, 8)],
+            "tool": [(m, tool_s) for m in (32, 16, 8)],
+            "turns": [turns] * 3,
+        }
+        got = plan_tool_groups(samples, 32)
+        assert got["turns"] == turns and sorted(got["predicted_s"]) == [1, 2, 4]
+        for k, secs in got["predicted_s"].items():
+            assert secs == pytest.approx(ring(8.0, tool_s, k, turns)), (tool_s, turns, k)
+        assert got["groups"] == min(got["predicted_s"], key=got["predicted_s"].get)
+
+
+def test_small_batches_that_cost_more_per_row_keep_one_group():
+    from loomrl.agentic import plan_tool_groups, ring_profile, ring_sizes
+
+    assert ring_sizes(32) == [32, 16, 8] and ring_sizes(6) == [6, 3, 2] and ring_sizes(1) == [1]
+    tool = [(m, 2.0) for m in (32, 16, 8)]
+    # Proportional turns of 7 s for 32 rows: two groups hide the search (k = 2).
+    share = {"agent": [(32, 7.0), (16, 3.5), (8, 1.75)], "tool": tool, "turns": [2]}
+    assert plan_tool_groups(share, 32)["groups"] == 2
+    # Measured on 2 cores: 8 rows took 1.5x their share of a 32-row turn. A group's turn now
+    # costs more than the search it would hide: one group.
+    costly = {"agent": [(32, 7.0), (16, 4.5), (8, 2.6)], "tool": tool, "turns": [2]}
+    got = plan_tool_groups(costly, 32)
+    assert got["groups"] == 1 and got["predicted_s"][4] > got["predicted_s"][1]
+    prof = ring_profile(costly, 32)
+    cyc = prof.cycles[0]
+    assert cyc.members == ("agent", "tool") and not cyc.last_b and cyc.min_group == 8
+    assert prof.components["tool"].valid_devices == (0,)  # beside the agent's device
+    # No searches in the probe: the tool costs nothing and k = 1 stays best.
+    assert plan_tool_groups({**share, "tool": []}, 32)["groups"] == 1
+    with pytest.raises(ValueError, match="a probe of no rollouts"):
+        ring_profile({"agent": [], "tool": [], "turns": []}, 32)
+
+
+def test_tool_groups_auto_is_valid_config_but_not_a_rollout_count():
+    assert AgentConfig(tool_groups="auto").validate() == []
+    assert "tool_groups: must be >= 1 or 'auto'" in AgentConfig(tool_groups=0).validate()[0]
+    with pytest.raises(ValueError, match="must be resolved"):
+        agent_rollout(
+            [[1]],
+            generate=None,
+            submit=None,
+            encode=encode,
+            decode=decode,
+            cfg=AgentConfig(tool_groups="auto"),
+            seed=0,
+        )

@@ -289,6 +289,56 @@ def test_min_group_keeps_ring_groups_at_the_sizes_costs_were_measured_at():
     assert "min_group" not in load_profile(raw).to_dict()["cycles"][0]  # the baseline model
 
 
+def test_ring_span_played_out_equals_the_closed_form():
+    import random
+
+    from loomrl.plan.cost import cycle_time, ring_span
+    from loomrl.plan.profile import ComponentProfile
+
+    rng = random.Random(3)
+    for _ in range(300):
+        ta, tb, hop = rng.uniform(0.1, 5), rng.uniform(0.1, 5), rng.choice([0, rng.uniform(0, 4)])
+        steps, k = rng.randint(1, 6), rng.choice([1, 2, 3, 4, 6])
+        a = ComponentProfile("a", (1,), ta, {1: 0.0}, {1: 1.0})
+        b = ComponentProfile("b", (1,), tb, {1: 0.0}, {1: 1.0})
+        closed = cycle_time(a, b, steps, 12, ("split", 1, 1, k), hop=hop)
+        assert ring_span(ta, tb, steps, k, hop) == pytest.approx(closed)
+        # Ending on a: every group's last call of b is left out, nothing else moves.
+        assert ring_span(ta, tb, steps, k, hop, last_b=False) <= closed - tb + 1e-9
+
+
+def test_a_cycle_that_ends_with_its_first_member_skips_the_last_call_of_the_second():
+    from loomrl.errors import ConfigError
+    from loomrl.plan import exhaustive, layout, simulate
+
+    raw = two(
+        edges=[["A", "B"], ["B", "A"]],
+        cycles=[{"members": ["A", "B"], "steps": 2, "ends_with": "A"}],
+    ).to_dict()
+    p = load_profile(raw)
+    assert p.to_dict()["cycles"][0]["ends_with"] == "A" and not p.cycles[0].last_b
+    cases = {
+        # A, B, A: co-located on 2, 5 + 2 + 5; split k = 1 on 1 | 1, 9 + 4 + 9.
+        cycle("A", "B", 2): 12,
+        cycle("A", "B", 2, split=(1, 1), groups=1): 22,
+        # k = 2 (a = 5, b = 2): A runs 0-5, 5-10 (group 0's B 5-7), then 10-15, 15-20.
+        cycle("A", "B", 2, split=(1, 1), groups=2): 20,
+        # k = 4 (a = 3, b = 1): A is never idle, 8 calls of 3.
+        cycle("A", "B", 2, split=(1, 1), groups=4): 24,
+    }
+    for tree, want in cases.items():
+        assert evaluate(tree, p, 4).predicted_s == pytest.approx(want), tree
+        assert simulate(layout(tree), p, micro_batch=4).times[0] == pytest.approx(want), tree
+    assert search(p).predicted_s == pytest.approx(12)
+    assert exhaustive(p).predicted_s == pytest.approx(12)
+    raw["cycles"][0]["ends_with"] = "B"  # the baseline, written out
+    assert "ends_with" not in load_profile(raw).to_dict()["cycles"][0]
+    assert evaluate(cycle("A", "B", 2), load_profile(raw), 4).predicted_s == pytest.approx(14)
+    raw["cycles"][0]["ends_with"] = "C"
+    with pytest.raises(ConfigError, match=r"cycles\[0\]\.ends_with must name one of the members"):
+        load_profile(raw)
+
+
 def test_hop_latency_from_probe_samples():
     from loomrl.cycle import hop_latency
 
