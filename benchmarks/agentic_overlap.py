@@ -8,13 +8,15 @@ call before answering, and the same rollout (SmolLM2-135M-Instruct, ``--batch`` 
 ``search_qa`` x ``--group-size`` responses, a search then an answer) runs with its rows cut into
 k ring groups for each k of ``--groups``: one group's search runs while the next generates.
 Before the timed rounds, the k = 1 worker runs the probe of ``agent.tool_groups: auto``
-(``probe_ring``: one-group rollouts at rows / 1, / 2, / 4) and the planner prices every k as the
+(``probe_ring``: the rows cut into 1, 2 and 4 groups, each rolled out alone) and the planner prices every k as the
 cycle agent <-> tool (``loomrl.agentic.plan_tool_groups``) and chooses one. Every k runs once
 per round, each round starting at the next k. Printed per k: the median seconds per rollout,
 the seconds the rollout sat waiting for the tool, searches per response, the planner's seconds
 from the probe (``planned``), the share model's seconds (``ring_model``: the schedule played out
 from the k = 1 rollout's turn time, a group's turn taken as that time / k, which misses that a
-small batch costs more per row), and the speed-up over k = 1 in the same run. The last line
+small batch costs more per row), the seconds spent generating (``gen s``) beside what the
+probe's fitted line gives for the same calls (``gen fit``: where the two differ, the planner's
+error is in its costs, not its schedule), and the speed-up over k = 1 in the same run. The last line
 reads ``best_groups: <k> speedup_vs_1: <x> auto_groups: <k> auto_vs_best: <r>``.
 """
 
@@ -135,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                         "tool_wait_s": log["wait_s"],
                         "tool_calls": log["calls"],
                         "searches_per_response": sum(searches) / len(searches),
+                        "gen_calls": log["gen_calls"],
                     }
                 )
                 print(f"round {rnd} k={k}: {secs:.2f} s", flush=True)
@@ -146,14 +149,23 @@ def main(argv: list[str] | None = None) -> int:
     turn_s = (med[1] - wait_1) / 2  # k = 1: two turns, one search in between
     print(
         f"\n{'k':>3} {'s/rollout':>10} {'tool wait':>10} {'searches':>9} {'planned':>8} "
-        f"{'share':>7} {'vs k=1':>7}"
+        f"{'share':>7} {'gen s':>7} {'gen fit':>7} {'vs k=1':>7}"
     )
+    agent_fit = choice["profile"]["components"]["agent"]["time"]
+    (a_per,) = agent_fit["per_item"].values()  # one device: the agent's one size
+    n_rows = len(call_rows)
     summary = {}
     for k in ks:
         model_s = ring_model(turn_s, args.tool_latency, k, 2)
         planned = choice["predicted_s"].get(k)
         w = statistics.median(r["tool_wait_s"] for r in rows[k])
         s = statistics.median(r["searches_per_response"] for r in rows[k])
+        # Generation alone: measured (seconds in generate per rollout) against the probe's line
+        # at this group size, times the calls the rollout made, which tells the planner's cost
+        # error from its schedule's.
+        gen = statistics.median(sum(x for _, x in r["gen_calls"]) for r in rows[k])
+        calls = statistics.median(len(r["gen_calls"]) for r in rows[k])
+        gen_fit = calls * (agent_fit["alpha"] + a_per * n_rows / k)
         summary[k] = {
             "seconds": med[k],
             "tool_wait_s": w,
@@ -161,11 +173,14 @@ def main(argv: list[str] | None = None) -> int:
             "planned_s": planned,
             "model_s": model_s,
             "speedup_vs_1": med[1] / med[k],
+            "gen_s": gen,
+            "gen_fit_s": gen_fit,
+            "gen_calls": calls,
         }
         shown = "-" if planned is None else f"{planned:.2f}"
         print(
             f"{k:>3} {med[k]:>10.2f} {w:>10.2f} {s:>9.2f} {shown:>8} {model_s:>7.2f} "
-            f"{med[1] / med[k]:>7.3f}"
+            f"{gen:>7.2f} {gen_fit:>7.2f} {med[1] / med[k]:>7.3f}"
         )
     best = min(ks, key=med.__getitem__)
     auto = choice["groups"]

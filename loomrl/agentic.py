@@ -18,8 +18,8 @@ run with a ``ToolError`` when ``max_tool_failures`` calls in a row fail.
 
 **Planning the ring.** The agent <-> tool loop is a cycle of the planner (``PLANNER.md``): each
 group makes S generation calls and S - 1 tool calls (``ends_with`` the agent). With
-``tool_groups: auto`` the rollout worker times one-group rollouts at a few group sizes
-(``AgentRolloutWorker.probe_ring``); ``ring_profile`` fits each side's seconds per call over the
+``tool_groups: auto`` the rollout worker times the rows cut into a few group counts, each
+group rolled out alone (``AgentRolloutWorker.probe_ring``); ``ring_profile`` fits each side's seconds per call over the
 rows of a group (a small batch costs more per row than its share of a large one, which a plain
 share of the full batch misses) and ``plan_tool_groups`` lets the planner choose k.
 
@@ -303,7 +303,7 @@ def ring_profile(samples: dict[str, list], rows: int) -> Any:
 
     ``samples`` (``AgentRolloutWorker.probe_ring``): ``agent`` and ``tool`` as (group rows,
     seconds per call), ``turns`` as generation calls per rollout. Each side's cost is a line
-    fitted over the group sizes; the cycle runs the median number of turns and ends with the
+    fitted over the group sizes (the agent's through its mean call per size); the cycle runs the median number of turns and ends with the
     agent. The agent holds the device; the tool runs on host cores beside it (0 devices), in
     its own process. Ring groups are kept at or above the smallest size probed.
     """
@@ -314,7 +314,12 @@ def ring_profile(samples: dict[str, list], rows: int) -> Any:
     if problems:
         raise ValueError(f"ring_profile: {'; '.join(problems)} (a probe of no rollouts)")
     turns = max(1, round(statistics.median(samples["turns"])))
-    a_alpha, a_per = fit_line(samples[AGENT])
+    # The mean call per group size, not fit_line's median: a rollout's turns differ (a later
+    # one reads a longer context) and the ring's agent time is the sum of all of its calls.
+    by_m: dict[int, list[float]] = {}
+    for m, x in samples[AGENT]:
+        by_m.setdefault(int(m), []).append(float(x))
+    a_alpha, a_per = fit_line([(m, statistics.fmean(xs)) for m, xs in by_m.items()])
     # No tool call in any probe rollout (every row answered at once): the tool costs nothing.
     t_alpha, t_per = fit_line(samples[TOOL]) if samples.get(TOOL) else (0.0, 0.0)
     tiny = 0.01  # GB: the choice of k does not depend on memory

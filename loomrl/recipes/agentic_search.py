@@ -79,8 +79,8 @@ def build(flow: Any, cfg: Config, notify: Any = print) -> dict[str, Any]:
 
 def choose_tool_groups(cluster: Any, cfg: Config, tool: Any, notify: Any = print) -> dict:
     """``agent.tool_groups: auto``: a probe rollout worker (on the first device, before the
-    flow's workers start) times one-group rollouts of the first rollout call's rows at group
-    sizes rows / 1, / 2, / 4 (``probe_ring``); the planner prices every k those sizes allow as
+    flow's workers start) times the first rollout call's rows cut into 1, 2 and 4 ring
+    groups, each group rolled out alone (``probe_ring``); the planner prices every k those sizes allow as
     the cycle agent <-> tool and chooses (``loomrl.agentic.plan_tool_groups``)."""
     import time
 

@@ -32,6 +32,7 @@ class AgentRolloutWorker(RolloutWorker):
         super().__init__(model, sampling, seed)
         self.agent = agent
         self.tool = ToolCaller(tool, agent.tool_timeout_s, agent.max_tool_failures)
+        self.gen_calls: list[tuple[int, float]] = []  # (rows, seconds) per generation call
 
     def _generate(
         self, rows: list[list[int]], max_new: int, seed: int, temperature: float, top_p: float
@@ -57,10 +58,17 @@ class AgentRolloutWorker(RolloutWorker):
         cfg: AgentConfig | None = None,
     ):
         eng = self.engine
+        if generate is None:
+
+            def generate(rows, n, turn_seed):
+                t = time.perf_counter()
+                out = self._generate(rows, n, turn_seed, temperature, top_p)
+                self.gen_calls.append((len(rows), time.perf_counter() - t))
+                return out
+
         return agent_rollout(
             prompts,
-            generate=generate
-            or (lambda rows, n, turn_seed: self._generate(rows, n, turn_seed, temperature, top_p)),
+            generate=generate,
             submit=submit or self.tool.submit,
             encode=lambda text: eng.tokenizer.encode(text, add_special_tokens=False),
             decode=eng.decode,
@@ -74,13 +82,16 @@ class AgentRolloutWorker(RolloutWorker):
 
     @dispatch("rank0")
     def probe_ring(self, prompts: list[list[int]], sizes: list[int], reps: int = 1) -> dict:
-        """Time one-group rollouts (k = 1) of the first m prompts for each m in ``sizes``: one
-        untimed rollout per size first (kernels, caches, shapes), then ``reps`` timed ones.
+        """Time the rows of a rollout call as ring groups of each size m in ``sizes``, each
+        group rolled out alone (k = 1), one after the other: every group of every size, since
+        groups differ (their questions, how long their searches and answers run) and the ring's
+        cost is all of its groups'. One untimed rollout of the smallest group comes first
+        (kernels, caches), then ``reps`` timed passes.
 
         Returns samples for ``loomrl.agentic.ring_profile``: ``agent``, each generation call as
         (m, seconds); ``tool``, each tool call as (m, seconds from its start to its results,
-        which a single group waits for at once); ``turns``, generation calls per rollout. The
-        probe calls the tool through a caller of its own, so ``tool_log`` is left as it was.
+        which a single group waits for at once); ``turns``, generation calls per group. The
+        probe calls the tool through a caller of its own and ``tool_log`` is left as it was.
         """
         s = self.sampling
         caller = ToolCaller(
@@ -88,9 +99,15 @@ class AgentRolloutWorker(RolloutWorker):
         )
         cfg = replace(self.agent, tool_groups=1)
         out: dict[str, list] = {AGENT: [], TOOL: [], "turns": []}
-        runs = [(m, False) for m in sizes] + [(m, True) for _ in range(reps) for m in sizes]
+        n = len(prompts)
+        groups = [
+            [prompts[g * n // k : (g + 1) * n // k] for g in range(k)]  # as agent_rollout cuts
+            for k in sorted({max(1, n // m) for m in sizes})
+        ]
+        runs = [(prompts[: min(sizes)], False)]
+        runs += [(rows, True) for _ in range(reps) for cut in groups for rows in cut]
         with resident(self.engine):
-            for r, (m, timed) in enumerate(runs):
+            for r, (rows, timed) in enumerate(runs):
                 gen_s: list[float] = []
                 tool_s: list[float] = []
 
@@ -112,9 +129,10 @@ class AgentRolloutWorker(RolloutWorker):
                     return wait_results
 
                 self._rollout(
-                    prompts[:m], self.seed + 7 * r, s.temperature, s.top_p, generate, submit, cfg
+                    rows, self.seed + 7 * r, s.temperature, s.top_p, generate, submit, cfg
                 )
                 if timed:
+                    m = len(rows)
                     out[AGENT] += [(m, x) for x in gen_s]
                     out[TOOL] += [(m, x) for x in tool_s]
                     out["turns"].append(len(gen_s))
@@ -145,10 +163,15 @@ class AgentRolloutWorker(RolloutWorker):
         return texts
 
     def tool_log(self) -> dict[str, Any]:
-        """What the search tool did since the last call of this method: its calls, the seconds
-        the rollout sat waiting for results (ring groups hide the rest of a call), and the
-        failed calls (``events``)."""
+        """What the ring did since the last call of this method: the search tool's calls, the
+        seconds the rollout sat waiting for results (ring groups hide the rest of a call), the
+        failed calls (``events``), and each generation call as (rows, seconds) (``gen_calls``)."""
         t = self.tool
-        log = {"calls": t.calls, "wait_s": t.wait_s, "events": t.events}
-        t.calls, t.wait_s, t.events = 0, 0.0, []
+        log = {
+            "calls": t.calls,
+            "wait_s": t.wait_s,
+            "events": t.events,
+            "gen_calls": self.gen_calls,
+        }
+        t.calls, t.wait_s, t.events, self.gen_calls = 0, 0.0, [], []
         return log

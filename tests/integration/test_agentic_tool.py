@@ -177,13 +177,21 @@ def test_the_ring_probe_times_both_sides_and_the_planner_chooses(cluster):
     try:
         rows = [it["prompt_ids"] for it in _items(2) for _ in range(4)]
         (samples,) = wait(agent.probe_ring(rows, ring_sizes(len(rows)), 2))
-        # Per timed rollout: a search turn and an answer turn, one tool call in between.
-        assert samples["turns"] == [2] * 6 and samples["tool_failures"] == 0
-        assert sorted({m for m, _ in samples["agent"]}) == [2, 4, 8]
-        assert len(samples["agent"]) == 12 and len(samples["tool"]) == 6
+        # Per pass every group of every size: 1 of 8 rows, 2 of 4, 4 of 2, each rolled out
+        # alone: a search turn and an answer turn, one tool call in between.
+        assert samples["turns"] == [2] * 14 and samples["tool_failures"] == 0
+        sizes = [m for m, _ in samples["agent"]]
+        assert sizes == ([8] * 2 + [4] * 4 + [2] * 8) * 2
+        assert len(samples["tool"]) == 14
         assert all(s >= 0.2 for _, s in samples["tool"])  # the tool's latency is in its calls
         (log,) = wait(agent.tool_log())
-        assert log["calls"] == 0  # the probe's calls are its own
+        assert log["calls"] == 0 and log["gen_calls"] == []  # the probe's calls are its own
+        # The run's rollouts log each generation call: a rollout call per question (gen_groups
+        # 1) of 4 rows, cut into 2 groups of 2, each making 2 turns and 1 search.
+        wait(agent.set_tool_groups(2))
+        wait(agent.generate(_items(2)))
+        (log,) = wait(agent.tool_log())
+        assert [m for m, _ in log["gen_calls"]] == [2] * 8 and log["calls"] == 4
         choice = plan_tool_groups(samples, len(rows))
         # The scripted policy takes milliseconds and one tool worker answers calls one after
         # the other: every extra group is another 0.2 s call, so one group is best.
