@@ -17,7 +17,8 @@ from the k = 1 rollout's turn time, a group's turn taken as that time / k, which
 small batch costs more per row), the seconds spent generating (``gen s``) beside what the
 probe's fitted line gives for the same calls (``gen fit``: where the two differ, the planner's
 error is in its costs, not its schedule), and the speed-up over k = 1 in the same run. The last line
-reads ``best_groups: <k> speedup_vs_1: <x> auto_groups: <k> auto_vs_best: <r>``.
+reads ``best_groups: <k> speedup_vs_1: <x> auto_groups: <k> auto_vs_best: <r>``; the exit status
+is 1 when the planner's k is more than 5% slower than the measured best.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loomrl.workers.tool import SearchWorker  # noqa: E402
+
+TOLERANCE = 1.05
 
 
 class LaggedSearch(SearchWorker):
@@ -207,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         f"best_groups: {best} speedup_vs_1: {med[1] / med[best]:.3f} auto_groups: {auto} "
         f"auto_vs_best: {ratio}"
     )
-    return 0
+    # As embodied_modes: a choice more than 5% slower than the measured best fails the run.
+    return 1 if auto_vs_best is not None and auto_vs_best > TOLERANCE else 0
 
 
 if __name__ == "__main__":
