@@ -18,10 +18,12 @@ run with a ``ToolError`` when ``max_tool_failures`` calls in a row fail.
 
 **Planning the ring.** The agent <-> tool loop is a cycle of the planner (``PLANNER.md``): each
 group makes S generation calls and S - 1 tool calls (``ends_with`` the agent). With
-``tool_groups: auto`` the rollout worker times the rows cut into a few group counts, each
-group rolled out alone (``AgentRolloutWorker.probe_ring``); ``ring_profile`` fits each side's seconds per call over the
-rows of a group (a small batch costs more per row than its share of a large one, which a plain
-share of the full batch misses) and ``plan_tool_groups`` lets the planner choose k.
+``tool_groups: auto`` a probe worker times the rows cut into a few group counts, each group
+rolled out alone (``AgentRolloutWorker.probe_ring``); ``ring_profile`` fits each side's seconds
+per call over the rows of a group (a small batch costs more per row than its share of a large
+one, which a plain share of the full batch misses) and ``plan_tool_groups`` lets the planner
+choose k for calls of a given number of rows; each rollout rank asks it for the rows its calls
+get.
 
 This module never imports torch.
 """

@@ -52,8 +52,9 @@ class Config:
 
 def build(flow: Any, cfg: Config, notify: Any = print) -> dict[str, Any]:
     """GRPO's flow with the agent's rollout, and the search workers it calls (beside the plan).
-    With ``agent.tool_groups: auto`` the ring groups are chosen first (``choose_tool_groups``);
-    the choice is under ``"tool_plan"`` (None otherwise)."""
+    With ``agent.tool_groups: auto`` the probe runs first (``choose_tool_groups``) and each
+    rollout rank plans k from its samples for the rows its calls get (the flow's plan decides
+    those); the probe and the choice at its own size are under ``"tool_plan"`` (None otherwise)."""
     from loomrl.recipes import reasoning_grpo
     from loomrl.workers.agent import AgentRolloutWorker
     from loomrl.workers.tool import SearchWorker
@@ -72,8 +73,16 @@ def build(flow: Any, cfg: Config, notify: Any = print) -> dict[str, Any]:
     choice = None
     if a.tool_groups == "auto":
         choice = choose_tool_groups(flow.cluster, cfg, tool, notify)
-        a = replace(a, tool_groups=choice["groups"])
-    rollout = flow.group(AgentRolloutWorker, cfg.model, cfg.sampling, a, tool, s, name="rollout")
+    rollout = flow.group(
+        AgentRolloutWorker,
+        cfg.model,
+        cfg.sampling,
+        a,
+        tool,
+        s,
+        ring=None if choice is None else choice["samples"],  # k per call size, on each rank
+        name="rollout",
+    )
     return {**reasoning_grpo.build(flow, cfg, rollout=rollout), "search": tool, "tool_plan": choice}
 
 
@@ -81,7 +90,8 @@ def choose_tool_groups(cluster: Any, cfg: Config, tool: Any, notify: Any = print
     """``agent.tool_groups: auto``: a probe rollout worker (on the first device, before the
     flow's workers start) times the first rollout call's rows cut into 1, 2 and 4 ring
     groups, each group rolled out alone (``probe_ring``); the planner prices every k those sizes allow as
-    the cycle agent <-> tool and chooses (``loomrl.agentic.plan_tool_groups``)."""
+    the cycle agent <-> tool and chooses (``loomrl.agentic.plan_tool_groups``). The choice
+    reported is for calls of the probe's rows; the rollout's ranks choose again for theirs."""
     import time
 
     from loomrl.agentic import plan_tool_groups, ring_sizes
@@ -107,7 +117,8 @@ def choose_tool_groups(cluster: Any, cfg: Config, tool: Any, notify: Any = print
     table = ", ".join(f"k={k}: {v:.2f}s" for k, v in choice["predicted_s"].items())
     notify(
         f"tool_groups auto: k={choice['groups']} for rollout calls of {len(rows)} rows "
-        f"(predicted per call {table}; probe {choice['probe_s']:.1f}s)"
+        f"(predicted per call {table}; probe {choice['probe_s']:.1f}s; each rollout rank plans "
+        "k again for the rows its calls get)"
     )
     return choice
 
@@ -157,11 +168,12 @@ def main(cfg: Config) -> dict:
                 save(run, g, step + 1)
         save(run, g, cfg.run.steps)
         sha = wait(g["actor"].param_sha256())[0]
+        used = tool_groups_summary(g, cfg, metrics.get("tool_groups"))
         flow.shutdown()
         from loomrl.plots import plot_run
 
         plot_run(run.dir)
-        return run.summary(cfg.run.steps, sha, metrics, tool_groups=tool_groups_summary(g, cfg))
+        return run.summary(cfg.run.steps, sha, metrics, tool_groups=used)
     finally:
         run.close()
 
@@ -172,14 +184,21 @@ def write_tool_plan(run_dir: Any, choice: dict) -> None:
     (run_dir / "tool_plan.json").write_text(json.dumps(choice, indent=2, default=str))
 
 
-def tool_groups_summary(g: dict, cfg: Config) -> dict[str, Any]:
-    """``run_summary.json``'s ``tool_groups``: the ring groups used, as set or as chosen."""
+def tool_groups_summary(g: dict, cfg: Config, used: float | None = None) -> dict[str, Any]:
+    """``run_summary.json``'s ``tool_groups``: the ring groups used, as set or as chosen.
+    ``used``: the last step's ``tool_groups`` metric (the most groups one of its rollout calls
+    used); with ``auto``, ``by_rows`` is each rank's choice per call size."""
     choice = g["tool_plan"]
     if choice is None:
         return {"groups": cfg.agent.tool_groups, "source": "config"}
+    by_rows: dict[str, int] = {}
+    for picks in wait(g["rollout"].ring_choices()):
+        by_rows.update({str(n): k for n, k in picks.items()})
     return {
-        "groups": choice["groups"],
+        "groups": None if used is None else int(used),
         "source": "auto",
+        "by_rows": dict(sorted(by_rows.items(), key=lambda kv: int(kv[0]))),
+        "probe_rows": choice["rows"],
         "predicted_s": choice["predicted_s"],
         "probe_s": choice["probe_s"],
     }
@@ -201,7 +220,8 @@ def evaluate_by_hops(rollout: Any, task: Any, encode: Any, cfg: Config) -> dict[
 
 def tool_step(run: Run, rollout: Any, step: int) -> dict[str, float]:
     """The search tool's part of a step: its failed calls appended to ``tool_events.jsonl``,
-    and the seconds the rollout waited for results (``time/tool_wait``)."""
+    the seconds the rollout waited for results (``time/tool_wait``) and the most ring groups
+    one of its rollout calls used (``tool_groups``)."""
     import json
 
     logs = wait(rollout.tool_log())
@@ -211,7 +231,11 @@ def tool_step(run: Run, rollout: Any, step: int) -> dict[str, float]:
             for e in events:
                 f.write(json.dumps({"step": step, **e}) + "\n")
         run.logger.echo(f"step {step}: {len(events)} search call(s) failed (tool_events.jsonl)")
-    return {"time/tool_wait": sum(log["wait_s"] for log in logs)}
+    out = {"time/tool_wait": sum(log["wait_s"] for log in logs)}
+    ks = [k for log in logs for _, k in log["ring_calls"]]
+    if ks:  # the most ring groups one rollout call of the step used
+        out["tool_groups"] = float(max(ks))
+    return out
 
 
 def profile(cfg: Config) -> str:

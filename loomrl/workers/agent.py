@@ -28,11 +28,20 @@ class AgentRolloutWorker(RolloutWorker):
         agent: AgentConfig,
         tool: Any,
         seed: int = 0,
+        ring: dict | None = None,
     ):
         super().__init__(model, sampling, seed)
+        if agent.tool_groups == "auto" and ring is None:
+            raise ValueError(
+                "AgentRolloutWorker: agent.tool_groups is 'auto' but no probe samples were "
+                "given: pass ring=<probe_ring's result> or set tool_groups to a count"
+            )
         self.agent = agent
+        self.ring = ring  # probe_ring's samples: with tool_groups auto, k is planned per call size
+        self.ring_choice: dict[int, int] = {}  # rows per call -> k the planner chose
         self.tool = ToolCaller(tool, agent.tool_timeout_s, agent.max_tool_failures)
         self.gen_calls: list[tuple[int, float]] = []  # (rows, seconds) per generation call
+        self.ring_calls: list[tuple[int, int]] = []  # (rows, k) per rollout call
 
     def _generate(
         self, rows: list[list[int]], max_new: int, seed: int, temperature: float, top_p: float
@@ -58,7 +67,11 @@ class AgentRolloutWorker(RolloutWorker):
         cfg: AgentConfig | None = None,
     ):
         eng = self.engine
-        if generate is None:
+        cfg = cfg or self.agent
+        if cfg.tool_groups == "auto":
+            cfg = replace(cfg, tool_groups=self._ring_groups(len(prompts)))
+        if generate is None:  # the run's own rollouts (a probe brings its own timing)
+            self.ring_calls.append((len(prompts), int(cfg.tool_groups)))
 
             def generate(rows, n, turn_seed):
                 t = time.perf_counter()
@@ -72,12 +85,26 @@ class AgentRolloutWorker(RolloutWorker):
             submit=submit or self.tool.submit,
             encode=lambda text: eng.tokenizer.encode(text, add_special_tokens=False),
             decode=eng.decode,
-            cfg=cfg or self.agent,
+            cfg=cfg,
             seed=seed,
         )
 
+    def _ring_groups(self, rows: int) -> int:
+        """``tool_groups: auto``: the planner's k for rollout calls of ``rows`` rows, from the
+        probe's samples. Per call size, since the plan decides how many rows a call gets (a
+        rollout over n ranks hands each a share, and evaluation calls in chunks of its own)."""
+        if rows not in self.ring_choice:
+            from loomrl.agentic import plan_tool_groups
+
+            self.ring_choice[rows] = plan_tool_groups(self.ring, rows)["groups"]
+        return self.ring_choice[rows]
+
+    def ring_choices(self) -> dict[int, int]:
+        """``tool_groups: auto``: the k chosen so far per rows of a rollout call."""
+        return dict(self.ring_choice)
+
     def set_tool_groups(self, k: int) -> None:
-        """Use k ring groups from the next rollout on (``tool_groups: auto`` resolved)."""
+        """Use k ring groups from the next rollout on, whatever the config said."""
         self.agent = replace(self.agent, tool_groups=int(k))
 
     @dispatch("rank0")
@@ -165,13 +192,15 @@ class AgentRolloutWorker(RolloutWorker):
     def tool_log(self) -> dict[str, Any]:
         """What the ring did since the last call of this method: the search tool's calls, the
         seconds the rollout sat waiting for results (ring groups hide the rest of a call), the
-        failed calls (``events``), and each generation call as (rows, seconds) (``gen_calls``)."""
+        failed calls (``events``), each generation call as (rows, seconds) (``gen_calls``), and
+        each rollout call as (rows, ring groups k) (``ring_calls``)."""
         t = self.tool
         log = {
             "calls": t.calls,
             "wait_s": t.wait_s,
             "events": t.events,
             "gen_calls": self.gen_calls,
+            "ring_calls": self.ring_calls,
         }
-        t.calls, t.wait_s, t.events, self.gen_calls = 0, 0.0, [], []
+        t.calls, t.wait_s, t.events, self.gen_calls, self.ring_calls = 0, 0.0, [], [], []
         return log

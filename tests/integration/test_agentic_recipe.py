@@ -31,8 +31,11 @@ def test_tiny_search_run_writes_its_summary_and_agent_metrics(cluster, tmp_path,
     # tool_groups auto: probed before planning, chosen by the planner, recorded.
     choice = json.loads((out / "tool_plan.json").read_text())
     tg = s["tool_groups"]
-    assert tg["source"] == "auto" and tg["groups"] == choice["groups"]
+    assert tg["source"] == "auto" and tg["probe_rows"] == choice["rows"] == 4
     assert set(choice["predicted_s"]) == {"1", "2", "4"}  # 4 rows a call: groups of 4, 2, 1
+    # Each rollout rank planned k for the rows its calls got; the last step used one of those.
+    assert tg["by_rows"] and tg["groups"] in tg["by_rows"].values()
+    assert s["metrics"]["tool_groups"] == tg["groups"]
     assert "tool_groups auto: k=" in capsys.readouterr().err
     assert set(s["plan"]["assignment"]) == {"rollout", "reward", "actor"}
     m = s["metrics"]

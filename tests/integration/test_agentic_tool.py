@@ -202,3 +202,36 @@ def test_the_ring_probe_times_both_sides_and_the_planner_chooses(cluster):
     finally:
         for g in (tool, agent):
             g.kill()
+
+
+def test_tool_groups_auto_plans_k_for_the_rows_each_call_gets(cluster):
+    # Probe samples as a probe of this cost would give: 0.1 s a row per turn, a 1 s search.
+    ring = {
+        "agent": [(m, 0.1 * m) for m in (4, 8, 20) for _ in range(2)],
+        "tool": [(m, 1.0) for m in (4, 8, 20)],
+        "turns": [2, 2, 2],
+    }
+    auto = AgentConfig(**{**AGENT.__dict__, "tool_groups": "auto"})
+    sampling = SamplingConfig(group_size=4, gen_groups=5)
+    tool = _tool(cluster)
+    agent = cluster.launch(
+        ScriptedAgent, 1, MODEL, sampling, auto, tool, 0, ring=ring, name="agent-auto"
+    )
+    try:
+        # 20 rows a call: 2 groups of 10 hide a search (4.0 s planned against 5.0 s); 8 rows:
+        # groups of 4 would wait on the one tool worker (2.8 s against 2.6 s), so k = 1.
+        (rolled,) = wait(agent.generate(_items(5)))
+        assert len(rolled) == 5
+        (log,) = wait(agent.tool_log())
+        assert log["ring_calls"] == [(20, 2)] and log["calls"] == 2
+        wait(agent.generate(_items(2)))
+        (log,) = wait(agent.tool_log())
+        assert log["ring_calls"] == [(8, 1)] and log["calls"] == 1
+        (choices,) = wait(agent.ring_choices())
+        assert choices == {20: 2, 8: 1}
+    finally:
+        tool.kill()
+        agent.kill()
+    with pytest.raises(Exception, match="no probe samples were given"):
+        bad = cluster.launch(ScriptedAgent, 1, MODEL, sampling, auto, tool, 0, name="agent-bad")
+        wait(bad.tool_log())
