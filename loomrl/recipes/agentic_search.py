@@ -154,6 +154,7 @@ def main(cfg: Config) -> dict:
         sync = weight_sync(g["actor"], g["rollout"], cfg=cfg.run)
         sync()
         metrics: dict[str, Any] = evaluate_by_hops(g["rollout"], task, encode, cfg)
+        metrics.update(tool_step(run, g["rollout"], start, "eval/"))
         run.logger.log(start, metrics)
         for step in range(start, cfg.run.steps):
             run.maybe_inject_failure(step, g["rollout"].group)
@@ -163,6 +164,7 @@ def main(cfg: Config) -> dict:
             metrics = {**metrics_of(result, sync), **tool_step(run, g["rollout"], step)}
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.run.steps:
                 metrics.update(evaluate_by_hops(g["rollout"], task, encode, cfg))
+                metrics.update(tool_step(run, g["rollout"], step, "eval/"))
             run.logger.log(step + 1, metrics)
             if cfg.run.checkpoint_every and (step + 1) % cfg.run.checkpoint_every == 0:
                 save(run, g, step + 1)
@@ -218,23 +220,28 @@ def evaluate_by_hops(rollout: Any, task: Any, encode: Any, cfg: Config) -> dict[
     return out
 
 
-def tool_step(run: Run, rollout: Any, step: int) -> dict[str, float]:
-    """The search tool's part of a step: its failed calls appended to ``tool_events.jsonl``,
-    the seconds the rollout waited for results (``time/tool_wait``) and the most ring groups
-    one of its rollout calls used (``tool_groups``)."""
+def tool_step(run: Run, rollout: Any, step: int, prefix: str = "") -> dict[str, float]:
+    """The search tool's part of a step's phase (training, or evaluation with ``prefix``
+    "eval/"): its failed calls appended to ``tool_events.jsonl``, the seconds the rollout
+    waited for results (``time/tool_wait``) and the most ring groups one of its rollout calls
+    used (``tool_groups``). Called after each phase, so one phase's calls never count in
+    another's."""
     import json
 
     logs = wait(rollout.tool_log())
     events = [e for log in logs for e in log["events"]]
+    phase = "eval" if prefix else "train"
     if events:
         with open(run.dir / "tool_events.jsonl", "a") as f:
             for e in events:
-                f.write(json.dumps({"step": step, **e}) + "\n")
-        run.logger.echo(f"step {step}: {len(events)} search call(s) failed (tool_events.jsonl)")
-    out = {"time/tool_wait": sum(log["wait_s"] for log in logs)}
+                f.write(json.dumps({"step": step, "phase": phase, **e}) + "\n")
+        run.logger.echo(
+            f"step {step} ({phase}): {len(events)} search call(s) failed (tool_events.jsonl)"
+        )
+    out = {f"{prefix}time/tool_wait": sum(log["wait_s"] for log in logs)}
     ks = [k for log in logs for _, k in log["ring_calls"]]
-    if ks:  # the most ring groups one rollout call of the step used
-        out["tool_groups"] = float(max(ks))
+    if ks:  # the most ring groups one rollout call of the phase used
+        out[f"{prefix}tool_groups"] = float(max(ks))
     return out
 
 

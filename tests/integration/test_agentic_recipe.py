@@ -46,6 +46,8 @@ def test_tiny_search_run_writes_its_summary_and_agent_metrics(cluster, tmp_path,
         "reward_mean",
         "eval_accuracy",
         "time/tool_wait",
+        "eval/time/tool_wait",  # evaluation's searches, apart from training's
+        "eval/tool_groups",
         "eval_accuracy/hops1",  # tiny_search asks questions of one and two hops
         "eval_accuracy/hops2",
     ):
@@ -53,6 +55,8 @@ def test_tiny_search_run_writes_its_summary_and_agent_metrics(cluster, tmp_path,
     assert m["tool_failures"] == 0.0 and 0.0 <= m["eval_accuracy"] <= 1.0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert any("tokens" in r for r in rows)
+    # Step 0 is the evaluation before training: its rollout calls count there, not in step 1.
+    assert rows[0]["step"] == 0 and "eval/tool_groups" in rows[0] and "tool_groups" not in rows[0]
 
     # The trained actor, exported as a Hugging Face directory, is the run's final parameters.
     from loomrl.engines import EngineConfig, HFEngine
