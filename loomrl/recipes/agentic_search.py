@@ -15,7 +15,9 @@ a few group sizes before the flow is planned and lets the planner choose the rin
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from loomrl.agentic import AgentConfig
@@ -23,6 +25,8 @@ from loomrl.reasoning import common_problems, prompts
 from loomrl.run import Run, RunConfig, profile_recipe
 from loomrl.worker import wait
 from loomrl.workers.reasoning import AlgoConfig, ModelConfig, SamplingConfig, TaskConfig
+
+TOOL_PLAN = "tool_plan.json"  # the ring probe's samples and choice, in the run directory
 
 
 @dataclass
@@ -50,11 +54,13 @@ class Config:
         return p
 
 
-def build(flow: Any, cfg: Config, notify: Any = print) -> dict[str, Any]:
+def build(flow: Any, cfg: Config, notify: Any = print, reuse: Any = None) -> dict[str, Any]:
     """GRPO's flow with the agent's rollout, and the search workers it calls (beside the plan).
     With ``agent.tool_groups: auto`` the probe runs first (``choose_tool_groups``) and each
     rollout rank plans k from its samples for the rows its calls get (the flow's plan decides
-    those); the probe and the choice at its own size are under ``"tool_plan"`` (None otherwise)."""
+    those); the probe and the choice at its own size are under ``"tool_plan"`` (None otherwise).
+    ``reuse``: a ``tool_plan.json`` whose probe stands in for a new one where it exists (a
+    resumed run: a new probe's timings could choose another k, and k changes what is sampled)."""
     from loomrl.recipes import reasoning_grpo
     from loomrl.workers.agent import AgentRolloutWorker
     from loomrl.workers.tool import SearchWorker
@@ -71,7 +77,10 @@ def build(flow: Any, cfg: Config, notify: Any = print) -> dict[str, Any]:
         name="search",
     )
     choice = None
-    if a.tool_groups == "auto":
+    if a.tool_groups == "auto" and reuse is not None and Path(reuse).exists():
+        choice = {**json.loads(Path(reuse).read_text()), "reused": True}
+        notify(f"tool_groups auto: the probe of {reuse} reused (the run resumes)")
+    elif a.tool_groups == "auto":
         choice = choose_tool_groups(flow.cluster, cfg, tool, notify)
     rollout = flow.group(
         AgentRolloutWorker,
@@ -146,7 +155,8 @@ def main(cfg: Config) -> dict:
         task = make_task(**cfg.task.as_kwargs(cfg.run.seed))
         encode = Encoder(cfg.model.path, cfg.task.instruction, cfg.agent.response_prefix)
         flow = Flow(run.cluster, run.dir, offload=cfg.run.offload)
-        g = build(flow, cfg, notify=run.logger.echo)
+        reuse = run.dir / TOOL_PLAN if cfg.resume else None
+        g = build(flow, cfg, notify=run.logger.echo, reuse=reuse)
         if g["tool_plan"] is not None:
             write_tool_plan(run.dir, g["tool_plan"])
         run.apply_plan(flow, prompts(task, encode, 0, cfg.batch))
@@ -181,9 +191,8 @@ def main(cfg: Config) -> dict:
 
 
 def write_tool_plan(run_dir: Any, choice: dict) -> None:
-    import json
-
-    (run_dir / "tool_plan.json").write_text(json.dumps(choice, indent=2, default=str))
+    plain = {k: v for k, v in choice.items() if k != "reused"}
+    (run_dir / TOOL_PLAN).write_text(json.dumps(plain, indent=2, default=str))
 
 
 def tool_groups_summary(g: dict, cfg: Config, used: float | None = None) -> dict[str, Any]:
@@ -203,6 +212,7 @@ def tool_groups_summary(g: dict, cfg: Config, used: float | None = None) -> dict
         "probe_rows": choice["rows"],
         "predicted_s": choice["predicted_s"],
         "probe_s": choice["probe_s"],
+        "probe_reused": bool(choice.get("reused")),
     }
 
 
@@ -226,8 +236,6 @@ def tool_step(run: Run, rollout: Any, step: int, prefix: str = "") -> dict[str, 
     waited for results (``time/tool_wait``) and the most ring groups one of its rollout calls
     used (``tool_groups``). Called after each phase, so one phase's calls never count in
     another's."""
-    import json
-
     logs = wait(rollout.tool_log())
     events = [e for log in logs for e in log["events"]]
     phase = "eval" if prefix else "train"

@@ -32,6 +32,7 @@ def test_tiny_search_run_writes_its_summary_and_agent_metrics(cluster, tmp_path,
     choice = json.loads((out / "tool_plan.json").read_text())
     tg = s["tool_groups"]
     assert tg["source"] == "auto" and tg["probe_rows"] == choice["rows"] == 4
+    assert tg["probe_reused"] is False
     assert set(choice["predicted_s"]) == {"1", "2", "4"}  # 4 rows a call: groups of 4, 2, 1
     # Each rollout rank planned k for the rows its calls got; the last step used one of those.
     assert tg["by_rows"] and tg["groups"] in tg["by_rows"].values()
@@ -72,6 +73,15 @@ def test_tiny_search_run_writes_its_summary_and_agent_metrics(cluster, tmp_path,
     err = capsys.readouterr().err
     assert "exists and is not empty" in err and "at step 7 (steps saved: [2])" in err
     assert "has no config.yaml" in err
+
+    # A resumed run keeps the probe it started with: a new one's timings could choose another
+    # k, and k changes what is sampled.
+    probe = (out / "tool_plan.json").read_text()
+    assert main(["resume", str(out), "steps=3"]) == 0
+    s = json.loads((out / "run_summary.json").read_text())
+    assert s["steps"] == 3 and s["tool_groups"]["probe_reused"] is True
+    assert (out / "tool_plan.json").read_text() == probe
+    assert "the probe of" in capsys.readouterr().err
 
 
 def test_config_mistakes_are_reported_together(tmp_path, capsys):
