@@ -8,17 +8,18 @@ call before answering, and the same rollout (SmolLM2-135M-Instruct, ``--batch`` 
 ``search_qa`` x ``--group-size`` responses, a search then an answer) runs with its rows cut into
 k ring groups for each k of ``--groups``: one group's search runs while the next generates.
 Before the timed rounds, the k = 1 worker runs the probe of ``agent.tool_groups: auto``
-(``probe_ring``: the rows cut into 1, 2 and 4 groups, each rolled out alone) and the planner prices every k as the
-cycle agent <-> tool (``loomrl.agentic.plan_tool_groups``) and chooses one. Every k runs once
+(``probe_ring``: the rows cut into 1, 2 and 4 groups, each rolled out alone) and the planner
+prices every k as the cycle agent <-> tool (``loomrl.agentic.plan_tool_groups``) and chooses
+one. Every k runs once
 per round, each round starting at the next k. Printed per k: the median seconds per rollout,
 the seconds the rollout sat waiting for the tool, searches per response, the planner's seconds
 from the probe (``planned``), the share model's seconds (``ring_model``: the schedule played out
 from the k = 1 rollout's turn time, a group's turn taken as that time / k, which misses that a
 small batch costs more per row), the seconds spent generating (``gen s``) beside what the
 probe's fitted line gives for the same calls (``gen fit``: where the two differ, the planner's
-error is in its costs, not its schedule), and the speed-up over k = 1 in the same run. The last line
-reads ``best_groups: <k> speedup_vs_1: <x> auto_groups: <k> auto_vs_best: <r>``; the exit status
-is 1 when the planner's k is more than 5% slower than the measured best.
+error is in its costs, not its schedule), and the speed-up over k = 1 in the same run. The last
+line reads ``best_groups: <k> speedup_vs_1: <x> auto_groups: <k> auto_vs_best: <r>``; the exit
+status is 1 when the planner's k is more than 5% slower than the measured best.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if 1 not in ks or any(k < 1 for k in ks):
         p.error(f"--groups {args.groups!r}: give counts >= 1, including 1 (the reference)")
 
-    from loomrl.agentic import AgentConfig, plan_tool_groups, ring_sizes
+    from loomrl.agentic import AGENT, AgentConfig, plan_tool_groups, ring_profile, ring_sizes
     from loomrl.cluster import Cluster
     from loomrl.reasoning import Encoder, prompts
     from loomrl.tasks import make_task
@@ -154,9 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{'k':>3} {'s/rollout':>10} {'tool wait':>10} {'searches':>9} {'planned':>8} "
         f"{'share':>7} {'gen s':>7} {'gen fit':>7} {'vs k=1':>7}"
     )
-    agent_fit = choice["profile"]["components"]["agent"]["time"]
-    (a_per,) = agent_fit["per_item"].values()  # one device: the agent's one size
-    n_rows = len(call_rows)
+    agent_cost = ring_profile(samples, len(call_rows)).components[AGENT]  # the probe's line
     summary = {}
     for k in ks:
         model_s = ring_model(turn_s, args.tool_latency, k, 2)
@@ -168,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         # error from its schedule's.
         gen = statistics.median(sum(x for _, x in r["gen_calls"]) for r in rows[k])
         calls = statistics.median(len(r["gen_calls"]) for r in rows[k])
-        gen_fit = calls * (agent_fit["alpha"] + a_per * n_rows / k)
+        gen_fit = calls * agent_cost.time(1, len(call_rows) / k)
         summary[k] = {
             "seconds": med[k],
             "tool_wait_s": w,

@@ -305,9 +305,10 @@ def ring_profile(samples: dict[str, list], rows: int) -> Any:
 
     ``samples`` (``AgentRolloutWorker.probe_ring``): ``agent`` and ``tool`` as (group rows,
     seconds per call), ``turns`` as generation calls per rollout. Each side's cost is a line
-    fitted over the group sizes (the agent's through its mean call per size); the cycle runs the median number of turns and ends with the
-    agent. The agent holds the device; the tool runs on host cores beside it (0 devices), in
-    its own process. Ring groups are kept at or above the smallest size probed.
+    fitted over the group sizes (the agent's through its mean call per size); the cycle runs
+    the median number of turns and ends with the agent. The agent holds the device; the tool
+    runs on host cores beside it (0 devices), in its own process. Ring groups are kept at or
+    above the smallest size probed.
     """
     from loomrl.plan import load_profile
     from loomrl.plan.profile import fit_line

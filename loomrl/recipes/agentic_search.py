@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from loomrl.agentic import AgentConfig
+from loomrl.config import atomic_write_text
 from loomrl.reasoning import common_problems, prompts
 from loomrl.run import Run, RunConfig, profile_recipe
 from loomrl.worker import wait
@@ -77,11 +78,9 @@ def build(flow: Any, cfg: Config, notify: Any = print, reuse: Any = None) -> dic
         name="search",
     )
     choice = None
-    if a.tool_groups == "auto" and reuse is not None and Path(reuse).exists():
-        choice = {**json.loads(Path(reuse).read_text()), "reused": True}
-        notify(f"tool_groups auto: the probe of {reuse} reused (the run resumes)")
-    elif a.tool_groups == "auto":
-        choice = choose_tool_groups(flow.cluster, cfg, tool, notify)
+    if a.tool_groups == "auto":
+        choice = reused_tool_plan(reuse, notify) if reuse is not None else None
+        choice = choice or choose_tool_groups(flow.cluster, cfg, tool, notify)
     rollout = flow.group(
         AgentRolloutWorker,
         cfg.model,
@@ -95,11 +94,32 @@ def build(flow: Any, cfg: Config, notify: Any = print, reuse: Any = None) -> dic
     return {**reasoning_grpo.build(flow, cfg, rollout=rollout), "search": tool, "tool_plan": choice}
 
 
+def reused_tool_plan(path: Any, notify: Any = print) -> dict | None:
+    """A resumed run's ``tool_plan.json``, marked ``reused``; None where there is none or it
+    cannot be read (said, and the caller probes again)."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        choice = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        notify(f"tool_groups auto: {path} is unreadable ({e}); probing again")
+        return None
+    # What the rollout ranks and the run's summary read.
+    need = ("samples", "rows", "predicted_s", "probe_s")
+    missing = [k for k in need if k not in choice] if isinstance(choice, dict) else list(need)
+    if missing:
+        notify(f"tool_groups auto: {path} lacks {missing}; probing again")
+        return None
+    notify(f"tool_groups auto: the probe of {path} reused (the run resumes)")
+    return {**choice, "reused": True}
+
+
 def choose_tool_groups(cluster: Any, cfg: Config, tool: Any, notify: Any = print) -> dict:
     """``agent.tool_groups: auto``: a probe rollout worker (on the first device, before the
-    flow's workers start) times the first rollout call's rows cut into 1, 2 and 4 ring
-    groups, each group rolled out alone (``probe_ring``); the planner prices every k those sizes allow as
-    the cycle agent <-> tool and chooses (``loomrl.agentic.plan_tool_groups``). The choice
+    flow's workers start) times the first rollout call's rows cut into 1, 2 and 4 ring groups,
+    each group rolled out alone (``probe_ring``); the planner prices every k those sizes allow
+    as the cycle agent <-> tool and chooses (``loomrl.agentic.plan_tool_groups``). The choice
     reported is for calls of the probe's rows; the rollout's ranks choose again for theirs."""
     import time
 
@@ -157,8 +177,10 @@ def main(cfg: Config) -> dict:
         flow = Flow(run.cluster, run.dir, offload=cfg.run.offload)
         reuse = run.dir / TOOL_PLAN if cfg.resume else None
         g = build(flow, cfg, notify=run.logger.echo, reuse=reuse)
-        if g["tool_plan"] is not None:
-            write_tool_plan(run.dir, g["tool_plan"])
+        if g["tool_plan"] is not None and not g["tool_plan"].get("reused"):
+            atomic_write_text(
+                run.dir / TOOL_PLAN, json.dumps(g["tool_plan"], indent=2, default=str)
+            )
         run.apply_plan(flow, prompts(task, encode, 0, cfg.batch))
         start = restore(run, g) if cfg.resume else fresh_start(run)
         sync = weight_sync(g["actor"], g["rollout"], cfg=cfg.run)
@@ -188,11 +210,6 @@ def main(cfg: Config) -> dict:
         return run.summary(cfg.run.steps, sha, metrics, tool_groups=used)
     finally:
         run.close()
-
-
-def write_tool_plan(run_dir: Any, choice: dict) -> None:
-    plain = {k: v for k, v in choice.items() if k != "reused"}
-    (run_dir / TOOL_PLAN).write_text(json.dumps(plain, indent=2, default=str))
 
 
 def tool_groups_summary(g: dict, cfg: Config, used: float | None = None) -> dict[str, Any]:

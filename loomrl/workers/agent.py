@@ -72,13 +72,7 @@ class AgentRolloutWorker(RolloutWorker):
             cfg = replace(cfg, tool_groups=self._ring_groups(len(prompts)))
         if generate is None:  # the run's own rollouts (a probe brings its own timing)
             self.ring_calls.append((len(prompts), int(cfg.tool_groups)))
-
-            def generate(rows, n, turn_seed):
-                t = time.perf_counter()
-                out = self._generate(rows, n, turn_seed, temperature, top_p)
-                self.gen_calls.append((len(rows), time.perf_counter() - t))
-                return out
-
+            generate = self._timed_generate(self.gen_calls, temperature, top_p)
         return agent_rollout(
             prompts,
             generate=generate,
@@ -88,6 +82,18 @@ class AgentRolloutWorker(RolloutWorker):
             cfg=cfg,
             seed=seed,
         )
+
+    def _timed_generate(self, log: list, temperature: float, top_p: float) -> Any:
+        """``agent_rollout``'s generate(rows, n, seed), appending (rows, seconds) per call to
+        ``log``."""
+
+        def generate(rows, n, seed):
+            t = time.perf_counter()
+            out = self._generate(rows, n, seed, temperature, top_p)
+            log.append((len(rows), time.perf_counter() - t))
+            return out
+
+        return generate
 
     def _ring_groups(self, rows: int) -> int:
         """``tool_groups: auto``: the planner's k for rollout calls of ``rows`` rows, from the
@@ -135,14 +141,9 @@ class AgentRolloutWorker(RolloutWorker):
         runs += [(rows, True) for _ in range(reps) for cut in groups for rows in cut]
         with resident(self.engine):
             for r, (rows, timed) in enumerate(runs):
-                gen_s: list[float] = []
+                gen_s: list[tuple[int, float]] = []
                 tool_s: list[float] = []
-
-                def generate(rows, n, seed, gen_s=gen_s):
-                    t = time.perf_counter()
-                    res = self._generate(rows, n, seed, s.temperature, s.top_p)
-                    gen_s.append(time.perf_counter() - t)
-                    return res
+                generate = self._timed_generate(gen_s, s.temperature, s.top_p)
 
                 def submit(queries, tool_s=tool_s):
                     t = time.perf_counter()
@@ -160,7 +161,7 @@ class AgentRolloutWorker(RolloutWorker):
                 )
                 if timed:
                     m = len(rows)
-                    out[AGENT] += [(m, x) for x in gen_s]
+                    out[AGENT] += [(m, x) for _, x in gen_s]  # by group size
                     out[TOOL] += [(m, x) for x in tool_s]
                     out["turns"].append(len(gen_s))
         out["tool_failures"] = len(caller.events)

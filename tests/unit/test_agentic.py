@@ -3,6 +3,7 @@ masks, budgets and failures, checked by hand."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pytest
@@ -333,3 +334,19 @@ def test_tool_groups_auto_is_valid_config_but_not_a_rollout_count():
             cfg=AgentConfig(tool_groups="auto"),
             seed=0,
         )
+
+
+def test_a_resumed_run_reuses_a_readable_tool_plan_and_probes_again_otherwise(tmp_path):
+    from loomrl.recipes.agentic_search import reused_tool_plan
+
+    said: list[str] = []
+    path = tmp_path / "tool_plan.json"
+    assert reused_tool_plan(path, said.append) is None and said == []  # none yet: probe
+    path.write_text('{"samples": {"agent": [[4, 0.1]]')  # cut short by a crash
+    assert reused_tool_plan(path, said.append) is None and "unreadable" in said[-1]
+    path.write_text("[1, 2]")
+    assert reused_tool_plan(path, said.append) is None and "lacks" in said[-1]
+    plan = {"samples": {"agent": [[4, 0.1]]}, "rows": 4, "predicted_s": {"1": 0.1}, "probe_s": 1}
+    path.write_text(json.dumps(plan))
+    assert reused_tool_plan(path, said.append) == {**plan, "reused": True}
+    assert "reused" in said[-1]
