@@ -60,11 +60,15 @@ class Option(NamedTuple):
     spec: tuple  # ("leaf", n') | ("coloc", n') | ("split", n_a, n_b, k)
 
 
-def leaf_options(comp: ComponentProfile, n: int, items: float) -> list[Option]:
-    """Every valid device count n' <= n (the rest idle), unfiltered by memory."""
+def leaf_options(
+    comp: ComponentProfile, n: int, items: float, only: int | None = None
+) -> list[Option]:
+    """Every valid device count n' <= n (the rest idle), unfiltered by memory; with ``only``,
+    just that count (none if it is not valid)."""
+    counts = comp.valid_devices if only is None else [v for v in (only,) if v in comp.valid_devices]
     return [
         Option(comp.time(v, items), comp.memory_gb[v], comp.cores(v), v, 0, ("leaf", v))
-        for v in comp.valid_devices
+        for v in counts
         if v <= n
     ]
 
@@ -245,10 +249,8 @@ def _spec_node(node: Node, spec: tuple) -> Node:
 def _fixed_options(profile: WorkloadProfile, node: Node, items: int) -> list[Option]:
     """Options of a leaf/cycle node, restricted to what the node pins down."""
     if node.op == "leaf":
-        opts = leaf_options(profile.components[node.component], node.n, items)  # type: ignore[index]
-        if node.used is not None:
-            opts = [o for o in opts if o.used == node.used]
-        return opts
+        comp = profile.components[node.component]  # type: ignore[index]
+        return leaf_options(comp, node.n, items, only=node.used)
     opts = node_options(profile, node.component, node.n, items, any_groups=True)  # type: ignore[arg-type]
     if node.split is None:
         opts = [o for o in opts if o.spec[0] == "coloc"]

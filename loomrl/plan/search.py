@@ -115,23 +115,48 @@ def _pareto_idx(pts: _Points) -> np.ndarray:
     order = np.lexsort(tuple(reversed(rows)) + (pts.kind,))
     X = np.stack(rows)[:, order]
     kd = pts.kind[order]
+    cert = _certain(X, kd)
     front = np.zeros(0, dtype=np.int64)
     lo, size = 0, _BLOCK
     while lo < k:
         blk = np.arange(lo, min(lo + size, k))
         lo += size
-        if front.size:
-            dom = kd[front][:, None] == kd[blk][None, :]
+        test = blk[~cert[blk]]
+        if front.size and test.size:
+            dom = kd[front][:, None] == kd[test][None, :]
             for r in range(X.shape[0]):
-                dom &= X[r, front][:, None] <= X[r, blk][None, :]
-            blk = blk[~dom.any(axis=0)]
+                dom &= X[r, front][:, None] <= X[r, test][None, :]
+            test = test[~dom.any(axis=0)]
+        sure = blk[cert[blk]]
+        left = sure.size + test.size
+        if test.size:  # nor by an earlier point of the block that the front left
+            cand = np.union1d(sure, test)
+            dom = (kd[cand][:, None] == kd[test][None, :]) & (cand[:, None] < test[None, :])
+            for r in range(X.shape[0]):
+                dom &= X[r, cand][:, None] <= X[r, test][None, :]
+            test = test[~dom.any(axis=0)]
+        kept = np.union1d(sure, test)
         # Large inputs often have small fronts: once few of a block survive the front,
         # take bigger blocks (fewer passes); when many do, smaller ones (cheaper all-pairs).
-        size = min(size * 2, _BLOCK_MAX) if blk.size * 8 <= size else max(size // 2, _BLOCK)
-        if blk.size:
-            blk = blk[_pareto_matrix([X[r, blk] for r in range(X.shape[0])], kd[blk])]
-            front = np.concatenate([front, blk])
+        size = min(size * 2, _BLOCK_MAX) if left * 8 <= size else max(size // 2, _BLOCK)
+        front = np.concatenate([front, kept])
     return order[front]
+
+
+def _certain(X: np.ndarray, kind: np.ndarray) -> np.ndarray:
+    """Per point of a lexicographically ordered set (rows X [d][k], kind first): whether no
+    earlier point can dominate it, being below every earlier point of its kind in some row
+    after the first. Only earlier points can dominate (the order), so those are on the front:
+    a leaf's counts, faster and leaner on more devices, all are, and need no pairwise test."""
+    out = np.zeros(len(kind), dtype=bool)
+    cuts = [0, *(np.flatnonzero(kind[1:] != kind[:-1]) + 1), len(kind)]
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+        x = X[1:, lo:hi]
+        before = np.empty_like(x)
+        before[:, 0] = np.inf
+        np.minimum.accumulate(x[:, :-1], axis=1, out=before[:, 1:])
+        out[lo:hi] = (x < before).any(axis=0)
+    return out
 
 
 _BLOCK = 128
@@ -173,6 +198,8 @@ class _DP:
         self._on_grid: dict[tuple[int, int], _OptSet] = {}
         self.switch = switch_total(profile)
         self._fitting: dict[tuple[int, int], _OptSet] = {}
+        self._arrays: dict[str, tuple] = {}
+        self._coord_cache: dict[int, list[list[int]]] = {}
         # Leaf / cycle options in phase context (M items) do not depend on m.
         self._phase_all = {i: self._node_opts(i, profile.batch) for i in range(len(self.graph))}
         self.phase_opts = self._phase_all
@@ -184,7 +211,10 @@ class _DP:
         if opts is None:
             name = self.graph.nodes[i].name
             if name in self.profile.components:
-                every = _OptSet.leaf(self.profile.components[name], self.N, items)
+                comp = self.profile.components[name]
+                if name not in self._arrays:
+                    self._arrays[name] = _leaf_arrays(comp)
+                every = _OptSet.leaf(comp, self.N, items, self._arrays[name])
             else:
                 every = _OptSet.of(node_options(self.profile, name, self.N, items))
             fits = (every.mem <= self.cap) & (every.cores <= self.core_cap) & (every.used <= self.N)
@@ -211,8 +241,12 @@ class _DP:
 
     def _coords(self, i: int) -> list[list[int]]:
         """The device counts node i's options name, per position (n', or n_a and n_b)."""
-        col = self._phase_all[i].counts
-        return [sorted(int(x) for x in np.unique(col[:, p]) if x >= 0) for p in (0, 1)]
+        if i not in self._coord_cache:
+            col = self._phase_all[i].counts
+            self._coord_cache[i] = [
+                [int(x) for x in np.unique(col[:, p]) if x >= 0] for p in (0, 1)
+            ]
+        return self._coord_cache[i]
 
     def spread_grid(self) -> dict[int, list[frozenset[int]]]:
         """A few device counts per node, spread over 1..N."""
@@ -577,12 +611,21 @@ class _DP:
     def _prune(self, pts: _Points) -> _Points:
         pts = _prune(pts)
         if self.truncate and len(pts) > self.truncate:
-            # Heuristic pass only: keep the few most promising points per kind.
+            # Heuristic pass only: keep a few promising points per kind, spread over the device
+            # counts (the fastest alone all use the most devices, and no two of them fit side
+            # by side): the staircase of the best time on at most u devices, thinned evenly.
             score = pts.F + (self.K - 1) * pts.P
             keep = []
             for kk in range(4):
                 sel = np.nonzero(pts.kind == kk)[0]
-                keep.append(sel[np.argsort(score[sel], kind="stable")[: self.truncate]])
+                if sel.size <= self.truncate:
+                    keep.append(sel)
+                    continue
+                sel = sel[np.lexsort((score[sel], pts.u[sel]))]
+                s = score[sel]
+                stair = sel[s < np.minimum.accumulate(np.r_[np.inf, s[:-1]])]
+                pick = np.unique(np.linspace(0, stair.size - 1, self.truncate).round().astype(int))
+                keep.append(stair[pick])
             pts = pts.take(np.sort(np.concatenate(keep)))
         return pts
 
@@ -655,18 +698,26 @@ class _OptSet:
         )
 
     @classmethod
-    def leaf(cls, comp: ComponentProfile, n: int, items: int) -> _OptSet:
-        """``leaf_options(comp, n, items)`` without making an Option per count."""
-        valid = [v for v in comp.valid_devices if v <= n]
-        time = [comp.time(v, items) for v in valid]
-        mem = [comp.memory_gb[v] for v in valid]
-        cores = [comp.cores(v) for v in valid]
+    def leaf(
+        cls, comp: ComponentProfile, n: int, items: int, arrays: tuple | None = None
+    ) -> _OptSet:
+        """``leaf_options(comp, n, items)`` without making an Option per count (``arrays``:
+        ``_leaf_arrays(comp)``, when the caller keeps them)."""
+        valid, per_item, mem, cores = arrays if arrays is not None else _leaf_arrays(comp)
+        sel = valid <= n
+        valid, per_item, mem, cores = valid[sel], per_item[sel], mem[sel], cores[sel]
+        k = len(valid)
+        if comp.item_cv:  # the long-tail term: rare, and per count anyway
+            time = np.array([comp.time(int(v), items) for v in valid], dtype=np.float64)
+        else:  # the same operations as ``ComponentProfile.time``, so the same floats
+            time = comp.alpha + items * per_item
 
         def make(j: int) -> Option:
-            return Option(time[j], mem[j], cores[j], valid[j], 0, ("leaf", valid[j]))
+            v = int(valid[j])
+            return Option(float(time[j]), float(mem[j]), float(cores[j]), v, 0, ("leaf", v))
 
-        counts = [(v, -1) for v in valid]
-        return cls(time, mem, cores, valid, [0] * len(valid), counts, make)
+        counts = np.stack([valid, np.full(k, -1, dtype=np.int64)], axis=1)
+        return cls(time, mem, cores, valid, np.zeros(k, dtype=np.int64), counts, make)
 
     def __len__(self) -> int:
         return len(self.time)
@@ -680,6 +731,15 @@ class _OptSet:
             setattr(out, f, getattr(self, f)[idx])
         out._make = self._make
         return out
+
+
+def _leaf_arrays(comp: ComponentProfile) -> tuple[np.ndarray, ...]:
+    """A component's valid counts, in its order, with their per-item costs, memory and cores."""
+    valid = np.array(comp.valid_devices, dtype=np.int64)
+    per_item = np.array([comp.per_item[int(v)] for v in valid], dtype=np.float64)
+    mem = np.array([comp.memory_gb[int(v)] for v in valid], dtype=np.float64)
+    cores = np.array([comp.cores(int(v)) for v in valid], dtype=np.float64)
+    return valid, per_item, mem, cores
 
 
 def _windows(lo: np.ndarray, hi: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -696,19 +756,19 @@ def _next_better(X: _Points, N: int, look: int = 8) -> np.ndarray:
     cores (the first of the next ``look``); N + 1 if none is found. Larger than the least such
     u is safe: it only keeps more pairs. Kinds need not match: a co-resident pair always ends
     below a spatial node, in a hybrid plan, whatever its sides' kinds."""
+    cached = X.__dict__.get("_next_better")
+    if cached is not None and cached[0] == (N, look):
+        return cached[1]
     order = np.argsort(X.u, kind="stable")
-    cols = [X.F[order], X.P[order], X.mem[order], X.cores[order]]
+    cols = np.stack([X.F, X.P, X.mem, X.cores])[:, order]
     u = X.u[order]
     found = np.full(len(X), N + 1, dtype=np.int64)
-    for d in range(look, 0, -1):  # nearest last, so it wins
-        if d >= len(X):
-            continue
-        ok = np.ones(len(X) - d, dtype=bool)
-        for c in cols:
-            ok &= c[d:] <= c[:-d]
+    for d in range(min(look, len(X) - 1), 0, -1):  # nearest last, so it wins
+        ok = (cols[:, d:] <= cols[:, :-d]).all(axis=0)
         found[:-d] = np.where(ok, u[d:], found[:-d])
     out = np.empty_like(found)
     out[order] = found
+    X.__dict__["_next_better"] = ((N, look), out)  # a set is fixed once made
     return out
 
 

@@ -270,3 +270,117 @@ def test_three_chain_1024_devices_equals_unbounded_dp(monkeypatch):
     got = _dp_times(prof)[0]
     assert got["best"] is not None and got["hybrid"] is not None
     _assert_same_times(got, _unbounded_times(monkeypatch, prof), prof)
+
+
+def _points(rng, k: int, lattice: int, cores: bool):
+    """k random stream points on a small lattice (ties and duplicates), mixed kinds."""
+    col = lambda: rng.integers(0, lattice, k).astype(np.float64)  # noqa: E731
+    i = np.zeros(k, dtype=np.int64)
+    return search_mod._Points(
+        col(),
+        col(),
+        col(),
+        col() if cores else np.zeros(k),
+        rng.integers(1, 64, k),
+        rng.integers(0, 4, k),
+        i,
+        i,
+        i,
+        i,
+    )
+
+
+@pytest.mark.parametrize("k", [90, 300, 2500])
+def test_pareto_front_equals_the_all_pairs_test(k):
+    """The blocked front with its no-test shortcut keeps exactly what the all-pairs test keeps,
+    on sets with ties, duplicates, four kinds, with and without cores, and leaf-like sets
+    (faster and leaner on more devices: all on the front)."""
+    rng = np.random.default_rng(k)
+    for lattice, cores in ((4, False), (9, True), (40, False)):
+        pts = _points(rng, k, lattice, cores)
+        rows = [pts.F, pts.P, pts.mem] + ([pts.cores] if cores else []) + [pts.u.astype(float)]
+        want = set(search_mod._pareto_matrix(rows, pts.kind).tolist())
+        got = search_mod._pareto_idx(pts)
+        assert set(got.tolist()) == want and len(got) == len(want), (k, lattice, cores)
+    u = np.arange(1, k + 1)
+    z = np.zeros(k, dtype=np.int64)
+    t = 5.0 + 100.0 / u
+    leafy = search_mod._Points(t, t, 10 + 50.0 / u, np.zeros(k), u, z, z, z, z, z)
+    assert len(search_mod._pareto_idx(leafy)) == k
+
+
+def test_leaf_option_arrays_equal_leaf_options():
+    """The vectorised leaf options are the same floats, in the same order, as ``leaf_options``,
+    with unsorted valid counts and with a long-tail term."""
+    from loomrl.plan.cost import leaf_options
+
+    valid = [6, 1, 4, 3, 12, 2]
+    for cv in (0.0, 0.3):
+        comp = load_profile(
+            {
+                "devices": 12,
+                "device_memory_gb": 80,
+                "batch": 8,
+                "granularities": [1, 8],
+                "components": {
+                    "c": {
+                        "valid_devices": valid,
+                        "time": {
+                            "alpha": 0.37,
+                            "per_item": {d: 1.3 / d**0.7 for d in valid},
+                            "item_cv": cv,
+                        },
+                        "memory_gb": {d: 3 + 9.0 / d for d in valid},
+                        "cpu_cores": {d: 2 * d for d in valid},
+                    }
+                },
+                "edges": [],
+            }
+        ).components["c"]
+        assert comp.item_cv == cv
+        for n, items in ((12, 8), (5, 1), (12, 3)):
+            want = leaf_options(comp, n, items)
+            got = search_mod._OptSet.leaf(comp, n, items)
+            assert [got.option(j) for j in range(len(got))] == want
+            assert got.time.tolist() == [o.time for o in want]
+            assert got.used.tolist() == [o.used for o in want]
+
+
+def test_scout_finds_plans_of_a_dense_six_node_graph():
+    """The scout's few points per state are spread over device counts: kept by time alone,
+    they all used the most devices, no two fitted side by side, and the scout found no
+    spatial or hybrid plan to bound the exact pass with."""
+    names = ["rollout", "reward", "ref", "value", "actor", "critic"]
+    valid = list(range(1, 33))
+    comps = {
+        n: {
+            "valid_devices": valid,
+            "time": {"alpha": 0.2, "per_item": {d: (0.05 + 0.03 * i) * d**-0.5 for d in valid}},
+            "memory_gb": {d: 42 + 30 / d for d in valid},
+            "switch_s": 4.0,
+        }
+        for i, n in enumerate(names)
+    }
+    edges = [["rollout", x] for x in ("reward", "ref", "value")] + [
+        ["reward", "actor"],
+        ["ref", "actor"],
+        ["value", "actor"],
+        ["value", "critic"],
+        ["reward", "critic"],
+    ]
+    prof = load_profile(
+        {
+            "devices": 32,
+            "device_memory_gb": 80,
+            "batch": 256,
+            "granularities": [16, 64, 256],
+            "components": comps,
+            "edges": edges,
+        }
+    )
+    dp = search_mod._DP(prof, 32)
+    bounds = search_mod._scout(dp, [256, 64, 16])
+    assert np.isfinite(bounds).all(), bounds
+    best = search_all(prof)
+    assert bounds[0] >= best["spatial"].predicted_s * (1 - 1e-9)
+    assert bounds[1] >= best["hybrid"].predicted_s * (1 - 1e-9)
