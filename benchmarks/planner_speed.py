@@ -4,7 +4,9 @@
 
 Valid device counts are powers of two (tensor/data-parallel sizes), ten
 micro-batch sizes. The ``chain3_all`` rows repeat the chain with every count
-1..N valid (the dense case: RLinf's search considers every count). Each case is timed over --repeat runs (the table shows the best) of the
+1..N valid (the dense case: RLinf's search considers every count); ``ppo6_x8``
+and ``ppo6_all`` the PPO graph with every multiple of 8 and every count valid.
+Each case is timed over --repeat runs (the table shows the best) of the
 dynamic programme (``search_s``) and of the whole ``search_all`` call (which
 also lays out, costs and simulates the four returned plans). The last line
 printed is ``max_1024_s: <x> max_4096_s: <y>``: the slowest of the
@@ -51,8 +53,8 @@ def chain3(devices: int, every_count: bool = False):
     )
 
 
-def ppo6(devices: int):
-    valid = [2**i for i in range(13) if 2**i <= devices]
+def ppo6(devices: int, valid: list[int] | None = None):
+    valid = valid or [2**i for i in range(13) if 2**i <= devices]
     names = ["rollout", "reward", "ref_logprob", "critic_value", "actor_train", "critic_train"]
     scale = {
         "rollout": 0.2,
@@ -126,6 +128,11 @@ def main() -> None:
     for n in (1024, 4096):
         rows.append({"case": "chain3_all", "devices": n, **measure(chain3(n, True), args.repeat)})
     rows.append({"case": "ppo6", "devices": 1024, **measure(ppo6(1024), args.repeat)})
+    # the general DAG with many valid counts: every multiple of 8, and every count
+    x8 = list(range(8, 257, 8))
+    rows.append({"case": "ppo6_x8", "devices": 256, **measure(ppo6(256, x8), args.repeat)})
+    every = list(range(1, 65))
+    rows.append({"case": "ppo6_all", "devices": 64, **measure(ppo6(64, every), args.repeat)})
     print(
         f"{'case':<10} {'devices':>7} {'dp_s':>9} {'search_all_s':>12}  {'mode':<8} {'m':>5} {'predicted_s':>12}"
     )

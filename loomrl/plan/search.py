@@ -19,7 +19,10 @@ counts, then zooming in on those its plans use). Their times bound the exact pas
 drops every stream point whose lower bound (``_DP._lower_bound``: its own F + (K-1) P plus
 the least the nodes outside it can add) exceeds them, and makes only the pairs of points
 that can pass that test (``_DP._pairs``). With every count of 1..4,096 valid the points
-and pairs would otherwise grow with the square of the count. Never imports torch.
+and pairs would otherwise grow with the square of the count. Points that could only end in
+a hybrid plan are held to that plan's needs (``_DP._hybrid``): two other nodes sharing
+devices that fit one device's memory together, or, in a phase part, a plan of that part's
+sub-graph as fast as the scout's. Never imports torch.
 """
 
 from __future__ import annotations
@@ -199,6 +202,12 @@ class _DP:
         self.switch = switch_total(profile)
         self._fitting: dict[tuple[int, int], _OptSet] = {}
         self._arrays: dict[str, tuple] = {}
+        # Per m, per sub-graph (not the whole graph): the fastest plan with spatial placement
+        # that a run found, in phase context on N devices (``_apart_ok``).
+        self._phase_seen: dict[int, dict[int, float]] = {}
+        # ``_hybrid``'s cases prune little on small graphs, where the test costs more than it
+        # saves
+        self._refine = len(self.graph) > _REFINE_ABOVE
         self._coord_cache: dict[int, list[list[int]]] = {}
         # Leaf / cycle options in phase context (M items) do not depend on m.
         self._phase_all = {i: self._node_opts(i, profile.batch) for i in range(len(self.graph))}
@@ -286,7 +295,7 @@ class _DP:
         They bound from below what the nodes outside a sub-graph add to any plan that contains
         one of its stream points (``_lower_bound``).
         """
-        self._tm, self._tM, self._te, self._mm = {}, {}, {}, {}
+        self._tm, self._tM, self._te, self._mm, self._alone_t = {}, {}, {}, {}, {}
         for i in range(len(self.graph)):
             best = np.full(self.N + 1, np.inf)
             opts = self._node_opts(i, m)
@@ -297,7 +306,11 @@ class _DP:
             ph = self.phase_opts[i]
             self._tM[i] = float(ph.time.min()) if len(ph) else math.inf
             self._te[i] = min(best[self.N], self._tM[i])
+            # whether node i can bring temporal placement alone (a co-located cycle)
+            self._alone_t[i] = bool((opts.kind & KIND_T).any() or (ph.kind & KIND_T).any())
         self._rest: dict[int, tuple | None] = {}
+        self._above_cache: dict[int, list | None] = {}
+        self._scout_phase = self._phase_seen.get(m, {})
 
     def _lower_bound(self, s: int, F: np.ndarray, P: np.ndarray, u: np.ndarray, mem: np.ndarray):
         """A lower bound on the iteration time of any plan holding these stream points of s.
@@ -324,7 +337,7 @@ class _DP:
         out = self._outside(s)
         if out is None:
             return T, T
-        total, slowest, _, _, _, share, share_mem, apart = out
+        total, slowest, _, _, _, share, share_mem, apart, _ = out
         uu = np.minimum(u, self.N)
         beside = F + total[uu]
         if K > 1:  # (K-1) * inf would be nan when an outside node has no call on N - u devices
@@ -344,9 +357,109 @@ class _DP:
         beside, anywhere = self._lower_bound(s, F, P, u, mem)
         spatial_only = (kind & KIND_T) == 0
         hybrid = anywhere <= self.bound[1]
-        if self._outside(s) is None:
+        spatial = spatial_only & (beside <= self.bound[0])
+        out = self._outside(s)
+        if out is None:
             hybrid &= ~spatial_only
-        return hybrid | (spatial_only & (beside <= self.bound[0]))
+        elif self._refine and (out[8] is not None or self._scout_phase):
+            j = np.flatnonzero(hybrid & ~spatial)  # the others stay for the spatial plan
+            if j.size:
+                hybrid[j] = self._hybrid(s, out, F[j], P[j], u[j], mem[j], spatial_only[j])
+        return hybrid | spatial
+
+    def _hybrid(self, s: int, out, F, P, u, mem, spatial_only) -> np.ndarray:
+        """``_lower_bound``'s hybrid test, case by case, for points that pass it as a whole.
+
+        (a) A point with no temporal placement in it, every outside node beside it: the plan
+            is hybrid only if two outside nodes share devices there (no outside node brings
+            temporal placement alone, ``_outside``'s ``pair``). Their co-resident node's P is
+            P_A + P_B >= t_i + t_j, and their memory adds, so the two must fit one device's
+            memory together; with no such pair there is no such plan.
+        (c) The point's stream subtree, over a sub-graph S, runs in phase context. Any plan of
+            S with spatial placement as fast does as well there, so the point matters only if
+            what it makes of S can be as fast as the best such plan of S the scout found
+            (``_apart_ok``).
+        """
+        K, bh = self.K, self.bound[1]
+        total, slowest, _, _, _, share, share_mem, apart, pair = out
+        uu = np.minimum(u, self.N)
+        T = F + (K - 1) * P
+        beside = F + total[uu]
+        if K > 1:  # (K-1) * inf would be nan when an outside node has no call on N - u devices
+            beside = beside + (K - 1) * np.maximum(P, slowest[uu])
+        if pair is not None:
+            two = pair[uu]
+            if K > 1:
+                via = F + total[uu] + (K - 1) * np.maximum(np.maximum(P, slowest[uu]), two)
+            else:
+                via = np.where(np.isfinite(two), beside, np.inf)
+            beside = np.where(spatial_only, via, beside)
+        fits = mem[:, None] + share_mem[None, :] <= self.cap
+        shared = T + np.where(fits, share[None, :], np.inf).min(axis=1)
+        ok = np.minimum(beside, shared) <= bh
+        need = np.flatnonzero(~ok & (T + apart <= bh))
+        if need.size:
+            ok[need] = self._apart_ok(s, F[need], P[need], u[need], mem[need])
+        return ok
+
+    def _apart_ok(self, s: int, F, P, u, mem) -> np.ndarray:
+        """Case (c) of ``_hybrid``: whether some sub-graph S from s up (not the whole graph) can
+        hold these points in a plan of S as fast as the best plan of S with spatial placement
+        that the scout found at this m (``_scout_phase``). What the nodes of S outside s add
+        is bounded as in ``_lower_bound`` (a) and (b), on S's N devices."""
+        parts = self._above(s)
+        if parts is None:  # some S has no scouted plan: no bound
+            return np.ones(len(F), dtype=bool)
+        K = self.K
+        T = F + (K - 1) * P
+        uu = np.minimum(u, self.N)
+        ok = np.zeros(len(F), dtype=bool)
+        for best, total, slowest, floor, share, share_mem in parts:
+            if share is None:  # S = s
+                ok |= T <= best
+                continue
+            beside = F + total[uu]
+            if K > 1:
+                beside = beside + (K - 1) * np.maximum(P, slowest[uu])
+            fits = mem[:, None] + share_mem[None, :] <= self.cap
+            shared = T + floor + np.where(fits, share[None, :], np.inf).min(axis=1)
+            ok |= np.minimum(beside, shared) <= best
+        return ok
+
+    def _above(self, s: int):
+        """Per sub-graph S from s up but not the whole graph (``_apart_ok``): the best time of a
+        plan of S with spatial placement the scout found, and for the nodes of S outside s
+        the sum and slowest of their fastest calls on N - u devices, the sum of their e, and
+        per node what sharing devices with s adds beyond its e, with its least memory. None if
+        some S has no such plan."""
+        if s in self._above_cache:
+            return self._above_cache[s]
+        N, K = self.N, self.K
+        parts: list | None = []
+        left = N - np.arange(N + 1)
+        for S in self.order:
+            # A point of s may top the phase part itself (S = s); a single node's may not: in
+            # phase context a node runs its phase options.
+            if S == self.graph.full or S & s != s or (S == s and s & (s - 1) == 0):
+                continue
+            best = self._scout_phase.get(S, math.inf)
+            if not math.isfinite(best):
+                parts = None
+                break
+            rest = [i for i in range(len(self.graph)) if S >> i & 1 and not s >> i & 1]
+            slack = 1e-9 * abs(best) + 1e-12  # ties stay: the bound never changes the optimum
+            if not rest:  # S = s: the point is the phase part
+                parts.append((best + slack, np.zeros(N + 1), np.zeros(N + 1), 0.0, None, None))
+                continue
+            calls = np.stack([self._tm[i][left] for i in rest])
+            e = [self._te[i] for i in rest]
+            share = np.array([K * self._tm[i][N] - e[x] for x, i in enumerate(rest)])
+            share_mem = np.array([self._mm[i] for i in rest])
+            parts.append(
+                (best + slack, calls.sum(axis=0), calls.max(axis=0), sum(e), share, share_mem)
+            )
+        self._above_cache[s] = parts
+        return parts
 
     def _outside(self, s: int):
         """For the nodes outside s (None if there are none), indexed by the devices u s uses:
@@ -379,8 +492,18 @@ class _DP:
             h = total + (K - 1) * slowest
         else:
             h = total
+        # Two outside nodes sharing devices (``_hybrid``): per u, the least t_i + t_j of
+        # the pairs that fit one device's memory together (inf: none does). None when some
+        # outside node can bring temporal placement alone (a co-located cycle).
+        pair = None
+        if not any(self._alone_t[i] for i in rest):
+            pair = np.full(N + 1, np.inf)
+            for x in range(len(rest)):
+                for y in range(x + 1, len(rest)):
+                    if self._mm[rest[x]] + self._mm[rest[y]] <= self.cap:
+                        pair = np.minimum(pair, calls[x] + calls[y])
         # h is non-decreasing in u (for searchsorted): the calls only slow on fewer devices
-        self._rest[s] = (total, slowest, shared, floor, h, share, share_mem, apart)
+        self._rest[s] = (total, slowest, shared, floor, h, share, share_mem, apart, pair)
         return self._rest[s]
 
     def run(self, m: int, bound: np.ndarray | None = None):
@@ -485,6 +608,10 @@ class _DP:
             if s == g.full:
                 root_other = (ovals, osrc)
                 root_temp = (tvals + self.switch, tsrc)
+        seen = self._phase_seen.setdefault(m, {})
+        for s_, (vals, _) in phase.items():
+            if s_ != g.full:
+                seen[s_] = min(seen.get(s_, math.inf), float(min(vals[KIND_S], vals[3])))
         tables = (stream, spat, leaf_opts, phase, self.phase_opts)
         return root_other, root_temp, tables
 
@@ -503,11 +630,12 @@ class _DP:
         ok = (u <= self.N) & (mem <= self.cap)
         if self.core_cap < math.inf:
             ok &= cores <= self.core_cap
+        fit = np.nonzero(ok)[0]  # the bound's test only on pairs that fit
+        ia, ib, u, mem, cores = ia[fit], ib[fit], u[fit], mem[fit], cores[fit]
         F = A.F[ia] + B.F[ib]
         P = np.maximum(A.P[ia], B.P[ib]) if spatial else A.P[ia] + B.P[ib]
         kind = A.kind[ia] | B.kind[ib] | (KIND_S if spatial else KIND_T)
-        ok &= self._keep(cut | other, F, P, u, mem, kind)
-        keep = np.nonzero(ok)[0]
+        keep = np.nonzero(self._keep(cut | other, F, P, u, mem, kind))[0]
         k = keep.size
         return _Points(
             F[keep],
@@ -549,7 +677,10 @@ class _DP:
         # root, with nothing outside, only in an all-spatial one).
         spatial_only = spatial & ((A.kind & KIND_T) == 0)
         if out is None:
-            loose = np.where(spatial_only, b_spatial, b_hybrid)
+            # at the root, a with no temporal placement ends in an all-spatial plan, unless its
+            # b has some: then in a hybrid one
+            b_t = bool((B.kind & KIND_T).any())
+            loose = np.where(spatial_only, max(b_spatial, b_hybrid) if b_t else b_spatial, b_hybrid)
         else:
             loose = np.where(spatial_only, max(b_spatial, b_hybrid), b_hybrid)
         # rounding: the exact test sums the same terms in another order
@@ -907,7 +1038,13 @@ def _scout(dp: _DP, grans: list[int]) -> np.ndarray:
     dense = dp.dense()
     if len(dp.graph) <= 3 and not dense:
         return np.full(2, np.inf)
-    dp.truncate = _HEURISTIC_POINTS if len(dp.graph) > 3 else None
+    if len(dp.graph) > 3:
+        # more points per state where nodes have many device counts: the exact pass then
+        # starts from bounds close enough to the optimum to drop most of its points
+        many = any(len(o) > _MANY_OPTIONS for o in dp._phase_all.values())
+        dp.truncate = _HEURISTIC_POINTS_MANY if many else _HEURISTIC_POINTS
+    else:
+        dp.truncate = None
     scout: dict[str, _Best | None] = {k: None for k in _MODE_KINDS}
     grid = dp.spread_grid() if dense else None
     step = -(-dp.N // 32)  # about the spread grid's spacing
@@ -928,6 +1065,9 @@ def _scout(dp: _DP, grans: list[int]) -> np.ndarray:
 
 
 _HEURISTIC_POINTS = 6
+_REFINE_ABOVE = 3  # nodes
+_HEURISTIC_POINTS_MANY = 12
+_MANY_OPTIONS = 16
 _NEAR = 4  # grid steps either side of a scout plan's device counts searched again
 
 

@@ -105,6 +105,7 @@ def test_dense_path_equals_exhaustive(monkeypatch, poor_scout):
     only the smallest count of each node (poor bounds, or none) must not change the result."""
     monkeypatch.setattr(search_mod, "_DENSE_OPTIONS", 0)
     monkeypatch.setattr(search_mod, "_ALL_PAIRS", 0)
+    monkeypatch.setattr(search_mod, "_REFINE_ABOVE", 0)
     if poor_scout:
         monkeypatch.setattr(search_mod, "_spread", lambda counts, n: frozenset(counts[:1]))
     for prof in _instances(7 if poor_scout else 8, 120):
@@ -122,6 +123,7 @@ def _unbounded_times(monkeypatch, prof) -> dict:
     with monkeypatch.context() as mp:
         mp.setattr(search_mod, "_scout", lambda dp, grans: np.full(2, np.inf))
         mp.setattr(search_mod, "_ALL_PAIRS", 1 << 62)
+        mp.setattr(search_mod._DP, "_hybrid", lambda self, s, out, F, *a: np.ones(len(F), bool))
         return _dp_times(prof)[0]
 
 
@@ -384,3 +386,89 @@ def test_scout_finds_plans_of_a_dense_six_node_graph():
     best = search_all(prof)
     assert bounds[0] >= best["spatial"].predicted_s * (1 - 1e-9)
     assert bounds[1] >= best["hybrid"].predicted_s * (1 - 1e-9)
+
+
+def _ppo_graph(devices: int, cap: float, seed: int):
+    """A 6-node PPO-shaped DAG with every count 1..devices valid."""
+    rng = np.random.default_rng(seed)
+    names = ["rollout", "reward", "ref", "value", "actor", "critic"]
+    valid = list(range(1, devices + 1))
+    comps = {}
+    for n in names:
+        scale, p, mem = rng.uniform(0.02, 0.3), rng.uniform(0.3, 0.9), rng.uniform(20, 45)
+        comps[n] = {
+            "valid_devices": valid,
+            "time": {"alpha": 0.2, "per_item": {d: scale * d**-p for d in valid}},
+            "memory_gb": {d: mem + 30 / d for d in valid},
+            "switch_s": float(rng.uniform(0.5, 4.0)),
+        }
+    edges = [["rollout", x] for x in ("reward", "ref", "value")] + [
+        ["reward", "actor"],
+        ["ref", "actor"],
+        ["value", "actor"],
+        ["value", "critic"],
+        ["reward", "critic"],
+    ]
+    return load_profile(
+        {
+            "devices": devices,
+            "device_memory_gb": cap,
+            "batch": 1024,
+            "granularities": [64, 256, 1024],
+            "components": comps,
+            "edges": edges,
+        }
+    )
+
+
+@pytest.mark.parametrize("cap", [80.0, 200.0])
+def test_dense_dag_equals_unbounded_dp(monkeypatch, cap):
+    """The hybrid bound's cases on a dense 6-node DAG: two outside nodes sharing devices (80
+    GB: some pairs do not fit together; 200: all do) and a phase part no faster than the
+    scout's plan of its sub-graph. Every mode equals the plain DP."""
+    for seed in range(3):
+        prof = _ppo_graph(12, cap, seed)
+        got = _dp_times(prof)[0]
+        assert got["hybrid"] is not None, seed
+        _assert_same_times(got, _unbounded_times(monkeypatch, prof), prof)
+
+
+def test_root_pairs_keep_hybrid_pairs_of_a_spatial_only_side(monkeypatch):
+    """At the root, a point with no temporal placement paired with a co-resident one makes a
+    hybrid plan: its window of pairs answers to the hybrid bound, not the spatial one (the
+    hybrid optimum, c0 beside c1 and c2 sharing 3 devices, was lost with fewer points)."""
+    monkeypatch.setattr(search_mod, "_DENSE_OPTIONS", 0)
+    monkeypatch.setattr(search_mod, "_ALL_PAIRS", 0)
+    monkeypatch.setattr(search_mod, "_REFINE_ABOVE", 0)
+    prof = load_profile(
+        {
+            "devices": 4,
+            "device_memory_gb": 52.36,
+            "batch": 8,
+            "granularities": [1, 2, 8],
+            "components": {
+                "c0": {
+                    "valid_devices": [1],
+                    "time": {"alpha": 0.257, "per_item": {1: 1.5411}},
+                    "memory_gb": {1: 15.16},
+                    "switch_s": 0.388,
+                },
+                "c1": {
+                    "valid_devices": [2, 3, 4],
+                    "time": {"alpha": 0.647, "per_item": {2: 1.0636, 3: 0.7683, 4: 0.61}},
+                    "memory_gb": {2: 38.98, 3: 7.66, 4: 12.71},
+                    "switch_s": 0.569,
+                },
+                "c2": {
+                    "valid_devices": [1, 2, 4],
+                    "time": {"alpha": 0.452, "per_item": {1: 1.3013, 2: 0.7431, 4: 0.4243}},
+                    "memory_gb": {1: 38.4, 2: 12.21, 4: 6.18},
+                    "switch_s": 0.659,
+                },
+            },
+            "edges": [["c0", "c1"], ["c1", "c2"]],
+        }
+    )
+    got = _dp_times(prof)[0]
+    _assert_same_times(got, exhaustive_times(prof), prof)
+    assert got["hybrid"] == pytest.approx(19.8264)
