@@ -1019,17 +1019,20 @@ def _run_all(profile: WorkloadProfile, devices: int) -> dict[str, _Best | None]:
     dp = _DP(profile, devices)
     best: dict[str, _Best | None] = {k: None for k in _MODE_KINDS}
     grans = sorted(profile.granularities, reverse=True)
-    bounds = _scout(dp, grans)
-    # Larger m first so that ties (plans that never stream) keep whole-batch calls.
-    for m in grans:
+    bounds, first = _scout(dp, grans)
+    # The micro-batch sizes of the scout's best plans first: their exact optima then bound
+    # the other sizes' passes. Ties go to the larger m (``_update``), whatever the order, so
+    # plans that never stream keep whole-batch calls.
+    for m in first + [m for m in grans if m not in first]:
         (ov, osrc), (tv, tsrc), tables = dp.run(m, np.minimum(bounds, _bounds(best)))
         _update(best, m, ov, osrc, tv, tsrc, tables)
     best["_dp"] = dp  # type: ignore[assignment]
     return best
 
 
-def _scout(dp: _DP, grans: list[int]) -> np.ndarray:
-    """Times of real plans per mode, found quickly, as bounds for the exact pass.
+def _scout(dp: _DP, grans: list[int]) -> tuple[np.ndarray, list[int]]:
+    """Times of real plans per mode, found quickly, as bounds for the exact pass, and the
+    micro-batch sizes of its best spatial and hybrid plans (the fastest first).
 
     Large graphs: a few points per state (``truncate``). Nodes with many device counts: first
     a few spread-out counts, then, for the micro-batch sizes of the plans found, the counts
@@ -1037,7 +1040,7 @@ def _scout(dp: _DP, grans: list[int]) -> np.ndarray:
     """
     dense = dp.dense()
     if len(dp.graph) <= 3 and not dense:
-        return np.full(2, np.inf)
+        return np.full(2, np.inf), []
     if len(dp.graph) > 3:
         # more points per state where nodes have many device counts: the exact pass then
         # starts from bounds close enough to the optimum to drop most of its points
@@ -1061,7 +1064,8 @@ def _scout(dp: _DP, grans: list[int]) -> np.ndarray:
         grans = sorted({b.m for b in found}, reverse=True)
     dp.truncate = None
     dp.use_grid(None)
-    return _bounds(scout)
+    found = sorted((b.t, -b.m) for k in ("spatial", "hybrid") if (b := scout[k]) is not None)
+    return _bounds(scout), list(dict.fromkeys(-m for _, m in found))
 
 
 _HEURISTIC_POINTS = 6
@@ -1072,12 +1076,19 @@ _NEAR = 4  # grid steps either side of a scout plan's device counts searched aga
 
 
 def _update(best, m, ov, osrc, tv, tsrc, tables) -> None:
-    """Record micro-batch m's root results where they beat the best so far (ties keep the earlier m)."""
+    """Record micro-batch m's root results where they beat the best so far (ties: the larger m,
+    then the one found first)."""
     for mode, kinds in _MODE_KINDS.items():
         for kk in kinds:
             for v, srcs, is_temp in ((ov[kk], osrc, False), (tv[kk], tsrc, True)):
                 cur = best[mode]
-                if math.isfinite(v) and (cur is None or v < cur.t * (1 - 1e-12) - 1e-15):
+                if not math.isfinite(v):
+                    continue
+                if (
+                    cur is None
+                    or v < cur.t * (1 - 1e-12) - 1e-15
+                    or (m > cur.m and v <= cur.t * (1 + 1e-12) + 1e-15)
+                ):
                     best[mode] = _Best(float(v), m, srcs[kk], is_temp, tables)
 
 

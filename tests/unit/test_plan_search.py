@@ -121,7 +121,7 @@ def test_dense_path_equals_exhaustive(monkeypatch, poor_scout):
 def _unbounded_times(monkeypatch, prof) -> dict:
     """The plain DP: no scout, no bound, every pair made."""
     with monkeypatch.context() as mp:
-        mp.setattr(search_mod, "_scout", lambda dp, grans: np.full(2, np.inf))
+        mp.setattr(search_mod, "_scout", lambda dp, grans: (np.full(2, np.inf), []))
         mp.setattr(search_mod, "_ALL_PAIRS", 1 << 62)
         mp.setattr(search_mod._DP, "_hybrid", lambda self, s, out, F, *a: np.ones(len(F), bool))
         return _dp_times(prof)[0]
@@ -381,7 +381,8 @@ def test_scout_finds_plans_of_a_dense_six_node_graph():
         }
     )
     dp = search_mod._DP(prof, 32)
-    bounds = search_mod._scout(dp, [256, 64, 16])
+    bounds, first = search_mod._scout(dp, [256, 64, 16])
+    assert first and set(first) <= {256, 64, 16}
     assert np.isfinite(bounds).all(), bounds
     best = search_all(prof)
     assert bounds[0] >= best["spatial"].predicted_s * (1 - 1e-9)
