@@ -348,11 +348,20 @@ def test_leaf_option_arrays_equal_leaf_options():
             assert got.used.tolist() == [o.used for o in want]
 
 
+_PPO_NAMES = ["rollout", "reward", "ref", "value", "actor", "critic"]
+_PPO_EDGES = [["rollout", x] for x in ("reward", "ref", "value")] + [
+    ["reward", "actor"],
+    ["ref", "actor"],
+    ["value", "actor"],
+    ["value", "critic"],
+    ["reward", "critic"],
+]
+
+
 def test_scout_finds_plans_of_a_dense_six_node_graph():
     """The scout's few points per state are spread over device counts: kept by time alone,
     they all used the most devices, no two fitted side by side, and the scout found no
     spatial or hybrid plan to bound the exact pass with."""
-    names = ["rollout", "reward", "ref", "value", "actor", "critic"]
     valid = list(range(1, 33))
     comps = {
         n: {
@@ -361,15 +370,8 @@ def test_scout_finds_plans_of_a_dense_six_node_graph():
             "memory_gb": {d: 42 + 30 / d for d in valid},
             "switch_s": 4.0,
         }
-        for i, n in enumerate(names)
+        for i, n in enumerate(_PPO_NAMES)
     }
-    edges = [["rollout", x] for x in ("reward", "ref", "value")] + [
-        ["reward", "actor"],
-        ["ref", "actor"],
-        ["value", "actor"],
-        ["value", "critic"],
-        ["reward", "critic"],
-    ]
     prof = load_profile(
         {
             "devices": 32,
@@ -377,7 +379,7 @@ def test_scout_finds_plans_of_a_dense_six_node_graph():
             "batch": 256,
             "granularities": [16, 64, 256],
             "components": comps,
-            "edges": edges,
+            "edges": _PPO_EDGES,
         }
     )
     dp = search_mod._DP(prof, 32)
@@ -392,10 +394,9 @@ def test_scout_finds_plans_of_a_dense_six_node_graph():
 def _ppo_graph(devices: int, cap: float, seed: int):
     """A 6-node PPO-shaped DAG with every count 1..devices valid."""
     rng = np.random.default_rng(seed)
-    names = ["rollout", "reward", "ref", "value", "actor", "critic"]
     valid = list(range(1, devices + 1))
     comps = {}
-    for n in names:
+    for n in _PPO_NAMES:
         scale, p, mem = rng.uniform(0.02, 0.3), rng.uniform(0.3, 0.9), rng.uniform(20, 45)
         comps[n] = {
             "valid_devices": valid,
@@ -403,13 +404,6 @@ def _ppo_graph(devices: int, cap: float, seed: int):
             "memory_gb": {d: mem + 30 / d for d in valid},
             "switch_s": float(rng.uniform(0.5, 4.0)),
         }
-    edges = [["rollout", x] for x in ("reward", "ref", "value")] + [
-        ["reward", "actor"],
-        ["ref", "actor"],
-        ["value", "actor"],
-        ["value", "critic"],
-        ["reward", "critic"],
-    ]
     return load_profile(
         {
             "devices": devices,
@@ -417,7 +411,7 @@ def _ppo_graph(devices: int, cap: float, seed: int):
             "batch": 1024,
             "granularities": [64, 256, 1024],
             "components": comps,
-            "edges": edges,
+            "edges": _PPO_EDGES,
         }
     )
 
