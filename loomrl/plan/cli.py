@@ -7,6 +7,7 @@ message names the key or the component and the constraint; no traceback).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import warnings
@@ -78,6 +79,27 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"loomrl plan: warning: {message}", file=sys.stderr)
 
 
+@contextlib.contextmanager
+def _search_bar():
+    """A progress bar on stderr for searches that take more than a second (many valid device
+    counts on large graphs); none when stderr is not a terminal."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=1, desc="searching plans", unit="pass", delay=1.0, leave=False)
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)  # update, not refresh: it keeps to the delay
+
+    try:
+        yield progress
+    finally:
+        bar.close()
+
+
 def _run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -99,7 +121,8 @@ def _run(args: argparse.Namespace) -> int:
         modes = {k: (plans[k].predicted_s if plans[k] else None) for k in MODES}
         plans = {k: (replace(v, modes=modes) if v else None) for k, v in plans.items()}
     else:
-        plans = search_all(profile)
+        with _search_bar() as progress:
+            plans = search_all(profile, progress=progress)
     plan = plans[args.mode]
     if plan is None:
         from loomrl.plan.search import _diagnose

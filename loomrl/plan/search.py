@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -58,6 +59,7 @@ __all__ = [
 ]
 
 MODES = ("temporal", "spatial", "hybrid")
+Progress = Callable[[int, int], None]  # (passes done, passes in all)
 _MODE_KINDS = {"best": (0, 1, 2, 3), "temporal": (0, 1), "spatial": (0, 2), "hybrid": (3,)}
 
 
@@ -1015,17 +1017,26 @@ class _Best:
     tables: object
 
 
-def _run_all(profile: WorkloadProfile, devices: int) -> dict[str, _Best | None]:
+def _run_all(
+    profile: WorkloadProfile, devices: int, progress: Progress | None = None
+) -> dict[str, _Best | None]:
     dp = _DP(profile, devices)
     best: dict[str, _Best | None] = {k: None for k in _MODE_KINDS}
     grans = sorted(profile.granularities, reverse=True)
+    total = len(grans) + 1
+    if progress:
+        progress(0, total)
     bounds, first = _scout(dp, grans)
+    if progress:
+        progress(1, total)
     # The micro-batch sizes of the scout's best plans first: their exact optima then bound
     # the other sizes' passes. Ties go to the larger m (``_update``), whatever the order, so
     # plans that never stream keep whole-batch calls.
-    for m in first + [m for m in grans if m not in first]:
+    for i, m in enumerate(first + [m for m in grans if m not in first]):
         (ov, osrc), (tv, tsrc), tables = dp.run(m, np.minimum(bounds, _bounds(best)))
         _update(best, m, ov, osrc, tv, tsrc, tables)
+        if progress:
+            progress(i + 2, total)
     best["_dp"] = dp  # type: ignore[assignment]
     return best
 
@@ -1149,17 +1160,21 @@ def fixed_plan(
     )
 
 
-def search_all(profile: WorkloadProfile, devices: int | None = None) -> dict[str, Plan | None]:
+def search_all(
+    profile: WorkloadProfile, devices: int | None = None, progress: Progress | None = None
+) -> dict[str, Plan | None]:
     """Best plan overall (``"best"``) and the best all-temporal, all-spatial and hybrid plans.
 
     A mode with no feasible plan maps to None; when no plan at all fits, raises
     PlanError naming the component and the constraint. Every returned Plan's
     ``modes`` maps each mode to its predicted seconds (None when infeasible).
+    ``progress(done, total)`` is called as the search's passes end (the scout, then one per
+    micro-batch size), for a progress bar on long searches.
     """
     n = int(devices or profile.devices)
     prof = profile if n == profile.devices else profile.with_devices(n)
     t0 = time.perf_counter()
-    best = _run_all(prof, n)
+    best = _run_all(prof, n, progress)
     dp = best.pop("_dp")  # type: ignore[arg-type]
     search_s = time.perf_counter() - t0
     if best["best"] is None:

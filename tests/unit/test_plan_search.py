@@ -467,3 +467,14 @@ def test_root_pairs_keep_hybrid_pairs_of_a_spatial_only_side(monkeypatch):
     got = _dp_times(prof)[0]
     _assert_same_times(got, exhaustive_times(prof), prof)
     assert got["hybrid"] == pytest.approx(19.8264)
+
+
+def test_search_reports_its_passes():
+    """``progress`` hears of every pass, the scout first, ending at the total; the result is
+    the same as without it."""
+    prof = _ppo_graph(12, 80.0, 0)
+    calls: list[tuple[int, int]] = []
+    plans = search_all(prof, progress=lambda done, total: calls.append((done, total)))
+    total = len(prof.granularities) + 1
+    assert calls == [(i, total) for i in range(total + 1)]
+    assert plans["best"].predicted_s == search_all(prof)["best"].predicted_s
