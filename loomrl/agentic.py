@@ -161,7 +161,7 @@ def agent_rollout(
     k = max(1, min(cfg.tool_groups, n))
     trajs = [Trajectory() for _ in prompts]
     contexts = [list(p) for p in prompts]
-    open_rows = [list(range(g * n // k, (g + 1) * n // k)) for g in range(k)]
+    open_rows = [list(r) for r in ring_cut(n, k)]
     pending: list[tuple[list[tuple[int, str]], Callable[[], list[ToolResult]]] | None] = [None] * k
     for turn in range(cfg.max_turns):
         for g in range(k):
@@ -292,6 +292,11 @@ class ToolCaller:
                 "check the tool workers, or raise agent.tool_timeout_s / agent.max_tool_failures"
             )
         return [ToolResult(f"search failed: {status}", status) for _ in queries]
+
+
+def ring_cut(rows: int, k: int) -> list[range]:
+    """The rows of a rollout call cut into k ring groups, in order and as even as rows allow."""
+    return [range(g * rows // k, (g + 1) * rows // k) for g in range(k)]
 
 
 def ring_sizes(rows: int, most_groups: int = 4) -> list[int]:

@@ -62,30 +62,20 @@ def _patched(**values):
             setattr(owner, attr, value)
 
 
-def _small(rng: np.random.Generator):
-    v = int(rng.integers(2, 5))
-    n = int(rng.integers(2, 13 if v < 4 else 7))
+def _random(rng: np.random.Generator, large: bool = False):
+    """A small profile (2-4 components, up to 12 devices, a few counts each), or a larger one
+    with most counts valid (3-5 components, 10-40 devices)."""
+    v = int(rng.integers(3, 6) if large else rng.integers(2, 5))
+    top = (40 if v < 5 else 20) if large else (13 if v < 4 else 7)
+    n = int(rng.integers(10 if large else 2, top))
     return random_profile(
         rng,
         v,
         n,
-        dag=bool(rng.random() < 0.5),
+        dag=bool(rng.random() < (0.6 if large else 0.5)),
         cycle=bool(rng.random() < 0.3),
         cores=bool(rng.random() < 0.25),
-    )
-
-
-def _large(rng: np.random.Generator):
-    v = int(rng.integers(3, 6))
-    n = int(rng.integers(10, 40 if v < 5 else 20))
-    return random_profile(
-        rng,
-        v,
-        n,
-        dag=bool(rng.random() < 0.6),
-        cycle=bool(rng.random() < 0.3),
-        cores=bool(rng.random() < 0.25),
-        dense=True,
+        dense=large,
     )
 
 
@@ -115,16 +105,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"MISMATCH {kind} seed {seed}: search {got} reference {want}", flush=True)
 
     for i in range(args.brute):
-        prof = _small(np.random.default_rng(args.seed + i))
+        prof = _random(np.random.default_rng(args.seed + i))
         check("brute", args.seed + i, _times(prof), search.exhaustive_times(prof))
     with _patched(_DENSE_OPTIONS=0, _ALL_PAIRS=0, _REFINE_ABOVE=0):
         for i in range(args.dense_brute):
             seed = args.seed + 100_000 + i
-            prof = _small(np.random.default_rng(seed))
+            prof = _random(np.random.default_rng(seed))
             check("dense-brute", seed, _times(prof), search.exhaustive_times(prof))
     for i in range(args.plain):
         seed = args.seed + 200_000 + i
-        prof = _large(np.random.default_rng(seed))
+        prof = _random(np.random.default_rng(seed), large=True)
         check("plain", seed, _times(prof), _plain(prof))
     print(f"mismatches: {bad} of {checked}")
     return 1 if bad else 0

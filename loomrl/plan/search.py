@@ -331,23 +331,31 @@ class _DP:
             pays K times its slowest member, and at least e of every other).
         Every other outside node adds at least its e, whatever its place.
 
-        Returns (beside, anywhere): the bound when every outside node is in case (a), the only
-        case an all-spatial plan has, and the bound over all cases.
+        Returns, per point, T = F + (K-1) P, the bound in case (a) for every outside node
+        (``beside``: the only case an all-spatial plan has), and what one node in case (b) adds
+        to T at the least (``sharing``); case (c) adds ``_outside``'s ``apart``.
         """
-        K = self.K
-        T = F + (K - 1) * P
+        T = F + (self.K - 1) * P
         out = self._outside(s)
         if out is None:
-            return T, T
-        total, slowest, _, _, _, share, share_mem, apart, _ = out
-        uu = np.minimum(u, self.N)
-        beside = F + total[uu]
-        if K > 1:  # (K-1) * inf would be nan when an outside node has no call on N - u devices
-            beside = beside + (K - 1) * np.maximum(P, slowest[uu])
-        # (b) needs the outside node's memory beside the point's: co-resident memory adds
+            return T, T, np.full(len(T), np.inf)
+        total, slowest, _, _, _, share, share_mem, _, _ = out
+        beside = self._beside(F, P, np.minimum(u, self.N), total, slowest)
+        return T, beside, self._sharing(mem, share, share_mem)
+
+    def _beside(self, F, P, uu, total, slowest) -> np.ndarray:
+        """``_lower_bound`` (a): F + sum t_c(N - u) + (K-1) max(P, max t_c(N - u)), from the sum
+        and the slowest of the other nodes' fastest calls on N - u devices."""
+        out = F + total[uu]
+        if self.K > 1:  # (K-1) * inf would be nan when a node has no call on N - u devices
+            out = out + (self.K - 1) * np.maximum(P, slowest[uu])
+        return out
+
+    def _sharing(self, mem, share, share_mem) -> np.ndarray:
+        """``_lower_bound`` (b): the least ``share`` of the nodes whose least memory fits beside
+        the point's (co-resident memory adds); inf where none fits."""
         fits = mem[:, None] + share_mem[None, :] <= self.cap
-        shared = np.minimum(np.where(fits, share[None, :], np.inf).min(axis=1), apart)
-        return beside, np.minimum(beside, T + shared)
+        return np.where(fits, share[None, :], np.inf).min(axis=1)
 
     def _keep(self, s: int, F, P, u, mem, kind) -> np.ndarray:
         """Which stream points of s can still be part of the best spatial or hybrid plan.
@@ -356,21 +364,24 @@ class _DP:
         all-spatial plan (every outside node beside it) or, if there are outside nodes, in a
         hybrid one.
         """
-        beside, anywhere = self._lower_bound(s, F, P, u, mem)
+        T, beside, sharing = self._lower_bound(s, F, P, u, mem)
         spatial_only = (kind & KIND_T) == 0
-        hybrid = anywhere <= self.bound[1]
         spatial = spatial_only & (beside <= self.bound[0])
         out = self._outside(s)
         if out is None:
-            hybrid &= ~spatial_only
-        elif self._refine and (out[8] is not None or self._scout_phase):
+            return spatial | (~spatial_only & (T <= self.bound[1]))
+        hybrid = np.minimum(beside, T + np.minimum(sharing, out[7])) <= self.bound[1]
+        if self._refine and (out[8] is not None or self._scout_phase):
             j = np.flatnonzero(hybrid & ~spatial)  # the others stay for the spatial plan
             if j.size:
-                hybrid[j] = self._hybrid(s, out, F[j], P[j], u[j], mem[j], spatial_only[j])
+                hybrid[j] = self._hybrid(
+                    s, out, F[j], P[j], u[j], mem[j], spatial_only[j], T[j], beside[j], sharing[j]
+                )
         return hybrid | spatial
 
-    def _hybrid(self, s: int, out, F, P, u, mem, spatial_only) -> np.ndarray:
-        """``_lower_bound``'s hybrid test, case by case, for points that pass it as a whole.
+    def _hybrid(self, s: int, out, F, P, u, mem, spatial_only, T, beside, sharing) -> np.ndarray:
+        """``_lower_bound``'s hybrid test, case by case, for points that pass it as a whole
+        (``T``, ``beside``, ``sharing``: its values for these points).
 
         (a) A point with no temporal placement in it, every outside node beside it: the plan
             is hybrid only if two outside nodes share devices there (no outside node brings
@@ -383,22 +394,16 @@ class _DP:
             (``_apart_ok``).
         """
         K, bh = self.K, self.bound[1]
-        total, slowest, _, _, _, share, share_mem, apart, pair = out
-        uu = np.minimum(u, self.N)
-        T = F + (K - 1) * P
-        beside = F + total[uu]
-        if K > 1:  # (K-1) * inf would be nan when an outside node has no call on N - u devices
-            beside = beside + (K - 1) * np.maximum(P, slowest[uu])
+        total, slowest, apart, pair = out[0], out[1], out[7], out[8]
         if pair is not None:
+            uu = np.minimum(u, self.N)
             two = pair[uu]
             if K > 1:
                 via = F + total[uu] + (K - 1) * np.maximum(np.maximum(P, slowest[uu]), two)
             else:
                 via = np.where(np.isfinite(two), beside, np.inf)
             beside = np.where(spatial_only, via, beside)
-        fits = mem[:, None] + share_mem[None, :] <= self.cap
-        shared = T + np.where(fits, share[None, :], np.inf).min(axis=1)
-        ok = np.minimum(beside, shared) <= bh
+        ok = np.minimum(beside, T + sharing) <= bh
         need = np.flatnonzero(~ok & (T + apart <= bh))
         if need.size:
             ok[need] = self._apart_ok(s, F[need], P[need], u[need], mem[need])
@@ -412,28 +417,23 @@ class _DP:
         parts = self._above(s)
         if parts is None:  # some S has no scouted plan: no bound
             return np.ones(len(F), dtype=bool)
-        K = self.K
-        T = F + (K - 1) * P
+        T = F + (self.K - 1) * P
         uu = np.minimum(u, self.N)
         ok = np.zeros(len(F), dtype=bool)
-        for best, total, slowest, floor, share, share_mem in parts:
+        for best, total, slowest, share, share_mem in parts:
             if share is None:  # S = s
                 ok |= T <= best
                 continue
-            beside = F + total[uu]
-            if K > 1:
-                beside = beside + (K - 1) * np.maximum(P, slowest[uu])
-            fits = mem[:, None] + share_mem[None, :] <= self.cap
-            shared = T + floor + np.where(fits, share[None, :], np.inf).min(axis=1)
-            ok |= np.minimum(beside, shared) <= best
+            beside = self._beside(F, P, uu, total, slowest)
+            ok |= np.minimum(beside, T + self._sharing(mem, share, share_mem)) <= best
         return ok
 
     def _above(self, s: int):
         """Per sub-graph S from s up but not the whole graph (``_apart_ok``): the best time of a
         plan of S with spatial placement the scout found, and for the nodes of S outside s
-        the sum and slowest of their fastest calls on N - u devices, the sum of their e, and
-        per node what sharing devices with s adds beyond its e, with its least memory. None if
-        some S has no such plan."""
+        the sum and slowest of their fastest calls on N - u devices, and per node what they add
+        at the least when it shares devices with s, with its least memory (as ``_outside``).
+        None if some S has no such plan."""
         if s in self._above_cache:
             return self._above_cache[s]
         N, K = self.N, self.K
@@ -451,15 +451,14 @@ class _DP:
             rest = [i for i in range(len(self.graph)) if S >> i & 1 and not s >> i & 1]
             slack = 1e-9 * abs(best) + 1e-12  # ties stay: the bound never changes the optimum
             if not rest:  # S = s: the point is the phase part
-                parts.append((best + slack, np.zeros(N + 1), np.zeros(N + 1), 0.0, None, None))
+                parts.append((best + slack, None, None, None, None))
                 continue
             calls = np.stack([self._tm[i][left] for i in rest])
             e = [self._te[i] for i in rest]
-            share = np.array([K * self._tm[i][N] - e[x] for x, i in enumerate(rest)])
+            floor = sum(e)
+            share = np.array([floor + K * self._tm[i][N] - e[x] for x, i in enumerate(rest)])
             share_mem = np.array([self._mm[i] for i in rest])
-            parts.append(
-                (best + slack, calls.sum(axis=0), calls.max(axis=0), sum(e), share, share_mem)
-            )
+            parts.append((best + slack, calls.sum(axis=0), calls.max(axis=0), share, share_mem))
         self._above_cache[s] = parts
         return parts
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from loomrl.agentic import AGENT, TOOL, AgentConfig, ToolCaller, agent_rollout
+from loomrl.agentic import AGENT, TOOL, AgentConfig, ToolCaller, agent_rollout, ring_cut
 from loomrl.tasks.search_qa import ANSWER_CLOSE, SEARCH_CLOSE
 from loomrl.weights import resident
 from loomrl.worker import dispatch
@@ -133,8 +133,8 @@ class AgentRolloutWorker(RolloutWorker):
         cfg = replace(self.agent, tool_groups=1)
         out: dict[str, list] = {AGENT: [], TOOL: [], "turns": []}
         n = len(prompts)
-        groups = [
-            [prompts[g * n // k : (g + 1) * n // k] for g in range(k)]  # as agent_rollout cuts
+        groups = [  # as agent_rollout cuts
+            [prompts[r.start : r.stop] for r in ring_cut(n, k)]
             for k in sorted({max(1, n // m) for m in sizes})
         ]
         runs = [(prompts[: min(sizes)], False)]
