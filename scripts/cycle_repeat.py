@@ -35,7 +35,8 @@ def one_plan(
     and launched: yields the placement, the policy worker and the cycle; the run is closed on
     exit."""
     from loomrl.config import load_config
-    from loomrl.recipes.embodied_ppo import Config, plan_cycle, start_cycle
+    from loomrl.cycle_trial import plan_cycle, start_cycle
+    from loomrl.recipes.embodied_ppo import Config
     from loomrl.run import Run
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -31,7 +31,7 @@ def main() -> None:
     # beside this script (on the path when run as python scripts/trial_lengths.py): its setup
     from cycle_repeat import one_plan
 
-    from loomrl.recipes.embodied_ppo import _trial_estimate  # the trials' own estimate
+    from loomrl.cycle_trial import _trial_estimate  # the trials' own estimate
     from loomrl.worker import wait
 
     ap = argparse.ArgumentParser()

@@ -30,8 +30,9 @@ def windows(
     its trial's fastest plan ("col" or "k<N>"), and per cycle model {"window": [k...], "best":
     plan}} (the host: one device, ``cpu_cores``)."""
     from loomrl.cycle import placement_from_plan, split_plans_and_past
+    from loomrl.cycle_trial import _near_best_k, profile_of_costs
     from loomrl.plan import search_all
-    from loomrl.recipes.embodied_ppo import Config, _near_best_k, profile_of_costs
+    from loomrl.recipes.embodied_ppo import Config
 
     costs = run["cycle_costs"]
     cfg = Config()

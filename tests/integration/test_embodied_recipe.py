@@ -286,7 +286,8 @@ def test_ring_groups_stay_as_large_as_the_probe_timed():
     # times stays where the allowed k put it (4 and its neighbour 2), and k = 8 joins it because
     # 4 is the largest k allowed.
     from loomrl.cycle import split_plans_and_past
-    from loomrl.recipes.embodied_ppo import Config, _near_best_k
+    from loomrl.cycle_trial import _near_best_k
+    from loomrl.recipes.embodied_ppo import Config
 
     cfg = Config()
     cfg.env.num_envs = 64
@@ -310,9 +311,10 @@ def test_trials_time_the_first_k_past_the_probed_sizes_and_only_a_trial_picks_it
 ):
     from types import SimpleNamespace
 
+    from loomrl import cycle_trial
+    from loomrl.cycle_trial import trial
     from loomrl.plan import search_all
-    from loomrl.recipes import embodied_ppo
-    from loomrl.recipes.embodied_ppo import Config, trial
+    from loomrl.recipes.embodied_ppo import Config
 
     costs = {
         "samples": {
@@ -336,7 +338,7 @@ def test_trials_time_the_first_k_past_the_probed_sizes_and_only_a_trial_picks_it
         ladders.append([place.groups for _, place in ladder])
         return next((p for p, place in cands if place.groups == 8), cands[0][0]), 0.16
 
-    monkeypatch.setattr(embodied_ppo, "choose_by_trial", fake_choose)
+    monkeypatch.setattr(cycle_trial, "choose_by_trial", fake_choose)
     node = SimpleNamespace(num_cpus=4)
     run = SimpleNamespace(
         cluster=SimpleNamespace(devices=[SimpleNamespace(node=0)] * 2, nodes=[node])
@@ -361,9 +363,10 @@ def test_split_cycles_at_the_k_next_to_the_best_are_timed_whatever_the_margin(
     plan too."""
     from types import SimpleNamespace
 
+    from loomrl import cycle_trial
+    from loomrl.cycle_trial import _near_best_k, trial
     from loomrl.plan import search_all
-    from loomrl.recipes import embodied_ppo
-    from loomrl.recipes.embodied_ppo import Config, _near_best_k, trial
+    from loomrl.recipes.embodied_ppo import Config
 
     prof = cycle_profile(
         _costs(), num_envs=16, steps=16, devices=2, env_cores=1, cpu_cores_per_node=2
@@ -383,7 +386,7 @@ def test_split_cycles_at_the_k_next_to_the_best_are_timed_whatever_the_margin(
         ladders.append(ladder)
         return cands[0][0], 0.1
 
-    monkeypatch.setattr(embodied_ppo, "choose_by_trial", fake_choose)
+    monkeypatch.setattr(cycle_trial, "choose_by_trial", fake_choose)
     node = SimpleNamespace(num_cpus=2)
     run = SimpleNamespace(
         cluster=SimpleNamespace(devices=[SimpleNamespace(node=0)] * 2, nodes=[node])
@@ -434,12 +437,13 @@ def _trial_on_fakes(
     can time the candidates ``fits`` says; the cluster is CPU-only unless ``has_cuda``."""
     from types import SimpleNamespace
 
-    from loomrl.recipes import embodied_ppo
-    from loomrl.recipes.embodied_ppo import Config, choose_by_trial
+    from loomrl import cycle_trial
+    from loomrl.cycle_trial import choose_by_trial
+    from loomrl.recipes.embodied_ppo import Config
 
-    monkeypatch.setattr(embodied_ppo, "EnvPolicyCycle", fake_cycle)
+    monkeypatch.setattr(cycle_trial, "EnvPolicyCycle", fake_cycle)
     # a PPO update of the cycle's policy (before each timed S-step rollout): the fake records it
-    monkeypatch.setattr(embodied_ppo, "_update_policy", lambda cycle: cycle.update())
+    monkeypatch.setattr(cycle_trial, "_update_policy", lambda cycle: cycle.update())
     cfg = Config()
     cfg.env.num_envs, cfg.auto_trial_steps, cfg.auto_trial_confirm = 8, 8, confirm
     probe = SimpleNamespace(env=SimpleNamespace(world_size=2), policy=None, can_time=fits)
@@ -561,7 +565,7 @@ def test_a_lone_plan_is_predicted_from_rollouts_after_its_warm_up_spell(monkeypa
 def test_confirmation_is_made_on_the_workers_that_will_run(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from loomrl.recipes import embodied_ppo
+    from loomrl import cycle_trial
 
     calls = []
     FakeCycle = _fake_cycle(calls, lambda k, n: 0.001 * k * n)
@@ -590,7 +594,7 @@ def test_confirmation_is_made_on_the_workers_that_will_run(monkeypatch, tmp_path
         worker = SimpleNamespace(kill=lambda k=place.groups: killed.append(k), k=place.groups)
         return worker, worker, FakeCycle(None, None, 0, place.groups, True)
 
-    monkeypatch.setattr(embodied_ppo, "start_cycle", fresh_cycle)
+    monkeypatch.setattr(cycle_trial, "start_cycle", fresh_cycle)
     cands = [_trial_cand(2), _trial_cand(4), _trial_cand(8, workers=4)]
     plan, rollout_s = _trial_on_fakes(
         monkeypatch,
@@ -614,8 +618,9 @@ def test_confirmation_is_made_on_the_workers_that_will_run(monkeypatch, tmp_path
 def test_a_pick_timed_on_fresh_workers_keeps_them_for_the_run(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from loomrl.recipes import embodied_ppo
-    from loomrl.recipes.embodied_ppo import Config, choose_by_trial
+    from loomrl import cycle_trial
+    from loomrl.cycle_trial import choose_by_trial
+    from loomrl.recipes.embodied_ppo import Config
 
     calls, killed = [], []
     FakeCycle = _fake_cycle(calls, lambda k, n: 0.001 * n if k == 1 else 0.003 * n)
@@ -624,9 +629,9 @@ def test_a_pick_timed_on_fresh_workers_keeps_them_for_the_run(monkeypatch, tmp_p
         worker = SimpleNamespace(kill=lambda: killed.append(place.groups), world_size=4)
         return worker, worker, FakeCycle(None, None, 0, place.groups, True)
 
-    monkeypatch.setattr(embodied_ppo, "start_cycle", fresh_cycle)
-    monkeypatch.setattr(embodied_ppo, "EnvPolicyCycle", FakeCycle)
-    monkeypatch.setattr(embodied_ppo, "_update_policy", lambda cycle: cycle.update())
+    monkeypatch.setattr(cycle_trial, "start_cycle", fresh_cycle)
+    monkeypatch.setattr(cycle_trial, "EnvPolicyCycle", FakeCycle)
+    monkeypatch.setattr(cycle_trial, "_update_policy", lambda cycle: cycle.update())
     cfg = Config()
     cfg.env.num_envs, cfg.auto_trial_steps, cfg.auto_trial_confirm = 8, 8, 2
     probe = SimpleNamespace(env=SimpleNamespace(world_size=2), policy=None, alive=True)
@@ -689,7 +694,7 @@ def test_a_trial_walks_only_next_to_the_fastest_and_only_on_the_probes_workers(
 
 
 def test_the_next_rung_is_an_untimed_neighbour_of_the_best():
-    from loomrl.recipes.embodied_ppo import _next_rung
+    from loomrl.cycle_trial import _next_rung
 
     ladder = [_trial_cand(k) for k in (1, 2, 4, 8)]
     timed = [_trial_cand(k) for k in (2, 4)]
@@ -737,7 +742,7 @@ def test_a_trial_fills_the_gap_between_a_co_located_plan_and_its_window(monkeypa
 
 
 def test_a_trial_walks_at_most_trial_walk_rungs(monkeypatch, tmp_path):
-    from loomrl.recipes.embodied_ppo import TRIAL_WALK
+    from loomrl.cycle_trial import TRIAL_WALK
 
     calls = []
     ks = (1, 2, 4, 8, 16, 32, 64)  # the smaller the k the faster: the edge always wins
@@ -753,7 +758,7 @@ def test_a_trial_walks_at_most_trial_walk_rungs(monkeypatch, tmp_path):
 def test_a_walk_beside_a_co_located_plan_and_one_on_fresh_workers(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from loomrl.recipes import embodied_ppo
+    from loomrl import cycle_trial
 
     calls, per_step = [], {1: 0.010, 2: 0.008, 4: 0.006}
 
@@ -774,7 +779,7 @@ def test_a_walk_beside_a_co_located_plan_and_one_on_fresh_workers(monkeypatch, t
         gone = SimpleNamespace(kill=lambda: None)
         return gone, gone, FakeCycle(None, None, 0, place.groups, True, tag="fresh")
 
-    monkeypatch.setattr(embodied_ppo, "start_cycle", fresh_cycle)
+    monkeypatch.setattr(cycle_trial, "start_cycle", fresh_cycle)
     colocated = _trial_cand(1, colocated=True)
     fresh = _trial_cand(1, workers=4)
     cands = [fresh, colocated, _trial_cand(2)]
@@ -904,7 +909,7 @@ def test_a_trial_candidate_on_fresh_workers_is_timed_after_the_probes_and_thrown
 ):
     from types import SimpleNamespace
 
-    from loomrl.recipes import embodied_ppo
+    from loomrl import cycle_trial
 
     calls, killed = [], []
 
@@ -926,7 +931,7 @@ def test_a_trial_candidate_on_fresh_workers_is_timed_after_the_probes_and_thrown
             FakeCycle(None, None, 0, place.groups, True, tag="fresh"),
         )
 
-    monkeypatch.setattr(embodied_ppo, "start_cycle", fresh_cycle)
+    monkeypatch.setattr(cycle_trial, "start_cycle", fresh_cycle)
     # the fresh-worker one first: it still runs last
     cands = [_trial_cand(1, workers=4), _trial_cand(2)]
     _, rollout_s = _trial_on_fakes(
@@ -942,7 +947,8 @@ def test_a_trial_candidate_on_fresh_workers_is_timed_after_the_probes_and_thrown
 
 
 def test_trials_time_the_split_cycle_at_the_k_next_to_the_models_best():
-    from loomrl.recipes.embodied_ppo import Config, _near_best_k
+    from loomrl.cycle_trial import _near_best_k
+    from loomrl.recipes.embodied_ppo import Config
 
     prof = cycle_profile(
         _costs(), num_envs=16, steps=16, devices=2, env_cores=1, cpu_cores_per_node=2
@@ -960,8 +966,9 @@ def test_trials_time_the_split_cycle_at_the_k_next_to_the_models_best():
 def test_auto_times_the_best_co_located_and_split_plans_beyond_the_margin():
     from types import SimpleNamespace
 
+    from loomrl.cycle_trial import _candidates
     from loomrl.plan import search_all
-    from loomrl.recipes.embodied_ppo import Config, _candidates
+    from loomrl.recipes.embodied_ppo import Config
 
     prof = cycle_profile(
         _costs(env_s=4e-3), num_envs=16, steps=16, devices=2, env_cores=1, cpu_cores_per_node=2
@@ -1014,8 +1021,8 @@ def test_pinned_hybrid_times_its_split_cycle_at_each_close_k(cluster, tmp_path):
 
 
 def test_trial_calibration_keeps_the_update_and_matches_the_measured_cycle():
+    from loomrl.cycle_trial import calibrated_by_trial
     from loomrl.plan import search_all
-    from loomrl.recipes.embodied_ppo import calibrated_by_trial
 
     prof = cycle_profile(
         _costs(), num_envs=4, steps=16, devices=2, env_cores=1, cpu_cores_per_node=2
@@ -1207,7 +1214,8 @@ def test_cycle_models_place_hand_offs_in_the_cycle_or_in_the_calls():
 def test_cycle_handoff_auto_is_pipe_on_one_node(asked, nodes, cuda, pipelined, expected):
     from types import SimpleNamespace
 
-    from loomrl.recipes.embodied_ppo import Config, handoff
+    from loomrl.cycle_trial import handoff
+    from loomrl.recipes.embodied_ppo import Config
 
     cfg = Config()
     cfg.cycle_handoff, cfg.pipelined = asked, pipelined
@@ -1217,7 +1225,8 @@ def test_cycle_handoff_auto_is_pipe_on_one_node(asked, nodes, cuda, pipelined, e
 def test_cycle_model_auto_is_chained_beside_accelerators_on_cpu_slots_and_on_a_pipe():
     from types import SimpleNamespace
 
-    from loomrl.recipes.embodied_ppo import Config, profile_of_costs
+    from loomrl.cycle_trial import profile_of_costs
+    from loomrl.recipes.embodied_ppo import Config
 
     cfg = Config()
     cfg.env.num_envs = 16
@@ -1360,7 +1369,8 @@ def test_policy_kwargs_reach_the_policy_worker_and_a_factory_mismatch_is_a_confi
     cluster, tmp_path
 ):
     from loomrl.config import load_config
-    from loomrl.recipes.embodied_ppo import Config, main, start_cycle
+    from loomrl.cycle_trial import start_cycle
+    from loomrl.recipes.embodied_ppo import Config, main
     from loomrl.worker import wait
 
     cfg = load_config(Config, EXAMPLE, [*TINY, "policy_kwargs.hidden=[7]"])
