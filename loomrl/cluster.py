@@ -134,6 +134,10 @@ class Cluster:
                 if num_gpus is None:
                     num_gpus = _count_local_gpus()
                 ray.init(
+                    # "local": a fresh embedded instance even where `ray start` left one
+                    # running on this machine (Ray would join that one, whose resources are
+                    # not these, and refuse num_cpus); joining is what RAY_ADDRESS is for.
+                    address="local",
                     num_cpus=num_cpus,
                     num_gpus=num_gpus,
                     namespace=_NAMESPACE,

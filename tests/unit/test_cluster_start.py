@@ -1,0 +1,42 @@
+"""How ``Cluster.start`` asks Ray for an embedded instance (no Ray started here)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+class _Stop(Exception):
+    pass
+
+
+def _init_kwargs(monkeypatch, **start_kwargs) -> dict:
+    import ray
+
+    from loomrl.cluster import Cluster
+
+    seen: dict = {}
+
+    def fake_init(**kwargs):
+        seen.update(kwargs)
+        raise _Stop
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", fake_init)
+    with pytest.raises(_Stop):
+        Cluster.start(**start_kwargs)
+    return seen
+
+
+def test_embedded_start_never_joins_a_cluster_already_running_on_the_machine(monkeypatch):
+    # Without an address Ray joins a cluster that `ray start` left running on this machine,
+    # then refuses num_cpus / num_gpus (or, without them, runs on that cluster's resources).
+    kw = _init_kwargs(monkeypatch, num_cpus=2, num_gpus=0)
+    assert kw["address"] == "local"
+    assert (kw["num_cpus"], kw["num_gpus"]) == (2, 0)
+
+
+def test_an_address_joins_that_cluster(monkeypatch):
+    kw = _init_kwargs(monkeypatch, address="ray://head:10001")
+    assert kw["address"] == "ray://head:10001"
+    assert "num_cpus" not in kw
