@@ -13,8 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from loomrl import __version__
 from loomrl.errors import ConfigError, LoomError, PlacementError, PlanError
 
@@ -28,7 +26,16 @@ RECIPES = {
 
 
 def _recipe_module(config: Path | dict, overrides: list[str]) -> Any:
-    data = config if isinstance(config, dict) else (yaml.safe_load(Path(config).read_text()) or {})
+    from loomrl.config import _read_yaml
+
+    data = config if isinstance(config, dict) else _read_yaml(Path(config))
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [
+                f"<top level>: expected a mapping of keys (recipe: ..., run: ...), got {type(data).__name__}"
+            ],
+            source=str(config),
+        )
     name = next((o.split("=", 1)[1] for o in overrides if o.startswith("recipe=")), None)
     name = name or (data.get("recipe") if isinstance(data, dict) else None)
     if name not in RECIPES:
@@ -51,12 +58,59 @@ def load_recipe_config(config: str | Path, overrides: list[str]) -> tuple[Any, A
     path = Path(config)
     if not path.exists():
         raise ConfigError([f"config file {str(path)!r} does not exist"])
+    if not path.is_file():
+        raise ConfigError([f"config {str(path)!r} is a directory; name a YAML config file in it"])
     mod = _recipe_module(path, overrides)
     return mod, load_config(mod.Config, path, overrides)
 
 
+def prepare_run_dir(cfg: Any) -> str | None:
+    """Ready ``run.output_dir`` for a run: a new run sets an earlier run's records there aside
+    (``runlog.set_aside_records``); a resumed one (``resume: true``) cuts the step records back
+    to the checkpoint it resumes from. Returns why there is nothing to run (a resume of a run
+    that already reached ``run.steps``, left untouched), else None."""
+    from loomrl.runlog import set_aside_records, trim_records
+
+    out = Path(cfg.run.output_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            [
+                f"run.output_dir={str(out)!r}: cannot be used as the run directory "
+                f"({e.strerror or e}); choose a directory that can be created and written"
+            ]
+        ) from None
+    if not getattr(cfg, "resume", False):
+        moved = set_aside_records(out)
+        if moved is not None:
+            print(f"loomrl: an earlier run's records in {out} moved to {moved}", file=sys.stderr)
+        return None
+    from loomrl.checkpoint import latest_checkpoint, list_checkpoints
+
+    path = latest_checkpoint(out)
+    done = next((s for s, p in list_checkpoints(out) if p == path), 0) if path else 0
+    if done >= cfg.run.steps:
+        return (
+            f"{out} is at step {done} of run.steps={cfg.run.steps}: nothing to resume "
+            f"(pass run.steps=N with N > {done} to train on); the run directory is unchanged"
+        )
+    dropped = trim_records(out, done)
+    if dropped:
+        print(
+            f"loomrl: resuming after step {done}; rows written after that checkpoint dropped: "
+            + ", ".join(f"{n} of {k}" for k, n in dropped.items()),
+            file=sys.stderr,
+        )
+    return None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     mod, cfg = load_recipe_config(args.config, args.overrides)
+    done = prepare_run_dir(cfg)
+    if done:
+        print(f"loomrl run: {done}")
+        return 0
     summary = run_with_restarts(mod, cfg)
     print(f"run finished: {cfg.run.output_dir}/run_summary.json")
     _print_summary(summary)
@@ -102,6 +156,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
         raise ConfigError([f"{run_dir} has no config.yaml: is it a loomrl run directory?"])
     overrides = [f"run.output_dir={run_dir}", "resume=true", *args.overrides]
     mod, cfg = load_recipe_config(cfg_file, overrides)
+    done = prepare_run_dir(cfg)
+    if done:
+        print(f"loomrl resume: {done}")
+        return 0
     summary = run_with_restarts(mod, cfg)
     _print_summary(summary)
     return 0
@@ -135,6 +193,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                 + (f" at step {args.step} (steps saved: {steps})" if args.step is not None else "")
             ]
         )
+    if out.exists() and not out.is_dir():
+        raise ConfigError([f"out_dir {str(out)!r} is a file; name a new directory"])
     if out.exists() and any(out.iterdir()):
         raise ConfigError([f"out_dir {str(out)!r} exists and is not empty; name a new directory"])
     from loomrl.engines.hf import HFEngine
@@ -209,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, PlanError, PlacementError, LoomError) as e:
         print(f"loomrl {args.cmd}: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # The run's finally blocks have stopped its workers; what was checkpointed stays.
+        where = getattr(args, "run_dir", None) or "the run directory"
+        hint = f"; continue with `loomrl resume {where}`" if args.cmd in ("run", "resume") else ""
+        print(f"loomrl {args.cmd}: interrupted{hint}", file=sys.stderr)
+        return 130
 
 
 _TOP_LEVEL_RUN_KEYS = (

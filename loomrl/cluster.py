@@ -129,6 +129,7 @@ class Cluster:
         owns = False
         if not ray.is_initialized():
             if address:
+                _check_reachable(address)
                 ray.init(address=address, namespace=_NAMESPACE, log_to_driver=log_to_driver)
             else:
                 if num_gpus is None:
@@ -435,6 +436,28 @@ def _sweep_channel_slots() -> None:
     from loomrl.transport._shm import sweep_orphans
 
     sweep_orphans()
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Refuse a cluster address nothing answers at, at once: Ray itself retries such an
+    address for minutes. ``auto``, ``local`` and addresses without a port are left to Ray."""
+    import socket
+
+    from loomrl.errors import PlacementError
+
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    if address in ("auto", "local") or ":" not in hostport:
+        return
+    host, _, port = hostport.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as e:
+        raise PlacementError(
+            f"no Ray cluster answers at {address!r} (RAY_ADDRESS or address=): {e}. Start one "
+            "there (`ray start --head`), fix the address, or unset RAY_ADDRESS to run on an "
+            "embedded local Ray"
+        ) from None
 
 
 def _count_local_gpus() -> int:

@@ -208,6 +208,8 @@ def _read_yaml(path: Path) -> Any:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         raise ConfigError([f"not valid YAML: {e}"], source=str(path)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError([f"cannot be read: {e}"], source=str(path)) from None
     return {} if data is None else data
 
 

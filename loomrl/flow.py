@@ -627,6 +627,18 @@ class Flow:
             problems.append(
                 f"the plan uses {plan.devices} devices but the cluster has {self.cluster.num_devices}"
             )
+        n = self.cluster.num_devices
+        for c, devs in sorted(plan.assignment().items()):
+            if devs and max(devs) >= n:
+                problems.append(
+                    f"the plan places {c!r} on devices {devs}, but the cluster's devices are "
+                    f"0..{n - 1}"
+                )
+        if plan.micro_batch < 1 or plan.batch % plan.micro_batch:
+            problems.append(
+                f"the plan's micro_batch={plan.micro_batch} does not divide its batch of "
+                f"{plan.batch} items (every micro-batch holds as many)"
+            )
         have = self.cluster.device_memory_gb if memory else None
         if have is not None and plan.memory_gb > have:
             problems.append(

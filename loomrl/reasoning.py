@@ -55,6 +55,10 @@ def common_problems(cfg: Any, min_group: int) -> list[str]:
     p = []
     if cfg.batch < 1:
         p.append(f"batch: must be >= 1 prompt group, got {cfg.batch}")
+    if cfg.eval_every < 0:
+        p.append(
+            f"eval_every: must be >= 0 steps (0: only before and after training), got {cfg.eval_every}"
+        )
     if cfg.sampling.group_size < min_group:
         p.append(
             f"sampling.group_size: must be >= {min_group} responses per prompt, "

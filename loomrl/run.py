@@ -49,7 +49,7 @@ class RunConfig:
     max_restarts: int = 0  # a worker that dies restarts the run from the last complete checkpoint
     # Fault injection (tests): kill a worker once at this step.
     kill_worker_at_step: int | None = None
-    keep_checkpoints: int = 2
+    keep_checkpoints: int | None = 2  # None: keep all
     tensorboard: bool = True
     wandb: str = "off"
     progress: bool = True
@@ -88,6 +88,24 @@ class RunConfig:
             )
         if self.max_restarts < 0:
             p.append(f"max_restarts: must be >= 0, got {self.max_restarts}")
+        if self.checkpoint_every < 0:
+            p.append(
+                f"checkpoint_every: must be >= 0 steps (0: only at the end), got "
+                f"{self.checkpoint_every}"
+            )
+        if self.keep_checkpoints is not None and self.keep_checkpoints < 1:
+            p.append(
+                f"keep_checkpoints: must be >= 1 (the run's last checkpoint is its trained model; "
+                f"null keeps all), got {self.keep_checkpoints}"
+            )
+        if self.threads is not None and self.threads < 1:
+            p.append(
+                f"threads: must be >= 1 per worker (null: the library's default), got {self.threads}"
+            )
+        if self.micro_batch is not None and self.micro_batch < 1:
+            p.append(
+                f"micro_batch: must be >= 1 (null: the planner chooses), got {self.micro_batch}"
+            )
         if self.devices is not None and self.devices < 1:
             p.append(f"devices: must be >= 1, got {self.devices}")
         p += self.adapt_config().problems(prefix="adapt_")

@@ -332,3 +332,85 @@ def _atomic_write(path: Path, text: str) -> None:
     from loomrl.config import atomic_write_text
 
     atomic_write_text(path, text)
+
+
+# --------------------------------------------------------------------------------------
+# A run directory used again
+# --------------------------------------------------------------------------------------
+
+# What a run writes into its directory (and nothing else there is moved or trimmed: a user may
+# point output_dir at a folder that holds other files).
+RUN_RECORDS = (
+    CONFIG_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    TENSORBOARD_DIR,
+    "timeline.jsonl",
+    "plan.json",
+    "profile.json",
+    "adapt.jsonl",
+    "restarts.jsonl",
+    "trials.json",
+    "cycle_costs.json",
+    "tool_plan.json",
+    "tool_events.jsonl",
+    "checkpoints",
+    "plots",
+    "wandb",
+    "timeline_measured_vs_predicted.png",
+    "trace.json",
+    ".failure-injected",
+)
+# Records of completed steps, by the key holding the step and whether a row of step s belongs
+# to a run resumed at s (metrics: the row logged after s steps; timeline: iteration s, 0-based).
+_STEP_RECORDS = {METRICS_FILE: True, "timeline.jsonl": False}
+
+
+def set_aside_records(run_dir: str | os.PathLike) -> Path | None:
+    """Move an earlier run's records (``RUN_RECORDS``) out of ``run_dir`` into
+    ``run_dir/before-<time>/``, kept whole, and return where; None when there were none. A new
+    run in a used directory calls this first, so that its logs, reports and restarts never mix
+    with the earlier run's."""
+    d = Path(run_dir)
+    found = [d / name for name in RUN_RECORDS if (d / name).exists()]
+    if not any(
+        p.name in (METRICS_FILE, SUMMARY_FILE, "timeline.jsonl", "checkpoints") for p in found
+    ):
+        return None  # no earlier run here (at most a config or a plot left by hand)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dest, n = d / f"before-{stamp}", 1
+    while dest.exists():
+        n += 1
+        dest = d / f"before-{stamp}-{n}"
+    dest.mkdir()
+    for p in found:
+        os.rename(p, dest / p.name)
+    return dest
+
+
+def trim_records(run_dir: str | os.PathLike, step: int) -> dict[str, int]:
+    """Cut ``run_dir``'s step records back to a run resumed after ``step`` completed steps: the
+    rows of later steps (written after the checkpoint it resumes from) and lines cut short by a
+    crash are dropped, so the resumed run's rows follow the kept ones once each. Returns the
+    number of lines dropped per file (only files that lost any)."""
+    dropped = {}
+    for name, inclusive in _STEP_RECORDS.items():
+        path = Path(run_dir) / name
+        if not path.is_file():
+            continue
+        kept, lost = [], 0
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    s = json.loads(line)["step"]
+                    keep = s <= step if inclusive else s < step
+                except (ValueError, KeyError, TypeError):
+                    keep = False
+                if keep:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+                elif line.strip():
+                    lost += 1
+        if lost:
+            _atomic_write(path, "".join(kept))
+            dropped[name] = lost
+    return dropped

@@ -11,6 +11,7 @@ import contextlib
 import json
 import sys
 import warnings
+from pathlib import Path
 
 from loomrl.errors import ConfigError, PlanError
 
@@ -61,8 +62,39 @@ def build_parser(prog: str = "loomrl plan") -> argparse.ArgumentParser:
     return p
 
 
+def _argument_problems(args: argparse.Namespace) -> list[str]:
+    """Mistakes in the command's own arguments, found before any search."""
+    p = []
+    if args.devices is not None and args.devices < 1:
+        p.append(f"--devices must be a positive integer, got {args.devices}")
+    if args.simulate and args.iterations < 1:
+        p.append(f"--iterations must be >= 1, got {args.iterations}")
+    if args.simulate and args.sigma < 0:
+        p.append(f"--sigma must be >= 0 (a log-normal spread), got {args.sigma}")
+    if args.channel_capacity is not None and args.channel_capacity < 1:
+        p.append(f"--channel-capacity must be >= 1 micro-batch, got {args.channel_capacity}")
+    for flag, path, suffixes in (
+        ("--timeline", args.timeline, (".png", ".pdf", ".svg")),
+        ("--save", args.save, None),
+    ):
+        if path is None:
+            continue
+        parent = Path(path).parent
+        if not parent.is_dir():
+            p.append(f"{flag} {path}: the directory {str(parent)!r} does not exist")
+        elif Path(path).is_dir():
+            p.append(f"{flag} {path}: is a directory; name a file")
+        if suffixes and Path(path).suffix.lower() not in suffixes:
+            p.append(f"{flag} {path}: an image file ending in one of {', '.join(suffixes)}")
+    return p
+
+
 def plan_main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    problems = _argument_problems(args)
+    if problems:
+        print("loomrl plan: " + "; ".join(problems), file=sys.stderr)
+        return 2
     try:
         with warnings.catch_warnings():
             # a warning about the user's profile reads as one line, not as a source location
@@ -106,10 +138,17 @@ def _run(args: argparse.Namespace) -> int:
     from loomrl.plan.profile import load_profile
     from loomrl.plan.search import MODES, exhaustive, search_all
 
-    if args.devices is not None and args.devices < 1:
-        raise ConfigError([f"--devices must be a positive integer, got {args.devices}"])
     profile = load_profile(args.profile, devices=args.devices)
     if args.exhaustive:
+        if len(profile.components) > 4 or profile.devices > 12:
+            # Brute force over every tree, split and m grows exponentially: it is a reference
+            # for the tests' small instances (PLANNER.md: V <= 4, N <= 12).
+            print(
+                f"loomrl plan: warning: --exhaustive on {len(profile.components)} components and "
+                f"{profile.devices} devices may take very long (it is meant for <= 4 components "
+                "and <= 12 devices); drop --exhaustive for the exact DP search",
+                file=sys.stderr,
+            )
         plans: dict = {}
         for mode in ("best", *MODES):
             try:

@@ -109,6 +109,16 @@ class Node:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Node:
         devs = d.get("devices") or [0]
+        if [int(x) for x in devs] != list(range(int(devs[0]), int(devs[0]) + len(devs))):
+            # A node holds one range of devices (start, n): a list with gaps cannot be placed.
+            raise ValueError(
+                f"node {d.get('component') or d.get('op')!r}: devices {list(devs)} are not one "
+                "contiguous range of indices (such as [2, 3, 4])"
+            )
+        if int(devs[0]) < 0:
+            raise ValueError(
+                f"node {d.get('component') or d.get('op')!r}: devices {list(devs)} are negative"
+            )
         return cls(
             op=d["op"],
             n=int(d.get("n", len(devs))),
@@ -346,12 +356,34 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        p = Path(path)
-        if p.suffix == ".json":
-            return cls.from_dict(json.loads(p.read_text()))
+        """Read a plan file (JSON for ``.json``, else YAML); ``PlanError`` naming the file and
+        what is wrong when it is not one."""
         import yaml
 
-        return cls.from_dict(yaml.safe_load(p.read_text()))
+        from loomrl.errors import PlanError
+
+        p = Path(path)
+        fix = "write one with `loomrl plan PROFILE --devices N --save plan.json`"
+        try:
+            text = p.read_text()
+            d = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as e:
+            raise PlanError(f"plan file {str(p)!r} cannot be read: {e}; {fix}") from None
+        if isinstance(d, dict) and "components" in d and "tree" not in d:
+            raise PlanError(
+                f"plan file {str(p)!r} is a workload profile, not a plan: plan from it with "
+                f"run.profile={p}, or {fix}"
+            )
+        if not isinstance(d, dict) or "tree" not in d or "micro_batch" not in d:
+            raise PlanError(
+                f"plan file {str(p)!r} is not a plan (a mapping with 'tree', 'micro_batch' and "
+                f"'predicted_s'); {fix}"
+            )
+        try:
+            return cls.from_dict(d)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+            raise PlanError(f"plan file {str(p)!r} is not a valid plan: {what}; {fix}") from None
 
     def __str__(self) -> str:
         lines = [

@@ -324,3 +324,35 @@ def test_calibrated_plan_offloads_unless_told_never(cluster):
         flow.shutdown()
     assert {"onload", "offload", "run"} <= kinds["auto"]
     assert kinds["never"] == {"run"}
+
+
+def test_pinned_plan_on_devices_the_cluster_lacks_or_with_a_wrong_micro_batch_is_refused(
+    cluster, demo_profile
+):
+    import json
+
+    from loomrl.plan.search import search
+
+    plan = search(demo_profile, mode="temporal")
+    flow = Flow(cluster)
+    stages = [flow.group(Hog, 1, name=n) for n in ("encode", "transform", "reduce")]
+    flow.chain(*(g.step for g in stages))
+    from pathlib import Path
+
+    def leaf_of(node, name):
+        if node.get("component") == name:
+            return node
+        return next((x for c in node["children"] if (x := leaf_of(c, name)) is not None), None)
+
+    far = plan.to_dict()
+    n = cluster.num_devices
+    leaf_of(far["tree"], "encode").update(devices=[n, n + 1], n=2, used=2)
+    path = Path(_save(plan))
+    path.write_text(json.dumps(far))
+    with pytest.raises(PlanError, match=r"places 'encode' on devices \[\d+, \d+\], but the cluster"):
+        flow.plan(path)
+    odd = plan.to_dict() | {"micro_batch": plan.batch + 1}
+    path.write_text(json.dumps(odd))
+    with pytest.raises(PlanError, match="does not divide its batch"):
+        flow.plan(path)
+    assert all(c.group is None for c in flow.components.values())  # nothing was started

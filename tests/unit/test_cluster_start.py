@@ -37,6 +37,22 @@ def test_embedded_start_never_joins_a_cluster_already_running_on_the_machine(mon
 
 
 def test_an_address_joins_that_cluster(monkeypatch):
+    import loomrl.cluster
+
+    monkeypatch.setattr(loomrl.cluster, "_check_reachable", lambda address: None)
     kw = _init_kwargs(monkeypatch, address="ray://head:10001")
     assert kw["address"] == "ray://head:10001"
     assert "num_cpus" not in kw
+
+
+def test_an_address_nothing_answers_at_is_refused_at_once(monkeypatch):
+    import socket
+
+    from loomrl.errors import PlacementError
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(PlacementError, match=f"no Ray cluster answers at '127.0.0.1:{port}'"):
+        # Refused before ray.init (which retries such an address for minutes) is called.
+        _init_kwargs(monkeypatch, address=f"127.0.0.1:{port}")

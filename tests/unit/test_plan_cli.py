@@ -152,3 +152,69 @@ def test_profile_warnings_are_one_line_each(tmp_path, capsys):
     assert all(x.startswith("loomrl plan: warning: component ") for x in lines)
     assert "n = 33-256, more than 8x" in lines[0] and "UserWarning" not in captured.err
     assert "extrapolated to 3, 5-256" in captured.out
+
+
+def test_argument_mistakes_exit_2_before_any_search(capsys, tmp_path):
+    prof = str(EXAMPLES / "ppo_actor_critic.yaml")
+    cases = [
+        (["--devices", "0"], "--devices must be a positive integer, got 0"),
+        (["--simulate", "--iterations", "0"], "--iterations must be >= 1"),
+        (["--simulate", "--sigma", "-1"], "--sigma must be >= 0"),
+        (["--channel-capacity", "0"], "--channel-capacity must be >= 1"),
+        (["--timeline", str(tmp_path / "no" / "x.png")], "does not exist"),
+        (["--timeline", str(tmp_path / "x.txt")], "an image file ending in one of"),
+        (["--save", str(tmp_path / "no" / "x.json")], "does not exist"),
+    ]
+    for extra, message in cases:
+        assert plan_main([prof, *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert message in err and "invalid profile" not in err, (extra, err)
+
+
+def test_exhaustive_on_a_large_instance_warns(capsys, monkeypatch):
+    import importlib
+
+    import pytest
+
+    search_mod = importlib.import_module("loomrl.plan.search")
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):  # the warning comes before the brute force; stop there
+        raise Stop
+
+    monkeypatch.setattr(search_mod, "exhaustive", stop)
+    with pytest.raises(Stop):
+        plan_main([str(EXAMPLES / "ppo_actor_critic.yaml"), "--devices", "16", "--exhaustive"])
+    assert "may take very long" in capsys.readouterr().err
+
+
+def test_plan_files_that_are_not_plans_are_plan_errors(tmp_path):
+    import pytest
+
+    from loomrl.errors import PlanError
+    from loomrl.plan.plan import Plan
+    from loomrl.plan.profile import load_profile
+    from loomrl.plan.search import search
+
+    good = search(load_profile(EXAMPLES / "demo_matmul.yaml"), mode="temporal").to_dict()
+    gap = json.loads(json.dumps(good))
+    gap["tree"]["children"][0]["devices"] = [0, 5]
+    bad_op = json.loads(json.dumps(good))
+    bad_op["tree"]["op"] = "parallel"
+    cases = {
+        "broken.json": ("{not json", "cannot be read"),
+        "profile.yaml": ((EXAMPLES / "demo_matmul.yaml").read_text(), "is a workload profile"),
+        "list.json": ("[1, 2]", "is not a plan"),
+        "gap.json": (json.dumps(gap), "not one contiguous range"),
+        "op.json": (json.dumps(bad_op), "is not a valid plan"),
+    }
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(PlanError, match=message):
+            Plan.load(tmp_path / name)
+    with pytest.raises(PlanError, match="cannot be read"):
+        Plan.load(tmp_path)  # a directory
+    (tmp_path / "good.json").write_text(json.dumps(good))
+    assert Plan.load(tmp_path / "good.json").assignment() == Plan.from_dict(good).assignment()

@@ -189,3 +189,47 @@ def test_runlog_does_not_import_torch():
     code = "import loomrl.runlog, loomrl.plots, sys; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_set_aside_records_moves_only_what_a_run_wrote(tmp_path):
+    from loomrl.checkpoint import list_checkpoints, save_checkpoint
+    from loomrl.runlog import set_aside_records
+
+    assert set_aside_records(tmp_path) is None  # nothing there
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "config.yaml").write_text("recipe: grpo\n")
+    assert set_aside_records(tmp_path) is None  # a config alone is no earlier run
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    (tmp_path / "timeline.jsonl").write_text('{"step": 0}\n')
+    save_checkpoint(tmp_path, 2, {"step": 2})
+    moved = set_aside_records(tmp_path)
+    assert moved is not None and moved.parent == tmp_path and moved.name.startswith("before-")
+    assert sorted(p.name for p in moved.iterdir()) == [
+        "checkpoints",
+        "config.yaml",
+        "metrics.jsonl",
+        "timeline.jsonl",
+    ]
+    assert (tmp_path / "notes.txt").read_text() == "mine"  # not the run's: stays
+    assert list_checkpoints(tmp_path) == [] and [s for s, _ in list_checkpoints(moved)] == [2]
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    again = set_aside_records(tmp_path)  # a second one within the same second: its own place
+    assert again is not None and again != moved
+
+
+def test_trim_records_cuts_back_to_the_checkpoint_and_drops_torn_lines(tmp_path):
+    from loomrl.runlog import read_metrics, trim_records
+
+    rows = [{"step": s, "reward": s / 10} for s in (0, 1, 2, 3, 4)]
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "rew'
+    )
+    (tmp_path / "timeline.jsonl").write_text(
+        "".join(json.dumps({"step": s, "measured_s": 1.0}) + "\n" for s in range(5))
+    )
+    assert trim_records(tmp_path, 2) == {"metrics.jsonl": 3, "timeline.jsonl": 3}
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2]  # rows of steps <= 2
+    timeline = (tmp_path / "timeline.jsonl").read_text()
+    assert [json.loads(x)["step"] for x in timeline.splitlines()] == [0, 1]  # iterations 0, 1
+    assert timeline.endswith("\n")
+    assert trim_records(tmp_path, 2) == {}  # nothing more to drop

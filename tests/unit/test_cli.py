@@ -1,0 +1,123 @@
+"""The `loomrl` command's handling of user mistakes and of a used run directory (no Ray)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from loomrl.cli import _normalise_overrides, load_recipe_config, main, prepare_run_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "examples" / "tiny_grpo.yaml"
+
+
+def _cfg(tmp_path: Path, *extra: str):
+    return load_recipe_config(
+        TINY, _normalise_overrides([f"output_dir={tmp_path}", "steps=4", *extra])
+    )[1]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("recipe: grpo\nrun: [1,\n", "not valid YAML"),
+        ("- 1\n- 2\n", "expected a mapping of keys"),
+    ],
+)
+def test_config_mistakes_exit_2_with_a_message(tmp_path, capsys, text, message):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    assert main(["run", str(bad)]) == 2
+    assert message in capsys.readouterr().err
+    assert main(["profile", str(bad)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_directory_as_config_or_output_dir_exits_2(tmp_path, capsys):
+    assert main(["run", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert main(["run", str(TINY), f"output_dir={afile}"]) == 2
+    assert "cannot be used as the run directory" in capsys.readouterr().err
+
+
+def test_settings_that_would_lose_the_model_or_mean_every_step_are_refused(capsys):
+    assert (
+        main(
+            [
+                "run",
+                str(TINY),
+                "run.keep_checkpoints=0",
+                "run.checkpoint_every=-1",
+                "eval_every=-1",
+                "threads=0",
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    for key in ("keep_checkpoints", "checkpoint_every", "eval_every", "threads"):
+        assert f"{key}: must be >=" in err, key
+
+
+def test_a_new_run_sets_the_earlier_runs_records_aside(tmp_path):
+    from loomrl.checkpoint import save_checkpoint
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    save_checkpoint(tmp_path, 2, {"step": 2})
+    assert prepare_run_dir(_cfg(tmp_path)) is None
+    (aside,) = tmp_path.glob("before-*")
+    assert (aside / "metrics.jsonl").is_file() and (aside / "checkpoints").is_dir()
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_resume_cuts_records_back_and_a_finished_run_is_left_alone(tmp_path, capsys):
+    from loomrl.checkpoint import save_checkpoint
+
+    metrics = "".join(json.dumps({"step": s}) + "\n" for s in range(5))
+    (tmp_path / "metrics.jsonl").write_text(metrics)
+    save_checkpoint(tmp_path, 2, {"step": 2})
+    assert prepare_run_dir(_cfg(tmp_path, "resume=true")) is None
+    assert [
+        json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ] == [
+        0,
+        1,
+        2,
+    ]
+    assert "resuming after step 2" in capsys.readouterr().err
+    save_checkpoint(tmp_path, 4, {"step": 4})
+    (tmp_path / "metrics.jsonl").write_text(metrics)
+    why = prepare_run_dir(_cfg(tmp_path, "resume=true"))
+    assert why is not None and "at step 4 of run.steps=4: nothing to resume" in why
+    assert (tmp_path / "metrics.jsonl").read_text() == metrics  # untouched
+    (tmp_path / "config.yaml").write_text(TINY.read_text())
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["resume", str(tmp_path), "run.steps=4"]) == 0
+    assert "nothing to resume" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_export_to_a_file_exits_2(tmp_path, capsys):
+    from loomrl.checkpoint import save_checkpoint
+
+    (tmp_path / "config.yaml").write_text(TINY.read_text())
+    save_checkpoint(tmp_path, 1, {"step": 1})
+    afile = tmp_path / "out"
+    afile.write_text("x")
+    assert main(["export", str(tmp_path), str(afile)]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_an_interrupt_exits_130_with_how_to_resume(monkeypatch, capsys, tmp_path):
+    import loomrl.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_resume", interrupted)
+    assert main(["resume", str(tmp_path)]) == 130
+    assert f"loomrl resume {tmp_path}" in capsys.readouterr().err
