@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from loomrl.errors import ConfigError, PlacementError
+from loomrl.errors import ConfigError, LoomError, PlacementError
 from loomrl.plan.profile import fit_line as _fit_line
 from loomrl.worker import Handle, WorkerGroup, wait
 
@@ -458,20 +458,24 @@ def measure_costs(
         raise ConfigError([f"handoff={handoff!r}: the probe times 'driver' chains or a 'pipe'"])
     keys = (*BUSY, *BUSY.values(), *(PIPE.values() if handoff == "pipe" else ()))
     samples: dict[str, list[tuple[int, float]]] = {k: [] for k in keys}
-    address = wait(p.listen())[0] if handoff == "pipe" else None
+    address = (
+        _probe_wait(timeout_s, "the policy worker", p.listen())[0] if handoff == "pipe" else None
+    )
     for x in sorted(x for x in set(sizes) if x % w == 0):
         per = x // w
-        actions = [wait(r.sample_actions(per))[0] for r in ranks]
+        actions = [_probe_wait(timeout_s, "an env worker", r.sample_actions(per))[0] for r in ranks]
         # The policy acts on all x rows at once, gathered from every worker once and stored.
-        parts = [wait(r.observe(0, per))[0] for r in ranks]
+        parts = [_probe_wait(timeout_s, "an env worker", r.observe(0, per))[0] for r in ranks]
         reply = ray.put({k: np.concatenate([q[k] for q in parts]) for k in parts[0]})
 
-        time_chain(ranks, p, per, actions, reply, BOTH, 1)  # warm-up
+        time_chain(ranks, p, per, actions, reply, BOTH, 1, timeout_s)  # warm-up
         for side in (ENV, POLICY, BOTH):
-            per_call = time_chain(ranks, p, per, actions, reply, side, reps)[0]  # sizes the chains
+            per_call = time_chain(ranks, p, per, actions, reply, side, reps, timeout_s)[0]
             n = min(16 * reps, max(reps, math.ceil(min_chain_s / max(per_call, 1e-6))))
             for _ in range(3):  # the median of three chains shrugs off one stalled chain
-                took, env_busy, pol_busy = time_chain(ranks, p, per, actions, reply, side, n)
+                took, env_busy, pol_busy = time_chain(
+                    ranks, p, per, actions, reply, side, n, timeout_s
+                )
                 samples[side].append((x, took))
                 busy = {ENV: env_busy, POLICY: pol_busy, BOTH: max(env_busy, pol_busy)}[side]
                 samples[BUSY[side]].append((x, busy))
@@ -485,7 +489,7 @@ def measure_costs(
                 step_s, env_busy, pol_busy = time_pipe(ranks, p, address, per, n, timeout_s)
                 for key, v in zip(PIPE.values(), (step_s, env_busy, pol_busy), strict=True):
                     samples[key].append((x, v))
-    update_s = wait(p.time_update(steps))[0]
+    update_s = _probe_wait(timeout_s, "the policy worker's update", p.time_update(steps))[0]
     # An iteration calls the update from the driver and waits for it: its round trip is part of
     # the time outside the rollout too (the median of a few calls that do nothing).
     trips = []
@@ -501,6 +505,19 @@ def measure_costs(
         "env_workers": w,
         "handoff": handoff,
     }
+
+
+def _probe_wait(timeout_s: float, what: str, *handles: Handle) -> Any:
+    """``wait`` for the cost probe's calls, bounded: a simulator or policy that hangs while its
+    costs are measured stops the run with an error naming it, as it would in a rollout."""
+    try:
+        return wait(*handles, timeout=timeout_s)
+    except TimeoutError:
+        raise LoomError(
+            f"measuring the cycle's costs: no reply from {what} within {timeout_s:g} s "
+            "(cycle_timeout_s); an env step or policy call that hangs stops the probe. Raise "
+            "cycle_timeout_s if a call really takes that long"
+        ) from None
 
 
 def time_pipe(
@@ -521,7 +538,14 @@ def time_pipe(
 
 
 def time_chain(
-    ranks: list[Any], policy: Any, per: int, actions: list[Any], reply: Any, side: str, n: int
+    ranks: list[Any],
+    policy: Any,
+    per: int,
+    actions: list[Any],
+    reply: Any,
+    side: str,
+    n: int,
+    timeout_s: float | None = None,
 ) -> tuple[float, float, float]:
     """Seconds per call of a chain of n calls of ``side`` (ENV, POLICY or BOTH at once), and the
     seconds per call the env workers (the busiest) and the policy were busy inside their calls.
@@ -529,18 +553,27 @@ def time_chain(
     An env call steps the first ``per`` envs of every env worker view in ``ranks`` with
     ``actions[r]``; a policy call is ``policy.probe(reply)`` on stored observations. Every call
     waits for the previous one's result, passed worker to worker by reference, as the cycle
-    chains them."""
+    chains them. ``timeout_s`` bounds each call: a side that stays silent that long stops the
+    probe with an error naming it (the whole chain is submitted at once, so each call's
+    result is awaited in turn)."""
     wait(*[r.pop_busy() for r in ranks], policy.pop_busy())
     last_e: list[Handle] = []
     last_p: list[Handle] = []
+    calls: list[tuple[str, list[Handle]]] = []
     t = time.perf_counter()
     for _ in range(n):
         if side != POLICY:
             prev = _refs(last_e)
             last_e = [r.step([a], 0, 0, per, *prev) for r, a in zip(ranks, actions, strict=True)]
+            calls.append(("an env worker's step", last_e))
         if side != ENV:
             last_p = [policy.probe(reply, *_refs(last_p))]
-    wait(*last_e, *last_p)
+            calls.append(("the policy worker's act", last_p))
+    if timeout_s is None:
+        wait(*last_e, *last_p)
+    else:
+        for what, handles in calls:
+            _probe_wait(timeout_s, what, *handles)
     took = (time.perf_counter() - t) / n
     *env_busy, pol_busy = (b[0] for b in wait(*[r.pop_busy() for r in ranks], policy.pop_busy()))
     return took, max(env_busy) / n, pol_busy / n

@@ -494,3 +494,32 @@ def test_a_pipe_rollout_stops_with_a_named_error_on_a_raising_dying_or_silent_wo
             dies.kill()
     finally:
         envs.kill()
+
+
+def test_an_env_that_stalls_while_its_costs_are_measured_stops_the_probe(cluster):
+    """The cost probe's chains are bounded by the cycle's timeout as rollouts are: env worker 1
+    stalling for 12 s in its third step call ends measure_costs with an error naming the env
+    side, after the 3 s timeout, not after the stall (or never, for a hang)."""
+    from loomrl.cycle import measure_costs
+    from loomrl.errors import LoomError
+
+    envs = cluster.launch(
+        _EnvStops,
+        2,
+        worker_env_config(ENV, 2),
+        "sleep",
+        devices=[0, 1],
+        num_cpus=0.5,
+        name="env_probe_stall",
+    )
+    try:
+        sp = wait(envs.on(0).spaces())[0]
+        args = (sp["observation_space"], sp["action_space"], ENV.num_envs, PPO, ENV.seed)
+        pol = cluster.launch(PolicyWorker, 1, *args, devices=[2], name="policy_probe_stall")
+        try:
+            with pytest.raises(LoomError, match=r"no reply from an env worker's step within 3 s"):
+                measure_costs(envs, pol, 4, [2, 4], STEPS, reps=2, timeout_s=3.0)
+        finally:
+            pol.kill()
+    finally:
+        envs.kill()
