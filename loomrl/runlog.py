@@ -354,6 +354,7 @@ RUN_RECORDS = (
     "cycle_costs.json",
     "tool_plan.json",
     "tool_events.jsonl",
+    "env_events.jsonl",
     "checkpoints",
     "plots",
     "wandb",

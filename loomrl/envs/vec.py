@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import difflib
+import importlib
 import io
 import os
 import subprocess
@@ -193,6 +194,18 @@ def check_env_id(env_id: str) -> None:
     """Raise ``ConfigError`` naming close matches when ``env_id`` is not registered with gymnasium."""
     import gymnasium as gym
 
+    if ":" in env_id:  # gymnasium's "package.module:EnvId": the module registers the id
+        module, _, env_id = env_id.partition(":")
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ConfigError(
+                [
+                    f"env_id={module}:{env_id}: the module {module!r} that should register "
+                    f"{env_id!r} cannot be imported ({e}); install it or fix the name"
+                ],
+                source="EnvConfig",
+            ) from None
     if env_id in gym.registry:
         return
     try:  # Fetch/Franka ids appear only once gymnasium-robotics registers them

@@ -14,10 +14,12 @@ profile file instead, and a plan file is run as it is (all of it in ``loomrl.cyc
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from loomrl.cycle import CYCLE_MODELS, HANDOFFS
@@ -267,7 +269,7 @@ def main(cfg: Config) -> dict:
             )
         recent: deque[float] = deque(maxlen=cfg.window)
         metrics: dict[str, Any] = {}
-        it = 0
+        it = env_events = 0
         for it in range(cfg.run.steps):
             t0 = time.perf_counter()
             roll = cycle.collect(S)
@@ -276,12 +278,20 @@ def main(cfg: Config) -> dict:
             took = time.perf_counter() - t0
             run.record(it, _Iteration(took, place.predicted_s, _records(roll.wall_s, took)))
             recent.extend(roll.returns)
+            if roll.events:
+                env_events += record_env_events(run.dir, it + 1, roll.events)
+                e = roll.events[0]
+                run.logger.echo(
+                    f"step {it + 1}: {len(roll.events)} env event(s), recovered; the first: "
+                    f"{e['kind']} in env {e['env_index']}: {str(e['message'])[:200]} "
+                    "(all in env_events.jsonl)"
+                )
             metrics = {
                 "episode_return": statistics.fmean(recent) if recent else float("nan"),
                 "episodes": len(roll.returns),
                 "env_steps": (it + 1) * S * cfg.env.num_envs,
                 "env_steps_per_s": roll.env_steps / took,
-                "env_events": len(roll.events),
+                "env_events": len(roll.events),  # this iteration's; all: env_events.jsonl
                 "time/collect": roll.wall_s,
                 # Where the rollout's time went: seconds inside env steps (per env worker) and
                 # inside policy calls; their sum over the wall time is the cycle's overlap.
@@ -319,9 +329,20 @@ def main(cfg: Config) -> dict:
             probe_workers_reused=probe is not None,
             policy_cuda_graphs=graphs,
             env_steps_per_s=(S * cfg.env.num_envs / run.measured_iteration_s()),
+            env_events_total=env_events,
         )
     finally:
         run.close()
+
+
+def record_env_events(run_dir: Any, step: int, events: list[dict[str, Any]]) -> int:
+    """Append what went wrong in the envs and was recovered from (an env that raised and was
+    reset, one made again) to ``run_dir/env_events.jsonl``, one line each with the step it
+    happened in; returns how many."""
+    with open(Path(run_dir) / "env_events.jsonl", "a") as f:
+        for e in events:
+            f.write(json.dumps({"step": step, **e}) + "\n")
+    return len(events)
 
 
 def _records(collect_s: float, total_s: float) -> list[dict[str, Any]]:

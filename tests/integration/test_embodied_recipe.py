@@ -1468,3 +1468,35 @@ def test_probe_workers_run_the_plan_that_places_them_and_give_the_same_weights(c
     assert fresh["placement"] == probed["placement"]
     assert fresh["param_sha256"] == probed["param_sha256"]
     assert fresh["metrics"]["episode_return"] == probed["metrics"]["episode_return"]
+
+
+def test_env_failures_are_recorded_one_by_one_and_training_goes_on(cluster, tmp_path):
+    """An env that raises mid-episode (gymnasium's ``module:EnvId`` form registers the test env
+    in every process) is reset and the run goes on; each failure is a line of
+    env_events.jsonl with its step, env and message, and the summary counts them all."""
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    out = tmp_path / "flaky"
+    s = main(
+        load_config(
+            Config,
+            EXAMPLE,
+            [
+                *TINY,
+                "env.env_id=loomrl.envs.testing:loomrl-test/Counting-v0",
+                "env.env_kwargs={length: 50, fail_on: [5, 20]}",
+                "run.placement=temporal",
+                "auto_trial_steps=0",
+                f"run.output_dir={out}",
+            ],
+        )
+    )
+    events = [json.loads(x) for x in (out / "env_events.jsonl").read_text().splitlines()]
+    assert events and s["env_events_total"] == len(events)
+    assert {e["kind"] for e in events} == {"env_error"}
+    assert all("simulator exploded" in e["message"] for e in events)
+    assert {e["step"] for e in events} <= {1, 2} and {e["env_index"] for e in events} <= set(
+        range(4)
+    )
+    assert s["steps"] == 2  # trained on through the failures

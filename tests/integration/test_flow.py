@@ -349,7 +349,9 @@ def test_pinned_plan_on_devices_the_cluster_lacks_or_with_a_wrong_micro_batch_is
     leaf_of(far["tree"], "encode").update(devices=[n, n + 1], n=2, used=2)
     path = Path(_save(plan))
     path.write_text(json.dumps(far))
-    with pytest.raises(PlanError, match=r"places 'encode' on devices \[\d+, \d+\], but the cluster"):
+    with pytest.raises(
+        PlanError, match=r"places 'encode' on devices \[\d+, \d+\], but the cluster"
+    ):
         flow.plan(path)
     odd = plan.to_dict() | {"micro_batch": plan.batch + 1}
     path.write_text(json.dumps(odd))
