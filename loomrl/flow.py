@@ -125,15 +125,15 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
                     if spec.lock_each:
                         lock.release(worker.devices)
                 records.append(("run", k, t, t_end, len(items)))
-                if spec.out_channel is None:
-                    sink_out.append((idx, out))
-                    continue
                 if not isinstance(out, list) or len(out) != len(items):
                     raise TypeError(
                         f"{type(worker).__name__}.{spec.method} must return a list with one output "
                         f"per input item ({len(items)}), got "
                         f"{type(out).__name__}{f' of length {len(out)}' if isinstance(out, list) else ''}"
                     )
+                if spec.out_channel is None:  # the sink: its outputs are the iteration's result
+                    sink_out.append((idx, out))
+                    continue
                 by_key: dict[tuple[int, int], list[tuple[int, Any]]] = {}
                 for i, o in zip(idx, out, strict=True):
                     by_key.setdefault(_route(i, spec.next_micro, spec.next_world), []).append(
@@ -901,9 +901,7 @@ class Flow:
             _drop_channels(self._chans)
             raise
         sink = [x for r in results[names[-1]] for x in r["sink"]]
-        pairs = sorted(
-            (i, o) for idx, outs in sink for i, o in zip(idx, _as_list(outs, len(idx)), strict=True)
-        )
+        pairs = sorted((i, o) for idx, outs in sink for i, o in zip(idx, outs, strict=True))
         timeline = [
             {
                 "component": c,
@@ -963,7 +961,9 @@ class Flow:
             if spec is None:
                 return
             t = time.time()
-            results[node.component] = wait(comp.group._call("_loom_run_stage", spec))
+            h = comp.group._call("_loom_run_stage", spec)
+            h.method = spec.method  # an error names the user's stage method, not its runner
+            results[node.component] = wait(h)
             if context == "phase":
                 phases[node.component] = (t - spec.t0, time.time() - spec.t0)
             return
@@ -993,12 +993,6 @@ class Flow:
         th.join()
         if errors:
             raise errors[0]
-
-
-def _as_list(outs: Any, n: int) -> list[Any]:
-    if isinstance(outs, list) and len(outs) == n:
-        return outs
-    return [outs] * n if n == 1 else [outs] + [None] * (n - 1)
 
 
 def _contexts(tree: Node) -> dict[str, tuple[str, bool, bool]]:

@@ -358,3 +358,37 @@ def test_pinned_plan_on_devices_the_cluster_lacks_or_with_a_wrong_micro_batch_is
     with pytest.raises(PlanError, match="does not divide its batch"):
         flow.plan(path)
     assert all(c.group is None for c in flow.components.values())  # nothing was started
+
+
+class _Miscounts(Worker):
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+
+    def step(self, items):
+        return [x + 1 for x in items]
+
+    def sink(self, items):
+        return items[:-1] if self.how == "short" else 42
+
+
+@pytest.mark.parametrize("how, got", [("short", r"list of length \d+"), ("scalar", "int")])
+def test_a_stage_that_miscounts_its_outputs_is_named_middle_or_sink(cluster, how, got):
+    """One output per input item, from every stage: a sink returning fewer, or one value, would
+    leave items of the iteration's result empty."""
+    from loomrl.errors import RemoteError
+
+    for sink_last in (True, False):
+        flow = Flow(cluster)
+        bad = flow.group(_Miscounts, how, name="bad")
+        ok = flow.group(_Miscounts, how, name="ok")
+        flow.chain(ok.step, bad.sink) if sink_last else flow.chain(bad.sink, ok.step)
+        flow.plan("temporal", profile="calibrate", batch=4)
+        try:
+            with pytest.raises(
+                (TypeError, RemoteError), match=rf"_Miscounts.sink must return a list .*got {got}"
+            ) as e:
+                flow.run([1, 2, 3, 4])
+            assert "failed in sink()" in str(e.value)  # the stage's method, not the runner's
+        finally:
+            flow.shutdown()
