@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -510,6 +511,14 @@ def _take_inventory(num_devices: int | None) -> list[Node]:
             count, kind = int(gpus), "gpu"
         else:
             count, kind = (num_devices if num_devices is not None else max(1, int(cpus))), "cpu"
+            if count > max(1, int(cpus)):
+                # Allowed (placement tests), but each slot is costed as a core of its own.
+                warnings.warn(
+                    f"run.devices={count} CPU device slots on node {i}, which has {cpus:g} "
+                    "cores: slots share cores, so plans run slower than predicted; use at most "
+                    f"{max(1, int(cpus))}",
+                    stacklevel=2,
+                )
         devs = tuple(Device(next_index + j, i, j, kind) for j in range(count))
         next_index += count
         mem = float(res.get("memory", 0.0))

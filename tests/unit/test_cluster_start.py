@@ -56,3 +56,20 @@ def test_an_address_nothing_answers_at_is_refused_at_once(monkeypatch):
     with pytest.raises(PlacementError, match=f"no Ray cluster answers at '127.0.0.1:{port}'"):
         # Refused before ray.init (which retries such an address for minutes) is called.
         _init_kwargs(monkeypatch, address=f"127.0.0.1:{port}")
+
+
+def test_more_cpu_slots_than_cores_warns(monkeypatch):
+    import ray
+
+    from loomrl.cluster import _take_inventory
+
+    node = {"Alive": True, "NodeID": "n0", "Resources": {"CPU": 2.0, "memory": 1e9}}
+    monkeypatch.setattr(ray, "nodes", lambda: [node])
+    with pytest.warns(UserWarning, match="run.devices=8 CPU device slots on node 0, which has 2"):
+        (n,) = _take_inventory(8)
+    assert len(n.devices) == 8
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(_take_inventory(2)[0].devices) == 2
