@@ -213,12 +213,32 @@ class PolicyWorker(Worker):
                 gens = row_generators(self.row_seed, env_ids, env_steps, self._gens)
                 if self.graphs:  # built-in, on a GPU: one graph, one copy each way, one wait
                     return (o, *self.net.act_host(o, gens))
-                a, logp, v = self.net.act(o.to(self.device), generators=gens)
+                out = self.net.act(o.to(self.device), generators=gens)
             else:
-                a, logp, v = self.net.act(o.to(self.device))
+                out = self.net.act(o.to(self.device))
+        a, logp, v = self._three_tensors(out)
         a, logp, v = a.cpu(), logp.float().cpu(), v.float().cpu()
         self._check_outputs(len(raw), a, logp, v)
         return o, a, logp, v
+
+    def _three_tensors(self, out: Any) -> tuple:
+        """act()'s (actions, log-probs, values), or a ConfigError saying what came instead."""
+        import torch
+
+        if isinstance(out, (tuple, list)) and len(out) == 3:
+            if all(isinstance(x, torch.Tensor) for x in out):
+                return tuple(out)
+            got = "(" + ", ".join(type(x).__name__ for x in out) + ")"
+        elif isinstance(out, (tuple, list)):
+            got = f"{type(out).__name__} of {len(out)} values"
+        else:
+            got = type(out).__name__
+        raise ConfigError(
+            [
+                f"policy={self.spec!r}: act() must return (actions, log-probs, values) as three "
+                f"torch tensors, got {got}"
+            ]
+        )
 
     def _check_outputs(self, n: int, a: Any, logp: Any, v: Any) -> None:
         """A policy's act() gives actions [n, *action shape], log-probs [n] and values [n];
@@ -226,7 +246,14 @@ class PolicyWorker(Worker):
         with a bare broadcasting error, or fill it wrongly."""
         got = (tuple(a.shape), tuple(logp.shape), tuple(v.shape))
         want = ((n, *self.action_shape), (n,), (n,))
-        if got == want:  # every call: nothing more than this comparison
+        if got == want:
+            if a.is_floating_point() and not bool(a.isfinite().all()):
+                raise ConfigError(
+                    [
+                        f"policy={self.spec!r}: act() returned NaN or infinite actions (a "
+                        "diverged update? lower ppo.lr or check the policy's outputs)"
+                    ]
+                )
             return
         bad = [
             f"{k} of shape {list(g)}, expected {list(w)}"

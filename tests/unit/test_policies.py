@@ -609,6 +609,20 @@ def one_action(observation_space, action_space, seed=0):
 
 def right(observation_space, action_space, seed=0):
     return _Off(observation_space.shape[0], action_space, seed, lambda a, l, v: (a, l, v))
+
+
+def two_values(observation_space, action_space, seed=0):
+    return _Off(observation_space.shape[0], action_space, seed, lambda a, l, v: (a, l))
+
+
+def numpy_out(observation_space, action_space, seed=0):
+    return _Off(
+        observation_space.shape[0], action_space, seed, lambda a, l, v: (a.numpy(), l, v)
+    )
+
+
+def nan_actions(observation_space, action_space, seed=0):
+    return _Off(observation_space.shape[0], action_space, seed, lambda a, l, v: (a * float("nan"), l, v))
 """
 
 
@@ -637,6 +651,15 @@ def test_a_user_policy_returning_misshapen_outputs_is_named_with_the_shapes(tmp_
         with pytest.raises(
             ConfigError, match=rf"policy='{spec}': act\(\) on 3 observations .*{said}"
         ):
+            pol.act(0, reply)
+    for spec, said in [
+        ("bad_policies:two_values", r"three torch tensors, got tuple of 2 values"),
+        ("bad_policies:numpy_out", r"three torch tensors, got \(ndarray, Tensor, Tensor\)"),
+        ("bad_policies:nan_actions", r"NaN or infinite actions"),
+    ]:
+        pol = PolicyWorker(obs, act, 3, ppo, 0, policy=spec)
+        pol.begin(2)
+        with pytest.raises(ConfigError, match=rf"policy='{spec}': act\(\) .*{said}"):
             pol.act(0, reply)
     good = PolicyWorker(obs, act, 3, ppo, 0, policy="bad_policies:right")
     good.begin(2)
