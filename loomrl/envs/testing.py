@@ -13,18 +13,28 @@ class CountingEnv(gym.Env):
     """obs = [episode number, step in episode]; reward 1 per step; terminates after `length` steps.
 
     Raises RuntimeError on the global step numbers listed in `fail_on` (counted per instance,
-    starting at 1), or on every step from `fail_from` on.
+    starting at 1), or on every step from `fail_from` on. `reset_budget`, a dict
+    ``{"left": n}`` shared by every instance given it, lets n resets succeed and fails the rest.
     """
 
     def __init__(
-        self, length: int = 5, fail_on: tuple[int, ...] = (), fail_from: int | None = None
+        self,
+        length: int = 5,
+        fail_on: tuple[int, ...] = (),
+        fail_from: int | None = None,
+        reset_budget: dict | None = None,
     ):
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
         self.length, self.fail_on, self.fail_from = length, set(fail_on), fail_from
+        self.reset_budget = reset_budget
         self.episode, self.t, self.total = -1, 0, 0
 
     def reset(self, *, seed=None, options=None):
+        if self.reset_budget is not None:
+            if self.reset_budget["left"] <= 0:
+                raise RuntimeError("reset exploded")
+            self.reset_budget["left"] -= 1
         super().reset(seed=seed)
         self.episode += 1
         self.t = 0

@@ -722,7 +722,7 @@ class VecEnv:
             f"{self.cfg.env_id}: {len(self._failures)} simulator failures within the last "
             f"{self.cfg.failure_window} steps (max_failures={self.cfg.max_failures}); the last, in "
             f"env {gi} at episode step {slot.episode_length}: {msg}. Fix the environment, or raise "
-            "EnvConfig.max_failures / lower failure_window if such failures are expected."
+            "env.max_failures / lower env.failure_window if such failures are expected."
         )
         err.__cause__ = e
         return err
@@ -761,9 +761,17 @@ class VecEnv:
                 "environment, then start the workers again"
             )
             raise EnvFailureError(self._broken) from e
-        if self._tiles is not None:  # a fresh env: its first frame sets its camera, either way
-            self._check_tile(i, slot)
-        self._resume(i, slot, rng)
+        try:
+            if self._tiles is not None:  # a fresh env: its first frame sets its camera either way
+                self._check_tile(i, slot)
+            self._resume(i, slot, rng)
+        except Exception as e:
+            self._broken = (
+                f"{self.cfg.env_id}: env {self.index_offset + i} failed, its reset failed, and "
+                f"the new simulator made for it failed to reset too ({type(e).__name__}: {e}); "
+                "fix the environment's reset, then start the workers again"
+            )
+            raise EnvFailureError(self._broken) from e
 
     # -- statistics ---------------------------------------------------------------------------
     def pop_episode_stats(self) -> EpisodeStats:

@@ -232,6 +232,22 @@ def test_repeated_failures_raise_a_clear_error():
             env.step(np.zeros((1, 1), np.float32))
 
 
+def test_an_env_whose_new_simulator_fails_to_reset_too_is_named():
+    # Step 2 fails, its reset fails, a new simulator is made and its first reset fails too.
+    budget = {"left": 1}
+    env = make(
+        "loomrl-test/Counting-v0",
+        num_envs=1,
+        env_kwargs={"fail_on": (2,), "reset_budget": budget},
+    )
+    env.reset()
+    env.step(np.zeros((1, 1), np.float32))
+    with pytest.raises(EnvFailureError, match=r"env 0 failed, its reset failed, and the new "):
+        env.step(np.zeros((1, 1), np.float32))
+    with pytest.raises(EnvFailureError, match="failed to reset too"):  # and on every later call
+        env.step(np.zeros((1, 1), np.float32))
+
+
 def test_too_many_failures_are_raised_after_the_whole_step():
     # Three envs fail in one step with max_failures=1: the error comes once every env has
     # stepped, each failure recorded, the step's result kept on the error.
