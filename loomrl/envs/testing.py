@@ -14,7 +14,8 @@ class CountingEnv(gym.Env):
 
     Raises RuntimeError on the global step numbers listed in `fail_on` (counted per instance,
     starting at 1), or on every step from `fail_from` on. `reset_budget`, a dict
-    ``{"left": n}`` shared by every instance given it, lets n resets succeed and fails the rest.
+    ``{"left": n}`` shared by every instance given it, lets n resets succeed and fails the rest;
+    steps in `bad_obs_on` return an observation of three numbers instead of two.
     """
 
     def __init__(
@@ -23,11 +24,12 @@ class CountingEnv(gym.Env):
         fail_on: tuple[int, ...] = (),
         fail_from: int | None = None,
         reset_budget: dict | None = None,
+        bad_obs_on: tuple[int, ...] = (),
     ):
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
         self.length, self.fail_on, self.fail_from = length, set(fail_on), fail_from
-        self.reset_budget = reset_budget
+        self.reset_budget, self.bad_obs_on = reset_budget, set(bad_obs_on)
         self.episode, self.t, self.total = -1, 0, 0
 
     def reset(self, *, seed=None, options=None):
@@ -47,7 +49,10 @@ class CountingEnv(gym.Env):
         ):
             raise RuntimeError(f"simulator exploded at step {self.total}")
         self.t += 1
-        return np.array([self.episode, self.t], np.float32), 1.0, self.t >= self.length, False, {}
+        obs = np.array([self.episode, self.t], np.float32)
+        if self.total in self.bad_obs_on:  # an observation of the wrong shape
+            obs = np.append(obs, 0.0).astype(np.float32)
+        return obs, 1.0, self.t >= self.length, False, {}
 
 
 class DictObsEnv(gym.Env):

@@ -566,6 +566,16 @@ class VecEnv:
                 np.asarray(gym.spaces.flatten(s.env.observation_space, raw), dtype=np.float32)
                 for s, raw in zip(slots, raws, strict=True)
             ]
+            want = gym.spaces.flatdim(slots[0].env.observation_space) if slots else 0
+            for n, f in enumerate(flat):
+                if f.size != want:  # stacked with the others, it would fail with numpy's words
+                    space = slots[n].env.observation_space
+                    raise EnvFailureError(
+                        f"{self.cfg.env_id}: env {self.index_offset + ids[n]} returned an "
+                        f"observation of shape {list(np.shape(raws[n]))} where its observation "
+                        f"space {space} declares {list(space.shape or ())}; fix the env's "
+                        "observations"
+                    )
             return lambda: flat
         if not ids:
             return list

@@ -248,6 +248,16 @@ def test_an_env_whose_new_simulator_fails_to_reset_too_is_named():
         env.step(np.zeros((1, 1), np.float32))
 
 
+def test_an_observation_of_the_wrong_shape_names_the_env_and_both_shapes():
+    env = make("loomrl-test/Counting-v0", num_envs=2, env_kwargs={"bad_obs_on": (2,)})
+    env.reset()
+    env.step(np.zeros((2, 1), np.float32))
+    with pytest.raises(
+        EnvFailureError, match=r"env 0 returned an observation of shape \[3\] .* declares \[2\]"
+    ):
+        env.step(np.zeros((2, 1), np.float32))
+
+
 def test_too_many_failures_are_raised_after_the_whole_step():
     # Three envs fail in one step with max_failures=1: the error comes once every env has
     # stepped, each failure recorded, the step's result kept on the error.
