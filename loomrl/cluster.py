@@ -232,14 +232,27 @@ class Cluster:
         """Turn ``None`` (all), an int count, a range or a list of global indices into Device objects."""
         if devices is None:
             return list(self.devices)
-        if isinstance(devices, int) and not isinstance(devices, bool):
+        import numbers
+
+        if isinstance(devices, numbers.Integral) and not isinstance(devices, bool):
+            devices = int(devices)
             if devices < 1 or devices > len(self.devices):
                 raise PlacementError(
                     f"devices={devices}: the cluster has {len(self.devices)} device(s); "
                     f"ask for 1..{len(self.devices)} or pass explicit indices"
                 )
             return list(self.devices[:devices])
-        idx = list(devices)
+        if isinstance(devices, (bool, float, str)) or not hasattr(devices, "__iter__"):
+            raise PlacementError(
+                f"devices={devices!r}: give None (all), a count, or a list of device indices "
+                f"(0..{len(self.devices) - 1})"
+            )
+        idx = [
+            int(i) if isinstance(i, numbers.Integral) and not isinstance(i, bool) else i
+            for i in devices
+        ]
+        if not idx:
+            raise PlacementError("devices=[]: a worker group needs at least one device")
         bad = [i for i in idx if not isinstance(i, int) or i < 0 or i >= len(self.devices)]
         if bad:
             raise PlacementError(
@@ -329,6 +342,16 @@ class Cluster:
             )
         if not isinstance(n, int) or n < 1:
             raise PlacementError(f"n={n!r}: the number of workers must be a positive integer")
+        if (
+            isinstance(num_cpus, bool)
+            or not isinstance(num_cpus, (int, float))
+            or not num_cpus >= 0
+            or num_cpus == float("inf")
+        ):
+            raise PlacementError(
+                f"{cls.__name__}: num_cpus={num_cpus!r} must be a number of cores >= 0 (0: reserve "
+                "none)"
+            )
         devs = self.resolve_devices(spec.devices)
         per_rank = _split_devices(devs, n, cls.__name__)
         if n > 1 and self.has_cuda:

@@ -527,9 +527,15 @@ class Flow:
             raise ValueError("profile='calibrate' needs sample= or batch= to know the batch size")
         n = self.cluster.num_devices
         names = [s.component.name for s in self.stages]
-        used = {
-            c: max(v for v in (self.components[c].valid_devices or [n]) if v <= n) for c in names
-        }
+        used = {}
+        for c in names:
+            fits = [v for v in (self.components[c].valid_devices or [n]) if v <= n]
+            if not fits:
+                raise PlanError(
+                    f"component {c!r}: valid_devices={list(self.components[c].valid_devices)} "
+                    f"has no count the cluster's {n} device(s) can give; allow a count <= {n}"
+                )
+            used[c] = max(fits)
         tree = leaf(names[-1], n, used[names[-1]])
         for c in reversed(names[:-1]):
             tree = temporal(leaf(c, n, used[c]), tree)

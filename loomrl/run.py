@@ -106,6 +106,10 @@ class RunConfig:
             p.append(
                 f"micro_batch: must be >= 1 (null: the planner chooses), got {self.micro_batch}"
             )
+        if self.num_gpus is not None and self.num_gpus < 0:
+            p.append(
+                f"num_gpus: must be >= 0 logical GPUs (null: the real ones), got {self.num_gpus}"
+            )
         if self.devices is not None and self.devices < 1:
             p.append(f"devices: must be >= 1, got {self.devices}")
         p += self.adapt_config().problems(prefix="adapt_")

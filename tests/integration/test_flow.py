@@ -392,3 +392,11 @@ def test_a_stage_that_miscounts_its_outputs_is_named_middle_or_sink(cluster, how
             assert "failed in sink()" in str(e.value)  # the stage's method, not the runner's
         finally:
             flow.shutdown()
+
+
+def test_a_calibrated_plan_names_a_component_no_device_count_fits(cluster):
+    flow = Flow(cluster)
+    g = flow.group(Hog, 1, name="wide", valid_devices=[cluster.num_devices * 2])
+    flow.chain(g.step)
+    with pytest.raises(PlanError, match=r"component 'wide': valid_devices=\[\d+\] has no count"):
+        flow.plan("temporal", profile="calibrate", batch=4)

@@ -146,6 +146,18 @@ def test_bad_placements_are_clear_errors(cluster):
         cluster.launch(Echo, 2, devices=[1, 1])
     with pytest.raises(TypeError, match="subclass of loomrl.Worker"):
         cluster.launch(dict, 1)
+    with pytest.raises(PlacementError, match=r"devices=\[\]: a worker group needs"):
+        cluster.launch(Echo, 1, devices=[])
+    for odd in (True, 2.0, "0"):
+        with pytest.raises(PlacementError, match="give None .all., a count, or a list"):
+            cluster.launch(Echo, 1, devices=odd)
+    for cpus in ("1", float("nan"), -1):
+        with pytest.raises(PlacementError, match="must be a number of cores >= 0"):
+            cluster.launch(Echo, 1, devices=[0], num_cpus=cpus)
+    import numpy as np
+
+    assert [d.index for d in cluster.resolve_devices([np.int64(1)])] == [1]  # numpy ints work
+    assert len(cluster.resolve_devices(np.int64(2))) == 2
 
 
 def test_workers_on_a_gpu_node_get_cores_apart_from_each_other(cluster):

@@ -431,3 +431,9 @@ def test_profile_budget_must_be_positive():
     problems = RunConfig(profile_budget=0).validate()
     assert any(p.startswith("profile_budget: must be > 0") and "got 0" in p for p in problems)
     assert RunConfig(profile_budget=0.25).validate() == []
+
+
+def test_negative_logical_gpus_are_refused():
+    from loomrl.run import RunConfig
+
+    assert any(p.startswith("num_gpus: must be >= 0") for p in RunConfig(num_gpus=-1).validate())
