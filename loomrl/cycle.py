@@ -164,10 +164,13 @@ HANDOFFS = ("auto", "driver", "direct", "pipe")
 # an env worker for its own policy calls, before reporting the error anyway (a rollout that
 # takes longer has bigger problems).
 SETTLE_S = 60.0
+BOOKKEEPING_S = 5.0
 
 
 def settle(refs: list[Any], timeout: float = SETTLE_S) -> None:
-    """Wait until ``refs`` are done, failed or not, or ``timeout`` passes; read none of them."""
+    """Wait until ``refs`` are done, failed or not, or ``timeout`` passes; read none of them.
+    After a rollout failed because a side stayed silent past the cycle's timeout, its callers
+    wait no longer than that timeout: a worker stuck in a simulator never ends its call."""
     import ray
 
     if refs:
@@ -213,7 +216,8 @@ def pipe_rollout(
     ``groups`` as (env worker, lo, hi) parts; returns ``serve_pipe``'s timing. The policy's
     buffer must be ready (``begin``). On an error both sides are stopped (once connected the
     error travels over the socket; a policy still waiting for connections is told here) and
-    every call has ended, or ``SETTLE_S`` passed, before it is raised."""
+    every call has ended, or ``SETTLE_S`` (``timeout`` when shorter) passed, before it is
+    raised."""
     import uuid
 
     token = uuid.uuid4().hex  # this rollout's: a late connection of a failed one is refused
@@ -224,7 +228,7 @@ def pipe_rollout(
         (timing,), *_ = wait(serve, *runs)
     except BaseException as e:
         _abort_pipe(address, token, f"{type(e).__name__}: {str(e)[:500]}")
-        settle([r for h in (serve, *runs) for r in h.refs])
+        settle([r for h in (serve, *runs) for r in h.refs], min(SETTLE_S, timeout))
         # A user's mistake the policy found (its policy's outputs) is the cause, whichever side
         # reported first: the env workers only say that the policy stopped.
         try:
@@ -378,8 +382,10 @@ class EnvPolicyCycle:
         ``abandon``: no buffer, the normaliser not fed the steps never reached) and pop the
         env workers' statistics, so the next starts on clean counters. Bounded (``settle``), so
         that a hung worker cannot hide the error."""
-        settle([r for h in handles for r in h.refs])
-        settle([*self.policy.abandon().refs, *self.envs.pop_stats().refs])
+        settle([r for h in handles for r in h.refs], min(SETTLE_S, self.timeout_s))
+        # Bookkeeping calls answer at once, unless their worker is stuck in a call that never
+        # ends: a short bound, not a second SETTLE_S.
+        settle([*self.policy.abandon().refs, *self.envs.pop_stats().refs], timeout=BOOKKEEPING_S)
 
     def _result(self, steps: int, t0: float, pol: list, env_stats: list) -> CollectResult:
         out = CollectResult(wall_s=time.perf_counter() - t0, steps=steps)

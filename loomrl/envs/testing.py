@@ -15,7 +15,8 @@ class CountingEnv(gym.Env):
     Raises RuntimeError on the global step numbers listed in `fail_on` (counted per instance,
     starting at 1), or on every step from `fail_from` on. `reset_budget`, a dict
     ``{"left": n}`` shared by every instance given it, lets n resets succeed and fails the rest;
-    steps in `bad_obs_on` return an observation of three numbers instead of two.
+    steps in `bad_obs_on` return an observation of three numbers instead of two; steps in
+    `stall_on` sleep for an hour (a simulator that hangs).
     """
 
     def __init__(
@@ -25,11 +26,13 @@ class CountingEnv(gym.Env):
         fail_from: int | None = None,
         reset_budget: dict | None = None,
         bad_obs_on: tuple[int, ...] = (),
+        stall_on: tuple[int, ...] = (),
     ):
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
         self.length, self.fail_on, self.fail_from = length, set(fail_on), fail_from
         self.reset_budget, self.bad_obs_on = reset_budget, set(bad_obs_on)
+        self.stall_on = set(stall_on)
         self.episode, self.t, self.total = -1, 0, 0
 
     def reset(self, *, seed=None, options=None):
@@ -44,6 +47,10 @@ class CountingEnv(gym.Env):
 
     def step(self, action):
         self.total += 1
+        if self.total in self.stall_on:
+            import time
+
+            time.sleep(3600)
         if self.total in self.fail_on or (
             self.fail_from is not None and self.total >= self.fail_from
         ):

@@ -1500,3 +1500,34 @@ def test_env_failures_are_recorded_one_by_one_and_training_goes_on(cluster, tmp_
         range(4)
     )
     assert s["steps"] == 2  # trained on through the failures
+
+
+def test_a_simulator_that_hangs_mid_run_stops_it_within_its_timeout_not_minutes(cluster, tmp_path):
+    """An env that sleeps for an hour in its 40th step (iteration 3) ends the run with the
+    cycle's timeout error; the failure path waits for the stuck worker no longer than that
+    timeout (twice SETTLE_S before), then the run's workers are killed."""
+    import time
+
+    from loomrl.config import load_config
+    from loomrl.cycle import SETTLE_S
+    from loomrl.errors import LoomError
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    cfg = load_config(
+        Config,
+        EXAMPLE,
+        [
+            *TINY,
+            "run.steps=6",
+            "env.env_id=loomrl.envs.testing:loomrl-test/Counting-v0",
+            "env.env_kwargs={length: 50, stall_on: [40]}",
+            "run.placement=temporal",
+            f"run.profile={ROOT / 'examples/profiles/embodied_pixels_cpu2.yaml'}",  # no probing
+            "cycle_timeout_s=3",
+            f"run.output_dir={tmp_path / 'stall'}",
+        ],
+    )
+    t0 = time.monotonic()
+    with pytest.raises(LoomError, match=r"no reply from env worker \d .* within 3 s"):
+        main(cfg)
+    assert time.monotonic() - t0 < SETTLE_S  # not waiting out the settle bound for a hung call
