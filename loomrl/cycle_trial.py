@@ -739,6 +739,13 @@ def launch_probe(cluster: Any, cfg: Config, hw: int | None) -> Probe:
     A plan that places its workers the same way runs on them (``plan_cycle``)."""
     w = hw or 1
     env_devs, pol_devs = (0,), (1 if cluster.num_devices > 1 else 0,)
+    have = cluster.nodes[cluster.devices[0].node].num_cpus
+    if w * cfg.env.cpu_cores > have + 1e-9:
+        raise PlacementError(
+            f"env.cpu_cores={cfg.env.cpu_cores:g}: {w} env worker(s) would reserve "
+            f"{w * cfg.env.cpu_cores:g} CPU cores, but the node has {have:g}; lower env.cpu_cores "
+            f"to at most {have / w:g}"
+        )
     env = cluster.launch(
         EnvWorker,
         w,

@@ -1531,3 +1531,14 @@ def test_a_simulator_that_hangs_mid_run_stops_it_within_its_timeout_not_minutes(
     with pytest.raises(LoomError, match=r"no reply from env worker \d .* within 3 s"):
         main(cfg)
     assert time.monotonic() - t0 < SETTLE_S  # not waiting out the settle bound for a hung call
+
+
+def test_an_env_worker_wider_than_the_node_is_refused_naming_env_cpu_cores(cluster, tmp_path):
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    cfg = load_config(
+        Config, EXAMPLE, [*TINY, "env.cpu_cores=3", f"run.output_dir={tmp_path / 'wide'}"]
+    )
+    with pytest.raises(PlacementError, match=r"env.cpu_cores=3: 1 env worker\(s\) would reserve 3"):
+        main(cfg)
