@@ -349,6 +349,14 @@ def load_profile(
         raise ConfigError(
             [f"the profile must be a mapping, got {type(raw).__name__}"], source=where
         )
+    if "tree" in raw and "components" not in raw:
+        raise ConfigError(
+            [
+                "this is a plan (it has a 'tree'), not a workload profile: run it with "
+                "placement=<this file>, or plan from a profile (loomrl profile CONFIG writes one)"
+            ],
+            source=where,
+        )
     if devices is not None:
         raw["devices"] = devices
     return _build(raw, where)
@@ -602,6 +610,9 @@ def _build_component(
     for n, v in per_item.items():
         if v < 0:
             problems.append(f"{where}.time.per_item[{n}] = {v} is negative")
+    for n, v in memory.items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
+            problems.append(f"{where}.memory_gb[{n}] = {v!r}: must be a number of GB >= 0")
     if missing_t or missing_m:
         return None, report
     return (

@@ -218,3 +218,19 @@ def test_plan_files_that_are_not_plans_are_plan_errors(tmp_path):
         Plan.load(tmp_path)  # a directory
     (tmp_path / "good.json").write_text(json.dumps(good))
     assert Plan.load(tmp_path / "good.json").assignment() == Plan.from_dict(good).assignment()
+
+
+def test_negative_memory_and_a_plan_given_as_a_profile_are_named(tmp_path, capsys):
+    prof = yaml.safe_load((EXAMPLES / "demo_matmul.yaml").read_text())
+    first = next(iter(prof["components"]))
+    prof["components"][first]["memory_gb"] = -5
+    p = tmp_path / "neg.yaml"
+    p.write_text(yaml.safe_dump(prof))
+    assert plan_main([str(p)]) == 2
+    assert f"components.{first}.memory_gb" in capsys.readouterr().err
+    plan = tmp_path / "plan.json"
+    assert plan_main([str(EXAMPLES / "demo_matmul.yaml"), "--save", str(plan)]) == 0
+    capsys.readouterr()
+    assert plan_main([str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert "this is a plan" in err and err.count("\n") <= 2
