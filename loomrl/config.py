@@ -197,7 +197,9 @@ def load_config(
     problems: list[str] = []
     result = _build_dataclass(cls, data, "", problems)
     if problems:
-        raise ConfigError(problems, source=source)
+        # The problems may come from the file or from an override: say both were read.
+        where = f"{source} with overrides" if source and overrides else source
+        raise ConfigError(problems, source=where)
     return result
 
 

@@ -32,6 +32,26 @@ class DemoConfig:
     drift_step: int | None = None
     drift_factor: float = 1.0
 
+    def validate(self) -> list[str]:
+        p = [
+            f"{k}: must be >= {lo}, got {getattr(self, k)}"
+            for k, lo in (
+                ("size", 1),
+                ("encode_reps", 0),
+                ("transform_reps", 0),
+                ("reduce_reps", 0),
+                ("resident_mb", 0),
+            )
+            if getattr(self, k) < lo
+        ]
+        if not self.transform_sigma >= 0:
+            p.append(
+                f"transform_sigma: must be >= 0 (0: constant work), got {self.transform_sigma}"
+            )
+        if not self.drift_factor > 0:
+            p.append(f"drift_factor: must be > 0, got {self.drift_factor}")
+        return p
+
 
 class _MatmulWorker(Worker):
     reps_attr = "encode_reps"
@@ -120,6 +140,9 @@ class Config:
     batch: int = 16
     demo: DemoConfig = field(default_factory=DemoConfig)
     run: RunConfig = field(default_factory=RunConfig)
+
+    def validate(self) -> list[str]:
+        return [f"batch: must be >= 1 item, got {self.batch}"] if self.batch < 1 else []
 
 
 def main(cfg: Config) -> dict:

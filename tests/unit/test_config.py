@@ -437,3 +437,16 @@ def test_negative_logical_gpus_are_refused():
     from loomrl.run import RunConfig
 
     assert any(p.startswith("num_gpus: must be >= 0") for p in RunConfig(num_gpus=-1).validate())
+
+
+def test_demo_config_refuses_nonsense_sizes_all_at_once():
+    from loomrl.config import load_config
+    from loomrl.recipes.demo import Config
+
+    with pytest.raises(ConfigError) as e:
+        load_config(
+            Config, {"demo": {"size": 0, "transform_sigma": -1, "encode_reps": -3}, "batch": 0}
+        )
+    text = str(e.value)
+    for key in ("demo.size", "demo.transform_sigma", "demo.encode_reps", "batch"):
+        assert f"{key}: must be >=" in text, key
