@@ -72,11 +72,17 @@ class RunConfig:
         p = []
         if self.steps < 1:
             p.append(f"steps: must be >= 1, got {self.steps}")
-        if (
-            self.placement not in ("auto", "temporal", "spatial", "hybrid")
-            and not Path(self.placement).exists()
-        ):
-            p.append(f"placement: {self.placement!r} is not {PLACEMENT_HELP} (no such file)")
+        if self.placement not in ("auto", "temporal", "spatial", "hybrid"):
+            if not Path(self.placement).exists():
+                p.append(f"placement: {self.placement!r} is not {PLACEMENT_HELP} (no such file)")
+            else:  # a plan file that is not one is said before Ray starts, not after
+                from loomrl.errors import PlanError
+                from loomrl.plan.plan import Plan
+
+                try:
+                    Plan.load(self.placement)
+                except PlanError as e:
+                    p.append(f"placement: {e}")
         if self.wandb not in ("off", "offline", "online"):
             p.append(f"wandb: expected 'off', 'offline' or 'online', got {self.wandb!r}")
         if self.profile not in (None, "calibrate") and not Path(self.profile).exists():

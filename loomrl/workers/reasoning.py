@@ -413,11 +413,22 @@ class TaskConfig:
     options: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> list[str]:
+        from loomrl.tasks import task_names
         from loomrl.tasks.prompts import INSTRUCTIONS
 
+        p = []
         if self.instruction not in INSTRUCTIONS:
-            return [f"instruction: {self.instruction!r} is not one of {sorted(INSTRUCTIONS)}"]
-        return []
+            p.append(f"instruction: {self.instruction!r} is not one of {sorted(INSTRUCTIONS)}")
+        if self.name not in task_names():  # before any worker starts, not in the first one
+            import difflib
+
+            close = difflib.get_close_matches(str(self.name), task_names(), n=1)
+            p.append(
+                f"name: {self.name!r} is not a task"
+                + (f" — did you mean {close[0]!r}?" if close else "")
+                + f"; known tasks: {', '.join(task_names())}"
+            )
+        return p
 
     def as_kwargs(self, seed: int) -> dict:
         kw: dict[str, Any] = {"name": self.name, "seed": seed, **self.options}
