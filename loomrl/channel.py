@@ -417,6 +417,17 @@ def _check_name(name: Any) -> None:
         raise ValueError(f"channel name must be a non-empty string, got {name!r}")
 
 
+def _check_key(key: Any, channel: str) -> None:
+    """A key names one FIFO of the broker's dict: it must be hashable (a tuple, not a list)."""
+    try:
+        hash(key)
+    except TypeError:
+        raise TypeError(
+            f"channel {channel!r}: key {key!r} is not hashable ({type(key).__name__}); use a "
+            "str, an int or a tuple"
+        ) from None
+
+
 def _check_timeout(timeout: float | None) -> None:
     if timeout is not None and timeout < 0:
         raise ValueError(f"timeout={timeout!r} must be None (wait forever) or >= 0 seconds")
@@ -568,6 +579,7 @@ class Channel:
         On ChannelTimeout/ChannelClosed, the first ``err.items_put`` items were put.
         """
         _check_timeout(timeout)
+        _check_key(key, self.name)
         items = list(items)
         weights = [1.0] * len(items) if weights is None else [float(w) for w in weights]
         if len(weights) != len(items):
@@ -634,6 +646,7 @@ class Channel:
 
     def _take(self, key, count, weight, timeout, dst) -> list[Any]:
         _check_timeout(timeout)
+        _check_key(key, self.name)
         dst = dst or current_component()
         status, got = self._call(self._broker.take.remote(key, count, weight, timeout, dst))
         if status == "deleted":
@@ -641,8 +654,9 @@ class Channel:
         if status == "closed":
             raise ChannelClosed(f"channel {self.name!r} is closed and key {key!r} is drained")
         if status == "timeout":
+            what = "nothing to get" if count in (None, 1) else f"fewer than {count} items to get"
             raise ChannelTimeout(
-                f"channel {self.name!r} key {key!r}: nothing to get after {timeout}s"
+                f"channel {self.name!r} key {key!r}: {what} after {timeout}s (nothing was taken)"
             )
         return _decode_all([payload for _src, payload in got], self.name)
 

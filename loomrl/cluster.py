@@ -342,6 +342,12 @@ class Cluster:
             )
         if not isinstance(n, int) or n < 1:
             raise PlacementError(f"n={n!r}: the number of workers must be a positive integer")
+        mc = getattr(cls, "max_concurrency", 1)
+        if isinstance(mc, bool) or not isinstance(mc, int) or mc < 1:
+            raise TypeError(
+                f"{cls.__name__}.max_concurrency={mc!r}: must be an int >= 1 (calls a worker "
+                "runs at once; 1 by default)"
+            )
         if (
             isinstance(num_cpus, bool)
             or not isinstance(num_cpus, (int, float))

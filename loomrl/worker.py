@@ -520,7 +520,7 @@ class WorkerGroup:
                     num_cpus=num_cpus,
                     num_gpus=0,
                     name=None,
-                    max_concurrency=int(getattr(worker_cls, "max_concurrency", 1)) or 1,
+                    max_concurrency=getattr(worker_cls, "max_concurrency", 1),  # checked at launch
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
                 ).remote(ctx, *args, **kwargs)
                 actors.append(actor)

@@ -92,9 +92,12 @@ def test_get_times_out_without_losing_items(make_channel):
     with pytest.raises(ChannelTimeout, match="nothing to get after 0.2s"):
         ch.get(timeout=0.2)
     ch.put_many([1, 2])
-    with pytest.raises(ChannelTimeout):
+    with pytest.raises(ChannelTimeout, match="fewer than 3 items to get .*nothing was taken"):
         ch.get_many(3, timeout=0.2)  # only 2 there: both go back, in order
     assert ch.qsize() == 2 and ch.get_many(2) == [1, 2]
+    for call in (lambda: ch.put(1, key=[1, 2]), lambda: ch.get(key={"a": 1}, timeout=0.1)):
+        with pytest.raises(TypeError, match="is not hashable .*use a str, an int or a tuple"):
+            call()
 
 
 def test_get_batch_sums_weights_in_fifo_order(make_channel):

@@ -154,6 +154,12 @@ def test_bad_placements_are_clear_errors(cluster):
     for cpus in ("1", float("nan"), -1):
         with pytest.raises(PlacementError, match="must be a number of cores >= 0"):
             cluster.launch(Echo, 1, devices=[0], num_cpus=cpus)
+
+    class Twice(Echo):
+        max_concurrency = "two"
+
+    with pytest.raises(TypeError, match=r"Twice.max_concurrency='two': must be an int >= 1"):
+        cluster.launch(Twice, 1, devices=[0])
     import numpy as np
 
     assert [d.index for d in cluster.resolve_devices([np.int64(1)])] == [1]  # numpy ints work
