@@ -524,7 +524,10 @@ class Flow:
         from loomrl.plan.search import fixed_plan
 
         if batch < 1:
-            raise ValueError("profile='calibrate' needs sample= or batch= to know the batch size")
+            raise ValueError(
+                "profile='calibrate' needs sample= (one iteration's items) or batch= (their "
+                f"number, >= 1) to know the batch size; got {batch}"
+            )
         n = self.cluster.num_devices
         names = [s.component.name for s in self.stages]
         used = {}
