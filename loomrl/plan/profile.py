@@ -373,7 +373,8 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
     if not isinstance(mem_cap, (int, float)) or isinstance(mem_cap, bool) or mem_cap <= 0:
         problems.append(f"device_memory_gb must be a positive number, got {mem_cap!r}")
         mem_cap = math.inf
-    batch = _positive_int(raw.get("batch", 1), "batch", problems) or 1
+    batch_ok = "batch" in raw and _positive_int(raw["batch"], "batch", problems) is not None
+    batch = int(raw["batch"]) if batch_ok else 1
     grans = raw.get("granularities", [batch])
     if not isinstance(grans, Sequence) or isinstance(grans, str) or not grans:
         problems.append(f"granularities must be a non-empty list of integers, got {grans!r}")
@@ -382,7 +383,7 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
     for g in grans:
         if isinstance(g, bool) or not isinstance(g, int) or g < 1:
             problems.append(f"granularities: {g!r} is not a positive integer")
-        elif batch % g:
+        elif batch % g and batch_ok:  # without a batch, checking against a stand-in misleads
             divisors = [d for d in range(1, batch + 1) if batch % d == 0]
             problems.append(
                 f"granularities: {g} does not divide batch={batch}; use one of {divisors}"

@@ -234,3 +234,18 @@ def test_negative_memory_and_a_plan_given_as_a_profile_are_named(tmp_path, capsy
     assert plan_main([str(plan)]) == 2
     err = capsys.readouterr().err
     assert "this is a plan" in err and err.count("\n") <= 2
+
+
+def test_a_bad_or_missing_batch_is_the_only_problem_said(tmp_path, capsys):
+    prof = yaml.safe_load((EXAMPLES / "demo_matmul.yaml").read_text())
+    prof["granularities"] = [2, 4]
+    for batch, said in ((0, "batch must be a positive integer, got 0"), (None, "'batch'")):
+        if batch is None:
+            prof.pop("batch")
+        else:
+            prof["batch"] = batch
+        p = tmp_path / "b.yaml"
+        p.write_text(yaml.safe_dump(prof))
+        assert plan_main([str(p)]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "does not divide" not in err, err
