@@ -34,7 +34,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -760,28 +760,28 @@ class VecEnv:
             _close_env(slot.env)
         except Exception:
             pass  # a broken simulator may fail to close too; it is being discarded
+        # Nothing left to step env i with, either way below: this VecEnv is done (its other
+        # envs may have moved on within the step), and says so on every later call.
         try:
             slot.env = self._make()
         except Exception as e:
-            # Nothing left to step env i with: this VecEnv is done (its other envs may have
-            # moved on within the step), and says so on every later call.
-            self._broken = (
-                f"{self.cfg.env_id}: env {self.index_offset + i} failed, its reset failed, and "
-                f"a new simulator could not be made ({type(e).__name__}: {e}); fix the "
-                "environment, then start the workers again"
-            )
-            raise EnvFailureError(self._broken) from e
+            self._give_up(i, f"a new simulator could not be made ({type(e).__name__}: {e})", e)
         try:
             if self._tiles is not None:  # a fresh env: its first frame sets its camera either way
                 self._check_tile(i, slot)
             self._resume(i, slot, rng)
         except Exception as e:
-            self._broken = (
-                f"{self.cfg.env_id}: env {self.index_offset + i} failed, its reset failed, and "
-                f"the new simulator made for it failed to reset too ({type(e).__name__}: {e}); "
-                "fix the environment's reset, then start the workers again"
+            self._give_up(
+                i, f"the new simulator made for it failed to reset too ({type(e).__name__}: {e})", e
             )
-            raise EnvFailureError(self._broken) from e
+
+    def _give_up(self, i: int, what: str, cause: BaseException) -> NoReturn:
+        """Mark this VecEnv broken after env i could not be recovered, and raise saying why."""
+        self._broken = (
+            f"{self.cfg.env_id}: env {self.index_offset + i} failed, its reset failed, and "
+            f"{what}; fix the environment, then start the workers again"
+        )
+        raise EnvFailureError(self._broken) from cause
 
     # -- statistics ---------------------------------------------------------------------------
     def pop_episode_stats(self) -> EpisodeStats:
