@@ -82,9 +82,14 @@ def prepare_run_dir(cfg: Any) -> str | None:
             ]
         ) from None
     if not getattr(cfg, "resume", False):
-        moved = set_aside_records(out)
+        reads = [x for x in (cfg.run.placement, cfg.run.profile) if x and Path(x).is_file()]
+        moved = set_aside_records(out, keep=reads)
         if moved is not None:
-            print(f"loomrl: an earlier run's records in {out} moved to {moved}", file=sys.stderr)
+            print(
+                f"loomrl: an earlier run's records in {out} moved to {moved} (move them back to "
+                "continue that run instead)",
+                file=sys.stderr,
+            )
         return None
     from loomrl.checkpoint import latest_checkpoint, list_checkpoints
 
@@ -105,8 +110,16 @@ def prepare_run_dir(cfg: Any) -> str | None:
     return None
 
 
+def _resumable_at(args: argparse.Namespace, cfg: Any) -> None:
+    """Where an interrupted run can be continued (main's Ctrl-C message), for recipes that
+    resume."""
+    if hasattr(cfg, "resume"):
+        args.resume_hint = f"loomrl resume {cfg.run.output_dir}"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     mod, cfg = load_recipe_config(args.config, args.overrides)
+    _resumable_at(args, cfg)
     done = prepare_run_dir(cfg)
     if done:
         print(f"loomrl run: {done}")
@@ -147,6 +160,7 @@ def run_with_restarts(mod: Any, cfg: Any) -> dict:
             )
             if hasattr(cfg, "resume"):
                 cfg = dataclasses.replace(cfg, resume=True)
+                prepare_run_dir(cfg)  # rows written after the last checkpoint go
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -156,6 +170,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         raise ConfigError([f"{run_dir} has no config.yaml: is it a loomrl run directory?"])
     overrides = [f"run.output_dir={run_dir}", "resume=true", *args.overrides]
     mod, cfg = load_recipe_config(cfg_file, overrides)
+    _resumable_at(args, cfg)
     done = prepare_run_dir(cfg)
     if done:
         print(f"loomrl resume: {done}")
@@ -271,9 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         # The run's finally blocks have stopped its workers; what was checkpointed stays.
-        where = getattr(args, "run_dir", None) or "the run directory"
-        hint = f"; continue with `loomrl resume {where}`" if args.cmd in ("run", "resume") else ""
-        print(f"loomrl {args.cmd}: interrupted{hint}", file=sys.stderr)
+        hint = getattr(args, "resume_hint", None)
+        print(
+            f"loomrl {args.cmd}: interrupted" + (f"; continue with `{hint}`" if hint else ""),
+            file=sys.stderr,
+        )
         return 130
 
 

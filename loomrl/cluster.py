@@ -309,7 +309,7 @@ class Cluster:
                     h.spec.args,
                     h.spec.kwargs,
                     name=h.spec.name or h.spec.cls.__name__,
-                    num_cpus=h.spec.num_cpus,
+                    num_cpus=float(h.spec.num_cpus),  # checked in _hold: a real number
                     env=h.env,
                     cores=h.cores,
                 )
@@ -348,9 +348,11 @@ class Cluster:
                 f"{cls.__name__}.max_concurrency={mc!r}: must be an int >= 1 (calls a worker "
                 "runs at once; 1 by default)"
             )
+        import numbers
+
         if (
             isinstance(num_cpus, bool)
-            or not isinstance(num_cpus, (int, float))
+            or not isinstance(num_cpus, numbers.Real)
             or not num_cpus >= 0
             or num_cpus == float("inf")
         ):
@@ -358,6 +360,7 @@ class Cluster:
                 f"{cls.__name__}: num_cpus={num_cpus!r} must be a number of cores >= 0 (0: reserve "
                 "none)"
             )
+        num_cpus = float(num_cpus)
         devs = self.resolve_devices(spec.devices)
         per_rank = _split_devices(devs, n, cls.__name__)
         if n > 1 and self.has_cuda:

@@ -362,18 +362,24 @@ RUN_RECORDS = (
     "trace.json",
     ".failure-injected",
 )
-# Records of completed steps, by the key holding the step and whether a row of step s belongs
-# to a run resumed at s (metrics: the row logged after s steps; timeline: iteration s, 0-based).
-_STEP_RECORDS = {METRICS_FILE: True, "timeline.jsonl": False}
+# Records of steps, by whether a row of step s belongs to a run resumed after s steps (metrics:
+# the row logged after s steps; timeline and tool events: iteration s, 0-based, which it runs).
+_STEP_RECORDS = {METRICS_FILE: True, "timeline.jsonl": False, "tool_events.jsonl": False}
 
 
-def set_aside_records(run_dir: str | os.PathLike) -> Path | None:
+def set_aside_records(
+    run_dir: str | os.PathLike, keep: Sequence[str | os.PathLike] = ()
+) -> Path | None:
     """Move an earlier run's records (``RUN_RECORDS``) out of ``run_dir`` into
     ``run_dir/before-<time>/``, kept whole, and return where; None when there were none. A new
     run in a used directory calls this first, so that its logs, reports and restarts never mix
-    with the earlier run's."""
+    with the earlier run's. ``keep``: files the new run reads (its plan or profile file, which
+    may be the earlier run's): copied there, left in place."""
+    import shutil
+
     d = Path(run_dir)
     found = [d / name for name in RUN_RECORDS if (d / name).exists()]
+    kept = {Path(k).resolve() for k in keep}
     if not any(
         p.name in (METRICS_FILE, SUMMARY_FILE, "timeline.jsonl", "checkpoints") for p in found
     ):
@@ -385,7 +391,12 @@ def set_aside_records(run_dir: str | os.PathLike) -> Path | None:
         dest = d / f"before-{stamp}-{n}"
     dest.mkdir()
     for p in found:
-        os.rename(p, dest / p.name)
+        if p.resolve() in kept:
+            shutil.copy2(p, dest / p.name)
+        elif any(p.resolve() in k.parents for k in kept):  # a folder holding one of them
+            shutil.copytree(p, dest / p.name)
+        else:
+            os.rename(p, dest / p.name)
     return dest
 
 

@@ -74,7 +74,7 @@ def _argument_problems(args: argparse.Namespace) -> list[str]:
     if args.channel_capacity is not None and args.channel_capacity < 1:
         p.append(f"--channel-capacity must be >= 1 micro-batch, got {args.channel_capacity}")
     for flag, path, suffixes in (
-        ("--timeline", args.timeline, (".png", ".pdf", ".svg")),
+        ("--timeline", args.timeline, _image_suffixes() if args.timeline else None),
         ("--save", args.save, None),
     ):
         if path is None:
@@ -87,6 +87,13 @@ def _argument_problems(args: argparse.Namespace) -> list[str]:
         if suffixes and Path(path).suffix.lower() not in suffixes:
             p.append(f"{flag} {path}: an image file ending in one of {', '.join(suffixes)}")
     return p
+
+
+def _image_suffixes() -> tuple[str, ...]:
+    """The file endings matplotlib can write a figure as (png, pdf, svg, jpg, ...)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return tuple(f".{k}" for k in FigureCanvasBase.get_supported_filetypes())
 
 
 def plan_main(argv: list[str] | None = None) -> int:

@@ -185,9 +185,11 @@ def main(cfg: Config) -> dict:
         start = restore(run, g) if cfg.resume else fresh_start(run)
         sync = weight_sync(g["actor"], g["rollout"], cfg=cfg.run)
         sync()
-        metrics: dict[str, Any] = evaluate_by_hops(g["rollout"], task, encode, cfg)
-        metrics.update(tool_step(run, g["rollout"], start, "eval/"))
-        run.logger.log(start, metrics)
+        metrics: dict[str, Any] = {}
+        if start == 0 or start >= cfg.run.steps:  # resumed: its checkpoint's step was logged
+            metrics = evaluate_by_hops(g["rollout"], task, encode, cfg)
+            metrics.update(tool_step(run, g["rollout"], start, "eval/"))
+            run.logger.log(start, metrics)
         for step in range(start, cfg.run.steps):
             run.maybe_inject_failure(step, g["rollout"].group)
             result = flow.run(prompts(task, encode, step, cfg.batch))

@@ -95,8 +95,10 @@ def main(cfg: Config) -> dict:
         start = restore(run, g) if cfg.resume else fresh_start(run)
         sync = weight_sync(g["actor"], g["rollout"], cfg=cfg.run)
         sync()
-        metrics: dict[str, Any] = {"eval_accuracy": evaluate(g["rollout"], task, encode, cfg)}
-        run.logger.log(start, metrics)
+        metrics: dict[str, Any] = {}
+        if start == 0 or start >= cfg.run.steps:  # resumed: its checkpoint's step was logged
+            metrics["eval_accuracy"] = evaluate(g["rollout"], task, encode, cfg)
+            run.logger.log(start, metrics)
         for step in range(start, cfg.run.steps):
             run.maybe_inject_failure(step, g["rollout"].group)
             result = flow.run(prompts(task, encode, step, cfg.batch))

@@ -122,8 +122,10 @@ def main(cfg: Config) -> dict:
         ]
         for sync in syncs:
             sync()
-        metrics: dict[str, Any] = {"eval_accuracy": evaluate(g["rollout"], task, encode, cfg)}
-        run.logger.log(start, metrics)
+        metrics: dict[str, Any] = {}
+        if start == 0 or start >= cfg.run.steps:  # resumed: its checkpoint's step was logged
+            metrics["eval_accuracy"] = evaluate(g["rollout"], task, encode, cfg)
+            run.logger.log(start, metrics)
         for step in range(start, cfg.run.steps):
             result = flow.run(prompts(task, encode, step, cfg.batch))
             for sync in syncs:

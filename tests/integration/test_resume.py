@@ -43,6 +43,7 @@ def test_resume_is_bit_identical(cluster, straight, tmp_path):
     assert a["param_sha256"] == b["param_sha256"]
     steps = [json.loads(x)["step"] for x in (part / "metrics.jsonl").read_text().splitlines()]
     assert steps[-1] == 4 and 3 in steps
+    assert steps == sorted(set(steps))  # each step once: no second row for the resumed step
 
 
 def test_half_written_checkpoint_is_never_picked(tmp_path):
@@ -78,6 +79,10 @@ def test_dead_worker_restarts_from_checkpoint(cluster, straight, tmp_path):
     run_with_restarts(mod, cfg)
     restarts = (crashy / "restarts.jsonl").read_text().splitlines()
     assert len(restarts) == 1 and "died" in restarts[0]
+    steps = [json.loads(x)["step"] for x in (crashy / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3, 4]  # rows after the step-2 checkpoint went with the restart
+    timeline = [json.loads(x)["step"] for x in (crashy / "timeline.jsonl").read_text().splitlines()]
+    assert timeline == [0, 1, 2, 3]
     a = json.loads((clean / "run_summary.json").read_text())
     b = json.loads((crashy / "run_summary.json").read_text())
     assert a["param_sha256"] == b["param_sha256"]

@@ -115,9 +115,25 @@ def test_export_to_a_file_exits_2(tmp_path, capsys):
 def test_an_interrupt_exits_130_with_how_to_resume(monkeypatch, capsys, tmp_path):
     import loomrl.cli as cli
 
-    def interrupted(args):
+    def interrupted(mod, cfg):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "cmd_resume", interrupted)
-    assert main(["resume", str(tmp_path)]) == 130
-    assert f"loomrl resume {tmp_path}" in capsys.readouterr().err
+    monkeypatch.setattr(cli, "run_with_restarts", interrupted)
+    assert main(["run", str(TINY), f"output_dir={tmp_path}"]) == 130
+    assert f"continue with `loomrl resume {tmp_path}`" in capsys.readouterr().err
+    demo = ROOT / "examples" / "demo_matmul.yaml"  # a recipe that does not resume: no hint
+    assert main(["run", str(demo), f"output_dir={tmp_path / 'demo'}"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "resume" not in err
+
+
+def test_a_new_run_keeps_in_place_the_plan_file_it_reads(tmp_path):
+    from loomrl.plan import load_profile, search
+
+    plan = search(load_profile(ROOT / "examples/profiles/tiny_grpo.yaml"), mode="temporal")
+    plan.save(tmp_path / "plan.json")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert prepare_run_dir(_cfg(tmp_path, f"placement={tmp_path / 'plan.json'}")) is None
+    (aside,) = tmp_path.glob("before-*")
+    assert (tmp_path / "plan.json").is_file() and (aside / "plan.json").is_file()
+    assert not (tmp_path / "metrics.jsonl").exists() and (aside / "metrics.jsonl").is_file()
