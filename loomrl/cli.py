@@ -64,12 +64,19 @@ def load_recipe_config(config: str | Path, overrides: list[str]) -> tuple[Any, A
     return mod, load_config(mod.Config, path, overrides)
 
 
+_RUN_DIR_LOCK: Any = None  # this process's hold on its run directory (runlog.lock_run_dir)
+
+# What a checkpoint's state depends on: a resume that changes one would load it into another
+# model or continue on other prompts.
+_FIXED_ON_RESUME = ("model.path", "batch", "sampling.group_size", "task.name", "recipe")
+
+
 def prepare_run_dir(cfg: Any) -> str | None:
     """Ready ``run.output_dir`` for a run: a new run sets an earlier run's records there aside
     (``runlog.set_aside_records``); a resumed one (``resume: true``) cuts the step records back
     to the checkpoint it resumes from. Returns why there is nothing to run (a resume of a run
     that already reached ``run.steps``, left untouched), else None."""
-    from loomrl.runlog import set_aside_records, trim_records
+    from loomrl.runlog import lock_run_dir, set_aside_records, trim_records
 
     out = Path(cfg.run.output_dir)
     try:
@@ -81,6 +88,9 @@ def prepare_run_dir(cfg: Any) -> str | None:
                 f"({e.strerror or e}); choose a directory that can be created and written"
             ]
         ) from None
+    global _RUN_DIR_LOCK
+    if _RUN_DIR_LOCK is None or Path(_RUN_DIR_LOCK.name).parent != out:
+        _RUN_DIR_LOCK = lock_run_dir(out)  # held until this process exits
     if not getattr(cfg, "resume", False):
         reads = [x for x in (cfg.run.placement, cfg.run.profile) if x and Path(x).is_file()]
         moved = set_aside_records(out, keep=reads)
@@ -94,7 +104,14 @@ def prepare_run_dir(cfg: Any) -> str | None:
     from loomrl.checkpoint import latest_checkpoint, list_checkpoints
 
     path = latest_checkpoint(out)
-    done = next((s for s, p in list_checkpoints(out) if p == path), 0) if path else 0
+    if path is None:
+        raise ConfigError(
+            [
+                f"{out} has no complete checkpoint to resume from; start it over with "
+                "`loomrl run` (its records are then set aside), or set run.checkpoint_every"
+            ]
+        )
+    done = next(s for s, p in list_checkpoints(out) if p == path)
     if done >= cfg.run.steps:
         return (
             f"{out} is at step {done} of run.steps={cfg.run.steps}: nothing to resume "
@@ -168,6 +185,19 @@ def cmd_resume(args: argparse.Namespace) -> int:
     cfg_file = run_dir / "config.yaml"
     if not cfg_file.exists():
         raise ConfigError([f"{run_dir} has no config.yaml: is it a loomrl run directory?"])
+    moved = [o for o in args.overrides if o.split("=", 1)[0] == "run.output_dir"]
+    changed = [o for o in args.overrides if o.split("=", 1)[0] in _FIXED_ON_RESUME]
+    if moved or changed:
+        raise ConfigError(
+            [
+                f"{o}: a resume continues {run_dir} as its checkpoint left it"
+                for o in moved + changed
+            ]
+            + [
+                "copy the run directory to continue elsewhere; start a new run (loomrl run) to "
+                f"change {', '.join(_FIXED_ON_RESUME)}"
+            ]
+        )
     overrides = [f"run.output_dir={run_dir}", "resume=true", *args.overrides]
     mod, cfg = load_recipe_config(cfg_file, overrides)
     _resumable_at(args, cfg)

@@ -137,3 +137,29 @@ def test_a_new_run_keeps_in_place_the_plan_file_it_reads(tmp_path):
     (aside,) = tmp_path.glob("before-*")
     assert (tmp_path / "plan.json").is_file() and (aside / "plan.json").is_file()
     assert not (tmp_path / "metrics.jsonl").exists() and (aside / "metrics.jsonl").is_file()
+
+
+def test_a_run_directory_in_use_by_another_run_is_refused(tmp_path):
+    import fcntl
+
+    from loomrl.errors import ConfigError
+    from loomrl.runlog import LOCK_FILE
+
+    with open(tmp_path / LOCK_FILE, "a+") as other:  # another process's hold, as it looks here
+        other.write("pid 12345\n")
+        other.flush()
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ConfigError, match=r"is in use by a running loomrl run \(pid 12345\)"):
+            prepare_run_dir(_cfg(tmp_path))
+    assert prepare_run_dir(_cfg(tmp_path)) is None  # free again once the holder is gone
+
+
+def test_resume_refuses_what_would_not_continue_the_run(tmp_path, capsys):
+    (tmp_path / "config.yaml").write_text(TINY.read_text())
+    assert main(["resume", str(tmp_path)]) == 2  # no checkpoint: nothing to continue
+    assert "no complete checkpoint to resume from" in capsys.readouterr().err
+    for override in (f"run.output_dir={tmp_path / 'elsewhere'}", "model.path=tiny-qwen2", "batch=8"):
+        assert main(["resume", str(tmp_path), override]) == 2
+        err = capsys.readouterr().err
+        assert f"{override}: a resume continues" in err, err
+    assert (tmp_path / "config.yaml").read_text() == TINY.read_text()  # nothing written
