@@ -451,13 +451,19 @@ def _convert(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
     if tp is float:
         if isinstance(value, bool):
             return _wrong(key, "float", value, problems)
+        number = None
         if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value.strip())
+                number = float(value.strip())
             except ValueError:
                 pass
+        if number is not None and number != number:  # NaN passes every range check
+            problems.append(f"{key}: NaN is not a value; give a number")
+            return _MISSING
+        if number is not None:
+            return number
         return _wrong(key, "float", value, problems)
     if tp is str:
         if isinstance(value, str):

@@ -450,3 +450,19 @@ def test_demo_config_refuses_nonsense_sizes_all_at_once():
     text = str(e.value)
     for key in ("demo.size", "demo.transform_sigma", "demo.encode_reps", "batch"):
         assert f"{key}: must be >=" in text, key
+
+
+def test_nan_is_refused_for_every_float_key():
+    from loomrl.config import load_config
+
+    @dataclass
+    class C:
+        lr: float = 1.0
+        clip: float | None = 0.2
+
+    for text in ("nan", ".nan", "NaN"):
+        with pytest.raises(ConfigError, match="lr: NaN is not a value"):
+            load_config(C, {}, [f"lr={text}"])
+    with pytest.raises(ConfigError, match="clip: NaN is not a value"):
+        load_config(C, {"clip": float("nan")})
+    assert load_config(C, {}, ["lr=inf"]).lr == float("inf")  # a range check decides about inf
