@@ -451,6 +451,15 @@ class Flow:
             profiled = True
         elif not hasattr(profile, "components"):
             profile = load_profile(profile)
+        missing = [
+            s.component.name for s in self.stages if s.component.name not in profile.components
+        ]
+        if missing:  # a profile of another workflow (another recipe's run)
+            raise PlanError(
+                f"the profile has no costs for component(s) {missing} of this workflow (it "
+                f"covers {sorted(profile.components)}): profile this workflow (loomrl profile "
+                "CONFIG), or drop run.profile to measure it"
+            )
         if want and profile.batch != want:
             raise PlanError(
                 f"the profile is for batch={profile.batch} items per iteration but this run has "

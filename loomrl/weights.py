@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from loomrl.errors import LoomError, WorkerDiedError
+from loomrl.errors import ConfigError, LoomError, WorkerDiedError
 from loomrl.transport._path import Endpoint, Path, select_path
 
 ALIGN = 64  # bucket offsets: any dtype's view of the flat bytes is aligned
@@ -126,8 +126,13 @@ def route(source: dict, sink: dict, force: str = "auto") -> Path:
         why = "the receiver is not on the trainer's GPU (use 'nccl' between GPUs)"
     elif force == "nccl" and sink["gpu"] is None:
         why = "the receiver has no GPU (use 'shared_memory' or 'gloo')"
-    if why:
-        raise ValueError(f"weight sync path={force!r} cannot reach this receiver: {why}")
+    if why:  # ConfigError (a ValueError): the user's run.weight_path, said without a traceback
+        raise ConfigError(
+            [
+                f"run.weight_path: weight sync path={force!r} cannot reach this receiver: {why}; "
+                "or run.weight_path=auto to pick a route per receiver"
+            ]
+        )
     return Path(force)
 
 

@@ -400,3 +400,12 @@ def test_a_calibrated_plan_names_a_component_no_device_count_fits(cluster):
     flow.chain(g.step)
     with pytest.raises(PlanError, match=r"component 'wide': valid_devices=\[\d+\] has no count"):
         flow.plan("temporal", profile="calibrate", batch=4)
+
+
+def test_a_profile_of_another_workflow_is_refused_naming_what_it_lacks(cluster, demo_profile):
+    flow = Flow(cluster)
+    g = flow.group(Hog, 1, name="critic")
+    flow.chain(g.step)
+    with pytest.raises(PlanError, match=r"no costs for component\(s\) \['critic'\]"):
+        flow.plan("auto", profile=demo_profile)
+    assert all(c.group is None for c in flow.components.values())  # nothing was started
