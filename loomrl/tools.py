@@ -50,8 +50,17 @@ def load_corpus(
         p = Path(path)
         if not p.exists():
             raise ConfigError([f"corpus_path: {path!r} does not exist"])
+        if not p.is_file():
+            raise ConfigError([f"corpus_path: {path!r} is a directory; name a JSONL file"])
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            line = p.read_bytes()[: e.start].count(b"\n") + 1
+            raise ConfigError(
+                [f"corpus_path: {path}:{line} is not UTF-8 text (byte {e.object[e.start]:#x})"]
+            ) from None
         docs, problems = [], []
-        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:

@@ -36,35 +36,41 @@ def load_jsonl(
     if not p.is_file():
         raise DatasetError(f"dataset file {str(p)!r} does not exist (check the task's path)")
     examples: list[Example] = []
-    with p.open("r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{p}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(row, dict):
-                raise DatasetError(
-                    f"{where}: expected a JSON object like "
-                    f'{{"{prompt_key}": ..., "{answer_key}": ...}}, got {type(row).__name__}'
-                )
-            prompt, answer = row.get(prompt_key), row.get(answer_key)
-            if not isinstance(prompt, str) or not prompt.strip():
-                raise DatasetError(
-                    f"{where}: missing or empty {prompt_key!r} (keys present: {sorted(row)}); "
-                    "set prompt_key if the question is stored under another name"
-                )
-            if answer is None or isinstance(answer, (dict, list, bool)) or not str(answer).strip():
-                raise DatasetError(
-                    f"{where}: missing or empty {answer_key!r} (keys present: {sorted(row)}); "
-                    "every line needs a string or number answer; set answer_key if it is "
-                    "stored under another name"
-                )
-            meta = {k: v for k, v in row.items() if k not in (prompt_key, answer_key)}
-            meta["source"] = where
-            examples.append(Example(question=prompt, answer=str(answer).strip(), meta=meta))
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = p.read_bytes()[: e.start].count(b"\n") + 1
+        raise DatasetError(
+            f"{p}:{line}: not UTF-8 text (byte {e.object[e.start]:#x}); save the file as UTF-8"
+        ) from None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{p}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(row, dict):
+            raise DatasetError(
+                f"{where}: expected a JSON object like "
+                f'{{"{prompt_key}": ..., "{answer_key}": ...}}, got {type(row).__name__}'
+            )
+        prompt, answer = row.get(prompt_key), row.get(answer_key)
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise DatasetError(
+                f"{where}: missing or empty {prompt_key!r} (keys present: {sorted(row)}); "
+                "set prompt_key if the question is stored under another name"
+            )
+        if answer is None or isinstance(answer, (dict, list, bool)) or not str(answer).strip():
+            raise DatasetError(
+                f"{where}: missing or empty {answer_key!r} (keys present: {sorted(row)}); "
+                "every line needs a string or number answer; set answer_key if it is "
+                "stored under another name"
+            )
+        meta = {k: v for k, v in row.items() if k not in (prompt_key, answer_key)}
+        meta["source"] = where
+        examples.append(Example(question=prompt, answer=str(answer).strip(), meta=meta))
     if not examples:
         raise DatasetError(f"dataset file {str(p)!r} has no examples")
     return examples

@@ -131,3 +131,12 @@ def test_jsonl_corpus_problems_are_listed_by_line(tmp_path):
         load_corpus(path=str(tmp_path / "none.jsonl"))
     with pytest.raises(ConfigError, match="no corpus of its own"):
         load_corpus(task={"name": "arithmetic"})
+
+
+def test_a_corpus_that_is_a_folder_or_not_utf8_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory; name a JSONL file"):
+        load_corpus(path=str(tmp_path))
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"text": "one"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(ConfigError, match=r"latin1.jsonl:2 is not UTF-8 text \(byte 0xe9\)"):
+        load_corpus(path=str(bad))

@@ -435,3 +435,10 @@ def test_last_number_answer_format():
     assert t.score("\\boxed{5}", ex).reward == 1.0
     strict = make_task("arithmetic", level=1, seed=0)
     assert strict.score("2 + 3 = 5", ex).malformed
+
+
+def test_load_jsonl_names_the_line_that_is_not_utf8(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_bytes(b'{"prompt": "a", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n')
+    with pytest.raises(DatasetError, match=r"d.jsonl:2: not UTF-8 text \(byte 0xe9\)"):
+        load_jsonl(p)
