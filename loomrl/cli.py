@@ -245,6 +245,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     from loomrl.engines.hf import HFEngine
     from loomrl.workers.reasoning import engine_config
 
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            [f"out_dir {str(out)!r} cannot be created ({e.strerror or e}); name a writable path"]
+        ) from None
     state = load_checkpoint(path, weights_only=False)
     engine = HFEngine(engine_config(cfg.model, trainable=True, seed=cfg.run.seed))
     engine.load_state_dict(state["actor"])

@@ -171,6 +171,9 @@ def load_run(run_dir: str | Path) -> RunData:
             summary = json.loads((d / SUMMARY_FILE).read_text())
         except ValueError as e:
             log.warning("%s unreadable (%s); using %s only", d / SUMMARY_FILE, e, TIMELINE_FILE)
+        if not isinstance(summary, dict):
+            log.warning("%s is not a JSON object; using %s only", d / SUMMARY_FILE, TIMELINE_FILE)
+            summary = {}
     return RunData(d, plan, [by_step[s] for s in sorted(by_step)], summary)
 
 

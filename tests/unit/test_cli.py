@@ -163,3 +163,14 @@ def test_resume_refuses_what_would_not_continue_the_run(tmp_path, capsys):
         err = capsys.readouterr().err
         assert f"{override}: a resume continues" in err, err
     assert (tmp_path / "config.yaml").read_text() == TINY.read_text()  # nothing written
+
+
+def test_export_to_a_path_that_cannot_be_created_exits_2(tmp_path, capsys):
+    from loomrl.checkpoint import save_checkpoint
+
+    (tmp_path / "config.yaml").write_text(TINY.read_text())
+    save_checkpoint(tmp_path, 1, {"step": 1})
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert main(["export", str(tmp_path), str(afile / "sub")]) == 2
+    assert "cannot be created" in capsys.readouterr().err

@@ -316,3 +316,10 @@ def test_report_lists_adaptation_events(tmp_path, capsys):
     assert "step 3: off the prediction by +20%, +30%, +25%; profile refreshed" in out
     assert "step 7:" in out and "re-planned to hybrid" in out and "redeploy 1.50 s" in out
     assert "unreadable line" in out
+
+
+def test_a_summary_that_is_not_an_object_is_ignored_with_a_warning(tmp_path, caplog):
+    d = write_run(tmp_path / "r", summary=False)
+    (d / "run_summary.json").write_text("[1, 2]")
+    run = load_run(d)
+    assert run.summary == {} and "is not a JSON object" in caplog.text
