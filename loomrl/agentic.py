@@ -271,6 +271,7 @@ class ToolCaller:
             status, cause = "ok", ""
         except TimeoutError:
             status, cause = "timeout", f"no reply within tool_timeout_s={self.timeout_s:g}"
+            _cancel(handle)
         except (RemoteError, WorkerDiedError) as e:
             status, cause = "error", str(e).splitlines()[0]
         self.wait_s += time.perf_counter() - t0  # blocked: what ring groups are there to hide
@@ -292,6 +293,18 @@ class ToolCaller:
                 "check the tool workers, or raise agent.tool_timeout_s / agent.max_tool_failures"
             )
         return [ToolResult(f"search failed: {status}", status) for _ in queries]
+
+
+def _cancel(handle: Any) -> None:
+    """Drop a call given up on where it has not started (Ray cannot stop a running call of a
+    threaded actor: that one ends by itself, beside the next calls)."""
+    import contextlib
+
+    import ray
+
+    for ref in handle.refs:
+        with contextlib.suppress(Exception):
+            ray.cancel(ref)
 
 
 def ring_cut(rows: int, k: int) -> list[range]:

@@ -15,6 +15,9 @@ from loomrl.worker import Worker, dispatch
 
 class SearchWorker(Worker):
     stateless = True  # answers depend only on the queries and the corpus
+    # Calls run side by side (a BM25 lookup only reads the index): one slow call that the
+    # caller gave up on must not hold the next calls back until they time out too.
+    max_concurrency = 4
 
     def __init__(
         self,

@@ -71,6 +71,14 @@ class SlowSearch(SearchWorker):
         return super().search(queries)
 
 
+class OnceSlowSearch(SearchWorker):
+    def search(self, queries):
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls == 1:
+            time.sleep(5.0)
+        return super().search(queries)
+
+
 class BrokenSearch(SearchWorker):
     def search(self, queries):
         raise RuntimeError("index corrupted")
@@ -135,6 +143,25 @@ def test_a_slow_tool_times_out_then_stops_the_run(cluster):
         assert "tool_timeout_s=0.3" in events[0]["cause"]
         with pytest.raises(RemoteError, match="ToolError: the search tool failed 2 calls in a row"):
             wait(agent.generate(_items(1)))
+    finally:
+        tool.kill()
+        agent.kill()
+
+
+def test_one_slow_search_does_not_hold_back_the_calls_after_it(cluster):
+    """The first call sleeps 5 s and times out; the next, made while it still runs, is
+    answered: one failure, not a run stopped by calls queued behind the slow one."""
+    tool = _tool(cluster, OnceSlowSearch)
+    slow = AGENT.__dict__ | {"tool_timeout_s": 0.5, "max_tool_failures": 2}
+    agent = cluster.launch(
+        ScriptedAgent, 1, MODEL, SAMPLING, AgentConfig(**slow), tool, 0, name="agent-once"
+    )
+    try:
+        (first,) = wait(agent.generate(_items(1)))
+        (second,) = wait(agent.generate(_items(1)))
+        assert first[0]["tool_failures"] == [1] * 4 and second[0]["tool_failures"] == [0] * 4
+        (log,) = wait(agent.tool_log())
+        assert [e["event"] for e in log["events"]] == ["tool_timeout"]
     finally:
         tool.kill()
         agent.kill()

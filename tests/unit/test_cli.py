@@ -158,7 +158,11 @@ def test_resume_refuses_what_would_not_continue_the_run(tmp_path, capsys):
     (tmp_path / "config.yaml").write_text(TINY.read_text())
     assert main(["resume", str(tmp_path)]) == 2  # no checkpoint: nothing to continue
     assert "no complete checkpoint to resume from" in capsys.readouterr().err
-    for override in (f"run.output_dir={tmp_path / 'elsewhere'}", "model.path=tiny-qwen2", "batch=8"):
+    for override in (
+        f"run.output_dir={tmp_path / 'elsewhere'}",
+        "model.path=tiny-qwen2",
+        "batch=8",
+    ):
         assert main(["resume", str(tmp_path), override]) == 2
         err = capsys.readouterr().err
         assert f"{override}: a resume continues" in err, err
