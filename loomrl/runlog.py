@@ -380,10 +380,14 @@ def set_aside_records(
     d = Path(run_dir)
     found = [d / name for name in RUN_RECORDS if (d / name).exists()]
     kept = {Path(k).resolve() for k in keep}
-    if not any(
-        p.name in (METRICS_FILE, SUMMARY_FILE, "timeline.jsonl", "checkpoints") for p in found
+    metrics = d / METRICS_FILE
+    logged = metrics.is_file() and metrics.stat().st_size > 0
+    if not logged and not any(
+        p.name in (SUMMARY_FILE, "timeline.jsonl", "checkpoints") for p in found
     ):
-        return None  # no earlier run here (at most a config or a plot left by hand)
+        # No earlier run: at most a config and an empty metrics file, what a run that failed
+        # at its start leaves (the new run writes over them), or a plot left by hand.
+        return None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     dest, n = d / f"before-{stamp}", 1
     while dest.exists():

@@ -199,6 +199,8 @@ def test_set_aside_records_moves_only_what_a_run_wrote(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     (tmp_path / "config.yaml").write_text("recipe: grpo\n")
     assert set_aside_records(tmp_path) is None  # a config alone is no earlier run
+    (tmp_path / "metrics.jsonl").write_text("")
+    assert set_aside_records(tmp_path) is None  # nor with the empty log of a failed start
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     (tmp_path / "timeline.jsonl").write_text('{"step": 0}\n')
     save_checkpoint(tmp_path, 2, {"step": 2})
