@@ -37,7 +37,7 @@ def _recipe_module(config: Path | dict, overrides: list[str]) -> Any:
             source=str(config),
         )
     name = next((o.split("=", 1)[1] for o in overrides if o.startswith("recipe=")), None)
-    name = name or (data.get("recipe") if isinstance(data, dict) else None)
+    name = name or data.get("recipe")
     if name not in RECIPES:
         import difflib
 
@@ -58,8 +58,6 @@ def load_recipe_config(config: str | Path, overrides: list[str]) -> tuple[Any, A
     path = Path(config)
     if not path.exists():
         raise ConfigError([f"config file {str(path)!r} does not exist"])
-    if not path.is_file():
-        raise ConfigError([f"config {str(path)!r} is a directory; name a YAML config file in it"])
     mod = _recipe_module(path, overrides)
     return mod, load_config(mod.Config, path, overrides)
 

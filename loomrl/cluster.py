@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -232,8 +233,6 @@ class Cluster:
         """Turn ``None`` (all), an int count, a range or a list of global indices into Device objects."""
         if devices is None:
             return list(self.devices)
-        import numbers
-
         if isinstance(devices, numbers.Integral) and not isinstance(devices, bool):
             devices = int(devices)
             if devices < 1 or devices > len(self.devices):
@@ -348,8 +347,6 @@ class Cluster:
                 f"{cls.__name__}.max_concurrency={mc!r}: must be an int >= 1 (calls a worker "
                 "runs at once; 1 by default)"
             )
-        import numbers
-
         if (
             isinstance(num_cpus, bool)
             or not isinstance(num_cpus, numbers.Real)
@@ -360,7 +357,6 @@ class Cluster:
                 f"{cls.__name__}: num_cpus={num_cpus!r} must be a number of cores >= 0 (0: reserve "
                 "none)"
             )
-        num_cpus = float(num_cpus)
         devs = self.resolve_devices(spec.devices)
         per_rank = _split_devices(devs, n, cls.__name__)
         if n > 1 and self.has_cuda:

@@ -28,9 +28,11 @@ This module never imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import enum
+import math
 import os
 import re
 import tempfile
@@ -204,6 +206,8 @@ def load_config(
 
 
 def _read_yaml(path: Path) -> Any:
+    if path.is_dir():
+        raise ConfigError([f"config {str(path)!r} is a directory; name a YAML file in it"])
     if not path.is_file():
         raise ConfigError([f"config file not found: {path}"], source=str(path))
     try:
@@ -455,16 +459,14 @@ def _convert(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
         if isinstance(value, (int, float)):
             number = float(value)
         elif isinstance(value, str):
-            try:
+            with contextlib.suppress(ValueError):
                 number = float(value.strip())
-            except ValueError:
-                pass
-        if number is not None and number != number:  # NaN passes every range check
+        if number is None:
+            return _wrong(key, "float", value, problems)
+        if math.isnan(number):  # NaN passes every range check
             problems.append(f"{key}: NaN is not a value; give a number")
             return _MISSING
-        if number is not None:
-            return number
-        return _wrong(key, "float", value, problems)
+        return number
     if tp is str:
         if isinstance(value, str):
             return value
@@ -642,3 +644,13 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_utf8(path: Path) -> str:
+    """The text of a UTF-8 file; ``ValueError`` naming ``path:line`` and the byte that is not
+    UTF-8 (a data file saved in another encoding), for the caller to say as its own error."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}", f"byte {e.object[e.start]:#x}") from None

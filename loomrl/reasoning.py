@@ -168,6 +168,13 @@ def fresh_start(run: Any) -> int:
     return 0
 
 
+def opening_eval(start: int, steps: int) -> bool:
+    """Whether a run evaluates before its first step: a fresh one does (the curve's first
+    point), a resumed one not, as its checkpoint's step was logged already, unless it has no
+    step left to run (its summary then needs the metric)."""
+    return start == 0 or start >= steps
+
+
 def restore(run: Any, groups: dict) -> int:
     from loomrl.checkpoint import latest_checkpoint, load_checkpoint, restore_rng
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loomrl.config import read_utf8
 from loomrl.errors import ConfigError, LoomError
 
 NO_RESULTS = "No results."
@@ -53,12 +54,10 @@ def load_corpus(
         if not p.is_file():
             raise ConfigError([f"corpus_path: {path!r} is a directory; name a JSONL file"])
         try:
-            text = p.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            line = p.read_bytes()[: e.start].count(b"\n") + 1
-            raise ConfigError(
-                [f"corpus_path: {path}:{line} is not UTF-8 text (byte {e.object[e.start]:#x})"]
-            ) from None
+            text = read_utf8(p)
+        except ValueError as e:
+            where, byte = e.args
+            raise ConfigError([f"corpus_path: {where} is not UTF-8 text ({byte})"]) from None
         docs, problems = [], []
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():

@@ -164,6 +164,7 @@ def main(cfg: Config) -> dict:
         Encoder,
         fresh_start,
         metrics_of,
+        opening_eval,
         restore,
         save,
         weight_sync,
@@ -186,7 +187,7 @@ def main(cfg: Config) -> dict:
         sync = weight_sync(g["actor"], g["rollout"], cfg=cfg.run)
         sync()
         metrics: dict[str, Any] = {}
-        if start == 0 or start >= cfg.run.steps:  # resumed: its checkpoint's step was logged
+        if opening_eval(start, cfg.run.steps):
             metrics = evaluate_by_hops(g["rollout"], task, encode, cfg)
             metrics.update(tool_step(run, g["rollout"], start, "eval/"))
             run.logger.log(start, metrics)

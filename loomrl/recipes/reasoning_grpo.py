@@ -77,6 +77,7 @@ def main(cfg: Config) -> dict:
         evaluate,
         fresh_start,
         metrics_of,
+        opening_eval,
         restore,
         save,
         weight_sync,
@@ -96,7 +97,7 @@ def main(cfg: Config) -> dict:
         sync = weight_sync(g["actor"], g["rollout"], cfg=cfg.run)
         sync()
         metrics: dict[str, Any] = {}
-        if start == 0 or start >= cfg.run.steps:  # resumed: its checkpoint's step was logged
+        if opening_eval(start, cfg.run.steps):
             metrics["eval_accuracy"] = evaluate(g["rollout"], task, encode, cfg)
             run.logger.log(start, metrics)
         for step in range(start, cfg.run.steps):

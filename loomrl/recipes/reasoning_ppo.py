@@ -105,7 +105,14 @@ def build(flow: Any, cfg: Config) -> dict[str, Any]:
 
 def main(cfg: Config) -> dict:
     from loomrl.flow import Flow
-    from loomrl.reasoning import Encoder, evaluate, fresh_start, metrics_of, weight_sync
+    from loomrl.reasoning import (
+        Encoder,
+        evaluate,
+        fresh_start,
+        metrics_of,
+        opening_eval,
+        weight_sync,
+    )
     from loomrl.tasks import make_task
 
     run = Run(cfg, cfg.run)
@@ -123,7 +130,7 @@ def main(cfg: Config) -> dict:
         for sync in syncs:
             sync()
         metrics: dict[str, Any] = {}
-        if start == 0 or start >= cfg.run.steps:  # resumed: its checkpoint's step was logged
+        if opening_eval(start, cfg.run.steps):
             metrics["eval_accuracy"] = evaluate(g["rollout"], task, encode, cfg)
             run.logger.log(start, metrics)
         for step in range(start, cfg.run.steps):

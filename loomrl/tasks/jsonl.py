@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from loomrl.config import read_utf8
 from loomrl.errors import ConfigError, LoomError
 from loomrl.reward import RewardResult, score
 from loomrl.tasks.base import Example, check_index, in_eval_split
@@ -37,12 +38,10 @@ def load_jsonl(
         raise DatasetError(f"dataset file {str(p)!r} does not exist (check the task's path)")
     examples: list[Example] = []
     try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        line = p.read_bytes()[: e.start].count(b"\n") + 1
-        raise DatasetError(
-            f"{p}:{line}: not UTF-8 text (byte {e.object[e.start]:#x}); save the file as UTF-8"
-        ) from None
+        text = read_utf8(p)
+    except ValueError as e:
+        where, byte = e.args
+        raise DatasetError(f"{where}: not UTF-8 text ({byte}); save the file as UTF-8") from None
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
