@@ -57,6 +57,15 @@ class WorkerDiedError(LoomError):
         )
 
 
+class TrainingError(LoomError):
+    """Training cannot go on: e.g. every recent update's gradients were not finite."""
+
+
+class IterationTimeout(LoomError, TimeoutError):
+    """An iteration of a flow ran past its time limit: a stage hangs (or is far slower than its
+    plan predicted)."""
+
+
 class ChannelClosed(LoomError):
     """get/put on a channel that was closed (and, for get, drained)."""
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loomrl.errors import PlanError
+from loomrl.errors import ConfigError, PlanError
 from loomrl.worker import Handle, Worker, WorkerGroup, wait
 
 if TYPE_CHECKING:
@@ -48,6 +48,10 @@ log = logging.getLogger(__name__)
 
 # Warm iterations that refresh the prediction of a plan searched on a freshly measured profile.
 REFRESH_ITERATIONS = 3
+# iteration_timeout_s="auto": an iteration may take this many times the longer of its plan's
+# prediction and the slowest one so far, and never less than the floor.
+AUTO_TIMEOUT_FACTOR = 10.0
+AUTO_TIMEOUT_FLOOR_S = 1800.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,8 +295,10 @@ class Flow:
         run_dir: str | Path | None = None,
         channel_capacity: int = 0,
         offload: str = "auto",
+        iteration_timeout_s: float | str = "auto",
     ):
         self.cluster = cluster
+        self.iteration_timeout_s = check_iteration_timeout(iteration_timeout_s)
         self.run_dir = Path(run_dir) if run_dir else None
         self.components: dict[str, Component] = {}
         self.stages: list[_Method] = []
@@ -318,6 +324,9 @@ class Flow:
         self.observed_edges: set[tuple[str, str]] = set()
         self._group_launch_s = 0.0  # seconds the last launch took (its groups start together)
         self._fresh = False  # groups were (re)started: the next iteration is their warm-up
+        self._slowest_s = 0.0  # the slowest iteration so far (the "auto" time limit's yardstick)
+        self._limit: float | None = None  # the running iteration's time limit (s)
+        self._deadline: float | None = None  # time.monotonic() by which it must end
         self._profiled: dict[str, list[int]] | None = None  # groups the profiler left running
         self.profile_run: Any = None  # the last profiling's record (loomrl.profiler.ProfileRun)
         # The chosen plan's relative standard error from profiling only a few items
@@ -847,6 +856,37 @@ class Flow:
         finally:
             self._running.release()
 
+    def iteration_limit_s(self, plan: Plan) -> float | None:
+        """Seconds an iteration under ``plan`` may take before ``run`` gives up on it (None: no
+        limit). "auto" is generous, so that only a hang reaches it: 10x the longer of the
+        plan's prediction and the slowest iteration so far, and at least 30 minutes (a first
+        iteration may compile kernels or load models that no profile timed)."""
+        t = self.iteration_timeout_s
+        if t == "off":
+            return None
+        if t == "auto":
+            known = max(plan.predicted_s or 0.0, self._slowest_s)
+            return max(AUTO_TIMEOUT_FLOOR_S, AUTO_TIMEOUT_FACTOR * known)
+        return float(t)
+
+    def _wait_stage(self, h: Any, spec: StageSpec) -> list[dict]:
+        """A stage's results, or ``IterationTimeout`` naming it when the iteration's time is up."""
+        left = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+        try:
+            return wait(h, timeout=left)
+        except TimeoutError:
+            from loomrl.errors import IterationTimeout
+
+            t = self.iteration_timeout_s
+            how = f"{t:g} s" if t != "auto" else f"'auto': {self._limit:.0f} s"
+            raise IterationTimeout(
+                f"flow.run(): iteration {self._iter} ran past its time limit (iteration_timeout_s="
+                f"{how}) with {spec.component}.{spec.method}() still running: it hangs, or is "
+                "far slower than planned (a stuck tool call or simulator, a deadlock in the "
+                "stage). If iterations really take this long, raise run.iteration_timeout_s "
+                "or set it to 'off'"
+            ) from None
+
     def _close_channels(self) -> None:
         """Close the hop channels (no more puts; gets drain, then raise ChannelClosed). The
         failed run then drops them (``_run``)."""
@@ -882,6 +922,8 @@ class Flow:
         micro = {c: (plan.micro_batch if ctx[c][0] == "stream" else M) for c in names}
         world = {c: self.components[c].group.world_size for c in names}
         chans = self._hop_channels(len(names))
+        self._limit = self.iteration_limit_s(plan)
+        self._deadline = None if self._limit is None else time.monotonic() + self._limit
         t0 = time.time()
         try:
             # The driver feeds the first stage; every later hop is worker -> worker.
@@ -912,6 +954,7 @@ class Flow:
             phases: dict[str, tuple[float, float]] = {}
             self._execute(plan.tree, "phase", specs, results, phases)
             measured = time.time() - t0
+            self._slowest_s = max(self._slowest_s, measured)
             # The data-flow graph as the channels saw it (producer -> consumer components).
             for ch in chans:
                 self.observed_edges |= {e for e in ch.edges() if "driver" not in e}
@@ -981,7 +1024,7 @@ class Flow:
             t = time.time()
             h = comp.group._call("_loom_run_stage", spec)
             h.method = spec.method  # an error names the user's stage method, not its runner
-            results[node.component] = wait(h)
+            results[node.component] = self._wait_stage(h, spec)
             if context == "phase":
                 phases[node.component] = (t - spec.t0, time.time() - spec.t0)
             return
@@ -1011,6 +1054,20 @@ class Flow:
         th.join()
         if errors:
             raise errors[0]
+
+
+def check_iteration_timeout(value: Any, key: str = "iteration_timeout_s") -> float | str:
+    """``value`` as a time limit per iteration: seconds > 0, ``"auto"`` or ``"off"``."""
+    if value in ("auto", "off"):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    raise ConfigError(
+        [
+            f"{key}={value!r}: use seconds > 0, 'auto' (at least {AUTO_TIMEOUT_FLOOR_S:.0f} s, "
+            f"and {AUTO_TIMEOUT_FACTOR:.0f}x the predicted or slowest iteration) or 'off'"
+        ]
+    )
 
 
 def _contexts(tree: Node) -> dict[str, tuple[str, bool, bool]]:

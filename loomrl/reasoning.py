@@ -184,4 +184,5 @@ def restore(run: Any, groups: dict) -> int:
     state = load_checkpoint(path, weights_only=False)
     wait(groups["actor"].load_state(state["actor"]))
     restore_rng(state["rng"])
-    return int(state["step"])
+    run.steps_done = int(state["step"])
+    return run.steps_done

@@ -6,8 +6,9 @@ Reads the files ``loomrl run`` leaves in its run directory:
 - ``timeline.jsonl``: one object per iteration, ``{"step", "measured_s", "predicted_s", "records"}``
   where each record is ``{"component", "rank", "devices", "kind", "micro_batch", "start", "end",
   "items"}`` with times in seconds from the iteration's start,
-- ``run_summary.json`` (optional: a run cut short has none; every number it holds is recomputed
-  from ``timeline.jsonl``).
+- ``run_summary.json`` (optional: a run killed outright has none; every number it holds is
+  recomputed from ``timeline.jsonl``; a run that stopped on an error says so in its ``status``
+  and ``error``, which the table repeats).
 
 and writes ``timeline_measured_vs_predicted.png`` (predicted panel over measured panel on one time
 axis), ``trace.json`` (Chrome / Perfetto trace of every recorded iteration, end to end) and prints
@@ -269,6 +270,18 @@ def _refresh_lines(run: RunData, pred: float) -> list[str]:
     return lines
 
 
+def _status_lines(summary: Mapping[str, Any]) -> list[str]:
+    """A run that did not finish: how it ended, after how many steps, and why."""
+    status = summary.get("status")
+    if status in (None, "finished"):
+        return []
+    done = summary.get("steps_done")
+    return [
+        f"  run {status} after {done if done is not None else '?'} step(s): "
+        f"{str(summary.get('error', 'no error recorded'))[:300]}"
+    ]
+
+
 def format_table(run: RunData, it: Iteration) -> str:
     """The printed summary: iteration times, relative error, per-component busy time of step ``it``."""
     warm = run.warm
@@ -281,6 +294,7 @@ def format_table(run: RunData, it: Iteration) -> str:
         f"steps {warm[0].step}..{warm[-1].step})",
         f"  relative error          {_rel(meas, pred):>10}  (measured vs predicted)",
         *_refresh_lines(run, pred),
+        *_status_lines(run.summary),
         "",
         f"busy time per component, step {it.step} (measured {it.measured_s:.4f} s):",
     ]

@@ -4,7 +4,10 @@ A recipe's config embeds ``RunConfig`` (placement, steps, seed, output_dir, ...)
 the cluster, opens the logger, applies the plan, records each iteration's measured timeline beside
 the prediction, and writes ``run_summary.json`` with the fields tools outside loomrl read:
 ``plan`` (mode and assignment), ``steps``, ``param_sha256``, ``predicted_iteration_s``,
-``measured_iteration_s`` (median after warm-up) and ``metrics`` (the last logged values).
+``measured_iteration_s`` (median after warm-up) and ``metrics`` (the last logged values), with
+``status`` ``"finished"``. A run that stops on an error or Ctrl-C writes one too, with ``status``
+``"failed"`` or ``"interrupted"``, the ``error``, and what it had done (``steps_done``, the plan,
+the iterations measured, the last metrics logged), so tools find every run's outcome in one file.
 
 A plan searched on a profile measured in this run predicts, after its first three warm
 iterations, from those iterations' measured components (the profile timed only a few items of
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,9 +71,20 @@ class RunConfig:
     # it (by the profile's memory; a calibrated plan measured none, so it offloads), "never"
     # keeps every component resident, "always" offloads between phases.
     offload: str = "auto"
+    # How long one iteration of the flow may run before the run stops with an error naming the
+    # stage still running (a hang): seconds, "off", or "auto" (10x the plan's prediction or the
+    # slowest iteration so far, and at least 30 minutes).
+    iteration_timeout_s: float | str = "auto"
 
     def validate(self) -> list[str]:
         p = []
+        from loomrl.errors import ConfigError
+        from loomrl.flow import check_iteration_timeout
+
+        try:
+            check_iteration_timeout(self.iteration_timeout_s)
+        except ConfigError as e:
+            p.extend(e.problems)
         if self.steps < 1:
             p.append(f"steps: must be >= 1, got {self.steps}")
         if self.placement not in ("auto", "temporal", "spatial", "hybrid"):
@@ -172,6 +187,8 @@ class Run:
         self.plan: Any = None
         self.planned_s: float | None = None  # the plan's prediction when it was chosen
         self.t_start = time.time()
+        self.steps_done = 0  # iterations completed (counting those before a resume)
+        self.summarised = False
 
     def apply_plan(self, flow: Any, sample: list[Any], **kw: Any) -> Any:
         t = time.time()
@@ -179,6 +196,7 @@ class Run:
             kw.setdefault("profile", self.rc.profile)
         kw.setdefault("profile_budget", self.rc.profile_budget)
         kw.setdefault("notify", self.logger.echo)
+        flow.iteration_timeout_s = self.rc.iteration_timeout_s
         flow.profile_run = None
         self.plan = flow.plan(
             self.rc.placement, sample=sample, micro_batch=self.rc.micro_batch, **kw
@@ -220,6 +238,7 @@ class Run:
                 )
             self._save_plan(flow)
         self.iter_times.append(result.measured_s)
+        self.steps_done = step + 1
         with open(self.dir / "timeline.jsonl", "a") as f:
             f.write(
                 json.dumps(
@@ -287,16 +306,23 @@ class Run:
     def summary(
         self, steps: int, param_sha256: str | None, metrics: dict[str, Any], **extra: Any
     ) -> dict:
+        s = {"status": "finished", **self._record(), "steps": steps}
+        s.update(steps_done=self.steps_done, param_sha256=param_sha256)
+        s.update(metrics=metrics, **extra)
+        self.logger.write_summary(s)
+        self.summarised = True
+        return s
+
+    def _record(self) -> dict[str, Any]:
+        """What the summary of a finished or a failed run says of its plan and timing."""
         plan = self.plan
-        s = {
+        return {
             "plan": {
                 "mode": getattr(plan, "mode", None),
                 "assignment": plan.assignment() if plan is not None else {},
                 "micro_batch": getattr(plan, "micro_batch", None),
                 "placement": self.rc.placement,
             },
-            "steps": steps,
-            "param_sha256": param_sha256,
             "predicted_iteration_s": getattr(plan, "predicted_s", None),
             "planned_iteration_s": self.planned_s,
             "measured_iteration_s": self.measured_iteration_s(),
@@ -304,16 +330,32 @@ class Run:
             "replans": self.replans,
             "planning_s": self.planning_s,
             "profiling": self.profiling,
-            "metrics": metrics,
             "wall_s": time.time() - self.t_start,
-            **extra,
         }
-        self.logger.write_summary(s)
-        return s
 
     def close(self) -> None:
-        self.logger.close()
-        self.cluster.shutdown()
+        # Recipes call this in ``finally``: an exception on its way out is the run's failure.
+        error = sys.exc_info()[1]
+        try:
+            if not self.summarised and error is not None:
+                self._write_failure(error)
+        finally:
+            self.logger.close()
+            self.cluster.shutdown()
+
+    def _write_failure(self, error: BaseException) -> None:
+        interrupted = isinstance(error, KeyboardInterrupt)
+        s = {
+            "status": "interrupted" if interrupted else "failed",
+            "error": f"{type(error).__name__}: {error}"[:4000],
+            "steps_done": self.steps_done,
+            **self._record(),
+            "metrics": self.logger.last_metrics,
+        }
+        try:
+            self.logger.write_summary(s)
+        except Exception as e:  # the run's own error is the one to report
+            self.logger.echo(f"run_summary.json of the failed run not written: {e}")
 
 
 def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:

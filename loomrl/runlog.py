@@ -78,6 +78,7 @@ class RunLogger:
         self.postfix_keys = tuple(postfix_keys)
         self._start = time.monotonic()
         self._closed = False
+        self.last_metrics: dict[str, Any] = {}  # each key's last logged value
         self._config = _plain_config(config_dict)
         if self._config is not None:
             import yaml
@@ -115,6 +116,7 @@ class RunLogger:
         record = {"step": step, "time": time.time(), "elapsed_s": time.monotonic() - self._start}
         record.update(values)
         self._file.write(json.dumps(_encode(record), allow_nan=False) + "\n")
+        self.last_metrics.update(values)
 
         scalars = {
             k: float(v)
@@ -364,7 +366,12 @@ RUN_RECORDS = (
 )
 # Records of steps, by whether a row of step s belongs to a run resumed after s steps (metrics:
 # the row logged after s steps; timeline and tool events: iteration s, 0-based, which it runs).
-_STEP_RECORDS = {METRICS_FILE: True, "timeline.jsonl": False, "tool_events.jsonl": False}
+_STEP_RECORDS = {
+    METRICS_FILE: True,
+    "timeline.jsonl": False,
+    "tool_events.jsonl": False,
+    "adapt.jsonl": False,
+}
 
 
 def set_aside_records(
@@ -382,11 +389,16 @@ def set_aside_records(
     kept = {Path(k).resolve() for k in keep}
     metrics = d / METRICS_FILE
     logged = metrics.is_file() and metrics.stat().st_size > 0
-    if not logged and not any(
-        p.name in (SUMMARY_FILE, "timeline.jsonl", "checkpoints") for p in found
+    summary = d / SUMMARY_FILE
+    if (
+        not logged
+        and not any(p.name in ("timeline.jsonl", "checkpoints") for p in found)
+        and (not summary.exists() or _failed_at_start(summary))
     ):
-        # No earlier run: at most a config and an empty metrics file, what a run that failed
-        # at its start leaves (the new run writes over them), or a plot left by hand.
+        # No earlier run: at most a config, an empty metrics file and the summary of a run that
+        # failed at its start (the new run writes over them), or a plot left by hand. That
+        # summary goes now: a new run killed before it writes its own must not show it.
+        summary.unlink(missing_ok=True)
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     dest, n = d / f"before-{stamp}", 1
@@ -402,6 +414,19 @@ def set_aside_records(
         else:
             os.rename(p, dest / p.name)
     return dest
+
+
+def _failed_at_start(summary: Path) -> bool:
+    """Whether ``summary`` is a run's that stopped before completing a step."""
+    try:
+        s = json.loads(summary.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(s, dict)
+        and s.get("status") in ("failed", "interrupted")
+        and not s.get("steps_done")
+    )
 
 
 def trim_records(run_dir: str | os.PathLike, step: int) -> dict[str, int]:

@@ -92,6 +92,9 @@ class EngineConfig:
     cpu_offload: str = "keep"
     cache_dir: str | None = None  # converted-model cache (default ~/.cache/loomrl/models)
     num_threads: int | None = None  # torch intra-op threads on CPU (None: torch's default)
+    # An update whose gradient norm is not finite is skipped (weights kept); this many in a row
+    # end training with an error, as the run has diverged rather than met one bad batch.
+    max_nonfinite_updates: int = 3
 
     def validate(self) -> None:
         problems = []
@@ -107,6 +110,11 @@ class EngineConfig:
             )
         if self.lr < 0:
             problems.append(f"lr={self.lr}: must be >= 0")
+        if self.max_nonfinite_updates < 1:
+            problems.append(
+                f"max_nonfinite_updates={self.max_nonfinite_updates}: must be >= 1 (updates with "
+                "non-finite gradients in a row before training stops)"
+            )
         if self.grad_clip is not None and self.grad_clip <= 0:
             problems.append(f"grad_clip={self.grad_clip}: must be > 0, or None to disable clipping")
         if self.micro_batch_size is None and self.micro_batch_tokens is None:
@@ -304,6 +312,7 @@ class HFEngine:
         self.optimizer = self._make_optimizer() if config.trainable else None
         self.step = 0
         self.version = 0
+        self.nonfinite_in_a_row = 0
         self._gen_calls = 0
         self._offloaded: str | None = None  # None | "host" | "disk"
         self._stash = None
@@ -942,6 +951,17 @@ class HFEngine:
             self.step += 1
             self.version += 1
         self.optimizer.zero_grad(set_to_none=True)
+        self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if skipped else 0
+        if self.nonfinite_in_a_row >= self.config.max_nonfinite_updates:
+            from loomrl.errors import TrainingError
+
+            raise TrainingError(
+                f"{self.nonfinite_in_a_row} updates in a row had a non-finite gradient norm "
+                f"({grad_norm}; loss {total_loss}) and were skipped: training has diverged. The "
+                f"weights are those of update {self.step}, the last finite one; lower the "
+                "learning rate, keep grad_clip set, or check the rewards and advantages for "
+                "NaN or infinite values"
+            )
         result = {
             "loss": total_loss,
             "grad_norm": grad_norm,

@@ -179,4 +179,5 @@ def restore(run: Any, g: dict[str, Any]) -> int:
     wait(g["actor"].load_state(state["actor"]))
     wait(g["critic_train"].load_state(state["critic"]))
     restore_rng(state["rng"])
-    return int(state["step"])
+    run.steps_done = int(state["step"])
+    return run.steps_done

@@ -50,7 +50,8 @@ def test_cli_runs_two_iterations_and_writes_the_summary(cluster, tmp_path):
     out = tmp_path / "run"
     assert cli(["run", str(EXAMPLE), *TINY, f"run.output_dir={out}"]) == 0
     s = json.loads((out / "run_summary.json").read_text())
-    assert s["steps"] == 2 and len(s["iteration_s"]) == 2
+    assert s["status"] == "finished" and s["steps"] == s["steps_done"] == 2
+    assert len(s["iteration_s"]) == 2
     assert "episode_return" in s["metrics"] and s["metrics"]["env_steps"] == 128
     assert s["plan"]["mode"] in ("temporal", "hybrid", "spatial")
     assert s["predicted_iteration_s"] > 0 and s["measured_iteration_s"] > 0
@@ -1531,6 +1532,11 @@ def test_a_simulator_that_hangs_mid_run_stops_it_within_its_timeout_not_minutes(
     with pytest.raises(LoomError, match=r"no reply from env worker \d .* within 3 s"):
         main(cfg)
     assert time.monotonic() - t0 < SETTLE_S  # not waiting out the settle bound for a hung call
+    # The failed run's summary says how it ended, and what it had done by then.
+    s = json.loads((tmp_path / "stall" / "run_summary.json").read_text())
+    assert s["status"] == "failed" and "no reply from env worker" in s["error"]
+    assert s["steps_done"] == len(s["iteration_s"]) == 2, s  # iterations 0 and 1 completed
+    assert s["plan"]["mode"] == "temporal" and "episode_return" in s["metrics"]
 
 
 def test_an_env_worker_wider_than_the_node_is_refused_naming_env_cpu_cores(cluster, tmp_path):

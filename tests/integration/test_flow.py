@@ -148,12 +148,18 @@ class Flaky(Worker):
 
     def __init__(self):
         super().__init__()
-        self.fail = False
+        self.fail, self.stall_s = False, 0.0
 
     def set_fail(self, fail: bool) -> None:
         self.fail = fail
 
+    def set_stall(self, seconds: float) -> None:
+        self.stall_s = seconds
+
     def step(self, items):
+        import time
+
+        time.sleep(self.stall_s)
         if self.fail:
             raise RuntimeError("flaky stage failed")
         return [x + 1 for x in items]
@@ -201,6 +207,40 @@ def test_a_failing_producer_under_a_spatial_plan_ends_the_run_not_a_hang(cluster
     finally:
         flow.shutdown()
         Path(plan_path).unlink()
+
+
+@pytest.mark.timeout(120)
+def test_a_stage_that_hangs_ends_the_iteration_at_its_time_limit(cluster):
+    """A consumer stage that blocks far past the iteration's limit: run() raises, naming the
+    stage, once the limit is up, not when (or if) the stage returns."""
+    import time
+
+    from loomrl.errors import ConfigError, IterationTimeout
+    from loomrl.flow import AUTO_TIMEOUT_FLOOR_S
+    from loomrl.plan.plan import leaf, spatial
+    from loomrl.plan.search import fixed_plan
+
+    flow, b, prof = _flaky_chain(cluster, devices=2, batch=4, granularities=[1, 2, 4], fails="b")
+    plan = flow.plan(plan_path := _save(fixed_plan(prof, spatial(leaf("a", 1), leaf("b", 1)), 1)))
+    try:
+        assert flow.iteration_limit_s(plan) == AUTO_TIMEOUT_FLOOR_S  # "auto": 0.8 s predicted
+        assert flow.run([1, 2, 3, 4]).outputs == [3, 4, 5, 6]
+        flow.iteration_timeout_s = 2.0
+        wait(b.group.set_stall(600.0))
+        t0 = time.monotonic()
+        with pytest.raises(
+            IterationTimeout,
+            match=r"iteration 2 ran past its time limit "
+            r"\(iteration_timeout_s=2 s\) with b.step\(\) still running",
+        ):
+            flow.run([1, 2, 3, 4])
+        assert time.monotonic() - t0 < 30
+        assert flow._chans == []  # its channels went with it, as after any failed iteration
+    finally:
+        flow.shutdown()
+        Path(plan_path).unlink()
+    with pytest.raises(ConfigError, match="iteration_timeout_s=0"):
+        Flow(cluster, iteration_timeout_s=0)
 
 
 def test_a_micro_batch_or_a_pinned_plan_that_does_not_fit_the_batch_is_refused(

@@ -54,6 +54,7 @@ def test_settings_that_would_lose_the_model_or_mean_every_step_are_refused(capsy
                 "run.checkpoint_every=-1",
                 "eval_every=-1",
                 "threads=0",
+                "run.iteration_timeout_s=-5",
             ]
         )
         == 2
@@ -61,6 +62,9 @@ def test_settings_that_would_lose_the_model_or_mean_every_step_are_refused(capsy
     err = capsys.readouterr().err
     for key in ("keep_checkpoints", "checkpoint_every", "eval_every", "threads"):
         assert f"{key}: must be >=" in err, key
+    assert "iteration_timeout_s=-5.0: use seconds > 0, 'auto'" in err
+    assert main(["run", str(TINY), "run.iteration_timeout_s=never"]) == 2
+    assert "iteration_timeout_s='never': use seconds > 0" in capsys.readouterr().err
 
 
 def test_a_new_run_sets_the_earlier_runs_records_aside(tmp_path):

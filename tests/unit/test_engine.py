@@ -262,6 +262,29 @@ def test_train_step_decreases_loss(tiny_dir):
     assert "mean_logp" in stats and eng.step == 7 and eng.version == 7
 
 
+def test_non_finite_updates_are_skipped_and_a_run_of_them_stops_training(tiny_dir):
+    from loomrl.errors import TrainingError
+
+    eng = HFEngine(EngineConfig(model=str(tiny_dir), lr=1e-2, seed=0, max_nonfinite_updates=2))
+    batch = _batch(eng)
+    before = eng.param_sha256()
+
+    def nan_loss(logp, mb):
+        loss, stats = _sft_loss(logp, mb)
+        return loss * float("nan"), stats
+
+    assert eng.train_step(batch, nan_loss)["skipped"] == 1.0  # one bad batch: skipped, kept
+    assert eng.param_sha256() == before and eng.step == 0
+    assert eng.train_step(batch, _sft_loss)["skipped"] == 0.0  # a finite one resets the count
+    assert eng.step == 1
+    eng.train_step(batch, nan_loss)
+    with pytest.raises(TrainingError, match="2 updates in a row had a non-finite gradient norm"):
+        eng.train_step(batch, nan_loss)
+    assert eng.step == 1  # the weights are those of the last finite update
+    with pytest.raises(ConfigError, match="max_nonfinite_updates=0"):
+        EngineConfig(model=str(tiny_dir), max_nonfinite_updates=0).validate()
+
+
 @pytest.mark.parametrize("scale", ["tokens", "sequences"])
 def test_micro_batch_split_invariance(tiny_dir, scale):
     batch = None

@@ -141,6 +141,17 @@ def test_a_refreshed_prediction_is_reported_beside_the_planned_one(tmp_path, cap
     assert "planned iteration" not in capsys.readouterr().out
 
 
+def test_a_run_that_failed_says_how_it_ended(tmp_path, capsys):
+    d = write_run(tmp_path / "run")
+    summary = {"status": "failed", "steps_done": 3, "error": "LoomError: no reply from env 1"}
+    (d / "run_summary.json").write_text(json.dumps(summary))
+    assert report_main([str(d)]) == 0
+    assert "run failed after 3 step(s): LoomError: no reply from env 1" in capsys.readouterr().out
+    write_run(tmp_path / "done")  # a finished run's summary adds no such line
+    report_main([str(tmp_path / "done")])
+    assert "step(s):" not in capsys.readouterr().out
+
+
 def test_load_run_skips_a_cut_short_line_and_needs_no_summary(tmp_path):
     d = write_run(tmp_path / "r", summary=False)
     with open(d / "timeline.jsonl", "a") as f:

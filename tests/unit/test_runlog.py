@@ -201,6 +201,10 @@ def test_set_aside_records_moves_only_what_a_run_wrote(tmp_path):
     assert set_aside_records(tmp_path) is None  # a config alone is no earlier run
     (tmp_path / "metrics.jsonl").write_text("")
     assert set_aside_records(tmp_path) is None  # nor with the empty log of a failed start
+    failed = {"status": "failed", "steps_done": 0, "error": "ConfigError: ..."}
+    (tmp_path / "run_summary.json").write_text(json.dumps(failed))
+    assert set_aside_records(tmp_path) is None  # nor with the summary of a failed start,
+    assert not (tmp_path / "run_summary.json").exists()  # which goes, not to show as the new run's
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     (tmp_path / "timeline.jsonl").write_text('{"step": 0}\n')
     save_checkpoint(tmp_path, 2, {"step": 2})
@@ -217,6 +221,8 @@ def test_set_aside_records_moves_only_what_a_run_wrote(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     again = set_aside_records(tmp_path)  # a second one within the same second: its own place
     assert again is not None and again != moved
+    (tmp_path / "run_summary.json").write_text(json.dumps({**failed, "steps_done": 2}))
+    assert set_aside_records(tmp_path) is not None  # a run that failed after 2 steps was a run
 
 
 def test_trim_records_cuts_back_to_the_checkpoint_and_drops_torn_lines(tmp_path):
@@ -229,7 +235,15 @@ def test_trim_records_cuts_back_to_the_checkpoint_and_drops_torn_lines(tmp_path)
     (tmp_path / "timeline.jsonl").write_text(
         "".join(json.dumps({"step": s, "measured_s": 1.0}) + "\n" for s in range(5))
     )
-    assert trim_records(tmp_path, 2) == {"metrics.jsonl": 3, "timeline.jsonl": 3}
+    (tmp_path / "adapt.jsonl").write_text(  # adaptation events name the iteration they follow
+        "".join(json.dumps({"step": s, "action": "replan"}) + "\n" for s in (1, 3))
+    )
+    assert trim_records(tmp_path, 2) == {
+        "metrics.jsonl": 3,
+        "timeline.jsonl": 3,
+        "adapt.jsonl": 1,
+    }
+    assert json.loads((tmp_path / "adapt.jsonl").read_text())["step"] == 1
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2]  # rows of steps <= 2
     timeline = (tmp_path / "timeline.jsonl").read_text()
     assert [json.loads(x)["step"] for x in timeline.splitlines()] == [0, 1]  # iterations 0, 1
