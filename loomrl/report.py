@@ -276,10 +276,8 @@ def _status_lines(summary: Mapping[str, Any]) -> list[str]:
     if status in (None, "finished"):
         return []
     done = summary.get("steps_done")
-    return [
-        f"  run {status} after {done if done is not None else '?'} step(s): "
-        f"{str(summary.get('error', 'no error recorded'))[:300]}"
-    ]
+    error = str(summary.get("error") or "no error recorded").strip().splitlines()[0]
+    return [f"  run {status} after {done if done is not None else '?'} step(s): {error[:300]}"]
 
 
 def format_table(run: RunData, it: Iteration) -> str:

@@ -143,10 +143,12 @@ def test_a_refreshed_prediction_is_reported_beside_the_planned_one(tmp_path, cap
 
 def test_a_run_that_failed_says_how_it_ended(tmp_path, capsys):
     d = write_run(tmp_path / "run")
-    summary = {"status": "failed", "steps_done": 3, "error": "LoomError: no reply from env 1"}
+    summary = {"status": "failed", "steps_done": 3, "error": "LoomError: no reply from env 1\n\tpid: 7"}
     (d / "run_summary.json").write_text(json.dumps(summary))
     assert report_main([str(d)]) == 0
-    assert "run failed after 3 step(s): LoomError: no reply from env 1" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "run failed after 3 step(s): LoomError: no reply from env 1\n" in out  # its first line
+    assert "pid: 7" not in out
     write_run(tmp_path / "done")  # a finished run's summary adds no such line
     report_main([str(tmp_path / "done")])
     assert "step(s):" not in capsys.readouterr().out
