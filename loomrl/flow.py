@@ -858,16 +858,8 @@ class Flow:
 
     def iteration_limit_s(self, plan: Plan) -> float | None:
         """Seconds an iteration under ``plan`` may take before ``run`` gives up on it (None: no
-        limit). "auto" is generous, so that only a hang reaches it: 10x the longer of the
-        plan's prediction and the slowest iteration so far, and at least 30 minutes (a first
-        iteration may compile kernels or load models that no profile timed)."""
-        t = self.iteration_timeout_s
-        if t == "off":
-            return None
-        if t == "auto":
-            known = max(plan.predicted_s or 0.0, self._slowest_s)
-            return max(AUTO_TIMEOUT_FLOOR_S, AUTO_TIMEOUT_FACTOR * known)
-        return float(t)
+        limit); see ``iteration_limit``."""
+        return iteration_limit(self.iteration_timeout_s, plan.predicted_s, self._slowest_s)
 
     def _wait_stage(self, h: Any, spec: StageSpec) -> list[dict]:
         """A stage's results, or ``IterationTimeout`` naming it when the iteration's time is up."""
@@ -1068,6 +1060,21 @@ def check_iteration_timeout(value: Any, key: str = "iteration_timeout_s") -> flo
             f"and {AUTO_TIMEOUT_FACTOR:.0f}x the predicted or slowest iteration) or 'off'"
         ]
     )
+
+
+def iteration_limit(
+    setting: float | str, predicted_s: float | None, slowest_s: float
+) -> float | None:
+    """The time limit of one iteration (None: none) for ``iteration_timeout_s=setting``, given
+    the plan's prediction and the slowest iteration so far. "auto" is generous, so that only a
+    hang reaches it: 10x the longer of the two, and at least 30 minutes (a first iteration may
+    compile kernels or load models that no profile timed)."""
+    if setting == "off":
+        return None
+    if setting == "auto":
+        known = max(predicted_s or 0.0, slowest_s)
+        return max(AUTO_TIMEOUT_FLOOR_S, AUTO_TIMEOUT_FACTOR * known)
+    return float(setting)
 
 
 def _contexts(tree: Node) -> dict[str, tuple[str, bool, bool]]:

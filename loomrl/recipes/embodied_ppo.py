@@ -274,7 +274,7 @@ def main(cfg: Config) -> dict:
             t0 = time.perf_counter()
             roll = cycle.collect(S)
             lr_frac = 1.0 - it / cfg.run.steps if cfg.ppo.anneal_lr else 1.0
-            stats = wait(policy.update(lr_frac))[0]
+            stats = update(policy, lr_frac, run, place.predicted_s)
             took = time.perf_counter() - t0
             run.record(it, _Iteration(took, place.predicted_s, _records(roll.wall_s, took)))
             recent.extend(roll.returns)
@@ -333,6 +333,25 @@ def main(cfg: Config) -> dict:
         )
     finally:
         run.close()
+
+
+def update(policy: Any, lr_frac: float, run: Any, predicted_s: float) -> dict[str, Any]:
+    """The policy's PPO update on the rollout just collected, bounded by
+    ``run.iteration_timeout_s`` (the rollout itself by ``cycle_timeout_s``)."""
+    from loomrl.errors import IterationTimeout
+    from loomrl.flow import iteration_limit
+
+    setting = run.rc.iteration_timeout_s
+    limit = iteration_limit(setting, predicted_s, max(run.iter_times, default=0.0))
+    try:
+        return wait(policy.update(lr_frac), timeout=limit)[0]
+    except TimeoutError:
+        raise IterationTimeout(
+            f"the policy's PPO update ran past the iteration's time limit "
+            f"(run.iteration_timeout_s={setting!r}: {limit:g} s): it hangs, or is far slower "
+            "than planned. If updates really take this long, raise run.iteration_timeout_s or "
+            "set it to 'off'"
+        ) from None
 
 
 def record_env_events(run_dir: Any, step: int, events: list[dict[str, Any]]) -> int:

@@ -17,6 +17,7 @@ from loomrl.cycle import (
     split_plans,
 )
 from loomrl.errors import ConfigError, PlacementError
+from loomrl.worker import Worker
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples/ppo_inverted_pendulum.yaml"
@@ -1548,3 +1549,31 @@ def test_an_env_worker_wider_than_the_node_is_refused_naming_env_cpu_cores(clust
     )
     with pytest.raises(PlacementError, match=r"env.cpu_cores=3: 1 env worker\(s\) would reserve 3"):
         main(cfg)
+
+
+class _StuckUpdate(Worker):
+    """A policy worker whose PPO update never returns."""
+
+    def update(self, lr_frac):
+        import time
+
+        time.sleep(600)
+
+
+def test_a_policy_update_that_hangs_stops_at_the_iteration_time_limit(cluster):
+    import time
+    from types import SimpleNamespace
+
+    from loomrl.errors import IterationTimeout
+    from loomrl.recipes.embodied_ppo import update
+    from loomrl.run import RunConfig
+
+    group = cluster.launch(_StuckUpdate, 1, name="stuck-update")
+    run = SimpleNamespace(rc=RunConfig(iteration_timeout_s=1.5), iter_times=[0.2])
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(IterationTimeout, match=r"PPO update ran past .*=1\.5: 1\.5 s"):
+            update(group, 1.0, run, predicted_s=0.1)
+        assert time.monotonic() - t0 < 20
+    finally:
+        group.kill()
