@@ -18,6 +18,17 @@ SMALL = DemoConfig(
 )
 
 
+def test_the_auto_iteration_limit_is_generous_and_follows_the_slowest_iteration():
+    from loomrl.flow import AUTO_TIMEOUT_FLOOR_S, iteration_limit
+
+    assert iteration_limit("auto", 0.5, 0.0) == AUTO_TIMEOUT_FLOOR_S  # never below the floor
+    assert iteration_limit("auto", 300.0, 100.0) == 3000.0  # 10x the prediction
+    assert iteration_limit("auto", 300.0, 400.0) == 4000.0  # or the slowest iteration
+    assert iteration_limit("auto", None, 0.0) == AUTO_TIMEOUT_FLOOR_S  # calibrate: no prediction
+    assert iteration_limit("off", 300.0, 400.0) is None
+    assert iteration_limit(5.0, 300.0, 400.0) == 5.0
+
+
 def test_routing_covers_every_item_once():
     for m in (1, 2, 3, 4, 8):
         for n in (1, 2, 3, 4):
