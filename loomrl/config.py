@@ -61,6 +61,29 @@ _MISSING = object()
 # Separates a problem from its suggested fix in every message.
 _DASH = " \u2014 "
 _KEY_SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's booleans: only true and false. Under YAML 1.1
+    ``off``, ``no``, ``on`` and ``yes`` are booleans too, so ``wandb: off`` or
+    ``iteration_timeout_s=off`` would reach a text setting as False; they stay words here, and
+    a bool setting takes them as the words they are (``_BOOL_WORDS``)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_BOOL_WORDS = {"yes": True, "on": True, "no": False, "off": False}
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML text as configs are read (``_Loader``)."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
 # --------------------------------------------------------------------------------------
@@ -71,8 +94,8 @@ _KEY_SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     """Parse ``["actor.lr=1e-5", "steps=5"]`` into ``{"actor.lr": "1e-5", "steps": 5}``.
 
-    Values are read with ``yaml.safe_load`` semantics (``5`` -> int, ``true`` -> bool,
-    ``[1, 2]`` -> list, ``null`` or an empty value -> None). A later override of the same
+    Values are read as YAML (``5`` -> int, ``true`` -> bool, ``[1, 2]`` -> list, ``null`` or
+    an empty value -> None; ``off``/``on``/``yes``/``no`` stay words, see ``_Loader``). A later override of the same
     key wins. Raises ``ConfigError`` listing every malformed override.
     """
     if isinstance(overrides, str):
@@ -103,7 +126,7 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
             )
             continue
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
+            value = load_yaml(raw) if raw.strip() else None
         except yaml.YAMLError as e:
             first = str(e).splitlines()[0]
             problems.append(
@@ -211,7 +234,7 @@ def _read_yaml(path: Path) -> Any:
     if not path.is_file():
         raise ConfigError([f"config file not found: {path}"], source=str(path))
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except yaml.YAMLError as e:
         raise ConfigError([f"not valid YAML: {e}"], source=str(path)) from None
     except (OSError, UnicodeDecodeError) as e:
@@ -444,6 +467,8 @@ def _convert(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
+        if isinstance(value, str) and value.lower() in _BOOL_WORDS:
+            return _BOOL_WORDS[value.lower()]
         return _wrong(key, "bool (true or false)", value, problems)
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):

@@ -22,6 +22,7 @@ from loomrl.config import (
     to_dict,
 )
 from loomrl.errors import ConfigError
+from loomrl.run import RunConfig
 
 
 class Precision(enum.Enum):
@@ -466,3 +467,23 @@ def test_nan_is_refused_for_every_float_key():
     with pytest.raises(ConfigError, match="clip: NaN is not a value"):
         load_config(C, {"clip": float("nan")})
     assert load_config(C, {}, ["lr=inf"]).lr == float("inf")  # a range check decides about inf
+
+
+@dataclass
+class WithRun:
+    run: RunConfig = field(default_factory=RunConfig)
+    flag: bool = True
+    other: bool = False
+
+
+def test_off_and_on_are_words_for_text_settings_and_booleans_for_bool_ones(tmp_path):
+    C = WithRun
+    path = tmp_path / "c.yaml"
+    path.write_text("run:\n  wandb: off\n  iteration_timeout_s: off\nflag: off\nother: yes\n")
+    cfg = load_config(C, path)
+    assert cfg.run.wandb == "off" and cfg.run.iteration_timeout_s == "off"
+    assert cfg.flag is False and cfg.other is True
+    cfg = load_config(C, path, ["run.wandb=offline", "run.iteration_timeout_s=30", "flag=on"])
+    assert cfg.run.wandb == "offline" and cfg.run.iteration_timeout_s == 30.0 and cfg.flag
+    with pytest.raises(ConfigError, match=r"flag: expected bool \(true or false\), got 'maybe'"):
+        load_config(C, path, ["flag=maybe"])
