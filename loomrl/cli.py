@@ -8,6 +8,7 @@ a one-paragraph message and exit status 2, not a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import sys
 from pathlib import Path
@@ -129,7 +130,24 @@ def _resumable_at(args: argparse.Namespace, cfg: Any) -> None:
     """Where an interrupted run can be continued (main's Ctrl-C message), for recipes that
     resume."""
     if hasattr(cfg, "resume"):
-        args.resume_hint = f"loomrl resume {cfg.run.output_dir}"
+        args.resume_dir = cfg.run.output_dir
+
+
+def _resume_hint(args: argparse.Namespace) -> str:
+    """The Ctrl-C message's way on: resume from the last checkpoint, where there is one."""
+    out = getattr(args, "resume_dir", None)
+    if out is None:
+        return ""
+    from loomrl.checkpoint import latest_checkpoint, list_checkpoints
+
+    path = latest_checkpoint(out)
+    if path is None:
+        return (
+            "; no checkpoint was saved, so this run cannot be resumed (set "
+            "run.checkpoint_every=N to save one every N steps)"
+        )
+    step = next(s for s, p in list_checkpoints(out) if p == path)
+    return f"; continue from step {step} with `loomrl resume {out}`"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -148,7 +166,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 def run_with_restarts(mod: Any, cfg: Any) -> dict:
     """Run a recipe; when a worker dies, restart from the last complete checkpoint
     (up to ``run.max_restarts`` times), recording each restart in ``restarts.jsonl``."""
-    import dataclasses
     import json
     import time
 
@@ -194,6 +211,15 @@ def cmd_resume(args: argparse.Namespace) -> int:
             + [
                 "copy the run directory to continue elsewhere; start a new run (loomrl run) to "
                 f"change {', '.join(_FIXED_ON_RESUME)}"
+            ]
+        )
+    mod = _recipe_module(cfg_file, [])
+    if not any(f.name == "resume" for f in dataclasses.fields(mod.Config)):
+        name = mod.__name__.rsplit(".", 1)[-1]
+        raise ConfigError(
+            [
+                f"{run_dir} is a run of {name}, which keeps no checkpoints and cannot be "
+                f"resumed; start it again with `loomrl run {cfg_file}`"
             ]
         )
     overrides = [f"run.output_dir={run_dir}", "resume=true", *args.overrides]
@@ -280,6 +306,16 @@ def _print_summary(s: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `loomrl report DIR | head`: the reader has what it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 141
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "plan":
         from loomrl.plan.cli import plan_main
@@ -316,16 +352,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except (ConfigError, PlanError, PlacementError, LoomError) as e:
-        print(f"loomrl {args.cmd}: {e}", file=sys.stderr)
+        print(f"loomrl {args.cmd}: {brief(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         # The run's finally blocks have stopped its workers; what was checkpointed stays.
-        hint = getattr(args, "resume_hint", None)
-        print(
-            f"loomrl {args.cmd}: interrupted" + (f"; continue with `{hint}`" if hint else ""),
-            file=sys.stderr,
-        )
+        print(f"loomrl {args.cmd}: interrupted{_resume_hint(args)}", file=sys.stderr)
         return 130
+
+
+def brief(e: BaseException) -> str:
+    """What the command line says of an error: a worker's failure with one of loomrl's own
+    errors as its cause is said without the worker's traceback (kept in run_summary.json)."""
+    from loomrl.errors import RemoteError
+
+    if isinstance(e, RemoteError) and e.expected:
+        return e.headline
+    return str(e)
 
 
 _TOP_LEVEL_RUN_KEYS = (

@@ -151,6 +151,9 @@ class Cluster:
                 owns = True
         _sweep_channel_slots()  # slots left by workers of earlier, killed runs
         from loomrl.lock import DeviceLock
+        from loomrl.worker import quiet_dead_worker_noise
+
+        quiet_dead_worker_noise()
 
         # Attached (or created: detached, it outlives its creator) from the driver, before any
         # worker needs it; fresh: not a handle from an earlier Ray instance of this process.

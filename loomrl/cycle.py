@@ -36,6 +36,7 @@ W a node's cores afford.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -177,6 +178,20 @@ def settle(refs: list[Any], timeout: float = SETTLE_S) -> None:
         ray.wait(refs, num_returns=len(refs), timeout=timeout)
 
 
+def read_ready(refs: list[Any]) -> list[Any]:
+    """The values of those of ``refs`` that are done and did not fail; waits for none."""
+    import ray
+
+    if not refs:
+        return []
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    out = []
+    for ref in ready:
+        with contextlib.suppress(Exception):
+            out.append(ray.get(ref))
+    return out
+
+
 def _abort_pipe(address: str, token: str, reason: str) -> None:
     """Tell a policy worker still waiting for rollout ``token``'s env workers to stop."""
     from loomrl.transport._socket import connect
@@ -298,6 +313,7 @@ class EnvPolicyCycle:
         if not timeout_s > 0:
             raise ConfigError([f"timeout_s={timeout_s!r}: must be a positive number of seconds"])
         self.timeout_s = float(timeout_s)
+        self.failed_events: list[dict[str, Any]] = []  # env events of the last failed rollout
         # Views per rank, made once: building a view costs more than a call.
         self._env = [envs.on(w) for w in range(self.workers)]
         self._socket: str | None = None  # the policy worker's, for handoff="pipe"
@@ -385,7 +401,11 @@ class EnvPolicyCycle:
         settle([r for h in handles for r in h.refs], min(SETTLE_S, self.timeout_s))
         # Bookkeeping calls answer at once, unless their worker is stuck in a call that never
         # ends: a short bound, not a second SETTLE_S.
-        settle([*self.policy.abandon().refs, *self.envs.pop_stats().refs], timeout=BOOKKEEPING_S)
+        pops = self.envs.pop_stats().refs
+        settle([*self.policy.abandon().refs, *pops], timeout=BOOKKEEPING_S)
+        # The env failures recorded before the rollout failed (often what stopped it): kept for
+        # the run's record, from the env workers that answered.
+        self.failed_events = [e for s in read_ready(pops) for e in s["events"]]
 
     def _result(self, steps: int, t0: float, pol: list, env_stats: list) -> CollectResult:
         out = CollectResult(wall_s=time.perf_counter() - t0, steps=steps)

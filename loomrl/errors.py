@@ -36,23 +36,33 @@ class RemoteError(LoomError):
     """A worker method raised. Carries the worker's name, rank, host and the remote traceback."""
 
     def __init__(
-        self, worker: str, rank: int, host: str, method: str, cause: str, remote_traceback: str
+        self,
+        worker: str,
+        rank: int,
+        host: str,
+        method: str,
+        cause: str,
+        remote_traceback: str,
+        expected: bool = False,
     ):
         self.worker, self.rank, self.host, self.method = worker, rank, host, method
         self.cause, self.remote_traceback = cause, remote_traceback
-        super().__init__(
-            f"{worker} rank {rank} on {host} failed in {method}(): {cause}\n"
-            f"--- remote traceback ---\n{remote_traceback}"
-        )
+        self.headline = f"{worker} rank {rank} on {host} failed in {method}(): {cause}"
+        # The cause is one of loomrl's own errors (a tool that failed too often, an env that
+        # keeps failing): its message says what happened, and its traceback is no news.
+        self.expected = expected
+        super().__init__(f"{self.headline}\n--- remote traceback ---\n{remote_traceback}")
 
 
 class WorkerDiedError(LoomError):
     """A worker process died (killed, crashed, out of memory) while work was pending on it."""
 
-    def __init__(self, worker: str, rank: int, host: str, method: str, detail: str = ""):
+    def __init__(self, worker: str, rank: int, host: str, method: str | None, detail: str = ""):
+        # method None: the worker is known dead from another's call (it needed its result).
         self.worker, self.rank, self.host, self.method = worker, rank, host, method
         super().__init__(
-            f"{worker} rank {rank} on {host} died while running {method}()"
+            f"{worker} rank {rank} on {host} died"
+            + (f" while running {method}()" if method else "")
             + (f": {detail}" if detail else "")
         )
 

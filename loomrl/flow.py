@@ -25,6 +25,7 @@ This module never imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -1052,7 +1053,10 @@ def check_iteration_timeout(value: Any, key: str = "iteration_timeout_s") -> flo
     """``value`` as a time limit per iteration: seconds > 0, ``"auto"`` or ``"off"``."""
     if value in ("auto", "off"):
         return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+    if isinstance(value, str):  # "90" or "1e3" from a YAML file or an override
+        with contextlib.suppress(ValueError):
+            value = float(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf"):
         return float(value)
     raise ConfigError(
         [

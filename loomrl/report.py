@@ -134,6 +134,9 @@ def load_run(run_dir: str | Path) -> RunData:
             f"run directory {str(d)!r} does not exist (pass the output_dir of a `loomrl run`)"
         )
     missing = [f for f in (PLAN_FILE, TIMELINE_FILE) if not (d / f).is_file()]
+    ended = _early_end(d) if missing else None
+    if ended:
+        raise ReportError(f"{str(d)!r}: no iteration to report; the {ended}")
     if missing:
         raise ReportError(
             f"{str(d)!r} has no {' or '.join(missing)}: is it the output_dir of a `loomrl run` "
@@ -268,6 +271,16 @@ def _refresh_lines(run: RunData, pred: float) -> list[str]:
             f" the refreshed prediction: {_rel(m, pred)})"
         )
     return lines
+
+
+def _early_end(d: Path) -> str | None:
+    """How a run that recorded no iteration ended, from its summary (None: no such summary)."""
+    try:
+        summary = json.loads((d / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    lines = _status_lines(summary) if isinstance(summary, dict) else []
+    return lines[0].strip() if lines else None
 
 
 def _status_lines(summary: Mapping[str, Any]) -> list[str]:

@@ -74,7 +74,8 @@ class RunConfig:
     # How long one iteration of the flow may run before the run stops with an error naming the
     # stage still running (a hang): seconds, "off", or "auto" (10x the plan's prediction or the
     # slowest iteration so far, and at least 30 minutes).
-    iteration_timeout_s: float | str = "auto"
+    # (Any: checked by validate, whose message lists what the key takes.)
+    iteration_timeout_s: Any = "auto"
 
     def validate(self) -> list[str]:
         p = []
@@ -82,11 +83,17 @@ class RunConfig:
         from loomrl.flow import check_iteration_timeout
 
         try:
-            check_iteration_timeout(self.iteration_timeout_s)
+            self.iteration_timeout_s = check_iteration_timeout(self.iteration_timeout_s)
         except ConfigError as e:
             p.extend(e.problems)
         if self.steps < 1:
             p.append(f"steps: must be >= 1, got {self.steps}")
+        k = self.kill_worker_at_step
+        if k is not None and not 0 <= k < self.steps:
+            p.append(
+                f"kill_worker_at_step: {k} is not a step of this run (0 to steps-1 = "
+                f"{self.steps - 1}); leave it unset to kill no worker"
+            )
         if self.placement not in ("auto", "temporal", "spatial", "hybrid"):
             if not Path(self.placement).exists():
                 p.append(f"placement: {self.placement!r} is not {PLACEMENT_HELP} (no such file)")
@@ -331,31 +338,68 @@ class Run:
             "planning_s": self.planning_s,
             "profiling": self.profiling,
             "wall_s": time.time() - self.t_start,
+            "restarts": _count_lines(self.dir / "restarts.jsonl"),
         }
 
     def close(self) -> None:
         # Recipes call this in ``finally``: an exception on its way out is the run's failure.
         error = sys.exc_info()[1]
+        # A second Ctrl-C must not cut the workers' shutdown short.
+        before = _ignore_interrupts() if isinstance(error, KeyboardInterrupt) else None
         try:
             if not self.summarised and error is not None:
                 self._write_failure(error)
         finally:
-            self.logger.close()
-            self.cluster.shutdown()
+            try:
+                self.logger.close()
+                self.cluster.shutdown()
+            finally:
+                if before is not None:
+                    import signal
+
+                    signal.signal(signal.SIGINT, before)
 
     def _write_failure(self, error: BaseException) -> None:
+        from loomrl.errors import RemoteError
+
         interrupted = isinstance(error, KeyboardInterrupt)
+        remote = isinstance(error, RemoteError)
+        said = error.headline if remote else str(error)
         s = {
             "status": "interrupted" if interrupted else "failed",
-            "error": f"{type(error).__name__}: {error}"[:4000],
+            "error": f"{type(error).__name__}: {said}"[:4000],
             "steps_done": self.steps_done,
             **self._record(),
             "metrics": self.logger.last_metrics,
         }
+        if remote:
+            s["traceback"] = error.remote_traceback[-8000:]
+        for events in ("env_events", "tool_events"):  # as the recipes' summaries count them
+            if (self.dir / f"{events}.jsonl").exists():
+                s[f"{events}_total"] = _count_lines(self.dir / f"{events}.jsonl")
         try:
             self.logger.write_summary(s)
         except Exception as e:  # the run's own error is the one to report
             self.logger.echo(f"run_summary.json of the failed run not written: {e}")
+
+
+def _ignore_interrupts() -> Any:
+    """Ignore SIGINT; returns the handler to put back (None off the main thread)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _count_lines(path: Path) -> int:
+    """Non-empty lines of ``path`` (0 when it does not exist)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return sum(1 for line in f if line.strip())
+    except FileNotFoundError:
+        return 0
 
 
 def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:

@@ -364,14 +364,27 @@ RUN_RECORDS = (
     "trace.json",
     ".failure-injected",
 )
-# Records of steps, by whether a row of step s belongs to a run resumed after s steps (metrics:
-# the row logged after s steps; timeline and tool events: iteration s, 0-based, which it runs).
+# Records of steps, by whether a row of step s belongs to a run resumed after s steps (metrics
+# and tool events: the row logged after s steps; timeline and adaptation: iteration s, 0-based,
+# which it runs).
 _STEP_RECORDS = {
     METRICS_FILE: True,
     "timeline.jsonl": False,
-    "tool_events.jsonl": False,
+    "tool_events.jsonl": True,
     "adapt.jsonl": False,
 }
+
+
+# Records that only a run that got going writes (a run that failed at its start leaves at most
+# a config, an empty metrics file and its summary).
+_RAN = (
+    "timeline.jsonl",
+    "checkpoints",
+    "restarts.jsonl",
+    "env_events.jsonl",
+    "tool_events.jsonl",
+    ".failure-injected",
+)
 
 
 def set_aside_records(
@@ -392,7 +405,7 @@ def set_aside_records(
     summary = d / SUMMARY_FILE
     if (
         not logged
-        and not any(p.name in ("timeline.jsonl", "checkpoints") for p in found)
+        and not any(p.name in _RAN for p in found)
         and (not summary.exists() or _failed_at_start(summary))
     ):
         # No earlier run: at most a config, an empty metrics file and the summary of a run that

@@ -17,15 +17,23 @@ This module never imports torch.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import socket
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from loomrl.errors import ConfigError, PlacementError, RemoteError, WorkerDiedError
+from loomrl.errors import (
+    ConfigError,
+    LoomError,
+    PlacementError,
+    RemoteError,
+    WorkerDiedError,
+)
 
 if TYPE_CHECKING:
     from loomrl.cluster import Cluster, Device
@@ -66,6 +74,7 @@ class Worker:
 
     def __init__(self) -> None:
         self._loaded = True
+        quiet_dead_worker_noise()  # this worker's own calls to others (an env calling the policy)
 
     # -------------------------------------------------------------- time-sharing hooks
     def onload(self) -> None:
@@ -371,6 +380,52 @@ def _raise_if_failed(handles: Sequence[Handle], ref: Any) -> None:
                 return
 
 
+# actor id (hex) -> (its group, rank) of every worker this process launched: a call that failed
+# because another worker died is reported as that worker's death.
+_WORKER_OF: dict[str, tuple[weakref.ref, int]] = {}
+
+
+class _DeadWorkerNoise(logging.Filter):
+    """Drops Ray's "Unhandled error" lines about dead actors: the calls of a rollout that was
+    running when a worker died fail with it, and Ray logs each result no one read (one block
+    per call). loomrl reports the death itself, once, naming the worker (WorkerDiedError)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not (
+            msg.startswith("Unhandled error")
+            and any(k in msg for k in ("ActorDiedError", "RayActorError", "ActorUnavailableError"))
+        )
+
+
+def quiet_dead_worker_noise() -> None:
+    """Install ``_DeadWorkerNoise`` on Ray's worker logger in this process (once)."""
+    lg = logging.getLogger("ray._private.worker")
+    if not any(isinstance(f, _DeadWorkerNoise) for f in lg.filters):
+        lg.addFilter(_DeadWorkerNoise())
+
+
+def _died_upstream(h: Handle, rank: int, cause: Any) -> WorkerDiedError | None:
+    """When ``cause`` says another worker of this run died (an argument it was to produce, or a
+    call it was to answer), that worker's death, naming it and the call that found it."""
+    from ray import exceptions as rex
+
+    if not isinstance(cause, rex.RayActorError):
+        return None
+    ref, r = _WORKER_OF.get(str(getattr(cause, "actor_id", None) or ""), (None, 0))
+    group = ref() if ref is not None else None
+    if group is None or (group.name, r) == (h.group.name, rank):
+        return None
+    text = _ANSI.sub("", str(cause)).strip()
+    return WorkerDiedError(
+        group.name,
+        r,
+        group._hosts.get(r, "?"),
+        None,
+        f"found when {h.group.name} rank {rank}'s {h.method}() needed it. {text[-2000:]}",
+    )
+
+
 def _get(h: Handle, rank: int, ref: Any) -> Any:
     import ray
     from ray import exceptions as rex
@@ -389,9 +444,18 @@ def _get(h: Handle, rank: int, ref: Any) -> Any:
             raise ConfigError(
                 cause.problems, source=f"{cause.source} ({where})" if cause.source else where
             ) from None
+        died = _died_upstream(h, rank, cause)
+        if died is not None:
+            raise died from None
         tb = _ANSI.sub("", str(e))
         err = RemoteError(
-            h.group.name, rank, host, h.method, f"{type(cause).__name__}: {cause}", tb
+            h.group.name,
+            rank,
+            host,
+            h.method,
+            f"{type(cause).__name__}: {cause}",
+            tb,
+            expected=isinstance(cause, LoomError),
         )
         raise err from (cause if isinstance(cause, BaseException) else None)
     except (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError) as e:
@@ -464,6 +528,10 @@ class WorkerGroup:
         self.cls, self.name = cls, name
         self._actors, self._devices, self._hosts = actors, devices, hosts
         self._ranks = list(range(len(actors))) if ranks is None else ranks
+        if ranks is None:  # a launched group (not a view of one): its actors, by id
+            for r, a in enumerate(actors):
+                with contextlib.suppress(AttributeError):
+                    _WORKER_OF[a._actor_id.hex()] = (weakref.ref(self), r)
         self._on_kill: Callable[[], None] | None = None
         self._killed = False
         self._root: WorkerGroup = self  # the launched group a view was made from

@@ -16,7 +16,8 @@ class CountingEnv(gym.Env):
     starting at 1), or on every step from `fail_from` on. `reset_budget`, a dict
     ``{"left": n}`` shared by every instance given it, lets n resets succeed and fails the rest;
     steps in `bad_obs_on` return an observation of three numbers instead of two; steps in
-    `stall_on` sleep for an hour (a simulator that hangs).
+    `stall_on` sleep for an hour (a simulator that hangs); a step in `die_on` ends the process
+    at once (a simulator that crashes its worker).
     """
 
     def __init__(
@@ -27,12 +28,13 @@ class CountingEnv(gym.Env):
         reset_budget: dict | None = None,
         bad_obs_on: tuple[int, ...] = (),
         stall_on: tuple[int, ...] = (),
+        die_on: tuple[int, ...] = (),
     ):
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
         self.length, self.fail_on, self.fail_from = length, set(fail_on), fail_from
         self.reset_budget, self.bad_obs_on = reset_budget, set(bad_obs_on)
-        self.stall_on = set(stall_on)
+        self.stall_on, self.die_on = set(stall_on), set(die_on)
         self.episode, self.t, self.total = -1, 0, 0
 
     def reset(self, *, seed=None, options=None):
@@ -51,6 +53,10 @@ class CountingEnv(gym.Env):
             import time
 
             time.sleep(3600)
+        if self.total in self.die_on:
+            import os
+
+            os._exit(7)
         if self.total in self.fail_on or (
             self.fail_from is not None and self.total >= self.fail_from
         ):

@@ -416,6 +416,16 @@ class VecEnv:
                 kwargs.pop("width")
                 kwargs.pop("height")
                 return gym.make(self.cfg.env_id, **kwargs)
+        except TypeError as e:
+            if not self.cfg.env_kwargs:
+                raise LoomError(f"could not create {self.cfg.env_id!r} with {kwargs}: {e}") from e
+            # A keyword the env's constructor does not take: the user's settings, not the env.
+            raise ConfigError(
+                [
+                    f"env.env_kwargs={dict(self.cfg.env_kwargs)}: {self.cfg.env_id} cannot be "
+                    f"made with them ({e}); check the names against the env's constructor"
+                ]
+            ) from None
         except Exception as e:
             hint = ""
             spec = gym.registry.get(self.cfg.env_id)

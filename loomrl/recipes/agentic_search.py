@@ -193,13 +193,17 @@ def main(cfg: Config) -> dict:
             run.logger.log(start, metrics)
         for step in range(start, cfg.run.steps):
             run.maybe_inject_failure(step, g["rollout"].group)
-            result = flow.run(prompts(task, encode, step, cfg.batch))
+            try:
+                result = flow.run(prompts(task, encode, step, cfg.batch))
+            except BaseException:  # the failed calls that stopped it are kept too
+                keep_tool_events(run, g["rollout"], step + 1)
+                raise
             sync()
             run.record(step, result, flow)
-            metrics = {**metrics_of(result, sync), **tool_step(run, g["rollout"], step)}
+            metrics = {**metrics_of(result, sync), **tool_step(run, g["rollout"], step + 1)}
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.run.steps:
                 metrics.update(evaluate_by_hops(g["rollout"], task, encode, cfg))
-                metrics.update(tool_step(run, g["rollout"], step, "eval/"))
+                metrics.update(tool_step(run, g["rollout"], step + 1, "eval/"))
             run.logger.log(step + 1, metrics)
             if cfg.run.checkpoint_every and (step + 1) % cfg.run.checkpoint_every == 0:
                 save(run, g, step + 1)
@@ -250,13 +254,16 @@ def evaluate_by_hops(rollout: Any, task: Any, encode: Any, cfg: Config) -> dict[
     return out
 
 
-def tool_step(run: Run, rollout: Any, step: int, prefix: str = "") -> dict[str, float]:
+def tool_step(
+    run: Run, rollout: Any, step: int, prefix: str = "", timeout: float | None = None
+) -> dict[str, float]:
     """The search tool's part of a step's phase (training, or evaluation with ``prefix``
-    "eval/"): its failed calls appended to ``tool_events.jsonl``, the seconds the rollout
-    waited for results (``time/tool_wait``) and the most ring groups one of its rollout calls
-    used (``tool_groups``). Called after each phase, so one phase's calls never count in
+    "eval/"): its failed calls appended to ``tool_events.jsonl`` under ``step``, the row of
+    ``metrics.jsonl`` they belong to, the seconds the rollout waited for results
+    (``time/tool_wait``) and the most ring groups one of its rollout calls used
+    (``tool_groups``). Called after each phase, so one phase's calls never count in
     another's."""
-    logs = wait(rollout.tool_log())
+    logs = wait(rollout.tool_log(), timeout=timeout)
     events = [e for log in logs for e in log["events"]]
     phase = "eval" if prefix else "train"
     if events:
@@ -271,6 +278,15 @@ def tool_step(run: Run, rollout: Any, step: int, prefix: str = "") -> dict[str, 
     if ks:  # the most ring groups one rollout call of the phase used
         out[f"{prefix}tool_groups"] = float(max(ks))
     return out
+
+
+def keep_tool_events(run: Run, rollout: Any, step: int) -> None:
+    """After a training phase failed (too many failed searches stop it): its failed calls still
+    reach ``tool_events.jsonl``, if the rollout workers answer within a few seconds."""
+    try:
+        tool_step(run, rollout, step, timeout=5.0)
+    except Exception as e:  # dead or stuck workers: the run's own error is the one to report
+        run.logger.echo(f"tool events of the failed step not read: {type(e).__name__}")
 
 
 def profile(cfg: Config) -> str:

@@ -161,6 +161,16 @@ class Config:
             p.append(
                 f"cycle_model: {self.cycle_model!r} is not one of auto, {', '.join(CYCLE_MODELS)}"
             )
+        # Settings of recipes that checkpoint: said here, not silently ignored.
+        for key, value, fix in (
+            ("checkpoint_every", self.run.checkpoint_every, 0),
+            ("max_restarts", self.run.max_restarts, 0),
+        ):
+            if value != fix:
+                p.append(
+                    f"run.{key}={value}: the embodied recipe keeps no checkpoints (a run is "
+                    f"minutes of simulation; it cannot resume or restart); leave it at {fix}"
+                )
         return p
 
 
@@ -272,7 +282,12 @@ def main(cfg: Config) -> dict:
         it = env_events = 0
         for it in range(cfg.run.steps):
             t0 = time.perf_counter()
-            roll = cycle.collect(S)
+            run.maybe_inject_failure(it, envs)
+            try:
+                roll = cycle.collect(S)
+            except BaseException:  # the env failures that stopped it are recorded too
+                record_env_events(run.dir, it + 1, cycle.failed_events)
+                raise
             lr_frac = 1.0 - it / cfg.run.steps if cfg.ppo.anneal_lr else 1.0
             stats = update(policy, lr_frac, run, place.predicted_s)
             took = time.perf_counter() - t0
@@ -358,6 +373,8 @@ def record_env_events(run_dir: Any, step: int, events: list[dict[str, Any]]) -> 
     """Append what went wrong in the envs and was recovered from (an env that raised and was
     reset, one made again) to ``run_dir/env_events.jsonl``, one line each with the step it
     happened in; returns how many."""
+    if not events:
+        return 0
     with open(Path(run_dir) / "env_events.jsonl", "a") as f:
         for e in events:
             f.write(json.dumps({"step": step, **e}) + "\n")

@@ -134,6 +134,7 @@ def main(cfg: Config) -> dict:
             metrics["eval_accuracy"] = evaluate(g["rollout"], task, encode, cfg)
             run.logger.log(start, metrics)
         for step in range(start, cfg.run.steps):
+            run.maybe_inject_failure(step, g["rollout"].group)
             result = flow.run(prompts(task, encode, step, cfg.batch))
             for sync in syncs:
                 sync()

@@ -1504,6 +1504,37 @@ def test_env_failures_are_recorded_one_by_one_and_training_goes_on(cluster, tmp_
     assert s["steps"] == 2  # trained on through the failures
 
 
+def test_repeated_env_failures_stop_the_run_and_keep_their_events(cluster, tmp_path):
+    """An env failing on every step from its 42nd: too many failures end the run with the env
+    named; the failures recorded before are in env_events.jsonl and counted in the summary."""
+    from loomrl.config import load_config
+    from loomrl.envs.vec import EnvFailureError
+    from loomrl.errors import RemoteError
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    out = tmp_path / "broken"
+    cfg = load_config(
+        Config,
+        EXAMPLE,
+        [
+            *TINY,
+            "run.steps=4",
+            "env.env_id=loomrl.envs.testing:loomrl-test/Counting-v0",
+            "env.env_kwargs={length: 50, fail_from: 42}",
+            "run.placement=temporal",
+            f"run.profile={ROOT / 'examples/profiles/embodied_pixels_cpu2.yaml'}",
+            f"run.output_dir={out}",
+        ],
+    )
+    with pytest.raises((RemoteError, EnvFailureError), match="simulator failures within"):
+        main(cfg)
+    events = [json.loads(x) for x in (out / "env_events.jsonl").read_text().splitlines()]
+    assert len(events) > 3 and all("simulator exploded" in e["message"] for e in events)
+    s = json.loads((out / "run_summary.json").read_text())
+    assert s["status"] == "failed" and s["env_events_total"] == len(events)
+    assert "--- remote traceback ---" not in s["error"] and "traceback" in s
+
+
 def test_a_simulator_that_hangs_mid_run_stops_it_within_its_timeout_not_minutes(cluster, tmp_path):
     """An env that sleeps for an hour in its 40th step (iteration 3) ends the run with the
     cycle's timeout error; the failure path waits for the stuck worker no longer than that
@@ -1577,3 +1608,35 @@ def test_a_policy_update_that_hangs_stops_at_the_iteration_time_limit(cluster):
         assert time.monotonic() - t0 < 20
     finally:
         group.kill()
+
+
+@pytest.mark.parametrize("handoff", ["driver", "pipe"])
+def test_an_env_worker_that_dies_is_named_once_without_rays_unhandled_errors(
+    cluster, tmp_path, capfd, handoff
+):
+    """The env's process ends mid-rollout: the policy's calls that needed its results fail with
+    it. The error names the env worker (not the policy call that found it), and Ray's
+    "Unhandled error" block per failed call is not printed."""
+    from loomrl.config import load_config
+    from loomrl.errors import WorkerDiedError
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    cfg = load_config(
+        Config,
+        EXAMPLE,
+        [
+            *TINY,
+            "run.steps=4",
+            "env.env_id=loomrl.envs.testing:loomrl-test/Counting-v0",
+            "env.env_kwargs={length: 50, die_on: [42]}",
+            "run.placement=temporal",
+            f"run.profile={ROOT / 'examples/profiles/embodied_pixels_cpu2.yaml'}",
+            f"cycle_handoff={handoff}",
+            f"run.output_dir={tmp_path / 'die'}",
+        ],
+    )
+    with pytest.raises(WorkerDiedError, match=r"^env rank \d on \S+ died"):
+        main(cfg)
+    assert "Unhandled error" not in capfd.readouterr().err
+    s = json.loads((tmp_path / "die" / "run_summary.json").read_text())
+    assert s["status"] == "failed" and s["error"].startswith("WorkerDiedError: env rank")

@@ -62,7 +62,7 @@ def test_settings_that_would_lose_the_model_or_mean_every_step_are_refused(capsy
     err = capsys.readouterr().err
     for key in ("keep_checkpoints", "checkpoint_every", "eval_every", "threads"):
         assert f"{key}: must be >=" in err, key
-    assert "iteration_timeout_s=-5.0: use seconds > 0, 'auto'" in err
+    assert "iteration_timeout_s=-5: use seconds > 0, 'auto'" in err
     assert main(["run", str(TINY), "run.iteration_timeout_s=never"]) == 2
     assert "iteration_timeout_s='never': use seconds > 0" in capsys.readouterr().err
 
@@ -119,12 +119,21 @@ def test_export_to_a_file_exits_2(tmp_path, capsys):
 def test_an_interrupt_exits_130_with_how_to_resume(monkeypatch, capsys, tmp_path):
     import loomrl.cli as cli
 
-    def interrupted(mod, cfg):
+    from loomrl.checkpoint import save_checkpoint
+
+    def interrupted(mod, cfg, checkpoint_at=None):
+        if checkpoint_at is not None:
+            save_checkpoint(cfg.run.output_dir, checkpoint_at, {"step": checkpoint_at})
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "run_with_restarts", interrupted)
     assert main(["run", str(TINY), f"output_dir={tmp_path}"]) == 130
-    assert f"continue with `loomrl resume {tmp_path}`" in capsys.readouterr().err
+    err = capsys.readouterr().err  # no checkpoint yet: a resume would fail, so none is offered
+    assert "no checkpoint was saved, so this run cannot be resumed" in err
+    assert "run.checkpoint_every=N" in err and "loomrl resume" not in err
+    monkeypatch.setattr(cli, "run_with_restarts", lambda m, c: interrupted(m, c, 3))
+    assert main(["run", str(TINY), f"output_dir={tmp_path}"]) == 130
+    assert f"continue from step 3 with `loomrl resume {tmp_path}`" in capsys.readouterr().err
     demo = ROOT / "examples" / "demo_matmul.yaml"  # a recipe that does not resume: no hint
     assert main(["run", str(demo), f"output_dir={tmp_path / 'demo'}"]) == 130
     err = capsys.readouterr().err

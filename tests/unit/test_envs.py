@@ -129,6 +129,12 @@ def test_unknown_env_id_lists_close_matches():
         make("HalfCheeta-v5")
 
 
+def test_a_keyword_the_env_does_not_take_is_a_config_error_naming_env_kwargs():
+    with pytest.raises(ConfigError, match=r"env.env_kwargs=\{'lenght': 50\}: .*'lenght'"):
+        make("loomrl-test/Counting-v0", env_kwargs={"lenght": 50})
+    make("loomrl-test/Counting-v0", env_kwargs={"length": 50}).close()
+
+
 def test_a_fetch_id_is_found_without_gymnasium_robotics_notices_on_stderr():
     # In a fresh process: the notice comes with the package's first import only.
     import subprocess

@@ -149,6 +149,13 @@ def test_a_run_that_failed_says_how_it_ended(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "run failed after 3 step(s): LoomError: no reply from env 1\n" in out  # its first line
     assert "pid: 7" not in out
+    early = tmp_path / "early"  # stopped before its first iteration: no timeline to show
+    early.mkdir()
+    (early / "run_summary.json").write_text(json.dumps({**summary, "steps_done": 0}))
+    assert report_main([str(early)]) == 2
+    assert "no iteration to report; the run failed after 0 step(s): LoomError: no reply" in (
+        capsys.readouterr().err
+    )
     write_run(tmp_path / "done")  # a finished run's summary adds no such line
     report_main([str(tmp_path / "done")])
     assert "step(s):" not in capsys.readouterr().out

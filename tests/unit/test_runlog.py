@@ -223,6 +223,9 @@ def test_set_aside_records_moves_only_what_a_run_wrote(tmp_path):
     assert again is not None and again != moved
     (tmp_path / "run_summary.json").write_text(json.dumps({**failed, "steps_done": 2}))
     assert set_aside_records(tmp_path) is not None  # a run that failed after 2 steps was a run
+    (tmp_path / "restarts.jsonl").write_text('{"restart": 1}\n')  # restarts: a run went too
+    last = set_aside_records(tmp_path)
+    assert last is not None and (last / "restarts.jsonl").exists()
 
 
 def test_trim_records_cuts_back_to_the_checkpoint_and_drops_torn_lines(tmp_path):
