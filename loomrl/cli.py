@@ -130,7 +130,7 @@ def _resumable_at(args: argparse.Namespace, cfg: Any) -> None:
     """Where an interrupted run can be continued (main's Ctrl-C message), for recipes that
     resume."""
     if hasattr(cfg, "resume"):
-        args.resume_dir = cfg.run.output_dir
+        args.resume_dir, args.checkpoint_every = cfg.run.output_dir, cfg.run.checkpoint_every
 
 
 def _resume_hint(args: argparse.Namespace) -> str:
@@ -138,16 +138,18 @@ def _resume_hint(args: argparse.Namespace) -> str:
     out = getattr(args, "resume_dir", None)
     if out is None:
         return ""
-    from loomrl.checkpoint import latest_checkpoint, list_checkpoints
+    from loomrl.checkpoint import list_checkpoints
 
-    path = latest_checkpoint(out)
-    if path is None:
-        return (
-            "; no checkpoint was saved, so this run cannot be resumed (set "
-            "run.checkpoint_every=N to save one every N steps)"
-        )
-    step = next(s for s, p in list_checkpoints(out) if p == path)
-    return f"; continue from step {step} with `loomrl resume {out}`"
+    try:  # not verified (hashing a large checkpoint would hold the exit up); resume does
+        saved = list_checkpoints(out)
+    except Exception:
+        return ""
+    if saved:
+        return f"; continue from step {saved[-1][0]} with `loomrl resume {out}`"
+    how = " (set run.checkpoint_every=N to save one every N steps)"
+    return "; no checkpoint was saved, so this run cannot be resumed" + (
+        how if not getattr(args, "checkpoint_every", 0) else ""
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -308,11 +310,15 @@ def _print_summary(s: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
-    except BrokenPipeError:  # `loomrl report DIR | head`: the reader has what it wanted
-        import os
+    except BrokenPipeError:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:  # stdout's reader left (`loomrl report DIR | head`): done
+            import os
 
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
-        return 141
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+            return 141
+        raise  # another pipe (a socket, a user's): a real failure
 
 
 def _main(argv: list[str] | None) -> int:

@@ -322,6 +322,7 @@ class EnvPolicyCycle:
         """Run ``steps`` steps of every env; the policy worker keeps the buffer (its ``finish``)."""
         if steps < 1:
             raise ConfigError([f"steps={steps}: a rollout needs at least one step"])
+        self.failed_events = []
         t0 = time.perf_counter()
         if self.handoff == "direct":
             return self._collect_direct(steps, t0)

@@ -203,7 +203,11 @@ class Run:
             kw.setdefault("profile", self.rc.profile)
         kw.setdefault("profile_budget", self.rc.profile_budget)
         kw.setdefault("notify", self.logger.echo)
-        flow.iteration_timeout_s = self.rc.iteration_timeout_s
+        from loomrl.flow import check_iteration_timeout
+
+        flow.iteration_timeout_s = check_iteration_timeout(
+            self.rc.iteration_timeout_s, "run.iteration_timeout_s"
+        )
         flow.profile_run = None
         self.plan = flow.plan(
             self.rc.placement, sample=sample, micro_batch=self.rc.micro_batch, **kw
@@ -344,53 +348,72 @@ class Run:
     def close(self) -> None:
         # Recipes call this in ``finally``: an exception on its way out is the run's failure.
         error = sys.exc_info()[1]
-        # A second Ctrl-C must not cut the workers' shutdown short.
-        before = _ignore_interrupts() if isinstance(error, KeyboardInterrupt) else None
+        # A second Ctrl-C while the workers stop says so; a third forces the way out.
+        before = _patient_interrupts() if isinstance(error, KeyboardInterrupt) else None
         try:
             if not self.summarised and error is not None:
                 self._write_failure(error)
         finally:
             try:
                 self.logger.close()
-                self.cluster.shutdown()
             finally:
-                if before is not None:
-                    import signal
+                try:
+                    self.cluster.shutdown()
+                finally:
+                    if before is not None:
+                        import signal
 
-                    signal.signal(signal.SIGINT, before)
+                        signal.signal(signal.SIGINT, before[0])
 
     def _write_failure(self, error: BaseException) -> None:
+        """The summary of a run that stopped on ``error``: the finished summary's fields (its
+        ``steps`` the steps done; no ``param_sha256``), how it ended and why."""
         from loomrl.errors import RemoteError
 
-        interrupted = isinstance(error, KeyboardInterrupt)
-        remote = isinstance(error, RemoteError)
-        said = error.headline if remote else str(error)
-        s = {
-            "status": "interrupted" if interrupted else "failed",
-            "error": f"{type(error).__name__}: {said}"[:4000],
-            "steps_done": self.steps_done,
-            **self._record(),
-            "metrics": self.logger.last_metrics,
-        }
-        if remote:
-            s["traceback"] = error.remote_traceback[-8000:]
-        for events in ("env_events", "tool_events"):  # as the recipes' summaries count them
-            if (self.dir / f"{events}.jsonl").exists():
-                s[f"{events}_total"] = _count_lines(self.dir / f"{events}.jsonl")
         try:
+            interrupted = isinstance(error, KeyboardInterrupt)
+            remote = isinstance(error, RemoteError)
+            said = error.headline if remote else str(error) or "interrupted (Ctrl-C)"
+            s = {
+                "status": "interrupted" if interrupted else "failed",
+                "error": f"{type(error).__name__}: {said}"[:4000],
+                **self._record(),
+                "steps": self.steps_done,
+                "steps_done": self.steps_done,
+                "param_sha256": None,
+                "metrics": self.logger.last_metrics,
+            }
+            if remote:
+                s["traceback"] = error.remote_traceback[-8000:]
+            for events in ("env_events", "tool_events"):  # what went wrong on the way
+                if (self.dir / f"{events}.jsonl").exists():
+                    s[f"{events}_total"] = _count_lines(self.dir / f"{events}.jsonl")
             self.logger.write_summary(s)
         except Exception as e:  # the run's own error is the one to report
             self.logger.echo(f"run_summary.json of the failed run not written: {e}")
 
 
-def _ignore_interrupts() -> Any:
-    """Ignore SIGINT; returns the handler to put back (None off the main thread)."""
+def _patient_interrupts() -> tuple[Any] | None:
+    """While a run's workers stop after Ctrl-C: the next Ctrl-C says what is going on, the one
+    after raises as usual. Returns (the handler to put back,); None off the main thread."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         return None
-    return signal.signal(signal.SIGINT, signal.SIG_IGN)
+    before = signal.getsignal(signal.SIGINT)
+    if before is None:  # installed outside Python: nothing that could be put back
+        return None
+    told = []
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        if told:
+            raise KeyboardInterrupt
+        told.append(True)
+        print("loomrl: stopping the workers; Ctrl-C again to leave now", file=sys.stderr)
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    return (before,)
 
 
 def _count_lines(path: Path) -> int:

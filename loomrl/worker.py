@@ -390,12 +390,19 @@ class _DeadWorkerNoise(logging.Filter):
     running when a worker died fail with it, and Ray logs each result no one read (one block
     per call). loomrl reports the death itself, once, naming the worker (WorkerDiedError)."""
 
+    # What the messages of Ray's dead-actor errors say (their text need not name their class).
+    SIGNS = (
+        "ActorDiedError",
+        "RayActorError",
+        "ActorUnavailableError",
+        "The actor died",
+        "The actor experienced an error",
+        "is unavailable:",
+    )
+
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.getMessage()
-        return not (
-            msg.startswith("Unhandled error")
-            and any(k in msg for k in ("ActorDiedError", "RayActorError", "ActorUnavailableError"))
-        )
+        return not (msg.startswith("Unhandled error") and any(k in msg for k in self.SIGNS))
 
 
 def quiet_dead_worker_noise() -> None:
@@ -414,8 +421,8 @@ def _died_upstream(h: Handle, rank: int, cause: Any) -> WorkerDiedError | None:
         return None
     ref, r = _WORKER_OF.get(str(getattr(cause, "actor_id", None) or ""), (None, 0))
     group = ref() if ref is not None else None
-    if group is None or (group.name, r) == (h.group.name, rank):
-        return None
+    if group is None or group._killed or (group.name, r) == (h.group.name, rank):
+        return None  # unknown, stopped on purpose (a redeploy), or the called worker itself
     text = _ANSI.sub("", str(cause)).strip()
     return WorkerDiedError(
         group.name,

@@ -312,7 +312,7 @@ class HFEngine:
         self.optimizer = self._make_optimizer() if config.trainable else None
         self.step = 0
         self.version = 0
-        self.nonfinite_in_a_row = 0
+        self.nonfinite_in_a_row = 0  # not checkpointed: a resume counts afresh
         self._gen_calls = 0
         self._offloaded: str | None = None  # None | "host" | "disk"
         self._stash = None
@@ -957,10 +957,10 @@ class HFEngine:
 
             raise TrainingError(
                 f"{self.nonfinite_in_a_row} updates in a row had a non-finite gradient norm "
-                f"({grad_norm}; loss {total_loss}) and were skipped: training has diverged. The "
-                f"weights are those of update {self.step}, the last finite one; lower the "
-                "learning rate, keep grad_clip set, or check the rewards and advantages for "
-                "NaN or infinite values"
+                f"({grad_norm}; loss {total_loss}) and were skipped (max_nonfinite_updates="
+                f"{self.config.max_nonfinite_updates}): training has diverged. The weights are "
+                f"those of update {self.step}, the last finite one. Lower the learning rate, or "
+                "check the rewards and advantages for NaN or infinite values"
             )
         result = {
             "loss": total_loss,

@@ -28,6 +28,7 @@ import difflib
 import importlib
 import io
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -417,26 +418,34 @@ class VecEnv:
                 kwargs.pop("height")
                 return gym.make(self.cfg.env_id, **kwargs)
         except TypeError as e:
-            if not self.cfg.env_kwargs:
-                raise LoomError(f"could not create {self.cfg.env_id!r} with {kwargs}: {e}") from e
-            # A keyword the env's constructor does not take: the user's settings, not the env.
+            # A keyword of env.env_kwargs the env's constructor does not take: the user's
+            # settings, not a fault of the env (any other TypeError is the generic error below).
+            m = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+            if m is None or m.group(1) not in self.cfg.env_kwargs:
+                raise self._not_made(kwargs, e) from e
             raise ConfigError(
                 [
-                    f"env.env_kwargs={dict(self.cfg.env_kwargs)}: {self.cfg.env_id} cannot be "
-                    f"made with them ({e}); check the names against the env's constructor"
+                    f"env.env_kwargs: {self.cfg.env_id} takes no keyword {m.group(1)!r} (given "
+                    f"{dict(self.cfg.env_kwargs)}); check the names against the env's constructor"
                 ]
             ) from None
         except Exception as e:
-            hint = ""
-            spec = gym.registry.get(self.cfg.env_id)
-            if spec is not None and "gymnasium_robotics" in str(spec.entry_point):
-                hint = (
-                    " (gymnasium-robotics 1.4.x fails to build Fetch envs with recent mujoco "
-                    "releases, e.g. 3.17 and 4.0; mujoco 3.2.7 works)"
-                )
-            raise LoomError(
-                f"could not create {self.cfg.env_id!r} with {kwargs}: {type(e).__name__}: {e}{hint}"
-            ) from e
+            raise self._not_made(kwargs, e) from e
+
+    def _not_made(self, kwargs: dict[str, Any], e: BaseException) -> LoomError:
+        """The error of a simulator that could not be made with ``kwargs``."""
+        import gymnasium as gym
+
+        hint = ""
+        spec = gym.registry.get(self.cfg.env_id)
+        if spec is not None and "gymnasium_robotics" in str(spec.entry_point):
+            hint = (
+                " (gymnasium-robotics 1.4.x fails to build Fetch envs with recent mujoco "
+                "releases, e.g. 3.17 and 4.0; mujoco 3.2.7 works)"
+            )
+        return LoomError(
+            f"could not create {self.cfg.env_id!r} with {kwargs}: {type(e).__name__}: {e}{hint}"
+        )
 
     def onload(self) -> None:
         """(Re)create the simulators. Envs that were running before ``offload`` start a new

@@ -195,7 +195,7 @@ def main(cfg: Config) -> dict:
             run.maybe_inject_failure(step, g["rollout"].group)
             try:
                 result = flow.run(prompts(task, encode, step, cfg.batch))
-            except BaseException:  # the failed calls that stopped it are kept too
+            except Exception:  # the failed calls that stopped it are kept too
                 keep_tool_events(run, g["rollout"], step + 1)
                 raise
             sync()
@@ -214,7 +214,11 @@ def main(cfg: Config) -> dict:
         from loomrl.plots import plot_run
 
         plot_run(run.dir)
-        return run.summary(cfg.run.steps, sha, metrics, tool_groups=used)
+        tool_events = run.dir / "tool_events.jsonl"
+        failed_calls = len(tool_events.read_text().splitlines()) if tool_events.exists() else 0
+        return run.summary(
+            cfg.run.steps, sha, metrics, tool_groups=used, tool_events_total=failed_calls
+        )
     finally:
         run.close()
 

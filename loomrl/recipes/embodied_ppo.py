@@ -14,6 +14,7 @@ profile file instead, and a plan file is run as it is (all of it in ``loomrl.cyc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
@@ -286,7 +287,8 @@ def main(cfg: Config) -> dict:
             try:
                 roll = cycle.collect(S)
             except BaseException:  # the env failures that stopped it are recorded too
-                record_env_events(run.dir, it + 1, cycle.failed_events)
+                with contextlib.suppress(Exception):  # (the rollout's error is the one to tell)
+                    record_env_events(run.dir, it + 1, cycle.failed_events)
                 raise
             lr_frac = 1.0 - it / cfg.run.steps if cfg.ppo.anneal_lr else 1.0
             stats = update(policy, lr_frac, run, place.predicted_s)

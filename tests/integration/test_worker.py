@@ -126,6 +126,28 @@ def test_killed_worker_is_reported_quickly(cluster):
         g.kill()
 
 
+def test_a_worker_that_dies_is_named_when_another_workers_call_needed_its_result(cluster):
+    """b.mul waits on a's sleep; a's process dies: the error names a (the dead worker), not b's
+    call that found it, and is a WorkerDiedError (what run.max_restarts restarts on)."""
+    import ray
+
+    a = cluster.launch(Echo, 1, devices=[0], name="producer")
+    b = cluster.launch(Echo, 1, devices=[1], name="consumer")
+    try:
+        (pending,) = a.sleep(30).refs
+        h = b.mul(pending)  # Ray resolves the argument before b's call runs
+        time.sleep(0.5)
+        ray.kill(a.actors[0])
+        with pytest.raises(
+            WorkerDiedError,
+            match=r"^producer rank 0 on \S+ died: found when consumer rank 0's mul\(\) needed it",
+        ):
+            wait(h)
+    finally:
+        a.kill()
+        b.kill()
+
+
 def test_wait_timeout(cluster):
     g = cluster.launch(Echo, 1, devices=[0])
     try:

@@ -156,8 +156,9 @@ def test_a_run_that_failed_says_how_it_ended(tmp_path, capsys):
     assert "no iteration to report; the run failed after 0 step(s): LoomError: no reply" in (
         capsys.readouterr().err
     )
-    write_run(tmp_path / "done")  # a finished run's summary adds no such line
-    report_main([str(tmp_path / "done")])
+    done = write_run(tmp_path / "done")  # a finished run's summary adds no such line
+    (done / "run_summary.json").write_text(json.dumps({"status": "finished", "steps_done": 4}))
+    assert report_main([str(done)]) == 0
     assert "step(s):" not in capsys.readouterr().out
 
 

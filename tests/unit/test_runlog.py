@@ -247,6 +247,11 @@ def test_trim_records_cuts_back_to_the_checkpoint_and_drops_torn_lines(tmp_path)
         "adapt.jsonl": 1,
     }
     assert json.loads((tmp_path / "adapt.jsonl").read_text())["step"] == 1
+    # tool events carry the metrics row they belong to (the step logged after them)
+    (tmp_path / "tool_events.jsonl").write_text(
+        "".join(json.dumps({"step": s, "phase": "train"}) + "\n" for s in (0, 1, 2, 3))
+    )
+    assert trim_records(tmp_path, 2) == {"tool_events.jsonl": 1}
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2]  # rows of steps <= 2
     timeline = (tmp_path / "timeline.jsonl").read_text()
     assert [json.loads(x)["step"] for x in timeline.splitlines()] == [0, 1]  # iterations 0, 1
