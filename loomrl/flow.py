@@ -872,12 +872,19 @@ class Flow:
 
             t = self.iteration_timeout_s
             how = f"{t:g} s" if t != "auto" else f"'auto': {self._limit:.0f} s"
+            # Under a spatial plan a producer waiting on a hung consumer's full channel times
+            # out too: every stage still running is named, the one that found it first.
+            running = [f"{spec.component}.{spec.method}()"] + [
+                f"{c}.{m}()"
+                for c, (other, m) in list(self._inflight.items())
+                if c != spec.component and not other.done()
+            ]
             raise IterationTimeout(
                 f"flow.run(): iteration {self._iter} ran past its time limit (iteration_timeout_s="
-                f"{how}) with {spec.component}.{spec.method}() still running: it hangs, or is "
-                "far slower than planned (a stuck tool call or simulator, a deadlock in the "
-                "stage). If iterations really take this long, raise run.iteration_timeout_s "
-                "or set it to 'off'"
+                f"{how}) with {', '.join(running)} still running: one hangs, or is far slower "
+                "than planned (a stuck tool call or simulator, a deadlock in the stage). If "
+                "iterations really take this long, raise run.iteration_timeout_s or set it to "
+                "'off'"
             ) from None
 
     def _close_channels(self) -> None:
@@ -917,6 +924,7 @@ class Flow:
         chans = self._hop_channels(len(names))
         self._limit = self.iteration_limit_s(plan)
         self._deadline = None if self._limit is None else time.monotonic() + self._limit
+        self._inflight: dict[str, tuple[Handle, str]] = {}  # stages called, not yet answered
         t0 = time.time()
         try:
             # The driver feeds the first stage; every later hop is worker -> worker.
@@ -1017,7 +1025,9 @@ class Flow:
             t = time.time()
             h = comp.group._call("_loom_run_stage", spec)
             h.method = spec.method  # an error names the user's stage method, not its runner
+            self._inflight[node.component] = (h, spec.method)
             results[node.component] = self._wait_stage(h, spec)
+            self._inflight.pop(node.component, None)
             if context == "phase":
                 phases[node.component] = (t - spec.t0, time.time() - spec.t0)
             return
