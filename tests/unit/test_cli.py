@@ -118,7 +118,6 @@ def test_export_to_a_file_exits_2(tmp_path, capsys):
 
 def test_an_interrupt_exits_130_with_how_to_resume(monkeypatch, capsys, tmp_path):
     import loomrl.cli as cli
-
     from loomrl.checkpoint import save_checkpoint
 
     def interrupted(mod, cfg, checkpoint_at=None):
@@ -191,3 +190,21 @@ def test_export_to_a_path_that_cannot_be_created_exits_2(tmp_path, capsys):
     afile.write_text("x")
     assert main(["export", str(tmp_path), str(afile / "sub")]) == 2
     assert "cannot be created" in capsys.readouterr().err
+
+
+def test_a_ctrl_c_while_workers_stop_is_told_and_the_next_one_leaves(capsys):
+    import os
+    import signal
+
+    from loomrl.run import _patient_interrupts
+
+    before = signal.getsignal(signal.SIGINT)
+    (restore,) = _patient_interrupts()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C of a run: a notice only
+        assert "stopping the workers; Ctrl-C again to leave now" in capsys.readouterr().err
+        with pytest.raises(KeyboardInterrupt):  # the third: out
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, restore)
+    assert restore is before

@@ -143,7 +143,11 @@ def test_a_refreshed_prediction_is_reported_beside_the_planned_one(tmp_path, cap
 
 def test_a_run_that_failed_says_how_it_ended(tmp_path, capsys):
     d = write_run(tmp_path / "run")
-    summary = {"status": "failed", "steps_done": 3, "error": "LoomError: no reply from env 1\n\tpid: 7"}
+    summary = {
+        "status": "failed",
+        "steps_done": 3,
+        "error": "LoomError: no reply from env 1\n\tpid: 7",
+    }
     (d / "run_summary.json").write_text(json.dumps(summary))
     assert report_main([str(d)]) == 0
     out = capsys.readouterr().out
