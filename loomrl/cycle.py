@@ -36,7 +36,6 @@ W a node's cores afford.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 import time
@@ -47,7 +46,7 @@ import numpy as np
 
 from loomrl.errors import ConfigError, LoomError, PlacementError
 from loomrl.plan.profile import fit_line as _fit_line
-from loomrl.worker import Handle, WorkerGroup, wait
+from loomrl.worker import Handle, WorkerGroup, read_done, wait
 
 __all__ = [
     "ENV",
@@ -176,20 +175,6 @@ def settle(refs: list[Any], timeout: float = SETTLE_S) -> None:
 
     if refs:
         ray.wait(refs, num_returns=len(refs), timeout=timeout)
-
-
-def read_ready(refs: list[Any]) -> list[Any]:
-    """The values of those of ``refs`` that are done and did not fail; waits for none."""
-    import ray
-
-    if not refs:
-        return []
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-    out = []
-    for ref in ready:
-        with contextlib.suppress(Exception):
-            out.append(ray.get(ref))
-    return out
 
 
 def _abort_pipe(address: str, token: str, reason: str) -> None:
@@ -406,7 +391,7 @@ class EnvPolicyCycle:
         settle([*self.policy.abandon().refs, *pops], timeout=BOOKKEEPING_S)
         # The env failures recorded before the rollout failed (often what stopped it): kept for
         # the run's record, from the env workers that answered.
-        self.failed_events = [e for s in read_ready(pops) for e in s["events"]]
+        self.failed_events = [e for s in read_done(pops) for e in s["events"]]
 
     def _result(self, steps: int, t0: float, pol: list, env_stats: list) -> CollectResult:
         out = CollectResult(wall_s=time.perf_counter() - t0, steps=steps)

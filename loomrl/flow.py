@@ -299,7 +299,7 @@ class Flow:
         iteration_timeout_s: float | str = "auto",
     ):
         self.cluster = cluster
-        self.iteration_timeout_s = check_iteration_timeout(iteration_timeout_s)
+        self.iteration_timeout_s = iteration_timeout_s
         self.run_dir = Path(run_dir) if run_dir else None
         self.components: dict[str, Component] = {}
         self.stages: list[_Method] = []
@@ -856,6 +856,15 @@ class Flow:
             return self._run(items, plan, names)
         finally:
             self._running.release()
+
+    @property
+    def iteration_timeout_s(self) -> float | str:
+        """The time limit of an iteration: seconds, "auto" or "off" (``iteration_limit``)."""
+        return self._iteration_timeout_s
+
+    @iteration_timeout_s.setter
+    def iteration_timeout_s(self, value: Any) -> None:
+        self._iteration_timeout_s = check_iteration_timeout(value)
 
     def iteration_limit_s(self, plan: Plan) -> float | None:
         """Seconds an iteration under ``plan`` may take before ``run`` gives up on it (None: no

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loomrl.runlog import RunLogger
+from loomrl.runlog import RunLogger, count_lines
 
 PLACEMENT_HELP = "auto | temporal | spatial | hybrid | path to a plan file"
 
@@ -203,11 +203,7 @@ class Run:
             kw.setdefault("profile", self.rc.profile)
         kw.setdefault("profile_budget", self.rc.profile_budget)
         kw.setdefault("notify", self.logger.echo)
-        from loomrl.flow import check_iteration_timeout
-
-        flow.iteration_timeout_s = check_iteration_timeout(
-            self.rc.iteration_timeout_s, "run.iteration_timeout_s"
-        )
+        flow.iteration_timeout_s = self.rc.iteration_timeout_s  # checked by the flow
         flow.profile_run = None
         self.plan = flow.plan(
             self.rc.placement, sample=sample, micro_batch=self.rc.micro_batch, **kw
@@ -342,7 +338,7 @@ class Run:
             "planning_s": self.planning_s,
             "profiling": self.profiling,
             "wall_s": time.time() - self.t_start,
-            "restarts": _count_lines(self.dir / "restarts.jsonl"),
+            "restarts": count_lines(self.dir / "restarts.jsonl"),
         }
 
     def close(self) -> None:
@@ -387,7 +383,7 @@ class Run:
                 s["traceback"] = error.remote_traceback[-8000:]
             for events in ("env_events", "tool_events"):  # what went wrong on the way
                 if (self.dir / f"{events}.jsonl").exists():
-                    s[f"{events}_total"] = _count_lines(self.dir / f"{events}.jsonl")
+                    s[f"{events}_total"] = count_lines(self.dir / f"{events}.jsonl")
             self.logger.write_summary(s)
         except Exception as e:  # the run's own error is the one to report
             self.logger.echo(f"run_summary.json of the failed run not written: {e}")
@@ -414,15 +410,6 @@ def _patient_interrupts() -> tuple[Any] | None:
 
     signal.signal(signal.SIGINT, on_interrupt)
     return (before,)
-
-
-def _count_lines(path: Path) -> int:
-    """Non-empty lines of ``path`` (0 when it does not exist)."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return sum(1 for line in f if line.strip())
-    except FileNotFoundError:
-        return 0
 
 
 def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:

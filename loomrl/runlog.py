@@ -429,6 +429,15 @@ def set_aside_records(
     return dest
 
 
+def count_lines(path: str | os.PathLike) -> int:
+    """Non-empty lines of ``path``, a record of one line per event (0 when it does not exist)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return sum(1 for line in f if line.strip())
+    except FileNotFoundError:
+        return 0
+
+
 def _failed_at_start(summary: Path) -> bool:
     """Whether ``summary`` is a run's that stopped before completing a step."""
     try:

@@ -356,20 +356,26 @@ def wait(*handles: Handle, timeout: float | None = None) -> Any:
             try:
                 _raise_if_failed(handles, ref)
             except (RemoteError, WorkerDiedError, ConfigError):
-                _drain(pending)
+                # Sibling failures already in are read, so Ray does not report them as unhandled.
+                read_done(pending, timeout=0.2)
                 raise
     out = [[_get(h, r, ref) for r, ref in zip(h.ranks, h.refs, strict=True)] for h in handles]
     return out[0] if len(handles) == 1 else out
 
 
-def _drain(refs: list[Any]) -> None:
-    """Collect sibling failures that are already in, so Ray does not report them as unhandled."""
+def read_done(refs: list[Any], timeout: float = 0.0) -> list[Any]:
+    """The values of those of ``refs`` done within ``timeout`` that did not fail (the failed
+    ones are read too: Ray then does not report them as unhandled)."""
     import ray
 
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0.2)
+    if not refs:
+        return []
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    out = []
     for ref in ready:
         with contextlib.suppress(Exception):
-            ray.get(ref)
+            out.append(ray.get(ref))
+    return out
 
 
 def _raise_if_failed(handles: Sequence[Handle], ref: Any) -> None:

@@ -24,6 +24,7 @@ from loomrl.agentic import AgentConfig
 from loomrl.config import atomic_write_text
 from loomrl.reasoning import common_problems, prompts
 from loomrl.run import Run, RunConfig, profile_recipe
+from loomrl.runlog import count_lines
 from loomrl.worker import wait
 from loomrl.workers.reasoning import AlgoConfig, ModelConfig, SamplingConfig, TaskConfig
 
@@ -214,8 +215,7 @@ def main(cfg: Config) -> dict:
         from loomrl.plots import plot_run
 
         plot_run(run.dir)
-        tool_events = run.dir / "tool_events.jsonl"
-        failed_calls = len(tool_events.read_text().splitlines()) if tool_events.exists() else 0
+        failed_calls = count_lines(run.dir / "tool_events.jsonl")
         return run.summary(
             cfg.run.steps, sha, metrics, tool_groups=used, tool_events_total=failed_calls
         )
