@@ -293,6 +293,19 @@ def _status_lines(summary: Mapping[str, Any]) -> list[str]:
     return [f"  run {status} after {done if done is not None else '?'} step(s): {error[:300]}"]
 
 
+def _attempt_lines(summary: Mapping[str, Any]) -> list[str]:
+    """A resumed or restarted run: how its earlier attempts ended and the wall time of all."""
+    earlier = [a for a in summary.get("attempts") or [] if isinstance(a, dict)]
+    if not earlier:
+        return []
+    ends = ", ".join(
+        f"{a.get('status') or '?'} after {a.get('steps_done', '?')} step(s)" for a in earlier
+    )
+    total = summary.get("wall_s_total")
+    wall = f"; wall time of all {total:.1f} s" if isinstance(total, (int, float)) else ""
+    return [f"  attempts                {len(earlier) + 1} (before this one: {ends}){wall}"]
+
+
 def format_table(run: RunData, it: Iteration) -> str:
     """The printed summary: iteration times, relative error, per-component busy time of step ``it``."""
     warm = run.warm
@@ -306,6 +319,7 @@ def format_table(run: RunData, it: Iteration) -> str:
         f"  relative error          {_rel(meas, pred):>10}  (measured vs predicted)",
         *_refresh_lines(run, pred),
         *_status_lines(run.summary),
+        *_attempt_lines(run.summary),
         "",
         f"busy time per component, step {it.step} (measured {it.measured_s:.4f} s):",
     ]

@@ -5,7 +5,10 @@ the cluster, opens the logger, applies the plan, records each iteration's measur
 the prediction, and writes ``run_summary.json`` with the fields tools outside loomrl read:
 ``plan`` (mode and assignment), ``steps``, ``param_sha256``, ``predicted_iteration_s``,
 ``measured_iteration_s`` (median after warm-up) and ``metrics`` (the last logged values), with
-``status`` ``"finished"``. A run that stops on an error or Ctrl-C writes one too, with ``status``
+``status`` ``"finished"``. ``wall_s`` and ``iteration_s`` cover this attempt; a resumed run (by
+``loomrl resume`` or a restart after a dead worker) lists its earlier ``attempts`` (status,
+error, steps done, wall time, median iteration) and sums every attempt's wall time in
+``wall_s_total``. A run that stops on an error or Ctrl-C writes one too, with ``status``
 ``"failed"`` or ``"interrupted"``, the ``error``, and what it had done (``steps_done``, the plan,
 the iterations measured, the last metrics logged), so tools find every run's outcome in one file.
 
@@ -196,6 +199,9 @@ class Run:
         self.t_start = time.time()
         self.steps_done = 0  # iterations completed (counting those before a resume)
         self.summarised = False
+        # A resume (by hand, or the CLI's restart after a dead worker) continues a run whose
+        # earlier attempts' timing the summary keeps beside this attempt's own.
+        self.attempts = earlier_attempts(self.dir) if getattr(cfg, "resume", False) else []
 
     def apply_plan(self, flow: Any, sample: list[Any], **kw: Any) -> Any:
         t = time.time()
@@ -323,6 +329,7 @@ class Run:
     def _record(self) -> dict[str, Any]:
         """What the summary of a finished or a failed run says of its plan and timing."""
         plan = self.plan
+        wall = time.time() - self.t_start
         return {
             "plan": {
                 "mode": getattr(plan, "mode", None),
@@ -337,7 +344,9 @@ class Run:
             "replans": self.replans,
             "planning_s": self.planning_s,
             "profiling": self.profiling,
-            "wall_s": time.time() - self.t_start,
+            "wall_s": wall,
+            "wall_s_total": wall + sum(a.get("wall_s") or 0.0 for a in self.attempts),
+            "attempts": self.attempts,
             "restarts": count_lines(self.dir / "restarts.jsonl"),
         }
 
@@ -387,6 +396,22 @@ class Run:
             self.logger.write_summary(s)
         except Exception as e:  # the run's own error is the one to report
             self.logger.echo(f"run_summary.json of the failed run not written: {e}")
+
+
+def earlier_attempts(run_dir: Path) -> list[dict[str, Any]]:
+    """The attempts before this one of a resumed run, from the summary the last one wrote:
+    how each ended, its steps done, its wall time and median iteration (its ``iteration_s`` and
+    ``wall_s`` covered that attempt alone). Empty when there is no readable summary."""
+    try:
+        prev = json.loads((run_dir / "run_summary.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(prev, dict):
+        return []
+    kept = [a for a in prev.get("attempts") or [] if isinstance(a, dict)]
+    last = {k: prev.get(k) for k in ("status", "error", "wall_s", "measured_iteration_s")}
+    last["steps_done"] = prev.get("steps_done", prev.get("steps"))
+    return [*kept, last]
 
 
 def _patient_interrupts() -> tuple[Any] | None:

@@ -86,6 +86,13 @@ def test_dead_worker_restarts_from_checkpoint(cluster, straight, tmp_path):
     a = json.loads((clean / "run_summary.json").read_text())
     b = json.loads((crashy / "run_summary.json").read_text())
     assert a["param_sha256"] == b["param_sha256"]
+    # The summary keeps the failed attempt beside the one that finished.
+    assert b["restarts"] == 1 and b["status"] == "finished" and b["steps_done"] == 4
+    (first,) = b["attempts"]
+    assert first["status"] == "failed" and first["steps_done"] == 3
+    assert "died" in first["error"]
+    assert b["wall_s_total"] == pytest.approx(b["wall_s"] + first["wall_s"])
+    assert a["attempts"] == [] and a["wall_s_total"] == a["wall_s"]
     (aside,) = crashy.glob("checkpoints-before-*")  # kept whole, beside this run's own
     assert [s for s, _ in list_checkpoints(crashy)] == [2, 4]
     assert (aside / "step-000010").is_dir()

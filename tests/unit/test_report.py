@@ -166,6 +166,29 @@ def test_a_run_that_failed_says_how_it_ended(tmp_path, capsys):
     assert "step(s):" not in capsys.readouterr().out
 
 
+def test_a_resumed_run_reports_its_earlier_attempts(tmp_path, capsys):
+    from loomrl.run import earlier_attempts
+
+    d = write_run(tmp_path / "run", summary=False)
+    assert earlier_attempts(d) == []  # no summary yet: a first attempt
+    first = {"status": "failed", "error": "WorkerDiedError: x", "steps_done": 3, "wall_s": 40.0}
+    (d / "run_summary.json").write_text(json.dumps({**first, "measured_iteration_s": 2.0}))
+    (one,) = earlier_attempts(d)
+    assert one == {**first, "measured_iteration_s": 2.0}
+    # The second attempt's summary carries the first; a third attempt sees both, in order.
+    second = {"status": "interrupted", "steps_done": 5, "wall_s": 20.0, "attempts": [one]}
+    (d / "run_summary.json").write_text(json.dumps({**second, "wall_s_total": 60.0}))
+    assert [a["status"] for a in earlier_attempts(d)] == ["failed", "interrupted"]
+    assert report_main([str(d)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "attempts                2 (before this one: failed after 3 step(s)); wall time of all 60.0 s"
+        in out
+    )
+    (d / "run_summary.json").write_text("{not json")
+    assert earlier_attempts(d) == []
+
+
 def test_load_run_skips_a_cut_short_line_and_needs_no_summary(tmp_path):
     d = write_run(tmp_path / "r", summary=False)
     with open(d / "timeline.jsonl", "a") as f:
