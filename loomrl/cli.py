@@ -311,14 +311,32 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     except BrokenPipeError:
-        try:
-            sys.stdout.flush()
-        except BrokenPipeError:  # stdout's reader left (`loomrl report DIR | head`): done
-            import os
+        if not _stdout_reader_gone():
+            raise  # another pipe (a socket, a user's): a real failure
+        import os
 
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
-            return 141
-        raise  # another pipe (a socket, a user's): a real failure
+        # stdout's reader left (`loomrl report DIR | head`): done, quietly, also at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe nobody reads any more. The failed write emptied the buffer, so
+    a flush need not fail again; poll reports the reader's end closed (POLLERR) either way."""
+    import select
+
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return True
+    except (OSError, ValueError):
+        return False
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no poll here, or stdout is no file
+        return False
 
 
 def _main(argv: list[str] | None) -> int:

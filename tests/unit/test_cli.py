@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -208,3 +209,20 @@ def test_a_ctrl_c_while_workers_stop_is_told_and_the_next_one_leaves(capsys):
     finally:
         signal.signal(signal.SIGINT, restore)
     assert restore is before
+
+
+def test_output_into_a_pipe_its_reader_left_ends_quietly_with_141():
+    """`loomrl plan ... --json | head -1`: the reader leaves after one line, the rest of the
+    output cannot be written; the command exits 141 without a traceback."""
+    import subprocess
+
+    code = "from loomrl.cli import main; raise SystemExit(main())"
+    profile = str(ROOT / "examples/profiles/tiny_grpo.yaml")
+    cmd = [sys.executable, "-c", code, "plan", profile, "--devices", "4096", "--json"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout.readline().startswith(b"{")  # 250 kB follow: more than a pipe holds
+    p.stdout.close()
+    err = p.stderr.read()
+    p.stderr.close()
+    assert p.wait(timeout=60) == 141
+    assert err == b""
