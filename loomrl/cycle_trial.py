@@ -146,6 +146,7 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> tuple[CyclePlacement, tuple
     keep = None
     if rc.placement not in MODES:
         plan = Plan.load(rc.placement)
+        check_plan_devices(plan, cluster.num_devices, rc.placement)
     elif rc.profile and rc.profile != "calibrate":
         profile = load_profile(rc.profile, devices=cluster.num_devices)
         check_profile(profile, f"run.profile={rc.profile}")
@@ -176,6 +177,28 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> tuple[CyclePlacement, tuple
     reused = " (on the cost probe's workers)" if keep else ""
     run.logger.echo(f"plan:\n{plan}\nplacement{reused}: {place.describe()}")
     return place, keep
+
+
+def check_plan_devices(plan: Any, devices: int, path: str) -> None:
+    """A plan file's devices must exist here: PlanError naming each component placed past them."""
+    from loomrl.errors import PlanError
+
+    problems = []
+    if plan.devices > devices:
+        problems.append(f"the plan uses {plan.devices} devices but the cluster has {devices}")
+    for c, devs in sorted(plan.assignment().items()):
+        if devs and max(devs) >= devices:
+            problems.append(
+                f"the plan places {c!r} on devices {devs}, but the cluster's devices are "
+                f"0..{devices - 1}"
+            )
+    if problems:
+        raise PlanError(
+            f"run.placement={path}: the plan does not fit this cluster:\n  - "
+            + "\n  - ".join(problems)
+            + f"\n  plan again for {devices} device(s) (loomrl plan PROFILE --devices "
+            f"{devices} --save FILE), or run with placement=auto"
+        )
 
 
 def _chosen(run: Run, profile: Any, placement: str) -> Any:
