@@ -76,16 +76,27 @@ class RunLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.total_steps = total_steps
         self.postfix_keys = tuple(postfix_keys)
-        self._start = time.monotonic()
         self._closed = False
         self.last_metrics: dict[str, Any] = {}  # each key's last logged value
+        # A resumed run continues the records left in metrics.jsonl (cut back to its
+        # checkpoint): elapsed_s goes on from theirs, and TensorBoard hides what an earlier
+        # attempt logged past them (its event files stay, so their rows would show twice).
+        earlier = read_metrics(self.run_dir) if (self.run_dir / METRICS_FILE).is_file() else []
+        steps = [r["step"] for r in earlier if isinstance(r.get("step"), int)]
+        elapsed = [r["elapsed_s"] for r in earlier if isinstance(r.get("elapsed_s"), (int, float))]
+        for r in earlier:
+            self.last_metrics.update((k, v) for k, v in r.items() if k not in _RESERVED)
+        self._start = time.monotonic() - (max(elapsed) if elapsed else 0.0)
+        purge = max(steps) + 1 if steps else None
         self._config = _plain_config(config_dict)
         if self._config is not None:
             import yaml
 
             _atomic_write(self.run_dir / CONFIG_FILE, yaml.safe_dump(self._config, sort_keys=False))
 
-        self._tb = _open_tensorboard(self.run_dir / TENSORBOARD_DIR) if use_tensorboard else None
+        self._tb = (
+            _open_tensorboard(self.run_dir / TENSORBOARD_DIR, purge) if use_tensorboard else None
+        )
         self._wandb = None
         if wandb != "off":
             self._wandb = _open_wandb(wandb, self.run_dir, self._config, project, run_name)
@@ -298,7 +309,7 @@ def _stderr_is_tty() -> bool:
         return False
 
 
-def _open_tensorboard(log_dir: Path) -> Any:
+def _open_tensorboard(log_dir: Path, purge_step: int | None = None) -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
@@ -311,6 +322,8 @@ def _open_tensorboard(log_dir: Path) -> Any:
                 METRICS_FILE,
             )
             return None
+    if purge_step is not None and log_dir.is_dir():  # readers drop earlier rows from this step
+        return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
     return SummaryWriter(log_dir=str(log_dir))
 
 

@@ -107,6 +107,33 @@ def test_tensorboard_scalars(tmp_path):
     assert [e.value for e in acc.Scalars("reward_mean")] == [0.0, 0.5, 1.0]
 
 
+def test_a_resumed_logger_continues_elapsed_time_and_tensorboard_hides_dropped_rows(tmp_path):
+    """A run logged steps 1-4, crashed, and resumes from its step-2 checkpoint: metrics.jsonl
+    was cut back to steps 1-2; TensorBoard shows each step once, with the resumed values."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with RunLogger(tmp_path, progress=False) as rl:
+        for step in (1, 2, 3, 4):
+            rl.log(step, {"loss": float(step)})
+    rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    (tmp_path / "metrics.jsonl").write_text("\n".join(rows[:2]) + "\n")  # what a resume keeps
+    before = json.loads(rows[1])["elapsed_s"]
+    with RunLogger(tmp_path, progress=False) as rl:
+        assert rl.last_metrics == {"loss": 2.0}  # the last values before this attempt
+        for step in (3, 4):
+            rl.log(step, {"loss": 10.0 * step})
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [
+        (1, 1.0),
+        (2, 2.0),
+        (3, 30.0),
+        (4, 40.0),
+    ]
+    elapsed = [r["elapsed_s"] for r in read_metrics(tmp_path)]
+    assert elapsed == sorted(elapsed) and elapsed[2] >= before  # never back to zero
+
+
 def test_tensorboard_missing_warns_once(tmp_path, monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     monkeypatch.setitem(sys.modules, "tensorboardX", None)
