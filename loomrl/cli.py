@@ -67,7 +67,13 @@ _RUN_DIR_LOCK: Any = None  # this process's hold on its run directory (runlog.lo
 
 # What a checkpoint's state depends on: a resume that changes one would load it into another
 # model or continue on other prompts.
-_FIXED_ON_RESUME = ("model.path", "batch", "sampling.group_size", "task.name", "recipe")
+# What a resume keeps as its checkpoint left it (a key, or a section and every key under it).
+_FIXED_ON_RESUME = ("model.path", "batch", "sampling.group_size", "task", "recipe")
+
+
+def _fixed_on_resume(override: str) -> bool:
+    key = override.split("=", 1)[0]
+    return any(key == k or key.startswith(k + ".") for k in _FIXED_ON_RESUME)
 
 
 def prepare_run_dir(cfg: Any) -> str | None:
@@ -203,7 +209,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if not cfg_file.exists():
         raise ConfigError([f"{run_dir} has no config.yaml: is it a loomrl run directory?"])
     moved = [o for o in args.overrides if o.split("=", 1)[0] == "run.output_dir"]
-    changed = [o for o in args.overrides if o.split("=", 1)[0] in _FIXED_ON_RESUME]
+    changed = [o for o in args.overrides if _fixed_on_resume(o)]
     if moved or changed:
         raise ConfigError(
             [

@@ -661,6 +661,9 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Readers see the old file or the new one, never half of one (temp file, fsync, rename)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp makes the file private (0600); the file it replaces is an output like any
+        # other, readable as the umask allows (a shared report or dashboard reads it).
+        os.chmod(tmp, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -669,6 +672,12 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
 
 
 def read_utf8(path: Path) -> str:

@@ -20,6 +20,7 @@ each; see ``loomrl.flow.Flow.run``): ``predicted_iteration_s`` is the prediction
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -110,6 +111,20 @@ class RunConfig:
                     p.append(f"placement: {e}")
         if self.wandb not in ("off", "offline", "online"):
             p.append(f"wandb: expected 'off', 'offline' or 'online', got {self.wandb!r}")
+        elif self.wandb != "off":
+            import importlib.util
+
+            if importlib.util.find_spec("wandb") is None:
+                p.append(
+                    f"wandb: {self.wandb!r} needs the wandb package, which is not installed: "
+                    "pip install wandb, or set run.wandb=off"
+                )
+        if self.profile == "calibrate" and self.placement in ("auto", "spatial", "hybrid"):
+            p.append(
+                f"profile: 'calibrate' plans only placement=temporal (got {self.placement!r}): "
+                "other modes need measured costs to split devices; set run.profile=null to "
+                "measure them, or run.placement=temporal"
+            )
         if self.profile not in (None, "calibrate") and not Path(self.profile).exists():
             p.append(f"profile: no such file {self.profile!r}")
         if not self.profile_budget > 0:
@@ -181,9 +196,15 @@ class Run:
             log_to_driver=False,
             pin_cores=run_cfg.pin_cores,
         )
+        # config.yaml is what `loomrl run DIR/config.yaml` starts again and `loomrl resume`
+        # continues (adding resume=true itself): it never says resume.
+        if getattr(cfg, "resume", False) and dataclasses.is_dataclass(cfg):
+            saved = dataclasses.replace(cfg, resume=False)
+        else:
+            saved = cfg
         self.logger = RunLogger(
             self.dir,
-            cfg,
+            saved,
             use_tensorboard=run_cfg.tensorboard,
             wandb=run_cfg.wandb,  # type: ignore[arg-type]
             total_steps=total_steps or run_cfg.steps,
@@ -217,7 +238,8 @@ class Run:
         took = time.time() - t
         self.planning_s = took
         self._save_plan(flow)
-        self.logger.echo(f"plan ({took:.1f}s incl. profiling):\n{self.plan}")
+        done = "incl. profiling" if flow.profile_run is not None else "incl. starting the workers"
+        self.logger.echo(f"plan ({took:.1f}s {done}):\n{self.plan}")
         if self.plan.method == "calibrate":  # its 0 s would read as a prediction
             self.logger.echo(
                 "  (profile=calibrate: no costs measured yet; the prediction comes from the"

@@ -53,6 +53,26 @@ class Config:
                 f"agent.corpus_path: task {self.task.name!r} has no corpus of its own; give a "
                 'JSONL file of {"title", "text"} lines (or use task.name: search_qa)'
             )
+        elif self.agent.corpus_path is not None:  # read here, not first in the search workers
+            from loomrl.errors import ConfigError
+            from loomrl.tools import load_corpus
+
+            try:
+                load_corpus(path=self.agent.corpus_path)
+            except ConfigError as e:
+                p.extend(
+                    f"agent.{x}" if x.startswith("corpus_path") else f"agent.corpus_path: {x}"
+                    for x in e.problems
+                )
+        # The agent's turns are bounded by its own token budgets; these would be ignored.
+        plain = SamplingConfig()
+        for key in ("max_new_tokens", "eval_max_new_tokens"):
+            if getattr(self.sampling, key) != getattr(plain, key):
+                p.append(
+                    f"sampling.{key}: not used by the agentic recipe, whose responses are "
+                    "bounded by agent.turn_tokens (a turn) and agent.max_response_tokens (the "
+                    "whole response, search results included); set those instead"
+                )
         return p
 
 

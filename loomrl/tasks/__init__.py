@@ -40,6 +40,14 @@ def task_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def task_options(name: str) -> list[str]:
+    """The keyword options task ``name`` takes (empty for a task class that is no dataclass)."""
+    cls = _REGISTRY[name]
+    if not dataclasses.is_dataclass(cls):
+        return []
+    return [f.name for f in dataclasses.fields(cls) if f.init]
+
+
 def _did_you_mean(word: str, options: list[str]) -> str:
     close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
@@ -85,4 +93,5 @@ __all__ = [
     "register_task",
     "render_prompt",
     "task_names",
+    "task_options",
 ]

@@ -8,6 +8,8 @@ its own seed, so the same run under any plan produces the same data and the same
 
 from __future__ import annotations
 
+import difflib
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,8 +28,14 @@ class ModelConfig:
     train_micro_batch: int = 8
     dtype: str = "auto"
 
+    # what the engine reads (loomrl.engines.hf._DTYPES; a test keeps the two the same), here
+    # so that a typo is found with the config, not in the first worker
+    DTYPES = ("auto", "bf16", "bfloat16", "float16", "float32", "fp16", "fp32")
+
     def validate(self) -> list[str]:
         p = []
+        if self.dtype not in self.DTYPES:
+            p.append(f"dtype: {self.dtype!r} is not one of {', '.join(self.DTYPES)}")
         if not self.lr > 0:
             p.append(f"lr: must be > 0, got {self.lr}")
         if self.weight_decay < 0:
@@ -413,22 +421,57 @@ class TaskConfig:
     options: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> list[str]:
-        from loomrl.tasks import task_names
+        from loomrl.tasks import task_names, task_options
         from loomrl.tasks.prompts import INSTRUCTIONS
 
         p = []
         if self.instruction not in INSTRUCTIONS:
             p.append(f"instruction: {self.instruction!r} is not one of {sorted(INSTRUCTIONS)}")
         if self.name not in task_names():  # before any worker starts, not in the first one
-            import difflib
-
             close = difflib.get_close_matches(str(self.name), task_names(), n=1)
             p.append(
                 f"name: {self.name!r} is not a task"
                 + (f" — did you mean {close[0]!r}?" if close else "")
                 + f"; known tasks: {', '.join(task_names())}"
             )
+            return p
+        # options that have keys of their own would override them, or be overridden
+        own = {"name": "task.name", "seed": "run.seed", "level": "task.level"}
+        own["eval_size"] = "task.eval_size"
+        for k in sorted(set(self.options) & set(own)):
+            p.append(f"options.{k}: set {own[k]} instead (task.options holds the task's others)")
+        others = [o for o in task_options(self.name) if o not in own]
+        for k in sorted(set(self.options) - set(own) - set(others)):
+            close = difflib.get_close_matches(str(k), others, n=1)
+            p.append(
+                f"options.{k}: task {self.name!r} has no such option"
+                + (f" — did you mean {close[0]!r}?" if close else "")
+                + f"; its options: {', '.join(others) or 'none'}"
+            )
+        if not set(self.options) & set(own):
+            p.extend(self._task_problems(others))
         return p
+
+    def _task_problems(self, options: list[str]) -> list[str]:
+        """Build the task here, as the workers will (with its known ``options``), so that its own
+        checks (levels, values, dataset files) fail with the config, not in the first worker."""
+        from loomrl.errors import ConfigError
+        from loomrl.tasks import DatasetError, make_task
+
+        kwargs = self.as_kwargs(0)
+        try:
+            make_task(**{k: v for k, v in kwargs.items() if k not in self.options or k in options})
+        except ConfigError as e:
+            out = []
+            for problem in e.problems:
+                key = re.match(r"[A-Za-z_][A-Za-z0-9_]*", problem)
+                mine = key is not None and key.group(0) in {"level", "eval_size"}
+                given = key is not None and key.group(0) in self.options
+                out.append(f"options.{problem}" if given and not mine else problem)
+            return out
+        except (DatasetError, OSError, ValueError) as e:
+            return [f"options: the task {self.name!r} cannot be built: {e}"]
+        return []
 
     def as_kwargs(self, seed: int) -> dict:
         kw: dict[str, Any] = {"name": self.name, "seed": seed, **self.options}

@@ -93,6 +93,8 @@ def test_dead_worker_restarts_from_checkpoint(cluster, straight, tmp_path):
     assert "died" in first["error"]
     assert b["wall_s_total"] == pytest.approx(b["wall_s"] + first["wall_s"])
     assert a["attempts"] == [] and a["wall_s_total"] == a["wall_s"]
+    # The restarted attempt ran with resume=true; the saved config still starts a run afresh.
+    assert "resume: false" in (crashy / "config.yaml").read_text()
     (aside,) = crashy.glob("checkpoints-before-*")  # kept whole, beside this run's own
     assert [s for s, _ in list_checkpoints(crashy)] == [2, 4]
     assert (aside / "step-000010").is_dir()

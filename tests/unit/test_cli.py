@@ -175,6 +175,8 @@ def test_resume_refuses_what_would_not_continue_the_run(tmp_path, capsys):
         f"run.output_dir={tmp_path / 'elsewhere'}",
         "model.path=tiny-qwen2",
         "batch=8",
+        "task.level=2",  # any key of the task: its problems are what the run trained on
+        "task.options={eval_fraction: 0.2}",
     ):
         assert main(["resume", str(tmp_path), override]) == 2
         err = capsys.readouterr().err

@@ -476,7 +476,13 @@ class WithRun:
     other: bool = False
 
 
-def test_off_and_on_are_words_for_text_settings_and_booleans_for_bool_ones(tmp_path):
+def test_off_and_on_are_words_for_text_settings_and_booleans_for_bool_ones(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec  # wandb=offline is checked to be installed: say it is
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: object() if n == "wandb" else real(n, *a)
+    )
     C = WithRun
     path = tmp_path / "c.yaml"
     path.write_text("run:\n  wandb: off\n  iteration_timeout_s: off\nflag: off\nother: yes\n")

@@ -95,6 +95,21 @@ def test_summary_is_atomic_json(tmp_path):
     assert [f.name for f in tmp_path.iterdir() if f.name.startswith(".")] == []
 
 
+def test_config_and_summary_are_as_readable_as_the_other_outputs(tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        with RunLogger(tmp_path, config_dict={"lr": 1.0}, use_tensorboard=False) as rl:
+            rl.log(1, {"x": 1})
+            rl.write_summary({"steps": 1})
+    finally:
+        os.umask(old)
+    for name in ("config.yaml", "run_summary.json", "metrics.jsonl"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name
+
+
 def test_tensorboard_scalars(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

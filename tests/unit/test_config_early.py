@@ -1,0 +1,79 @@
+"""Mistakes a worker would find only after Ray starts are found with the config instead,
+before a run directory's earlier records are set aside."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loomrl.cli import _normalise_overrides, load_recipe_config
+from loomrl.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "examples/tiny_grpo.yaml"
+SEARCH = ROOT / "examples/tiny_search.yaml"
+
+
+def problems(config: Path, *overrides: str) -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        load_recipe_config(config, _normalise_overrides(list(overrides)))
+    return e.value.problems
+
+
+def test_the_tasks_own_checks_run_with_the_config_and_name_the_full_key():
+    found = problems(
+        TINY,
+        "task.name=arithmetic",
+        "task.level=9",
+        "task.options={format_reward: 2, formt: 1}",
+    )
+    assert "task.level=9: must be one of [1, 2, 3, 4]" in found
+    assert "task.options.format_reward=2: must be in [0, 1)" in found
+    assert any(
+        p.startswith("task.options.formt: task 'arithmetic' has no such option") for p in found
+    )
+    assert len(found) == 3
+
+
+def test_task_options_may_not_stand_in_for_the_tasks_own_keys():
+    found = problems(TINY, "task.options={name: arithmetic, seed: 5, level: 3}")
+    assert found == [
+        "task.options.level: set task.level instead (task.options holds the task's others)",
+        "task.options.name: set task.name instead (task.options holds the task's others)",
+        "task.options.seed: set run.seed instead (task.options holds the task's others)",
+    ]
+
+
+def test_a_model_dtype_the_engine_does_not_know_is_refused():
+    from loomrl.engines.hf import _DTYPES
+    from loomrl.workers.reasoning import ModelConfig
+
+    assert set(ModelConfig.DTYPES) == {"auto", *_DTYPES}  # the engine's names, no more
+    (p,) = problems(TINY, "model.dtype=fp8")
+    assert p.startswith("model.dtype: 'fp8' is not one of auto, bf16")
+
+
+def test_wandb_without_the_package_and_calibrate_beside_auto_are_refused(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    found = problems(TINY, "run.wandb=offline", "run.profile=calibrate", "placement=auto")
+    assert any(p.startswith("run.wandb: 'offline' needs the wandb package") for p in found)
+    assert any(
+        p.startswith("run.profile: 'calibrate' plans only placement=temporal") for p in found
+    )
+
+
+def test_the_agentic_corpus_is_read_with_the_config_and_ignored_budgets_are_refused(tmp_path):
+    found = problems(SEARCH, f"agent.corpus_path={tmp_path / 'none.jsonl'}")
+    assert found == [f"agent.corpus_path: {str(tmp_path / 'none.jsonl')!r} does not exist"]
+    bad = tmp_path / "corpus.jsonl"
+    bad.write_text('{"title": 1}\n')
+    (p,) = problems(SEARCH, f"agent.corpus_path={bad}")
+    assert p.startswith("agent.corpus_path: ") and ':1: needs a "text" string' in p
+    (p,) = problems(SEARCH, "sampling.max_new_tokens=1")
+    assert p.startswith("sampling.max_new_tokens: not used by the agentic recipe")
