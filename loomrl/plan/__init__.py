@@ -11,6 +11,7 @@ from loomrl.plan.cost import Evaluation, evaluate
 from loomrl.plan.graph import WorkGraph
 from loomrl.plan.plan import Interval, Node, Plan, cycle, layout, leaf, mode_of, spatial, temporal
 from loomrl.plan.profile import (
+    MAX_DEVICES,
     ComponentProfile,
     CycleSpec,
     FitReport,
@@ -23,6 +24,7 @@ from loomrl.plan.search import MODES, exhaustive, fixed_plan, plan_for_mode, sea
 from loomrl.plan.simulate import SimResult, predicted_timeline, simulate
 
 __all__ = [
+    "MAX_DEVICES",
     "MODES",
     "ComponentProfile",
     "CycleSpec",

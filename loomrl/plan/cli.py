@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 from loomrl.errors import ConfigError, PlanError
+from loomrl.plan.profile import MAX_DEVICES
 
 __all__ = ["build_parser", "plan_main"]
 
@@ -25,7 +26,10 @@ def build_parser(prog: str = "loomrl plan") -> argparse.ArgumentParser:
     )
     p.add_argument("profile", help="workload profile (YAML or JSON)")
     p.add_argument(
-        "--devices", type=int, default=None, help="number of devices (default: the profile's)"
+        "--devices",
+        type=int,
+        default=None,
+        help=f"number of devices, 1 to {MAX_DEVICES:,} (default: the profile's)",
     )
     p.add_argument(
         "--mode",
@@ -67,6 +71,11 @@ def _argument_problems(args: argparse.Namespace) -> list[str]:
     p = []
     if args.devices is not None and args.devices < 1:
         p.append(f"--devices must be a positive integer, got {args.devices}")
+    elif args.devices is not None and args.devices > MAX_DEVICES:
+        p.append(
+            f"--devices must be at most {MAX_DEVICES:,} (the planner's limit: its search keeps "
+            f"arrays of one entry per device count), got {args.devices:,}"
+        )
     if args.simulate and args.iterations < 1:
         p.append(f"--iterations must be >= 1, got {args.iterations}")
     if args.simulate and args.sigma < 0:
@@ -111,6 +120,16 @@ def plan_main(argv: list[str] | None = None) -> int:
     except (ConfigError, PlanError) as e:
         kind = "invalid profile" if isinstance(e, ConfigError) else "no plan fits"
         print(f"loomrl plan: {kind}: {e}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        # numpy's "Unable to allocate ..." included: the search's arrays grow with the device
+        # count and the number of valid counts per component, and a traceback says neither.
+        on = f"--devices {args.devices:,}" if args.devices else "the profile's devices"
+        print(
+            f"loomrl plan: out of memory while searching plans for {args.profile} on {on}; plan "
+            "for fewer --devices, or allow fewer valid_devices per component",
+            file=sys.stderr,
+        )
         return 2
 
 

@@ -16,6 +16,18 @@ hardly at all.
 its components' calls: the driver handing the first items out and collecting the last results.
 It shifts every plan alike (plans rank the same) and is measured from a run's timeline, not
 by the profiler's direct calls.
+
+Required keys: ``devices``, ``device_memory_gb``, ``batch``, ``components``, and per component
+``valid_devices`` and ``time.per_item`` for each valid count (or ``samples`` to fit them from).
+Optional, with the default that keeps a term out of the model: ``time.alpha`` 0 (no fixed cost
+per call), ``memory_gb`` 0 (memory never rules the component out), ``switch_s`` 0, ``cpu_cores``
+none, ``granularities`` ``[batch]``, ``edges`` and ``cycles`` none. A component with
+``samples`` takes a missing ``alpha``, ``per_item`` or ``memory_gb`` from their fit instead.
+Every number must be finite (YAML's ``.nan`` and ``.inf`` are refused, and so are ``true`` and
+``false``, which Python would take for 1 and 0); device counts, as list entries or as keys
+of ``per_item``, ``memory_gb`` and ``cpu_cores``, are whole numbers of at most
+``MAX_DEVICES`` (1,000,000): the search keeps arrays indexed by device count, and a count far
+beyond any cluster only exhausts memory.
 """
 
 from __future__ import annotations
@@ -24,8 +36,9 @@ import difflib
 import functools
 import json
 import math
+import numbers
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
@@ -36,6 +49,7 @@ import numpy as np
 from loomrl.errors import ConfigError
 
 __all__ = [
+    "MAX_DEVICES",
     "ComponentProfile",
     "CycleSpec",
     "FitReport",
@@ -49,6 +63,11 @@ __all__ = [
 # Extrapolating a fitted scaling law further than this factor beyond the largest
 # measured device count is unreliable enough to say so.
 EXTRAPOLATION_WARN_FACTOR = 8
+
+# The most devices a profile (or ``loomrl plan --devices``) may name. The search keeps arrays of
+# one entry per device count; 10**7 devices took 3.8 s and 1 GB, and far larger counts end in
+# numpy's "array is too big" instead of a plan. No cluster comes near a million accelerators.
+MAX_DEVICES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -183,7 +202,11 @@ class WorkloadProfile:
     def with_devices(self, devices: int) -> WorkloadProfile:
         from dataclasses import replace
 
-        return replace(self, devices=int(devices))
+        problems: list[str] = []
+        n = _device_count(devices, "devices", problems)
+        if n is None:  # a search's own device count (search_all(profile, devices)) past the limit
+            raise ConfigError(problems)
+        return replace(self, devices=n)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -284,6 +307,13 @@ _TOP_KEYS = {
     "devices_per_node",
     "iteration_overhead_s",
 }
+_REQUIRED = {
+    "devices": "how many devices to plan for",
+    "device_memory_gb": "GB of memory per device",
+    "batch": "work items per iteration",
+    "components": "name -> {valid_devices, time, memory_gb}",
+}
+_S, _GB = " of seconds", " of GB"  # units a refused number's problem names
 _COMPONENT_KEYS = {"valid_devices", "time", "memory_gb", "switch_s", "cpu_cores", "samples"}
 _TIME_KEYS = {"alpha", "per_item", "item_cv"}
 _CYCLE_KEYS = {"members", "steps", "overlap_slowdown", "hop_s", "min_group", "ends_with"}
@@ -297,18 +327,98 @@ def _unknown(keys: Iterable[str], known: set[str], where: str, problems: list[st
             problems.append(f"{where}: unknown key {k!r}{hint}")
 
 
-def _int_map(raw: Any, where: str, problems: list[str], cast=float) -> dict[int, Any] | None:
+def _is_number(v: Any) -> bool:
+    """An int or a float (numpy's too), not a bool: Python counts True as 1, a profile must not."""
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+
+
+def _got(v: Any) -> str:
+    """How a refused value reads in a message, with what it was taken for where that misleads."""
+    if isinstance(v, (bool, np.bool_)):
+        return f"{v!r} (a bool, not a number)"
+    if isinstance(v, str):
+        return f"{v!r} (a string)"
+    return repr(v)
+
+
+def _number(
+    v: Any,
+    key: str,
+    problems: list[str],
+    what: str,
+    least: float = 0.0,
+    above: bool = False,
+    unit: str = "",
+) -> float | None:
+    """``v`` as a float if it is a finite number >= ``least`` (> with ``above``); else None, and a
+    problem naming ``key``, the value and what is allowed (``what``: the number's meaning;
+    ``unit``: " of seconds", " of GB")."""
+    if isinstance(v, str):  # PyYAML (YAML 1.1) reads 1e-3 as text; configs take it too
+        try:
+            v = float(v) if math.isfinite(float(v)) else v
+        except ValueError:
+            pass
+    if _is_number(v) and math.isfinite(v) and (v > least if above else v >= least):
+        return float(v)
+    bound = f"{'>' if above else '>='} {least:g}"
+    problems.append(f"{key} must be a number{unit} {bound} and finite ({what}), got {_got(v)}")
+    return None
+
+
+def _whole(v: Any) -> int | None:
+    """``v`` as an int if it is an integer (numpy's too) or a string of one (JSON object keys
+    are strings); None for anything else, 1.5 and True included."""
+    if isinstance(v, (bool, np.bool_)):
+        return None
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v)
+        except ValueError:
+            return None
+    return None
+
+
+def _device_count(v: Any, key: str, problems: list[str], least: int = 1) -> int | None:
+    """A device count: a whole number from ``least`` to ``MAX_DEVICES``."""
+    n = _whole(v) if not isinstance(v, str) else None
+    if n is None or not least <= n <= MAX_DEVICES:
+        problems.append(
+            f"{key} must be a whole number of devices from {least} to {MAX_DEVICES:,} (the "
+            f"planner's limit), got {_got(v)}"
+        )
+        return None
+    return n
+
+
+def _count_map(
+    raw: Any, where: str, problems: list[str], value, what: str, one: bool = False
+) -> dict[int, Any] | None:
+    """A mapping device count -> value; ``value(v, key)`` checks one value (and says what is
+    wrong). A value that is refused is reported and kept with a stand-in, so the profile fails
+    on that problem alone, not also on a device count said to be missing. ``one``: a single
+    number for every count is allowed too (the message says so)."""
     if raw is None:
         return None
     if not isinstance(raw, Mapping):
-        problems.append(f"{where} must be a mapping from device count to value, got {raw!r}")
+        either = f"one number of {what} or " if one else ""
+        problems.append(
+            f"{where} must be {either}a mapping from device count to {what} (e.g. "
+            f"{{1: ..., 2: ...}}), got {_got(raw)}"
+        )
         return None
-    out = {}
+    out: dict[int, Any] = {}
     for k, v in raw.items():
-        try:
-            out[int(k)] = cast(v)
-        except (TypeError, ValueError):
-            problems.append(f"{where}[{k!r}] = {v!r} is not a number")
+        n = _whole(k)
+        if n is None or not 0 <= n <= MAX_DEVICES:
+            problems.append(
+                f"{where} has key {k!r}, which is not a device count; keys are whole numbers "
+                f"of devices from 0 to {MAX_DEVICES:,}, as in valid_devices"
+            )
+            continue
+        got = value(v, f"{where}[{k!r}]")
+        out[n] = 0 if got is None else got
     return out
 
 
@@ -365,14 +475,16 @@ def load_profile(
 def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
     problems: list[str] = []
     _unknown(raw.keys(), _TOP_KEYS, "top level", problems)
-    for key in ("devices", "device_memory_gb", "batch", "components"):
+    for key, what in _REQUIRED.items():
         if key not in raw:
-            problems.append(f"missing required key {key!r}")
-    n_dev = _positive_int(raw.get("devices", 1), "devices", problems)
-    mem_cap = raw.get("device_memory_gb", 0)
-    if not isinstance(mem_cap, (int, float)) or isinstance(mem_cap, bool) or mem_cap <= 0:
-        problems.append(f"device_memory_gb must be a positive number, got {mem_cap!r}")
-        mem_cap = math.inf
+            problems.append(f"missing required key {key!r} ({what})")
+    # A missing key is said once, above; its stand-in is never checked as a value.
+    n_dev = _device_count(raw["devices"], "devices", problems) if "devices" in raw else 1
+    mem_cap = (
+        _number(raw["device_memory_gb"], "device_memory_gb", problems, "per device", True, unit=_GB)
+        if "device_memory_gb" in raw
+        else None
+    )
     batch_ok = "batch" in raw and _positive_int(raw["batch"], "batch", problems) is not None
     batch = int(raw["batch"]) if batch_ok else 1
     grans = raw.get("granularities", [batch])
@@ -397,13 +509,19 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
     if dpn is not None:
         dpn = _positive_int(dpn, "devices_per_node", problems)
     overhead = raw.get("iteration_overhead_s", 0.0)
-    if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not overhead >= 0:
-        problems.append(f"iteration_overhead_s: must be a number of seconds >= 0, got {overhead!r}")
+    if not (_is_number(overhead) and 0 <= overhead < math.inf):
+        problems.append(
+            f"iteration_overhead_s: must be a number of seconds >= 0 and finite (what each "
+            f"iteration pays outside its components' calls; 0 = none), got {_got(overhead)}"
+        )
         overhead = 0.0
 
-    comps_raw = raw.get("components") or {}
+    comps_raw = raw.get("components")
+    if "components" in raw and (not isinstance(comps_raw, Mapping) or not comps_raw):
+        problems.append(
+            f"components must be a non-empty mapping of name -> component, got {_got(comps_raw)}"
+        )
     if not isinstance(comps_raw, Mapping) or not comps_raw:
-        problems.append("components must be a non-empty mapping of name -> component")
         comps_raw = {}
     components: dict[str, ComponentProfile] = {}
     reports: list[FitReport] = []
@@ -414,16 +532,22 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
         if rep is not None:
             reports.append(rep)
 
-    names = set(comps_raw.keys())
+    # Without components (missing or not a mapping, said above) every name would be unknown:
+    # edges and cycles are then checked for their shape only.
+    names: set[Any] | None = set(comps_raw.keys()) or None
+
+    def unknown(v: Any) -> bool:
+        return names is not None and (not isinstance(v, Hashable) or v not in names)
+
     edges: list[tuple[str, str]] = []
     for e in raw.get("edges") or []:
         if not isinstance(e, Sequence) or isinstance(e, str) or len(e) != 2:
             problems.append(f"edges: {e!r} is not a pair [source, destination]")
             continue
-        bad = False
+        bad = names is None
         for v in e:
-            if v not in names:
-                close = difflib.get_close_matches(str(v), sorted(names), n=1)
+            if unknown(v):
+                close = difflib.get_close_matches(str(v), sorted(map(str, names or ())), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 problems.append(f"edges: {list(e)} names unknown component {v!r}{hint}")
                 bad = True
@@ -447,24 +571,29 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
                 f"cycles[{i}].members must list exactly 2 components (a 2-cycle), got {members!r}"
             )
             continue
+        if members[0] == members[1]:
+            problems.append(
+                f"cycles[{i}].members names {members[0]!r} twice; a cycle's two members must be "
+                f"different components (a <-> b), got {list(members)}"
+            )
+            continue
         for v in members:
-            if v not in names:
+            if unknown(v):
                 problems.append(f"cycles[{i}].members names unknown component {v!r}")
         steps = _positive_int(c.get("steps"), f"cycles[{i}].steps", problems)
-        slow = c.get("overlap_slowdown", 1.0)
-        if isinstance(slow, bool) or not isinstance(slow, (int, float)) or not slow >= 1:
-            problems.append(
-                f"cycles[{i}].overlap_slowdown must be a number >= 1 (how much longer a side's "
-                f"call takes while the other runs beside it; 1 = not at all), got {slow!r}"
-            )
-            slow = 1.0
-        hop = c.get("hop_s", 0.0)
-        if isinstance(hop, bool) or not isinstance(hop, (int, float)) or not 0 <= hop < math.inf:
-            problems.append(
-                f"cycles[{i}].hop_s must be a number >= 0 (seconds per step between the sides' "
-                f"calls, in which neither is busy; 0 = none), got {hop!r}"
-            )
-            hop = 0.0
+        slow = _number(
+            c.get("overlap_slowdown", 1.0),
+            f"cycles[{i}].overlap_slowdown",
+            problems,
+            "how much longer a side's call takes while the other runs beside it; 1 = not at all",
+            least=1.0,
+        )
+        hop = _number(
+            c.get("hop_s", 0.0),
+            f"cycles[{i}].hop_s",
+            problems,
+            "seconds per step between the sides' calls, in which neither is busy; 0 = none",
+        )
         min_group = c.get("min_group", 1)
         if isinstance(min_group, bool) or not isinstance(min_group, int) or min_group < 1:
             problems.append(
@@ -479,10 +608,10 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
                 f"whose call ends a group's iteration; default {members[1]!r}), got {ends_with!r}"
             )
             ends_with = None
-        if steps and all(v in names for v in members):
+        if steps and slow is not None and hop is not None and not any(map(unknown, members)):
             pair = (str(members[0]), str(members[1]))
             ends = None if ends_with in (None, pair[1]) else pair[0]
-            cycles.append(CycleSpec(pair, steps, float(slow), float(hop), min_group, ends))
+            cycles.append(CycleSpec(pair, steps, slow, hop, min_group, ends))
     seen: dict[str, int] = {}
     for i, c in enumerate(cycles):
         for v in c.members:
@@ -511,7 +640,7 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
         raise ConfigError(problems, source=where)
     return WorkloadProfile(
         devices=int(n_dev or 1),
-        device_memory_gb=float(mem_cap),
+        device_memory_gb=float(mem_cap or 0),
         batch=batch,
         granularities=tuple(sorted(set(good_grans))),
         components=components,
@@ -537,65 +666,117 @@ def _build_component(
         not isinstance(valid, Sequence)
         or isinstance(valid, str)
         or not valid
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in valid)
+        or not all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_DEVICES for v in valid
+        )
     ):
         problems.append(
-            f"{where}.valid_devices must be a non-empty list of device counts >= 1 (0: host "
-            f"CPU cores only, for cycle members), got {valid!r}"
+            f"{where}.valid_devices must be a non-empty list of device counts from 1 to "
+            f"{MAX_DEVICES:,} (0: host CPU cores only, for cycle members), got {valid!r}"
         )
         return None, None
     valid_t = tuple(sorted(set(valid)))
-    time_raw = craw.get("time") or {}
-    if not isinstance(time_raw, Mapping):
+    samples = craw.get("samples")
+    rows = _sample_rows(name, samples, f"{where}.samples", problems) if samples else None
+    time_raw = craw.get("time")
+    if time_raw is None:
+        time_raw = {}
+        if not samples:
+            problems.append(
+                f"{where}: missing required key 'time' ({{alpha, per_item}}: one call on x "
+                f"items with n devices takes alpha + x * per_item[n] seconds); add it, or "
+                f"'samples' to fit it from"
+            )
+    elif not isinstance(time_raw, Mapping):
         problems.append(f"{where}.time must be a mapping {{alpha, per_item}}, got {time_raw!r}")
         time_raw = {}
-    _unknown(time_raw.keys(), _TIME_KEYS, f"{where}.time", problems)
-    alpha = time_raw.get("alpha", 0.0)
-    if not isinstance(alpha, (int, float)) or alpha < 0:
-        problems.append(f"{where}.time.alpha must be a non-negative number, got {alpha!r}")
-        alpha = 0.0
-    per_item = _int_map(time_raw.get("per_item"), f"{where}.time.per_item", problems) or {}
-    item_cv = time_raw.get("item_cv", 0.0)
-    if not isinstance(item_cv, (int, float)) or isinstance(item_cv, bool) or item_cv < 0:
+    elif "per_item" not in time_raw and not samples:
         problems.append(
-            f"{where}.time.item_cv must be a non-negative number (spread of one item's cost "
-            f"relative to its mean; 0 = none), got {item_cv!r}"
+            f"{where}.time: missing required key 'per_item' (seconds per item for each count "
+            f"of valid_devices, e.g. {{1: 2.0, 2: 1.05}}); add it, or 'samples' to fit it from"
         )
-        item_cv = 0.0
-    mem_raw = craw.get("memory_gb", 0.0)
-    if isinstance(mem_raw, (int, float)) and not isinstance(mem_raw, bool):
-        memory = {n: float(mem_raw) for n in valid_t}
-    else:
-        memory = _int_map(mem_raw, f"{where}.memory_gb", problems) or {}
-    switch = craw.get("switch_s", 0.0)
-    if not isinstance(switch, (int, float)) or switch < 0:
-        problems.append(f"{where}.switch_s must be a non-negative number, got {switch!r}")
-        switch = 0.0
-    cores_raw = craw.get("cpu_cores")
-    if isinstance(cores_raw, int) and not isinstance(cores_raw, bool):
-        cores: dict[int, int] | None = {n: cores_raw for n in valid_t}
-    else:
-        cores = _int_map(cores_raw, f"{where}.cpu_cores", problems, cast=int)
+    _unknown(time_raw.keys(), _TIME_KEYS, f"{where}.time", problems)
 
+    alpha = None  # None: not given (0, or the samples' fit)
+    if "alpha" in time_raw:
+        alpha = _number(
+            time_raw["alpha"], f"{where}.time.alpha", problems, "each call's fixed cost", unit=_S
+        )
+        alpha = 0.0 if alpha is None else alpha
+    per_raw = time_raw.get("per_item")
+    per_item = _count_map(
+        per_raw,
+        f"{where}.time.per_item",
+        problems,
+        lambda v, at: _number(v, at, problems, "per item on this many devices", unit=_S),
+        "seconds per item",
+    )
+    if per_item is None:  # not given (said above, or fitted), or refused: no count is missing
+        per_item = {} if per_raw is None else {n: 0.0 for n in valid_t}
+    item_cv = _number(
+        time_raw.get("item_cv", 0.0),
+        f"{where}.time.item_cv",
+        problems,
+        "spread of one item's cost relative to its mean; 0 = none",
+    )
+    memory: dict[int, Any] | None = None
+    mem_raw = craw.get("memory_gb")
+    mem_what = "per device while resident"
+    if _is_number(mem_raw):  # one number for every count
+        one = _number(mem_raw, f"{where}.memory_gb", problems, mem_what, unit=_GB)
+        memory = {n: 0.0 if one is None else one for n in valid_t}
+    elif mem_raw is not None:
+        memory = _count_map(
+            mem_raw,
+            f"{where}.memory_gb",
+            problems,
+            lambda v, at: _number(v, at, problems, mem_what, unit=_GB),
+            "GB per device",
+            one=True,
+        )
+        if memory is None:  # refused, and said: no count is missing besides
+            memory = {n: 0.0 for n in valid_t}
+    switch = _number(
+        craw.get("switch_s", 0.0),
+        f"{where}.switch_s",
+        problems,
+        "one offload and onload per iteration; 0 = none",
+        unit=_S,
+    )
+    cores_raw = craw.get("cpu_cores")
+
+    def core_count(v: Any, at: str) -> int | None:
+        n = _whole(v) if not isinstance(v, str) else None
+        if n is None or n < 0:
+            problems.append(
+                f"{at} must be a whole number of CPU cores >= 0 (what the component keeps busy "
+                f"while it runs), got {_got(v)}"
+            )
+            return None
+        return n
+
+    cores: dict[int, int] | None
+    if cores_raw is not None and not isinstance(cores_raw, Mapping):  # one number for every count
+        one_c = core_count(cores_raw, f"{where}.cpu_cores")
+        cores = {n: one_c or 0 for n in valid_t}
+    else:
+        cores = _count_map(cores_raw, f"{where}.cpu_cores", problems, core_count, "CPU cores")
+
+    if samples and rows is None:  # malformed samples, said: nothing to fit, nothing more to say
+        return None, None
     report = None
     missing_t = [n for n in valid_t if n not in per_item]
-    missing_m = [n for n in valid_t if n not in memory]
-    samples = craw.get("samples")
-    if (missing_t or missing_m) and samples:
-        try:
-            rows = [(name, int(s[0]), float(s[1]), float(s[2]), float(s[3])) for s in samples]
-        except (TypeError, ValueError, IndexError):
-            problems.append(
-                f"{where}.samples rows must be [n_devices, items, seconds, peak_memory_gb]"
-            )
-            return None, None
-        fitted, report = fit_component(rows, valid_devices=valid_t, switch_s=float(switch))
-        if not per_item:
-            alpha = fitted.alpha
+    missing_m = [n for n in valid_t if memory is not None and n not in memory]
+    if rows and (missing_t or memory is None or missing_m or alpha is None):
+        # What the profile leaves out, the samples' fit gives; what it states, it keeps.
+        fitted, report = fit_component(rows, valid_devices=valid_t, switch_s=switch or 0.0)
+        alpha = fitted.alpha if alpha is None else alpha
         per_item = {**{n: fitted.per_item[n] for n in missing_t}, **per_item}
-        memory = {**{n: fitted.memory_gb[n] for n in missing_m}, **memory}
+        memory = {**fitted.memory_gb, **(memory or {})}
         missing_t, missing_m = [], []
-    if missing_t:
+    if memory is None:  # no memory_gb and nothing to fit it from: memory never limits it
+        memory = {n: 0.0 for n in valid_t}
+    if missing_t and per_raw is not None:
         problems.append(
             f"{where}.time.per_item has no cost for valid device count(s) {missing_t} and there are "
             f"no samples to fit it from; add them to per_item, drop them from valid_devices, or add samples"
@@ -608,27 +789,45 @@ def _build_component(
         miss_c = [n for n in valid_t if n not in cores]
         if miss_c:
             problems.append(f"{where}.cpu_cores has no value for valid device count(s) {miss_c}")
-    for n, v in per_item.items():
-        if v < 0:
-            problems.append(f"{where}.time.per_item[{n}] = {v} is negative")
-    for n, v in memory.items():
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
-            problems.append(f"{where}.memory_gb[{n}] = {v!r}: must be a number of GB >= 0")
     if missing_t or missing_m:
         return None, report
     return (
         ComponentProfile(
             name=name,
             valid_devices=valid_t,
-            alpha=float(alpha),
+            alpha=float(alpha or 0.0),
             per_item={n: float(per_item[n]) for n in valid_t},
             memory_gb={n: float(memory[n]) for n in valid_t},
-            switch_s=float(switch),
+            switch_s=float(switch or 0.0),
             cpu_cores=None if cores is None else {n: int(cores.get(n, 0)) for n in valid_t},
-            item_cv=float(item_cv),
+            item_cv=float(item_cv or 0.0),
         ),
         report,
     )
+
+
+def _sample_rows(name: str, samples: Any, where: str, problems: list[str]) -> list[Sample] | None:
+    """Measured rows [n_devices, items, seconds, peak_memory_gb] as fit_component's samples;
+    None (and a problem per bad row) if any row is malformed. The fit takes logs of n and
+    divides by n and by items, so n >= 1 and items > 0."""
+    shape = "[n_devices, items, seconds, peak_memory_gb]"
+    if not isinstance(samples, Sequence) or isinstance(samples, str):
+        problems.append(f"{where} must be a list of rows {shape}, got {_got(samples)}")
+        return None
+    rows: list[Sample] = []
+    for i, s in enumerate(samples):
+        at = f"{where}[{i}]"
+        if not isinstance(s, Sequence) or isinstance(s, str) or len(s) != 4:
+            problems.append(f"{at} must be a row {shape}, got {_got(s)}")
+            continue
+        before = len(problems)
+        n = _device_count(s[0], f"{at} n_devices", problems)
+        items = _number(s[1], f"{at} items", problems, "items in the measured call", above=True)
+        sec = _number(s[2], f"{at} seconds", problems, "the measured call's duration", unit=_S)
+        peak = _number(s[3], f"{at} peak_memory_gb", problems, "per device at its peak", unit=_GB)
+        if len(problems) == before:
+            rows.append((name, int(n or 1), float(items or 0), float(sec or 0), float(peak or 0)))
+    return rows if len(rows) == len(samples) else None
 
 
 # --------------------------------------------------------------------------- fitting

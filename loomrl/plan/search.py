@@ -60,7 +60,9 @@ __all__ = [
 
 MODES = ("temporal", "spatial", "hybrid")
 Progress = Callable[[int, int], None]  # (passes done, passes in all)
-_MODE_KINDS = {"best": (0, 1, 2, 3), "temporal": (0, 1), "spatial": (0, 2), "hybrid": (3,)}
+# The kinds of root result each mode takes. Kind 0 (neither placement) is a lone component's
+# leaf: ``mode_of`` calls it temporal, and it runs nothing side by side, so no spatial plan.
+_MODE_KINDS = {"best": (0, 1, 2, 3), "temporal": (0, 1), "spatial": (2,), "hybrid": (3,)}
 
 
 # ----------------------------------------------------------------------- point sets
@@ -945,11 +947,12 @@ def _diagnose(profile: WorkloadProfile, devices: int, mode: str) -> str:
     for nd in g.nodes:
         opts = node_options(profile, nd.name, devices, profile.batch)
         what = f"cycle {nd.name!r}" if nd.is_cycle else f"component {nd.name!r}"
-        valid = list(profile.components[nd.name].valid_devices) if not nd.is_cycle else None
+        if not opts and nd.is_cycle:
+            return _no_cycle_layout(profile, nd.name, devices)
         if not opts:
-            need = min(valid) if valid else 2
+            valid = list(profile.components[nd.name].valid_devices)
             return (
-                f"{what} needs at least {need} devices (valid_devices {valid}), "
+                f"{what} needs at least {min(valid)} devices (valid_devices {valid}), "
                 f"but only --devices {devices} are available"
             )
         fits_mem = [o for o in opts if o.mem <= cap + EPS]
@@ -966,6 +969,12 @@ def _diagnose(profile: WorkloadProfile, devices: int, mode: str) -> str:
                 f"{what} needs {need:g} CPU cores on every device count that fits memory, but "
                 f"cpu_cores_per_node*nodes is {ccap:g}"
             )
+    if mode == "spatial" and len(g.nodes) < 2 and not g.nodes[0].is_cycle:
+        return (
+            f"no spatial plan exists: spatial placement runs components side by side on devices "
+            f"of their own, which needs at least two components (or a cycle, split); this "
+            f"profile has only {g.nodes[0].name!r}, whose plan is temporal; take the best plan"
+        )
     if mode == "spatial":
         need_dev, need_cores = {}, {}
         for nd in g.nodes:
@@ -1005,6 +1014,26 @@ def _diagnose(profile: WorkloadProfile, devices: int, mode: str) -> str:
             "devices, or take the best plan"
         )
     return f"no {mode} plan fits on {devices} devices (memory {cap:g} GB, cores {ccap:g})"
+
+
+def _no_cycle_layout(profile: WorkloadProfile, name: str, devices: int) -> str:
+    """Why a 2-cycle has no layout on ``devices``: co-located, both members run on one count
+    valid for each; split, on a count valid for one plus a count valid for the other."""
+    cyc = next(c for c in profile.cycles if c.name == name)
+    a, b = cyc.members
+    va, vb = profile.components[a].valid_devices, profile.components[b].valid_devices
+    common = sorted(v for v in set(va) & set(vb) if v >= 1)
+    if common:
+        coloc = f"the smallest count valid for both is {common[0]}"
+    else:
+        coloc = f"{a!r} allows {list(va)} and {b!r} allows {list(vb)}: none is valid for both"
+    na, nb = min(((x, y) for x in va for y in vb if x + y > 0), key=sum)
+    return (
+        f"cycle {name!r} fits no layout on --devices {devices}: co-located, its members need "
+        f"one device count valid for both ({coloc}); split, they need a count valid for {a!r} "
+        f"plus one valid for {b!r}, at least {na} + {nb} = {na + nb} devices; give --devices "
+        f"{min([na + nb, *common])} or more, or change the members' valid_devices"
+    )
 
 
 @dataclass
@@ -1178,15 +1207,14 @@ def search_all(
     search_s = time.perf_counter() - t0
     if best["best"] is None:
         raise PlanError(_diagnose(prof, n, "best"))
-    modes = {k: (best[k].t if best[k] is not None else None) for k in MODES}  # type: ignore[union-attr]
-    out: dict[str, Plan | None] = {}
-    for k, b in best.items():
-        if b is None:
-            out[k] = None
-            continue
-        plan = _to_plan(prof, n, dp, b, search_s, "dp")  # type: ignore[arg-type]
-        out[k] = replace(plan, modes=modes)
-    return out
+    out: dict[str, Plan | None] = {
+        k: (_to_plan(prof, n, dp, b, search_s, "dp") if b is not None else None)  # type: ignore[arg-type]
+        for k, b in best.items()
+    }
+    # Each mode's predicted_s, as its plan states it: with the profile's iteration_overhead_s,
+    # which the search leaves out (it shifts every plan alike), so the table and the plans agree.
+    modes = {k: (p.predicted_s if (p := out[k]) is not None else None) for k in MODES}
+    return {k: (replace(p, modes=modes) if p is not None else None) for k, p in out.items()}
 
 
 def search(profile: WorkloadProfile, devices: int | None = None, mode: str = "best") -> Plan:
@@ -1232,11 +1260,12 @@ def exhaustive(profile: WorkloadProfile, devices: int | None = None, mode: str =
 def exhaustive_times(
     profile: WorkloadProfile, devices: int | None = None
 ) -> dict[str, float | None]:
-    """Brute-force optimum per mode ("best", "temporal", "spatial", "hybrid"); None when infeasible."""
+    """Brute-force optimum per mode ("best", "temporal", "spatial", "hybrid"); None when
+    infeasible. Seconds as a plan's ``predicted_s`` states them, iteration_overhead_s included."""
     n = int(devices or profile.devices)
     prof = profile if n == profile.devices else profile.with_devices(n)
     best, _ = _exhaustive_all(prof, n)
-    return {k: (v[0] if v else None) for k, v in best.items()}
+    return {k: (v[0] + prof.iteration_overhead_s if v else None) for k, v in best.items()}
 
 
 def _exhaustive_all(prof: WorkloadProfile, n: int):

@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from loomrl.plan.cli import plan_main
@@ -249,3 +250,114 @@ def test_a_bad_or_missing_batch_is_the_only_problem_said(tmp_path, capsys):
         assert plan_main([str(p)]) == 2
         err = capsys.readouterr().err
         assert said in err and "does not divide" not in err, err
+
+
+def _write(tmp_path, raw, name="p.yaml"):
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(raw))
+    return str(p)
+
+
+def _two(**over):
+    """Components a -> b on 1 or 2 devices each."""
+    comp = {"time": {"alpha": 0.1, "per_item": {1: 1.0, 2: 0.6}}, "memory_gb": 10}
+    raw = {
+        "devices": 4,
+        "device_memory_gb": 80,
+        "batch": 8,
+        "granularities": [1, 2, 4, 8],
+        "components": {
+            "a": {"valid_devices": [1, 2], **comp, "switch_s": 0.5},
+            "b": {"valid_devices": [1, 2], **comp, "switch_s": 0.5},
+        },
+        "edges": [["a", "b"]],
+    }
+    raw.update(over)
+    return raw
+
+
+def test_devices_past_the_limit_exit_2_naming_it(capsys, tmp_path):
+    prof = _write(tmp_path, _two())
+    for n in ("99999999999999999999", str(10**12), "1000001"):
+        assert plan_main([prof, "--devices", n]) == 2
+        err = capsys.readouterr().err
+        assert "--devices must be at most 1,000,000" in err and "Traceback" not in err, err
+    assert plan_main([_write(tmp_path, _two(devices=10**12), "big.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "invalid profile" in err and "devices must be a whole number" in err
+    assert "1,000,000" in err
+    from loomrl.plan.cli import build_parser
+
+    assert "1,000,000" in build_parser().format_help()
+
+
+def test_running_out_of_memory_in_the_search_exits_2(capsys, tmp_path, monkeypatch):
+    import importlib
+
+    search_mod = importlib.import_module("loomrl.plan.search")
+
+    def too_big(*a, **k):
+        raise MemoryError("Unable to allocate 7.28 TiB for an array")
+
+    monkeypatch.setattr(search_mod, "search_all", too_big)
+    assert plan_main([_write(tmp_path, _two()), "--devices", "1000000"]) == 2
+    err = capsys.readouterr().err
+    assert "out of memory while searching plans" in err and "--devices 1,000,000" in err
+    assert "fewer --devices" in err
+
+
+def test_a_cycle_that_fits_no_layout_states_both_constraints(capsys, tmp_path):
+    raw = _two(devices=2, edges=[["a", "b"], ["b", "a"]], cycles=[{"members": ["a", "b"]}])
+    raw["cycles"][0]["steps"] = 3
+    raw["components"]["a"].update(valid_devices=[1], time={"alpha": 0.1, "per_item": {1: 1.0}})
+    raw["components"]["b"].update(valid_devices=[2], time={"alpha": 0.1, "per_item": {2: 1.0}})
+    assert plan_main([_write(tmp_path, raw)]) == 2
+    err = capsys.readouterr().err
+    assert "cycle 'a<->b' fits no layout on --devices 2" in err
+    assert "'a' allows [1] and 'b' allows [2]: none is valid for both" in err
+    assert "at least 1 + 2 = 3 devices" in err
+    assert "valid_devices None" not in err and "needs at least 2 devices" not in err
+    assert plan_main([_write(tmp_path, raw), "--devices", "3"]) == 0
+
+
+def test_one_component_has_no_spatial_or_hybrid_plan(capsys, tmp_path):
+    raw = _two(edges=[])
+    del raw["components"]["b"]
+    prof = _write(tmp_path, raw)
+    assert plan_main([prof, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["mode"] == "temporal" and d["tree"]["op"] == "leaf"
+    assert d["modes"] == {"temporal": d["predicted_s"], "spatial": None, "hybrid": None}
+    assert d["plans"]["spatial"] is None
+    assert plan_main([prof, "--mode", "spatial", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "no spatial plan exists" in err and "only 'a'" in err
+    assert plan_main([prof, "--exhaustive", "--mode", "spatial"]) == 2
+    assert plan_main([prof]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"spatial\s+infeasible", out) and re.search(
+        r"temporal\s+[\d.]+ s\s+1\.000x", out
+    )
+
+
+def test_modes_include_the_iteration_overhead_like_the_best_plan(capsys, tmp_path):
+    """A profile a run saved carries iteration_overhead_s: the best plan's predicted_s has it,
+    so must the pure modes' times, or the best reads slower than every mode."""
+    prof = _write(tmp_path, _two(iteration_overhead_s=0.25))
+    bare = _write(tmp_path, _two(), "bare.yaml")
+    assert plan_main([bare, "--json"]) == 0
+    without = json.loads(capsys.readouterr().out)
+    for extra in ([], ["--exhaustive"]):
+        assert plan_main([prof, "--json", *extra]) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert d["predicted_s"] == pytest.approx(without["predicted_s"] + 0.25)
+        assert d["modes"][d["mode"]] == pytest.approx(d["predicted_s"])
+        for mode, t in d["modes"].items():
+            if t is not None:
+                assert t == pytest.approx(without["modes"][mode] + 0.25)
+                assert t == pytest.approx(d["plans"][mode]["predicted_s"])
+    assert plan_main([prof]) == 0
+    out = capsys.readouterr().out
+    best = float(re.search(r"best plan \(\w+\): ([\d.]+) s", out).group(1))
+    table = [float(x) for x in re.findall(r"^\s+\w+\s+([\d.]+) s\s+[\d.]+x$", out, re.M)]
+    assert min(table) == pytest.approx(best, abs=1e-4)

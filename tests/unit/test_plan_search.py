@@ -478,3 +478,53 @@ def test_search_reports_its_passes():
     total = len(prof.granularities) + 1
     assert calls == [(i, total) for i in range(total + 1)]
     assert plans["best"].predicted_s == search_all(prof)["best"].predicted_s
+
+
+def test_a_lone_component_has_only_a_temporal_plan():
+    """A single leaf runs nothing side by side: ``mode_of`` calls it temporal, and no mode
+    table may call it spatial too."""
+    prof = load_profile(
+        {
+            "devices": 4,
+            "device_memory_gb": 80,
+            "batch": 8,
+            "granularities": [2, 8],
+            "components": {
+                "c0": {
+                    "valid_devices": [1, 2],
+                    "time": {"alpha": 0.1, "per_item": {1: 1.0, 2: 0.6}},
+                    "memory_gb": 10,
+                }
+            },
+        }
+    )
+    plans = search_all(prof)
+    assert plans["spatial"] is None and plans["hybrid"] is None
+    assert plans["best"].mode == plans["temporal"].mode == "temporal"
+    assert plans["best"].modes == {
+        "temporal": plans["best"].predicted_s,
+        "spatial": None,
+        "hybrid": None,
+    }
+    with pytest.raises(PlanError, match="no spatial plan exists"):
+        search(prof, mode="spatial")
+    with pytest.raises(PlanError, match="no spatial plan exists"):
+        exhaustive(prof, mode="spatial")
+    assert exhaustive_times(prof)["spatial"] is None
+
+
+def test_modes_and_brute_force_times_carry_the_iteration_overhead():
+    raw = load_profile(EXAMPLES / "grpo_long_rollout.yaml", devices=4).to_dict()
+    bare = search_all(load_profile(raw))
+    raw["iteration_overhead_s"] = 0.5
+    prof = load_profile(raw)
+    plans = search_all(prof)
+    for mode, t in plans["best"].modes.items():
+        if t is None:
+            assert plans[mode] is None
+            continue
+        assert t == plans[mode].predicted_s == pytest.approx(bare[mode].predicted_s + 0.5)
+    assert plans["best"].predicted_s == min(t for t in plans["best"].modes.values() if t)
+    ex = exhaustive_times(prof)
+    for mode, plan in plans.items():
+        assert (plan.predicted_s if plan else None) == pytest.approx(ex[mode])
