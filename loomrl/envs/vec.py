@@ -4,6 +4,9 @@
 process (the unit a loomrl env worker holds). It is a loop over single envs rather than a
 ``gymnasium.vector.SyncVectorEnv`` because one simulator that raises must not take the batch
 down: the failing env is reset, the failure is recorded as an event, the others keep going.
+An env that fails on its very first reset or step while ``env_kwargs`` are given is the
+exception: nothing ever worked, so the keywords are the likely cause, and a ``ConfigError``
+naming them stops the VecEnv at once instead of failure after failure being counted.
 
 Autoreset: gymnasium 1.x vector envs reset a finished env on the *next* call to ``step``, which
 then returns the reset observation with reward 0 and ignores the action; a buffer that stores
@@ -27,6 +30,7 @@ import contextlib
 import difflib
 import importlib
 import io
+import math
 import os
 import re
 import subprocess
@@ -112,9 +116,12 @@ class EnvConfig:
             problems.append(
                 f"max_episode_steps={self.max_episode_steps}: must be >= 1, or None for the env's own limit"
             )
-        if self.cpu_cores <= 0:
+        # NaN passes `<= 0` and inf would reserve every core: neither is a share of CPU.
+        c = self.cpu_cores
+        if isinstance(c, bool) or not (isinstance(c, (int, float)) and math.isfinite(c) and c > 0):
             problems.append(
-                f"cpu_cores={self.cpu_cores}: simulators need CPU; declare a positive share"
+                f"cpu_cores={c}: simulators need CPU; declare a positive, finite share "
+                "(e.g. 1, or 0.5 for two env workers per core)"
             )
         if self.render_backend not in RENDER_BACKENDS:
             problems.append(
@@ -125,6 +132,14 @@ class EnvConfig:
         if self.failure_window < 1:
             problems.append(f"failure_window={self.failure_window}: must be >= 1 (vector steps)")
         if problems:
+            # The id's check imports gymnasium (and, for an unknown id, gymnasium-robotics), so
+            # it is left to VecEnv and the recipe's validate() when nothing else is wrong; when
+            # this section fails they never see the id, so it is checked here with the rest.
+            if isinstance(self.env_id, str) and self.env_id:
+                try:
+                    check_env_id(self.env_id)
+                except ConfigError as e:
+                    problems += e.problems
             raise ConfigError(problems, source="EnvConfig")
 
 
@@ -353,6 +368,7 @@ class VecEnv:
         self._no_tiles: str | None = None  # why pixels are drawn env by env, when they are
         self._loaded = False
         self._broken: str | None = None  # why no step can run any more (_recover)
+        self._bad_kwargs: ConfigError | None = None  # env_kwargs that fail at once (_kwargs_fault)
         self.onload()
         probe = self._slots[0].env
         self.single_action_space = probe.action_space
@@ -442,6 +458,12 @@ class VecEnv:
             hint = (
                 " (gymnasium-robotics 1.4.x fails to build Fetch envs with recent mujoco "
                 "releases, e.g. 3.17 and 4.0; mujoco 3.2.7 works)"
+            )
+        if self.cfg.env_kwargs:
+            hint += (
+                f"; env.env_kwargs {_show_kwargs(self.cfg.env_kwargs)} went to its "
+                "constructor: check their values (a TypeError or ValueError there is often a "
+                "value of the wrong type or range)"
             )
         return LoomError(
             f"could not create {self.cfg.env_id!r} with {kwargs}: {type(e).__name__}: {e}{hint}"
@@ -535,6 +557,8 @@ class VecEnv:
             self._loaded = False
 
     def _require_loaded(self, what: str) -> None:
+        if self._bad_kwargs is not None:
+            raise self._bad_kwargs
         if self._broken is not None:
             raise EnvFailureError(self._broken)
         if not self._loaded:
@@ -544,7 +568,15 @@ class VecEnv:
     def reset(self) -> np.ndarray:
         """Start a new episode in every env; the first reset of env i uses seed + i."""
         self._require_loaded("reset")
-        raws = [self._reset_env(i, slot) for i, slot in enumerate(self._slots)]
+        raws = []
+        for i, slot in enumerate(self._slots):
+            first = not slot.seeded
+            try:
+                raws.append(self._reset_env(i, slot))
+            except Exception as e:
+                if first and self.cfg.env_kwargs:
+                    raise self._kwargs_fault(i, "first reset", e) from e
+                raise
         seen = self._observe_many(list(range(self.num_envs)), raws)  # one read-back of pixels
         for slot, obs in zip(self._slots, seen, strict=True):
             slot.obs = obs
@@ -650,6 +682,9 @@ class VecEnv:
             try:
                 raw, r, te, tr, info = self._step_one(slot, actions[k])
             except Exception as e:  # a simulator bug or instability: isolate it, keep training
+                if self.env_steps[i] == 0 and self.cfg.env_kwargs:
+                    # Not one step ever worked: the user's keywords, not bad luck mid-episode.
+                    raise self._kwargs_fault(i, "first step", e) from e
                 # every failure is recorded; the last error counts them all
                 too_many = self._record_failure(i, slot, e) or too_many
                 failed[k] = True
@@ -750,11 +785,40 @@ class VecEnv:
         err = EnvFailureError(
             f"{self.cfg.env_id}: {len(self._failures)} simulator failures within the last "
             f"{self.cfg.failure_window} steps (max_failures={self.cfg.max_failures}); the last, in "
-            f"env {gi} at episode step {slot.episode_length}: {msg}. Fix the environment, or raise "
-            "env.max_failures / lower env.failure_window if such failures are expected."
+            f"env {gi} at episode step {slot.episode_length}: {msg}. {self._kwargs_hint(e)}Fix "
+            "the environment, or raise env.max_failures / lower env.failure_window if such "
+            "failures are expected."
         )
         err.__cause__ = e
         return err
+
+    def _kwargs_hint(self, e: BaseException) -> str:
+        """Where env_kwargs were given, a sentence pointing at them (a TypeError or ValueError
+        is what a value of the wrong type or range raises inside a simulator); else ''."""
+        if not self.cfg.env_kwargs:
+            return ""
+        given = _show_kwargs(self.cfg.env_kwargs)
+        if isinstance(e, (TypeError, ValueError)):
+            return (
+                f"A {type(e).__name__} there often means a value of the wrong type or range in "
+                f"env.env_kwargs (given: {given}): check those first. "
+            )
+        return f"env.env_kwargs were given ({given}): check them too. "
+
+    def _kwargs_fault(self, i: int, when: str, e: BaseException) -> ConfigError:
+        """The error for env i failing on its ``when`` ("first reset" / "first step") with
+        env_kwargs given; this VecEnv is left broken (other envs may be half-stepped), and
+        every later call raises it again."""
+        self._bad_kwargs = ConfigError(
+            [
+                f"env.env_kwargs: {self.cfg.env_id} env {self.index_offset + i} failed on its "
+                f"{when} with env_kwargs {_show_kwargs(self.cfg.env_kwargs)} "
+                f"({type(e).__name__}: {e}); a keyword of the wrong type or out of range is the "
+                "likely cause: check each value against the env's constructor (a number given "
+                "as text?), or remove it to use the env's default"
+            ]
+        )
+        return self._bad_kwargs
 
     def _recover(self, i: int, slot: _Slot) -> None:
         """Reset a failed env; if even that raises, replace the simulator."""
@@ -811,6 +875,12 @@ class VecEnv:
     def pop_events(self) -> list[EnvEvent]:
         events, self.events = self.events, []
         return events
+
+
+def _show_kwargs(kwargs: dict[str, Any]) -> str:
+    """``{'a': 'abc' (str), 'b': 2 (int)}``: env_kwargs with each value's type, which is what a
+    wrong value usually gets wrong (a number that YAML or an override read as text)."""
+    return "{" + ", ".join(f"{k!r}: {v!r} ({type(v).__name__})" for k, v in kwargs.items()) + "}"
 
 
 def _close_env(env: Any) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import statistics
 import time
 from collections import deque
@@ -39,7 +40,9 @@ class Config:
     recipe: str = "embodied_ppo"
     env: EnvConfig = field(default_factory=EnvConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
-    # auto | mlp | cnn | package.module:factory (an nn.Module with act/evaluate)
+    # auto | mlp | cnn | package.module:factory (an nn.Module with act/evaluate). The name's
+    # form is checked before anything starts; a factory's module is imported by the policy
+    # worker, where it must be importable.
     policy: str = "auto"
     # Keyword arguments for the policy's constructor, e.g. {channels: [64, 128, 128],
     # feature_dim: 512} for the CNN or {hidden: [256, 256]} for the MLP (over ppo.hidden); a
@@ -126,9 +129,16 @@ class Config:
                 f"ppo.rollout_steps={self.ppo.rollout_steps} is not a multiple of env.num_envs="
                 f"{self.env.num_envs}; their ratio is the steps S per env per iteration"
             )
-        p += _check_policy_kwargs(self)
+        p += _check_policy(self)
         if self.groups is not None and not 1 <= self.groups <= self.env.num_envs:
             p.append(f"groups: must be in [1, env.num_envs={self.env.num_envs}], got {self.groups}")
+        # A NaN or infinite target is never reached (or, -inf, reached at once): a slip, not a
+        # setting; the loader lets inf through, and main() also takes configs built in Python.
+        if self.target_return is not None and not _finite_number(self.target_return):
+            p.append(
+                f"target_return: must be a finite number (the mean return to stop at), or null "
+                f"to run every step, got {self.target_return}"
+            )
         if self.window < 1:
             p.append(f"window: must be >= 1 episode, got {self.window}")
         if self.probe_reps < 1:
@@ -137,8 +147,11 @@ class Config:
             p.append(
                 f"auto_trial_steps: must be >= 0 (0 disables trials), got {self.auto_trial_steps}"
             )
-        if self.auto_trial_margin < 0:
-            p.append(f"auto_trial_margin: must be >= 0, got {self.auto_trial_margin}")
+        if not (_finite_number(self.auto_trial_margin) and self.auto_trial_margin >= 0):
+            p.append(
+                f"auto_trial_margin: must be a finite number >= 0 (a fraction of the best "
+                f"prediction, e.g. 0.5), got {self.auto_trial_margin}"
+            )
         if self.auto_trial_confirm < 0:
             p.append(
                 f"auto_trial_confirm: must be >= 0 (0 predicts from the trial's turns), "
@@ -175,24 +188,39 @@ class Config:
         return p
 
 
-def _check_policy_kwargs(cfg: Config) -> list[str]:
-    """Problems with ``policy_kwargs`` for a built-in policy: keys it does not take (named with
-    those it does), and values it cannot be built with (it is built once on the CPU, on
-    stand-in spaces: the run's image size for the CNN). A factory's own signature is checked in
-    the policy worker, where it is imported."""
+def _finite_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check_policy(cfg: Config) -> list[str]:
+    """Problems with ``policy`` and ``policy_kwargs``, all of them: the name's form; for a
+    built-in policy, whether it fits the observations, keys it does not take (named with those
+    it does), and values it cannot be built with (it is built once on the CPU, on stand-in
+    spaces: the run's image size for the CNN). A factory's module is imported, and its
+    signature checked, in the policy worker.
+
+    A problem that depends on the env section names an ``env.`` key and one that does not,
+    does not: where the env section itself is invalid, ``load_config`` runs this with a default
+    env in its place and drops the problems that name it, keeping the rest (a typo in
+    ``policy_kwargs`` is reported beside the env's problems, not after they are fixed)."""
+    from loomrl.workers.policy import BUILT_IN_POLICIES, policy_spec_problems
+
     policy, kwargs, pixels = cfg.policy, cfg.policy_kwargs, cfg.env.pixels
+    if bad := policy_spec_problems(policy):
+        return bad
+    out = []
     if policy == "cnn" and not pixels:
-        return [
+        out.append(
             "policy='cnn': the CNN takes images, but env.pixels=false gives state vectors; "
             "set env.pixels=true, or policy: auto (or mlp)"
-        ]
+        )
     if policy == "mlp" and pixels:
-        return [
+        out.append(
             "policy='mlp': the MLP takes state vectors, but env.pixels=true gives images "
             "[3, H, W]; set policy: auto (or cnn), or env.pixels=false"
-        ]
-    if policy not in ("auto", "mlp", "cnn") or (not kwargs and not pixels):
-        return []
+        )
+    if policy not in BUILT_IN_POLICIES or (not kwargs and not pixels):
+        return out
     import difflib
     import inspect
 
@@ -211,17 +239,30 @@ def _check_policy_kwargs(cfg: Config) -> list[str]:
         "obs_shape": "it comes from the env",
         "action_space": "it comes from the env",
     }
-    takes = [n for n in inspect.signature(cls.__init__).parameters if n not in {"self", *fixed}]
-    out = []
+
+    def takes(c: type) -> list[str]:
+        return [n for n in inspect.signature(c.__init__).parameters if n not in {"self", *fixed}]
+
+    mine, either = takes(cls), list(dict.fromkeys(takes(CNNActorCritic) + takes(MLPActorCritic)))
+    # policy: auto picks the class from the env; cnn and mlp name it themselves.
+    picked = f"policy='auto', env.pixels={pixels}" if policy == "auto" else f"policy={policy!r}"
     for key in kwargs:
         if key in fixed:
             out.append(f"policy_kwargs.{key}: not settable here; {fixed[key]}")
-        elif key not in takes:
-            close = difflib.get_close_matches(str(key), takes, n=1)
+        elif policy == "auto" and key not in either:  # wrong whatever the env gives
+            close = difflib.get_close_matches(str(key), either, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             out.append(
-                f"policy_kwargs.{key}: not an argument of {cls.__name__} (policy={policy!r}, "
-                f"env.pixels={pixels}); {hint}it takes {', '.join(takes)}"
+                f"policy_kwargs.{key}: not an argument of either built-in policy (policy='auto'); "
+                f"{hint}CNNActorCritic takes {', '.join(takes(CNNActorCritic))}; "
+                f"MLPActorCritic takes {', '.join(takes(MLPActorCritic))}"
+            )
+        elif key not in mine:
+            close = difflib.get_close_matches(str(key), mine, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            out.append(
+                f"policy_kwargs.{key}: not an argument of {cls.__name__} ({picked}); "
+                f"{hint}it takes {', '.join(mine)}"
             )
     for key in ("channels", "hidden"):
         v = kwargs.get(key)
@@ -232,18 +273,26 @@ def _check_policy_kwargs(cfg: Config) -> list[str]:
     v = kwargs.get("feature_dim")
     if v is not None and not (type(v) is int and v > 0):
         out.append(f"policy_kwargs.feature_dim: must be a positive width, got {v!r}")
+    v = kwargs.get("log_std_init")
+    if v is not None and not _finite_number(v):  # NaN or inf: every action's log-prob is NaN
+        out.append(
+            f"policy_kwargs.log_std_init: must be a finite number (the initial log standard "
+            f"deviation of actions, e.g. 0.0), got {v!r}"
+        )
     if out:
         return out
     size = cfg.env.image_size
     obs = (3, size, size) if cnn else 1
     act = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
     extra = {} if cnn else {"hidden": tuple(cfg.ppo.hidden)}
+    # Only the CNN's build depends on the env (ppo.hidden is checked in its own section).
+    built_on = f" and env.image_size={size}" if cnn else ""
     try:
         cls(obs, act, seed=0, **{**extra, **kwargs})
     except Exception as e:  # noqa: BLE001 - any failure to build is reported, with its cause
         return [
-            f"policy={policy!r}: {cls.__name__} cannot be built with policy_kwargs={kwargs} "
-            f"and env.image_size={size} ({type(e).__name__}: {e})"
+            f"policy={policy!r}: {cls.__name__} cannot be built with policy_kwargs={kwargs}"
+            f"{built_on} ({type(e).__name__}: {e})"
         ]
     return []
 

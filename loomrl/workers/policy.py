@@ -31,12 +31,44 @@ import numpy as np
 from loomrl.errors import ConfigError
 from loomrl.worker import Worker
 
-__all__ = ["HandoffError", "PolicyWorker", "build_policy"]
+__all__ = [
+    "BUILT_IN_POLICIES",
+    "HandoffError",
+    "PolicyWorker",
+    "build_policy",
+    "policy_spec_problems",
+]
+
+BUILT_IN_POLICIES = ("auto", "mlp", "cnn")
 
 
 class HandoffError(RuntimeError):
     """A rollout over sockets (``serve_pipe``) stopped: an env worker raised, died or went
     silent; the message names which, and at which step."""
+
+
+def policy_spec_problems(spec: Any) -> list[str]:
+    """Problems with the *form* of a policy name: one of ``BUILT_IN_POLICIES``, or
+    ``package.module:factory`` with a dotted module path and a factory name that are Python
+    identifiers. Pure: a factory's module is imported where the policy is built (the policy
+    worker), but a malformed name is the config's, found before anything starts."""
+    if isinstance(spec, str) and spec in BUILT_IN_POLICIES:
+        return []
+    use = "use 'auto', 'mlp', 'cnn', or 'package.module:factory' for a policy of your own"
+    if not isinstance(spec, str) or ":" not in spec:
+        import difflib
+
+        close = difflib.get_close_matches(str(spec).lower(), BUILT_IN_POLICIES, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return [f"policy={spec!r}: not a built-in policy nor a factory; {hint}{use}"]
+    module, _, factory = spec.partition(":")
+    if not (all(part.isidentifier() for part in module.split(".")) and factory.isidentifier()):
+        return [
+            f"policy={spec!r}: a factory is named 'package.module:factory', a dotted module path "
+            f"and a callable in it, each part a Python identifier (got module {module!r} and "
+            f"factory {factory!r}); {use}"
+        ]
+    return []
 
 
 def build_policy(
@@ -51,6 +83,8 @@ def build_policy(
     (called as ``factory(observation_space, action_space, seed=seed, **kwargs)``)."""
     from loomrl.policies import CNNActorCritic, MLPActorCritic, make_policy
 
+    if bad := policy_spec_problems(spec):
+        raise ConfigError(bad)
     given, kwargs = dict(kwargs or {}), dict(kwargs or {})
     shape = tuple(observation_space.shape)
     image = len(shape) == 3 and observation_space.dtype == np.uint8
@@ -71,7 +105,7 @@ def build_policy(
         make = functools.partial(MLPActorCritic, int(np.prod(shape)))
     elif spec == "cnn":
         make = functools.partial(CNNActorCritic, shape)
-    elif ":" in spec:
+    else:  # package.module:factory (its form checked above)
         mod_name, fn_name = spec.split(":", 1)
         try:
             fn = getattr(importlib.import_module(mod_name), fn_name)
@@ -80,10 +114,6 @@ def build_policy(
                 [f"policy={spec!r}: cannot import {fn_name!r} from {mod_name!r} ({e})"]
             ) from None
         make = functools.partial(fn, observation_space)
-    else:
-        raise ConfigError(
-            [f"policy={spec!r}: use 'auto', 'mlp', 'cnn' or 'package.module:factory'"]
-        )
     try:  # keywords that do not fit are the user's config; errors inside are the policy's own
         inspect.signature(make).bind(action_space, seed=seed, **kwargs)
     except TypeError as e:

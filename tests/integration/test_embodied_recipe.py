@@ -1319,6 +1319,19 @@ def test_unknown_env_id_is_a_config_error_before_workers_start(tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+def test_an_unknown_policy_stops_main_before_any_worker_starts(tmp_path):
+    """main() also takes configs built in Python and checks them as the loader does: an unknown
+    policy, found by the policy worker once Ray and the probe had started, is found first."""
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    cfg = load_config(Config, EXAMPLE, [f"run.output_dir={tmp_path / 'never'}"])
+    cfg.policy = "transformer"
+    with pytest.raises(ConfigError, match=r"policy='transformer': not a built-in policy"):
+        main(cfg)
+    assert not (tmp_path / "never").exists()
+
+
 def test_rollout_steps_must_divide_by_num_envs():
     from loomrl.config import load_config
     from loomrl.recipes.embodied_ppo import Config
@@ -1533,6 +1546,31 @@ def test_repeated_env_failures_stop_the_run_and_keep_their_events(cluster, tmp_p
     s = json.loads((out / "run_summary.json").read_text())
     assert s["status"] == "failed" and s["env_events_total"] == len(events)
     assert "--- remote traceback ---" not in s["error"] and "traceback" in s
+
+
+def test_env_kwargs_that_break_the_first_step_stop_the_run_as_a_config_error(cluster, tmp_path):
+    """A keyword whose value breaks every step (HalfCheetah-v5's forward_reward_weight='abc'
+    ended in max_failures counted simulator failures blaming the env): the first step's failure
+    comes back from the env worker as a config error naming env.env_kwargs and their values."""
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    cfg = load_config(
+        Config,
+        EXAMPLE,
+        [
+            *TINY,
+            "run.steps=1",
+            "env.env_id=loomrl.envs.testing:loomrl-test/Counting-v0",
+            "env.env_kwargs={length: 50, fail_from: 1}",
+            "run.placement=temporal",
+            "auto_trial_steps=0",
+            f"run.output_dir={tmp_path / 'run'}",
+        ],
+    )
+    with pytest.raises(ConfigError, match=r"env\.env_kwargs: .* failed on its first step") as e:
+        main(cfg)
+    assert "'fail_from': 1 (int)" in str(e.value) and "simulator exploded at step 1" in str(e.value)
 
 
 def test_a_simulator_that_hangs_mid_run_stops_it_within_its_timeout_not_minutes(cluster, tmp_path):

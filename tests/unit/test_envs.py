@@ -374,3 +374,121 @@ def test_pixel_env_workers_render_on_the_gpu_they_are_placed_on():
     assert egl_device_for("1", {"MUJOCO_EGL_DEVICE_ID": "0"}) is None
     assert egl_device_for(None, {}) is None and egl_device_for("", {}) is None
     assert egl_device_for("GPU-8a1f", {}) is None
+
+
+class _Weighted(gym.Env):
+    """Scales its reward by ``weight`` from step ``from_step`` on (counted per instance), as
+    MuJoCo envs scale theirs by keywords such as ``forward_reward_weight``: a weight given as
+    text raises the TypeError a simulator would, on the step it is first used."""
+
+    def __init__(self, weight: float = 1.0, from_step: int = 1):
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.weight, self.from_step, self.total = weight, from_step, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.total += 1
+        reward = self.weight * 1.0 if self.total >= self.from_step else 0.0
+        return np.zeros(2, np.float32), reward, False, False, {}
+
+
+def _weighted(**kw) -> VecEnv:
+    if "loomrl-test/Weighted-v0" not in gym.registry:
+        gym.register(id="loomrl-test/Weighted-v0", entry_point=_Weighted)
+    return make("loomrl-test/Weighted-v0", **kw)
+
+
+def test_env_kwargs_that_break_the_first_step_are_a_config_error_naming_them():
+    """HalfCheetah-v5 with forward_reward_weight='abc' raised on every step, and the run ended
+    after max_failures of them blaming the environment. Nothing ever worked, so the keywords are
+    the likely cause: said at once, with the keys, values and their types."""
+    env = _weighted(env_kwargs={"weight": "abc"})
+    env.reset()
+    with pytest.raises(ConfigError) as e:
+        env.step(np.zeros((2, 1), np.float32))
+    msg = str(e.value)
+    assert "env.env_kwargs: loomrl-test/Weighted-v0 env 0 failed on its first step" in msg
+    assert "{'weight': 'abc' (str)}" in msg and "TypeError" in msg
+    assert not env.events  # not counted as an env failure
+    # The other envs may be half-stepped: every later call says the same.
+    with pytest.raises(ConfigError, match="env.env_kwargs"):
+        env.step(np.zeros((2, 1), np.float32))
+    with pytest.raises(ConfigError, match="env.env_kwargs"):
+        env.reset()
+    # The same env with a number steps on.
+    ok = _weighted(env_kwargs={"weight": 2.0})
+    ok.reset()
+    assert (ok.step(np.zeros((2, 1), np.float32)).reward == 2.0).all()
+
+
+def test_env_kwargs_that_break_the_first_reset_are_a_config_error_naming_them():
+    env = make("loomrl-test/Counting-v0", env_kwargs={"reset_budget": {"left": 0}})
+    with pytest.raises(ConfigError, match=r"env 0 failed on its first reset with env_kwargs"):
+        env.reset()
+
+
+def _baked(env_id: str, **settings) -> str:
+    """Register ``env_id``: a CountingEnv with ``settings`` built in, so that a VecEnv makes it
+    without env_kwargs."""
+    if env_id not in gym.registry:
+        cls = type("_Baked", (loomrl.envs.testing.CountingEnv,), {})
+        cls.__init__ = lambda self: loomrl.envs.testing.CountingEnv.__init__(self, **settings)
+        gym.register(id=env_id, entry_point=cls)
+    return env_id
+
+
+def test_without_env_kwargs_a_first_step_failure_is_counted_as_before():
+    env = make(_baked("loomrl-test/FailsFirst-v0", fail_on=(1,)))
+    env.reset()
+    assert env.step(np.zeros((2, 1), np.float32)).failed.all()
+    assert [e.kind for e in env.events] == ["env_error", "env_error"]
+
+
+def test_env_kwargs_failing_mid_episode_are_counted_and_named_in_the_error():
+    # A keyword first used on step 3: failures are counted as before, and the error that ends
+    # the run points at env.env_kwargs, with the values given.
+    env = _weighted(num_envs=1, max_failures=1, env_kwargs={"weight": "abc", "from_step": 3})
+    env.reset()
+    env.step(np.zeros((1, 1), np.float32))
+    env.step(np.zeros((1, 1), np.float32))
+    assert env.step(np.zeros((1, 1), np.float32)).failed.all()  # counted, recovered
+    with pytest.raises(EnvFailureError) as e:
+        for _ in range(3):
+            env.step(np.zeros((1, 1), np.float32))
+    msg = str(e.value)
+    assert "simulator failures within the last" in msg
+    assert (
+        "A TypeError there often means a value of the wrong type or range in env.env_kwargs" in msg
+    )
+    assert "'weight': 'abc' (str)" in msg and "'from_step': 3 (int)" in msg
+
+
+def test_env_failures_name_env_kwargs_only_where_given():
+    env = make("loomrl-test/Counting-v0", num_envs=1, max_failures=1, env_kwargs={"fail_from": 2})
+    env.reset()
+    with pytest.raises(EnvFailureError) as e:
+        for _ in range(4):
+            env.step(np.zeros((1, 1), np.float32))
+    # A RuntimeError with keywords given: they are named, but not as the likely cause.
+    assert "env.env_kwargs were given ({'fail_from': 2 (int)}): check them too" in str(e.value)
+    bare = make(_baked("loomrl-test/FailsFrom2-v0", fail_from=2), num_envs=1, max_failures=1)
+    bare.reset()
+    with pytest.raises(EnvFailureError) as e:
+        for _ in range(4):
+            bare.step(np.zeros((1, 1), np.float32))
+    assert "env_kwargs" not in str(e.value)
+
+
+def test_env_config_refuses_nan_and_infinite_cpu_cores_and_reports_the_env_id_with_the_rest():
+    for bad in (float("nan"), float("inf"), 0.0):
+        with pytest.raises(ConfigError, match=rf"cpu_cores={bad}: .* positive, finite share"):
+            EnvConfig(cpu_cores=bad)
+    # A section that fails is never validated by the recipe, which checks the id: checked here.
+    with pytest.raises(ConfigError) as e:
+        EnvConfig("InvertedPendulm-v5", num_envs=0)
+    assert len(e.value.problems) == 2
+    assert "close matches: InvertedPendulum-v5" in e.value.problems[1]
