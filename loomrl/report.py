@@ -108,7 +108,8 @@ class RunData:
         steps = [it.step for it in self.iterations]
         raise ReportError(
             f"step {step} is not in {TIMELINE_FILE} (recorded: {len(steps)} steps, "
-            f"{steps[0]}..{steps[-1]}); pass one of those to --step"
+            f"{steps[0]}..{steps[-1]}); pass one of those to --step (iterations count from 0; "
+            "in metrics.jsonl the row of step N is the state after iteration N-1)"
         )
 
     def records_by_step(self) -> dict[int, list[dict[str, Any]]]:
@@ -584,7 +585,8 @@ def _parser() -> argparse.ArgumentParser:
         "--step",
         type=int,
         default=None,
-        help="iteration to draw (default: the median-time one after warm-up)",
+        help="iteration to draw, counted from 0 as in timeline.jsonl (metrics.jsonl's step N "
+        "follows iteration N-1; default: the median-time one after warm-up)",
     )
     p.add_argument("--out", default=None, help="where to write the files (default: RUN_DIR)")
     return p
