@@ -428,8 +428,9 @@ def run_child(side: str, spec: dict, timeout: float) -> tuple[dict | None, str, 
 
 
 def profiling_seconds(log: str) -> float | None:
-    """The plan line of a loomrl run: 'plan (12.3s incl. profiling):'."""
-    m = re.search(r"plan \(([0-9.]+)s incl\. profiling\)", log)
+    """The plan line of a loomrl run: 'plan (12.3s incl. profiling):', or 'incl. starting the
+    workers' where nothing was profiled (profile=calibrate, a plan file)."""
+    m = re.search(r"plan \(([0-9.]+)s incl\. (?:profiling|starting the workers)\)", log)
     return float(m.group(1)) if m else None
 
 

@@ -340,7 +340,8 @@ def _stdout_reader_gone() -> bool:
     try:
         poller = select.poll()
         poller.register(sys.stdout.fileno(), select.POLLOUT)
-        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+        # a pipe's closed reader shows as POLLERR, a socket's as POLLHUP
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
     except (OSError, ValueError, AttributeError):  # no poll here, or stdout is no file
         return False
 

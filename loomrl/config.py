@@ -33,8 +33,10 @@ import dataclasses
 import difflib
 import enum
 import math
+import numbers
 import os
 import re
+import sys
 import tempfile
 import types
 import typing
@@ -661,10 +663,10 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Readers see the old file or the new one, never half of one (temp file, fsync, rename)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        # mkstemp makes the file private (0600); the file it replaces is an output like any
-        # other, readable as the umask allows (a shared report or dashboard reads it).
-        os.chmod(tmp, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            # mkstemp makes the file private (0600); the file it replaces is an output like
+            # any other, readable as the umask allows (a shared report or dashboard reads it).
+            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -674,10 +676,37 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def _umask() -> int:
+def _read_umask() -> int:
     mask = os.umask(0o022)  # reading the umask means setting it: put it straight back
     os.umask(mask)
     return mask
+
+
+_UMASK = _read_umask()  # once, at import: setting it later could race another thread's files
+
+
+def finite_number(v: Any) -> float | None:
+    """``v`` as a float when it is a finite real number, else None. Bools are not numbers here
+    (Python counts True as 1; a setting must not), numpy's reals are, and so is text that reads
+    as one: PyYAML (YAML 1.1) reads ``1e-3``, without a dot, as a string."""
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            return None
+    if isinstance(v, (bool, _np_bool())) or not isinstance(v, numbers.Real):
+        return None
+    try:
+        x = float(v)
+    except OverflowError:  # an int past float's range (10**400) is no finite setting
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _np_bool() -> type:
+    """numpy's bool type where numpy is loaded (it is no ``bool`` subclass), else bool."""
+    np = sys.modules.get("numpy")
+    return np.bool_ if np is not None else bool
 
 
 def read_utf8(path: Path) -> str:

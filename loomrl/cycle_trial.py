@@ -183,15 +183,7 @@ def check_plan_devices(plan: Any, devices: int, path: str) -> None:
     """A plan file's devices must exist here: PlanError naming each component placed past them."""
     from loomrl.errors import PlanError
 
-    problems = []
-    if plan.devices > devices:
-        problems.append(f"the plan uses {plan.devices} devices but the cluster has {devices}")
-    for c, devs in sorted(plan.assignment().items()):
-        if devs and max(devs) >= devices:
-            problems.append(
-                f"the plan places {c!r} on devices {devs}, but the cluster's devices are "
-                f"0..{devices - 1}"
-            )
+    problems = plan.device_problems(devices)
     if problems:
         raise PlanError(
             f"run.placement={path}: the plan does not fit this cluster:\n  - "

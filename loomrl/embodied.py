@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import time
 import warnings
 from collections import deque
@@ -27,6 +26,7 @@ import torch
 from torch import Tensor
 
 from loomrl.algos import gae, ppo_policy_loss, value_loss
+from loomrl.config import finite_number
 from loomrl.envs.vec import EnvConfig, EpisodeStats, VecEnv
 from loomrl.errors import ConfigError
 from loomrl.policies import make_policy, row_generators
@@ -408,12 +408,8 @@ class PPOConfig:
 
 def _finite(x: Any, in_range: Callable[[float], bool]) -> bool:
     """``x`` is a real number (not a bool), neither NaN nor ±inf, for which ``in_range`` holds."""
-    return (
-        isinstance(x, (int, float))
-        and not isinstance(x, bool)
-        and math.isfinite(x)
-        and bool(in_range(x))
-    )
+    v = finite_number(x) if not isinstance(x, str) else None  # a config field holds no text
+    return v is not None and bool(in_range(v))
 
 
 def compute_advantages(

@@ -651,17 +651,7 @@ class Flow:
             )
         for c in sorted({s.component.name for s in self.stages} - comps):
             problems.append(f"the plan does not place component {c!r}")
-        if plan.devices > self.cluster.num_devices:
-            problems.append(
-                f"the plan uses {plan.devices} devices but the cluster has {self.cluster.num_devices}"
-            )
-        n = self.cluster.num_devices
-        for c, devs in sorted(plan.assignment().items()):
-            if devs and max(devs) >= n:
-                problems.append(
-                    f"the plan places {c!r} on devices {devs}, but the cluster's devices are "
-                    f"0..{n - 1}"
-                )
+        problems += plan.device_problems(self.cluster.num_devices)
         if plan.micro_batch < 1 or plan.batch % plan.micro_batch:
             problems.append(
                 f"the plan's micro_batch={plan.micro_batch} does not divide its batch of "

@@ -52,7 +52,7 @@ def common_problems(cfg: Any, min_group: int) -> list[str]:
     """Checks every reasoning recipe's config shares: batch, group size, generation chunks, model."""
     from pathlib import Path
 
-    p = []
+    p = cfg.run.flow_problems()
     if cfg.batch < 1:
         p.append(f"batch: must be >= 1 prompt group, got {cfg.batch}")
     if cfg.eval_every < 0:

@@ -300,7 +300,9 @@ def _attempt_lines(summary: Mapping[str, Any]) -> list[str]:
     if not earlier:
         return []
     ends = ", ".join(
-        f"{a.get('status') or '?'} after {a.get('steps_done', '?')} step(s)" for a in earlier
+        f"{a.get('status') or '?'} after "
+        f"{a['steps_done'] if a.get('steps_done') is not None else '?'} step(s)"
+        for a in earlier
     )
     total = summary.get("wall_s_total")
     wall = f"; wall time of all {total:.1f} s" if isinstance(total, (int, float)) else ""

@@ -119,12 +119,6 @@ class RunConfig:
                     f"wandb: {self.wandb!r} needs the wandb package, which is not installed: "
                     "pip install wandb, or set run.wandb=off"
                 )
-        if self.profile == "calibrate" and self.placement in ("auto", "spatial", "hybrid"):
-            p.append(
-                f"profile: 'calibrate' plans only placement=temporal (got {self.placement!r}): "
-                "other modes need measured costs to split devices; set run.profile=null to "
-                "measure them, or run.placement=temporal"
-            )
         if self.profile not in (None, "calibrate") and not Path(self.profile).exists():
             p.append(f"profile: no such file {self.profile!r}")
         if not self.profile_budget > 0:
@@ -169,6 +163,17 @@ class RunConfig:
             p.append(f"weight_bucket_mb: must be > 0, got {self.weight_bucket_mb}")
         return p
 
+    def flow_problems(self) -> list[str]:
+        """What only recipes that plan a Flow check (the embodied cycle measures its costs
+        under profile=calibrate instead): calibrate plans a temporal plan alone."""
+        if self.profile == "calibrate" and self.placement in ("auto", "spatial", "hybrid"):
+            return [
+                f"run.profile: 'calibrate' plans only placement=temporal (got "
+                f"{self.placement!r}): other modes need measured costs to split devices; set "
+                "run.profile=null to measure them, or run.placement=temporal"
+            ]
+        return []
+
     def adapt_config(self) -> Any:
         from loomrl.adapt import AdaptConfig
 
@@ -209,6 +214,7 @@ class Run:
             wandb=run_cfg.wandb,  # type: ignore[arg-type]
             total_steps=total_steps or run_cfg.steps,
             progress=run_cfg.progress,
+            continues=bool(getattr(cfg, "resume", False)),
         )
         self.iter_times: list[float] = []
         self.plan_start = 0  # first iteration of the current plan (it changes on a re-plan)
@@ -423,7 +429,8 @@ class Run:
 def earlier_attempts(run_dir: Path) -> list[dict[str, Any]]:
     """The attempts before this one of a resumed run, from the summary the last one wrote:
     how each ended, its steps done, its wall time and median iteration (its ``iteration_s`` and
-    ``wall_s`` covered that attempt alone). Empty when there is no readable summary."""
+    ``wall_s`` covered that attempt alone). Empty when there is no readable summary; an attempt
+    killed outright (SIGKILL, out of memory) wrote none and is not listed."""
     try:
         prev = json.loads((run_dir / "run_summary.json").read_text())
     except (OSError, ValueError):

@@ -52,6 +52,9 @@ class RunLogger:
             False never.
         postfix_keys: metrics shown after the bar (their last value), when present.
         project, run_name: wandb project and run name.
+        continues: this run resumes the one whose records ``metrics.jsonl`` holds (cut back to
+            the checkpoint it resumes from): ``elapsed_s`` and ``last_metrics`` go on from them,
+            and TensorBoard hides the earlier attempt's rows past them.
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class RunLogger:
         postfix_keys: Sequence[str] = ("reward_mean", "eval_accuracy", "episode_return"),
         project: str = "loomrl",
         run_name: str | None = None,
+        continues: bool = False,
     ):
         if wandb not in _WANDB_MODES:
             raise ConfigError(
@@ -81,7 +85,8 @@ class RunLogger:
         # A resumed run continues the records left in metrics.jsonl (cut back to its
         # checkpoint): elapsed_s goes on from theirs, and TensorBoard hides what an earlier
         # attempt logged past them (its event files stay, so their rows would show twice).
-        earlier = read_metrics(self.run_dir) if (self.run_dir / METRICS_FILE).is_file() else []
+        here = self.run_dir / METRICS_FILE
+        earlier = read_metrics(self.run_dir) if continues and here.is_file() else []
         steps = [r["step"] for r in earlier if isinstance(r.get("step"), int)]
         elapsed = [r["elapsed_s"] for r in earlier if isinstance(r.get("elapsed_s"), (int, float))]
         for r in earlier:

@@ -30,7 +30,6 @@ import contextlib
 import difflib
 import importlib
 import io
-import math
 import os
 import re
 import subprocess
@@ -43,6 +42,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from loomrl.config import finite_number
 from loomrl.errors import ConfigError, LoomError
 
 # MuJoCo picks its GL backend once, when `mujoco` is first imported (by the first gym.make of a
@@ -118,7 +118,7 @@ class EnvConfig:
             )
         # NaN passes `<= 0` and inf would reserve every core: neither is a share of CPU.
         c = self.cpu_cores
-        if isinstance(c, bool) or not (isinstance(c, (int, float)) and math.isfinite(c) and c > 0):
+        if isinstance(c, str) or not (finite_number(c) or 0) > 0:
             problems.append(
                 f"cpu_cores={c}: simulators need CPU; declare a positive, finite share "
                 "(e.g. 1, or 0.5 for two env workers per core)"
@@ -140,6 +140,8 @@ class EnvConfig:
                     check_env_id(self.env_id)
                 except ConfigError as e:
                     problems += e.problems
+                except Exception:  # noqa: BLE001 - VecEnv says it again, in full, once this passes
+                    pass
             raise ConfigError(problems, source="EnvConfig")
 
 

@@ -1,7 +1,8 @@
 """``loomrl plan PROFILE --devices N``: print the best plan and how each pure mode compares.
 
-Exit status 0 on success, 2 when the profile is malformed or no plan fits (the
-message names the key or the component and the constraint; no traceback).
+Exit status 0 on success, 2 when the profile is malformed, the device count is past the
+planner's limit (``MAX_DEVICES``), the search runs out of memory, or no plan fits (the message
+names the key or the component and the constraint; no traceback).
 """
 
 from __future__ import annotations

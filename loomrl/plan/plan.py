@@ -354,6 +354,19 @@ class Plan:
 
             p.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
+    def device_problems(self, devices: int) -> list[str]:
+        """Why this plan cannot run on a cluster of ``devices`` devices (empty: it can)."""
+        problems = []
+        if self.devices > devices:
+            problems.append(f"the plan uses {self.devices} devices but the cluster has {devices}")
+        for c, devs in sorted(self.assignment().items()):
+            if devs and max(devs) >= devices:
+                problems.append(
+                    f"the plan places {c!r} on devices {devs}, but the cluster's devices are "
+                    f"0..{devices - 1}"
+                )
+        return problems
+
     @classmethod
     def load(cls, path: str | Path) -> Plan:
         """Read a plan file (JSON for ``.json``, else YAML); ``PlanError`` naming the file and

@@ -22,7 +22,8 @@ Required keys: ``devices``, ``device_memory_gb``, ``batch``, ``components``, and
 Optional, with the default that keeps a term out of the model: ``time.alpha`` 0 (no fixed cost
 per call), ``memory_gb`` 0 (memory never rules the component out), ``switch_s`` 0, ``cpu_cores``
 none, ``granularities`` ``[batch]``, ``edges`` and ``cycles`` none. A component with
-``samples`` takes a missing ``alpha``, ``per_item`` or ``memory_gb`` from their fit instead.
+``samples`` takes missing ``per_item`` or ``memory_gb`` entries from their fit instead, and
+the fit's ``alpha`` where no ``per_item`` is given (the two are fitted together).
 Every number must be finite (YAML's ``.nan`` and ``.inf`` are refused, and so are ``true`` and
 ``false``, which Python would take for 1 and 0); device counts, as list entries or as keys
 of ``per_item``, ``memory_gb`` and ``cpu_cores``, are whole numbers of at most
@@ -46,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from loomrl.config import finite_number
 from loomrl.errors import ConfigError
 
 __all__ = [
@@ -327,11 +329,6 @@ def _unknown(keys: Iterable[str], known: set[str], where: str, problems: list[st
             problems.append(f"{where}: unknown key {k!r}{hint}")
 
 
-def _is_number(v: Any) -> bool:
-    """An int or a float (numpy's too), not a bool: Python counts True as 1, a profile must not."""
-    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
-
-
 def _got(v: Any) -> str:
     """How a refused value reads in a message, with what it was taken for where that misleads."""
     if isinstance(v, (bool, np.bool_)):
@@ -353,13 +350,9 @@ def _number(
     """``v`` as a float if it is a finite number >= ``least`` (> with ``above``); else None, and a
     problem naming ``key``, the value and what is allowed (``what``: the number's meaning;
     ``unit``: " of seconds", " of GB")."""
-    if isinstance(v, str):  # PyYAML (YAML 1.1) reads 1e-3 as text; configs take it too
-        try:
-            v = float(v) if math.isfinite(float(v)) else v
-        except ValueError:
-            pass
-    if _is_number(v) and math.isfinite(v) and (v > least if above else v >= least):
-        return float(v)
+    x = finite_number(v)
+    if x is not None and (x > least if above else x >= least):
+        return x
     bound = f"{'>' if above else '>='} {least:g}"
     problems.append(f"{key} must be a number{unit} {bound} and finite ({what}), got {_got(v)}")
     return None
@@ -481,7 +474,14 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
     # A missing key is said once, above; its stand-in is never checked as a value.
     n_dev = _device_count(raw["devices"], "devices", problems) if "devices" in raw else 1
     mem_cap = (
-        _number(raw["device_memory_gb"], "device_memory_gb", problems, "per device", True, unit=_GB)
+        _number(
+            raw["device_memory_gb"],
+            "device_memory_gb",
+            problems,
+            "per device",
+            above=True,
+            unit=_GB,
+        )
         if "device_memory_gb" in raw
         else None
     )
@@ -509,7 +509,9 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
     if dpn is not None:
         dpn = _positive_int(dpn, "devices_per_node", problems)
     overhead = raw.get("iteration_overhead_s", 0.0)
-    if not (_is_number(overhead) and 0 <= overhead < math.inf):
+    if (x := finite_number(overhead)) is not None and x >= 0:
+        overhead = x
+    else:
         problems.append(
             f"iteration_overhead_s: must be a number of seconds >= 0 and finite (what each "
             f"iteration pays outside its components' calls; 0 = none), got {_got(overhead)}"
@@ -722,7 +724,7 @@ def _build_component(
     memory: dict[int, Any] | None = None
     mem_raw = craw.get("memory_gb")
     mem_what = "per device while resident"
-    if _is_number(mem_raw):  # one number for every count
+    if not isinstance(mem_raw, Mapping) and mem_raw is not None:  # one number for every count
         one = _number(mem_raw, f"{where}.memory_gb", problems, mem_what, unit=_GB)
         memory = {n: 0.0 if one is None else one for n in valid_t}
     elif mem_raw is not None:
@@ -767,10 +769,12 @@ def _build_component(
     report = None
     missing_t = [n for n in valid_t if n not in per_item]
     missing_m = [n for n in valid_t if memory is not None and n not in memory]
-    if rows and (missing_t or memory is None or missing_m or alpha is None):
-        # What the profile leaves out, the samples' fit gives; what it states, it keeps.
+    if rows and (missing_t or memory is None or missing_m):
+        # What the profile leaves out, the samples' fit gives; what it states, it keeps. The fit
+        # estimates alpha and per_item together: its alpha only goes with its own per_item
+        # (beside costs measured apart it would count the fixed cost twice).
         fitted, report = fit_component(rows, valid_devices=valid_t, switch_s=switch or 0.0)
-        alpha = fitted.alpha if alpha is None else alpha
+        alpha = fitted.alpha if alpha is None and not per_item else alpha
         per_item = {**{n: fitted.per_item[n] for n in missing_t}, **per_item}
         memory = {**fitted.memory_gb, **(memory or {})}
         missing_t, missing_m = [], []

@@ -1027,7 +1027,13 @@ def _no_cycle_layout(profile: WorkloadProfile, name: str, devices: int) -> str:
         coloc = f"the smallest count valid for both is {common[0]}"
     else:
         coloc = f"{a!r} allows {list(va)} and {b!r} allows {list(vb)}: none is valid for both"
-    na, nb = min(((x, y) for x in va for y in vb if x + y > 0), key=sum)
+    pairs = [(x, y) for x in va for y in vb if x + y > 0]
+    if not pairs:  # both on host cores alone: no device is ever used
+        return (
+            f"cycle {name!r} has no member on devices: {a!r} and {b!r} are both host-only "
+            "(valid_devices [0]); give one of them device counts >= 1"
+        )
+    na, nb = min(pairs, key=sum)
     return (
         f"cycle {name!r} fits no layout on --devices {devices}: co-located, its members need "
         f"one device count valid for both ({coloc}); split, they need a count valid for {a!r} "

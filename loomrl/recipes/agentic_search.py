@@ -64,6 +64,8 @@ class Config:
                     f"agent.{x}" if x.startswith("corpus_path") else f"agent.corpus_path: {x}"
                     for x in e.problems
                 )
+            except OSError as e:  # unreadable (permissions, a vanished mount)
+                p.append(f"agent.corpus_path: {self.agent.corpus_path!r} cannot be read: {e}")
         # The agent's turns are bounded by its own token budgets; these would be ignored.
         plain = SamplingConfig()
         for key in ("max_new_tokens", "eval_max_new_tokens"):

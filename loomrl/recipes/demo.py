@@ -142,7 +142,8 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
     def validate(self) -> list[str]:
-        return [f"batch: must be >= 1 item, got {self.batch}"] if self.batch < 1 else []
+        p = self.run.flow_problems()
+        return p + ([f"batch: must be >= 1 item, got {self.batch}"] if self.batch < 1 else [])
 
 
 def main(cfg: Config) -> dict:

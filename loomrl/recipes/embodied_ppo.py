@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import statistics
 import time
 from collections import deque
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loomrl.config import finite_number
 from loomrl.cycle import CYCLE_MODELS, HANDOFFS
 from loomrl.cycle_trial import plan_cycle, start_cycle
 from loomrl.embodied import PPOConfig
@@ -189,7 +189,7 @@ class Config:
 
 
 def _finite_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    return not isinstance(x, str) and finite_number(x) is not None
 
 
 def _check_policy(cfg: Config) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 from typing import Any
 
 from loomrl.errors import ConfigError
@@ -40,12 +41,16 @@ def task_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def task_options(name: str) -> list[str]:
-    """The keyword options task ``name`` takes (empty for a task class that is no dataclass)."""
+def task_options(name: str) -> list[str] | None:
+    """The keyword options task ``name`` takes; None where they cannot be told (a class whose
+    constructor takes ``**kwargs``)."""
     cls = _REGISTRY[name]
-    if not dataclasses.is_dataclass(cls):
-        return []
-    return [f.name for f in dataclasses.fields(cls) if f.init]
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls) if f.init]
+    params = inspect.signature(cls).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL]
 
 
 def _did_you_mean(word: str, options: list[str]) -> str:

@@ -439,9 +439,13 @@ class TaskConfig:
         own = {"name": "task.name", "seed": "run.seed", "level": "task.level"}
         own["eval_size"] = "task.eval_size"
         for k in sorted(set(self.options) & set(own)):
-            p.append(f"options.{k}: set {own[k]} instead (task.options holds the task's others)")
-        others = [o for o in task_options(self.name) if o not in own]
-        for k in sorted(set(self.options) - set(own) - set(others)):
+            p.append(
+                f"options.{k}: set {own[k]} instead (task.options holds the task's others; a "
+                "run directory's config.yaml from an older loomrl: edit it there)"
+            )
+        takes = task_options(self.name)
+        others = [o for o in takes or () if o not in own]
+        for k in sorted(set(self.options) - set(own) - set(others) if takes is not None else ()):
             close = difflib.get_close_matches(str(k), others, n=1)
             p.append(
                 f"options.{k}: task {self.name!r} has no such option"
@@ -456,11 +460,13 @@ class TaskConfig:
         """Build the task here, as the workers will (with its known ``options``), so that its own
         checks (levels, values, dataset files) fail with the config, not in the first worker."""
         from loomrl.errors import ConfigError
-        from loomrl.tasks import DatasetError, make_task
+        from loomrl.tasks import DatasetError, make_task, task_options
 
         kwargs = self.as_kwargs(0)
+        if task_options(self.name) is not None:  # unknown ones are said already
+            kwargs = {k: v for k, v in kwargs.items() if k not in self.options or k in options}
         try:
-            make_task(**{k: v for k, v in kwargs.items() if k not in self.options or k in options})
+            make_task(**kwargs)
         except ConfigError as e:
             out = []
             for problem in e.problems:
@@ -471,6 +477,8 @@ class TaskConfig:
             return out
         except (DatasetError, OSError, ValueError) as e:
             return [f"options: the task {self.name!r} cannot be built: {e}"]
+        except Exception as e:  # noqa: BLE001 - a value of the wrong type (text for a number)
+            return [f"options: the task {self.name!r} cannot be built ({type(e).__name__}: {e})"]
         return []
 
     def as_kwargs(self, seed: int) -> dict:

@@ -38,11 +38,34 @@ def test_the_tasks_own_checks_run_with_the_config_and_name_the_full_key():
 
 def test_task_options_may_not_stand_in_for_the_tasks_own_keys():
     found = problems(TINY, "task.options={name: arithmetic, seed: 5, level: 3}")
-    assert found == [
-        "task.options.level: set task.level instead (task.options holds the task's others)",
-        "task.options.name: set task.name instead (task.options holds the task's others)",
-        "task.options.seed: set run.seed instead (task.options holds the task's others)",
+    assert [p.split(" (")[0] for p in found] == [
+        "task.options.level: set task.level instead",
+        "task.options.name: set task.name instead",
+        "task.options.seed: set run.seed instead",
     ]
+
+
+def test_a_task_option_of_the_wrong_type_is_a_problem_not_a_traceback():
+    # format_reward compared with a number: text there raises TypeError inside the task
+    (p,) = problems(TINY, "task.name=arithmetic", "task.options={format_reward: fast}")
+    assert p.startswith("task.options: the task 'arithmetic' cannot be built (TypeError")
+
+
+def test_options_of_a_registered_task_that_is_no_dataclass_are_read_from_its_signature():
+    from loomrl.tasks import _REGISTRY, register_task
+    from loomrl.workers.reasoning import TaskConfig
+
+    class Plain:  # make_task builds any class; only dataclasses had their options checked
+        def __init__(self, name="plain_test_task", seed=0, path="x"):
+            self.name, self.seed, self.path = name, seed, path
+
+    register_task("plain_test_task", Plain)
+    try:
+        assert TaskConfig(name="plain_test_task", options={"path": "y"}).validate() == []
+        (p,) = TaskConfig(name="plain_test_task", options={"pth": "y"}).validate()
+        assert p.startswith("options.pth: task 'plain_test_task' has no such option")
+    finally:
+        del _REGISTRY["plain_test_task"]
 
 
 def test_a_model_dtype_the_engine_does_not_know_is_refused():

@@ -187,10 +187,18 @@ def test_a_missing_alpha_or_memory_is_zero_as_documented_and_fitted_from_samples
         a = load_profile(raw).components["a"]
     assert a.alpha == pytest.approx(0.1)  # stated: kept
     assert a.memory_gb == {1: pytest.approx(12.0), 2: pytest.approx(8.0)}
+    # The fit's alpha goes with its own per_item, never beside per-item costs measured apart.
     del raw["components"]["a"]["time"]["alpha"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert load_profile(raw).components["a"].alpha == pytest.approx(0.5)
+        assert load_profile(raw).components["a"].alpha == 0.0
+        del raw["components"]["a"]["time"]["per_item"]
+        a = load_profile(raw).components["a"]
+    assert a.alpha == pytest.approx(0.5) and a.per_item[1] == pytest.approx(2.0)
+    # A device's memory under 1 GB is memory (a CPU slot's share of a small host)
+    raw["device_memory_gb"] = 0.5
+    raw["components"]["a"]["memory_gb"] = 0.25
+    assert load_profile(raw).device_memory_gb == 0.5
 
 
 @pytest.mark.parametrize("key", ["device_memory_gb", "devices", "batch"])

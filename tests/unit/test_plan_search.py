@@ -528,3 +528,20 @@ def test_modes_and_brute_force_times_carry_the_iteration_overhead():
     ex = exhaustive_times(prof)
     for mode, plan in plans.items():
         assert (plan.predicted_s if plan else None) == pytest.approx(ex[mode])
+
+
+def test_a_cycle_of_two_host_only_members_says_so():
+    from loomrl.errors import PlanError
+    from loomrl.plan import load_profile, search_all
+
+    comp = {"valid_devices": [0], "time": {"per_item": {0: 1.0}}}
+    raw = {
+        "devices": 2,
+        "device_memory_gb": 10,
+        "batch": 4,
+        "components": {"a": comp, "b": dict(comp)},
+        "edges": [["a", "b"], ["b", "a"]],
+        "cycles": [{"members": ["a", "b"], "steps": 2}],
+    }
+    with pytest.raises(PlanError, match="'a' and 'b' are both host-only"):
+        search_all(load_profile(raw))
