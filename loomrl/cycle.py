@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from loomrl.errors import ConfigError, LoomError, PlacementError
+from loomrl.errors import ConfigError, LoomError, PlacementError, WorkerDiedError
 from loomrl.plan.profile import fit_line as _fit_line
 from loomrl.worker import Handle, WorkerGroup, read_done, wait
 
@@ -231,12 +231,22 @@ def pipe_rollout(
         settle([r for h in (serve, *runs) for r in h.refs], min(SETTLE_S, timeout))
         # A user's mistake the policy found (its policy's outputs) is the cause, whichever side
         # reported first: the env workers only say that the policy stopped.
+        # (each read bounded: a call settle left running, a hung simulator's, must not hang this)
         try:
-            wait(serve)
+            wait(serve, timeout=1.0)
         except ConfigError:
             raise
         except BaseException:
             pass
+        # An env worker whose process died is the cause, whichever side reported first: the
+        # policy only says that its connection closed (HandoffError).
+        for h in runs:
+            try:
+                wait(h, timeout=1.0)
+            except WorkerDiedError:
+                raise
+            except BaseException:
+                pass
         raise
     return timing
 
