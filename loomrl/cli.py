@@ -211,14 +211,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
     moved = [o for o in args.overrides if o.split("=", 1)[0] == "run.output_dir"]
     changed = [o for o in args.overrides if _fixed_on_resume(o)]
     if moved or changed:
+        how = (
+            "copy the run directory to continue elsewhere; start a new run (loomrl run) to "
+            f"change {', '.join(_FIXED_ON_RESUME)}"
+        )
         raise ConfigError(
             [
-                f"{o}: a resume continues {run_dir} as its checkpoint left it"
+                f"{o}: a resume continues {run_dir} as its checkpoint left it; {how}"
                 for o in moved + changed
-            ]
-            + [
-                "copy the run directory to continue elsewhere; start a new run (loomrl run) to "
-                f"change {', '.join(_FIXED_ON_RESUME)}"
             ]
         )
     mod = _recipe_module(cfg_file, [])

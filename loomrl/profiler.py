@@ -89,7 +89,10 @@ class ProfileRun:
     def describe(self, iteration_s: float | None = None, prediction_se: float = 0.0) -> str:
         """'starting workers 1.2s, warm-up 0.8s, timed calls 0.5s, ...; overhead 0.6s = 5% of
         one iteration (0.60 / 12.0s predicted)[; prediction +-16% (1 s.e.) ...]'."""
-        text = ", ".join(f"{_SPLIT_NAMES.get(k, k)} {v:.1f}s" for k, v in self.split_s.items())
+        # a part that took no time comes out a hair below 0 (a difference of clock readings)
+        text = ", ".join(
+            f"{_SPLIT_NAMES.get(k, k)} {max(v, 0.0):.1f}s" for k, v in self.split_s.items()
+        )
         if iteration_s:
             text += (
                 f"; overhead {self.overhead_s:.1f}s = {100 * self.overhead_s / iteration_s:.0f}%"

@@ -139,6 +139,8 @@ def test_overhead_counts_what_the_run_does_not_reuse():
     assert run.overhead_s == 5.0
     assert run.summary(50.0)["overhead_fraction"] == 0.1
     assert "10% of one iteration" in run.describe(50.0)
+    run.split_s["warmup"] = -1e-9  # a part that took no time, as a difference of clock readings
+    assert "warm-up 0.0s" in run.describe(50.0) and "-0.0s" not in run.describe(50.0)
 
 
 def test_profiled_workers_run_the_plan_with_their_state_restored(cluster, tmp_path):

@@ -181,6 +181,7 @@ def test_resume_refuses_what_would_not_continue_the_run(tmp_path, capsys):
         assert main(["resume", str(tmp_path), override]) == 2
         err = capsys.readouterr().err
         assert f"{override}: a resume continues" in err, err
+        assert "(1 problem(s))" in err  # the way out is said in the problem, not counted apart
     assert (tmp_path / "config.yaml").read_text() == TINY.read_text()  # nothing written
 
 
