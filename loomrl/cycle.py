@@ -229,21 +229,14 @@ def pipe_rollout(
     except BaseException as e:
         _abort_pipe(address, token, f"{type(e).__name__}: {str(e)[:500]}")
         settle([r for h in (serve, *runs) for r in h.refs], min(SETTLE_S, timeout))
-        # A user's mistake the policy found (its policy's outputs) is the cause, whichever side
-        # reported first: the env workers only say that the policy stopped.
-        # (each read bounded: a call settle left running, a hung simulator's, must not hang this)
-        try:
-            wait(serve, timeout=1.0)
-        except ConfigError:
-            raise
-        except BaseException:
-            pass
-        # An env worker whose process died is the cause, whichever side reported first: the
-        # policy only says that its connection closed (HandoffError).
-        for h in runs:
+        # The cause, whichever side reported first: a user's mistake the policy found (its
+        # policy's outputs; the env workers only say that the policy stopped), then an env
+        # worker whose process died (the policy only says that its connection closed). Each
+        # read is bounded: a call settle left running, a hung simulator's, must not hang this.
+        for h, cause in ((serve, ConfigError), *((r, WorkerDiedError) for r in runs)):
             try:
                 wait(h, timeout=1.0)
-            except WorkerDiedError:
+            except cause:
                 raise
             except BaseException:
                 pass

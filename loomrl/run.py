@@ -201,9 +201,10 @@ class Run:
             log_to_driver=False,
             pin_cores=run_cfg.pin_cores,
         )
+        resuming = bool(getattr(cfg, "resume", False))
         # config.yaml is what `loomrl run DIR/config.yaml` starts again and `loomrl resume`
         # continues (adding resume=true itself): it never says resume.
-        if getattr(cfg, "resume", False) and dataclasses.is_dataclass(cfg):
+        if resuming and dataclasses.is_dataclass(cfg):
             saved = dataclasses.replace(cfg, resume=False)
         else:
             saved = cfg
@@ -214,7 +215,7 @@ class Run:
             wandb=run_cfg.wandb,  # type: ignore[arg-type]
             total_steps=total_steps or run_cfg.steps,
             progress=run_cfg.progress,
-            continues=bool(getattr(cfg, "resume", False)),
+            continues=resuming,
         )
         self.iter_times: list[float] = []
         self.plan_start = 0  # first iteration of the current plan (it changes on a re-plan)
@@ -228,7 +229,7 @@ class Run:
         self.summarised = False
         # A resume (by hand, or the CLI's restart after a dead worker) continues a run whose
         # earlier attempts' timing the summary keeps beside this attempt's own.
-        self.attempts = earlier_attempts(self.dir) if getattr(cfg, "resume", False) else []
+        self.attempts = earlier_attempts(self.dir) if resuming else []
 
     def apply_plan(self, flow: Any, sample: list[Any], **kw: Any) -> Any:
         t = time.time()

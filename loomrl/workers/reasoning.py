@@ -436,16 +436,21 @@ class TaskConfig:
             )
             return p
         # options that have keys of their own would override them, or be overridden
-        own = {"name": "task.name", "seed": "run.seed", "level": "task.level"}
-        own["eval_size"] = "task.eval_size"
+        own = {
+            "name": "task.name",
+            "seed": "run.seed",
+            "level": "task.level",
+            "eval_size": "task.eval_size",
+        }
         for k in sorted(set(self.options) & set(own)):
             p.append(
                 f"options.{k}: set {own[k]} instead (task.options holds the task's others; a "
                 "run directory's config.yaml from an older loomrl: edit it there)"
             )
-        takes = task_options(self.name)
+        takes = task_options(self.name)  # None: the task takes any keyword
         others = [o for o in takes or () if o not in own]
-        for k in sorted(set(self.options) - set(own) - set(others) if takes is not None else ()):
+        unknown = sorted(set(self.options) - set(own) - set(others)) if takes is not None else []
+        for k in unknown:
             close = difflib.get_close_matches(str(k), others, n=1)
             p.append(
                 f"options.{k}: task {self.name!r} has no such option"
@@ -453,18 +458,17 @@ class TaskConfig:
                 + f"; its options: {', '.join(others) or 'none'}"
             )
         if not set(self.options) & set(own):
-            p.extend(self._task_problems(others))
+            p.extend(self._task_problems(set(unknown)))
         return p
 
-    def _task_problems(self, options: list[str]) -> list[str]:
-        """Build the task here, as the workers will (with its known ``options``), so that its own
-        checks (levels, values, dataset files) fail with the config, not in the first worker."""
+    def _task_problems(self, unknown: set[str]) -> list[str]:
+        """Build the task here, as the workers will (without the ``unknown`` options, said
+        already), so that its own checks (levels, values, dataset files) fail with the config,
+        not in the first worker."""
         from loomrl.errors import ConfigError
-        from loomrl.tasks import DatasetError, make_task, task_options
+        from loomrl.tasks import make_task
 
-        kwargs = self.as_kwargs(0)
-        if task_options(self.name) is not None:  # unknown ones are said already
-            kwargs = {k: v for k, v in kwargs.items() if k not in self.options or k in options}
+        kwargs = {k: v for k, v in self.as_kwargs(0).items() if k not in unknown}
         try:
             make_task(**kwargs)
         except ConfigError as e:
@@ -475,9 +479,7 @@ class TaskConfig:
                 given = key is not None and key.group(0) in self.options
                 out.append(f"options.{problem}" if given and not mine else problem)
             return out
-        except (DatasetError, OSError, ValueError) as e:
-            return [f"options: the task {self.name!r} cannot be built: {e}"]
-        except Exception as e:  # noqa: BLE001 - a value of the wrong type (text for a number)
+        except Exception as e:  # noqa: BLE001 - a dataset file, a value of the wrong type, ...
             return [f"options: the task {self.name!r} cannot be built ({type(e).__name__}: {e})"]
         return []
 
