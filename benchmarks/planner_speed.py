@@ -4,7 +4,8 @@
 
 Valid device counts are powers of two (tensor/data-parallel sizes), ten
 micro-batch sizes. The ``chain3_all`` rows repeat the chain with every count
-1..N valid (the dense case: RLinf's search considers every count); ``ppo6_x8``
+1..N valid (the dense case: RLinf's search considers every count); ``chain3_irr``
+the same with each count's cost off the smooth curve by up to 30% (three seeds); ``ppo6_x8``
 and ``ppo6_all`` the PPO graph with every multiple of 8 and every count valid.
 Each case is timed over --repeat runs (the table shows the best) of the
 dynamic programme (``search_s``) and of the whole ``search_all`` call (which
@@ -21,18 +22,28 @@ import platform
 import time
 from pathlib import Path
 
+import numpy as np
+
 from loomrl.plan import load_profile, search_all
 
 
-def chain3(devices: int, every_count: bool = False):
+def chain3(devices: int, every_count: bool = False, jitter: float = 0.0, seed: int = 0):
+    """``jitter``: each count's cost off the smooth curve by a factor in 1 +- jitter."""
     valid = [2**i for i in range(13) if 2**i <= devices]
     if every_count:
         valid = list(range(1, devices + 1))
+    rng = np.random.default_rng(seed)
 
     def comp(alpha: float, scale: float, mem: float, switch: float) -> dict:
+        off = 1 + jitter * rng.uniform(-1, 1, len(valid))
         return {
             "valid_devices": valid,
-            "time": {"alpha": alpha, "per_item": {d: scale * d**-0.9 for d in valid}},
+            "time": {
+                "alpha": alpha,
+                "per_item": {
+                    d: scale * d**-0.9 * float(f) for d, f in zip(valid, off, strict=True)
+                },
+            },
             "memory_gb": {d: 10 + mem / d for d in valid},
             "switch_s": switch,
         }
@@ -127,6 +138,12 @@ def main() -> None:
         rows.append({"case": "chain3", "devices": n, **measure(chain3(n), args.repeat)})
     for n in (1024, 4096):
         rows.append({"case": "chain3_all", "devices": n, **measure(chain3(n, True), args.repeat)})
+    for n in (1024, 4096):  # irregular: each count's cost off the curve by up to 30%
+        for seed in range(3):
+            prof = chain3(n, True, jitter=0.3, seed=seed)
+            rows.append(
+                {"case": "chain3_irr", "devices": n, "seed": seed, **measure(prof, args.repeat)}
+            )
     rows.append({"case": "ppo6", "devices": 1024, **measure(ppo6(1024), args.repeat)})
     # the general DAG with many valid counts: every multiple of 8, and every count
     x8 = list(range(8, 257, 8))
@@ -151,6 +168,11 @@ def main() -> None:
     # worst of the repeats, so the lines are upper bounds
     d = {r["devices"]: r["search_s_max"] for r in rows if r["case"] == "chain3_all"}
     print(f"every count valid: max_1024_s: {d[1024]:.4f} max_4096_s: {d[4096]:.4f}")
+    irr = {
+        n: max(r["search_s_max"] for r in rows if r["case"] == "chain3_irr" and r["devices"] == n)
+        for n in (1024, 4096)
+    }
+    print(f"irregular costs: max_1024_s: {irr[1024]:.4f} max_4096_s: {irr[4096]:.4f}")
     c = {r["devices"]: r["search_s_max"] for r in rows if r["case"] == "chain3"}
     print(f"max_1024_s: {c[1024]:.4f} max_4096_s: {c[4096]:.4f}")
 

@@ -145,13 +145,27 @@ def test_dense_search_equals_unbounded_dp(monkeypatch):
         _assert_same_times(_dp_times(prof)[0], _unbounded_times(monkeypatch, prof), prof)
 
 
-def test_dense_chain_every_count_equals_unbounded_dp(monkeypatch):
-    """The benchmark's 3-chain with every count 1..96 valid."""
+@pytest.mark.parametrize("jitter", [0.0, 0.3])
+def test_dense_chain_every_count_equals_unbounded_dp(monkeypatch, jitter):
+    """The benchmark's 3-chain with every count 1..96 valid, with smooth costs and with each
+    count's cost off the curve by up to 30% (the scout then also tries every count faster
+    than all smaller ones, ``stair_grid``)."""
     valid = list(range(1, 97))
+    rng = np.random.default_rng(5)
+    off = {d: 1 + jitter * rng.uniform(-1, 1) for d in valid}
+    stairs = []
+    real = search_mod._DP.stair_grid
+
+    def spy(self, grid):
+        out = real(self, grid)
+        stairs.append((self, out))
+        return out
+
+    monkeypatch.setattr(search_mod._DP, "stair_grid", spy)
     comps = {
         name: {
             "valid_devices": valid,
-            "time": {"alpha": a, "per_item": {d: sc * d**-0.9 for d in valid}},
+            "time": {"alpha": a, "per_item": {d: sc * d**-0.9 * off[d] for d in valid}},
             "memory_gb": {d: 10 + mm / d for d in valid},
             "switch_s": sw,
         }
@@ -173,6 +187,15 @@ def test_dense_chain_every_count_equals_unbounded_dp(monkeypatch):
     )
     got = _dp_times(prof)[0]
     assert got["hybrid"] is not None and got["spatial"] is not None
+    # smooth costs: every count is faster than the smaller ones, nothing to add
+    assert stairs and all((g is None) == (jitter == 0.0) for _, g in stairs)
+    mem = {"rollout": 300, "inference": 200, "actor": 400}
+    for dp, grid in stairs if jitter else ():
+        for i, node in enumerate(dp.graph.nodes):
+            fits = [d for d in valid if 10 + mem[node.name] / d <= 80]  # the counts that fit
+            t = [off[d] * d**-0.9 for d in fits]
+            record = {d for j, d in enumerate(fits) if t[j] < min(t[:j], default=np.inf)}
+            assert len(record) < len(fits) / 4 and record <= grid[i][0], node.name
     _assert_same_times(got, _unbounded_times(monkeypatch, prof), prof)
 
 
