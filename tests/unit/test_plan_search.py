@@ -568,3 +568,24 @@ def test_a_cycle_of_two_host_only_members_says_so():
     }
     with pytest.raises(PlanError, match="'a' and 'b' are both host-only"):
         search_all(load_profile(raw))
+
+
+def test_next_better_is_the_nearest_later_point_as_good():
+    """``_next_better`` against its definition: in order of u, the first of the next ``look``
+    points that is <= in F, P, memory and cores (its u), else N + 1."""
+    rng = np.random.default_rng(3)
+    for lattice in (3, 12):
+        pts = _points(rng, 400, lattice, cores=True)
+        got = search_mod._next_better(pts, 64, look=32)
+        order = np.argsort(pts.u, kind="stable")
+        cols = np.stack([pts.F, pts.P, pts.mem, pts.cores])[:, order]
+        for x, i in enumerate(order):
+            want = next(
+                (
+                    int(pts.u[order[y]])
+                    for y in range(x + 1, min(x + 33, len(order)))
+                    if (cols[:, y] <= cols[:, x]).all()
+                ),
+                65,
+            )
+            assert got[i] == want, (lattice, i)
