@@ -15,7 +15,8 @@ the iterations measured, the last metrics logged), so tools find every run's out
 A plan searched on a profile measured in this run predicts, after its first three warm
 iterations, from those iterations' measured components (the profile timed only a few items of
 each; see ``loomrl.flow.Flow.run``): ``predicted_iteration_s`` is the prediction then, and
-``planned_iteration_s`` the one the plan was chosen with.
+``planned_iteration_s`` the one the plan was chosen with (null with ``profile=calibrate``, whose
+plan predicts nothing until its second iteration has run).
 """
 
 from __future__ import annotations
@@ -252,7 +253,8 @@ class Run:
                 "  (profile=calibrate: no costs measured yet; the prediction comes from the"
                 " phases the second iteration measures, the first being warm-up)"
             )
-        self.planned_s = self.plan.predicted_s
+        # a cost-free plan predicts nothing when chosen: null, not 0 s
+        self.planned_s = None if self.plan.method == "calibrate" else self.plan.predicted_s
         if flow.profile_run is not None:
             pr, se = flow.profile_run, flow.prediction_se
             self.profiling = pr.summary(self.plan.predicted_s, se)

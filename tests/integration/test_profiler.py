@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -288,3 +289,6 @@ def test_a_calibrated_run_says_when_its_prediction_arrives(cluster, tmp_path, ca
     (line,) = [ln for ln in said.splitlines() if "plan calibrated" in ln]
     assert line.startswith("step 1: plan calibrated from this iteration's measured phases: ")
     assert float(line.split(": ")[2].split("s per")[0]) > 0
+    summary = json.loads((tmp_path / "run_summary.json").read_text())
+    assert summary["planned_iteration_s"] is None  # chosen without costs: no prediction
+    assert summary["predicted_iteration_s"] > 0
