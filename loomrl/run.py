@@ -8,9 +8,11 @@ the prediction, and writes ``run_summary.json`` with the fields tools outside lo
 ``status`` ``"finished"``. ``wall_s`` and ``iteration_s`` cover this attempt; a resumed run (by
 ``loomrl resume`` or a restart after a dead worker) lists its earlier ``attempts`` (status,
 error, steps done, wall time, median iteration) and sums every attempt's wall time in
-``wall_s_total``. A run that stops on an error or Ctrl-C writes one too, with ``status``
-``"failed"`` or ``"interrupted"``, the ``error``, and what it had done (``steps_done``, the plan,
-the iterations measured, the last metrics logged), so tools find every run's outcome in one file.
+``wall_s_total``; one killed outright, with no summary written, is listed with ``status``
+``"killed"`` (from ``.attempt.json``, which a running attempt keeps). A run that stops on an
+error or Ctrl-C writes one too, with ``status`` ``"failed"`` or ``"interrupted"``, the
+``error``, and what it had done (``steps_done``, the plan, the iterations measured, the last
+metrics logged), so tools find every run's outcome in one file.
 
 A plan searched on a profile measured in this run predicts, after its first three warm
 iterations, from those iterations' measured components (the profile timed only a few items of
@@ -231,6 +233,7 @@ class Run:
         # A resume (by hand, or the CLI's restart after a dead worker) continues a run whose
         # earlier attempts' timing the summary keeps beside this attempt's own.
         self.attempts = earlier_attempts(self.dir) if resuming else []
+        self._mark_attempt()
 
     def apply_plan(self, flow: Any, sample: list[Any], **kw: Any) -> Any:
         t = time.time()
@@ -283,6 +286,7 @@ class Run:
             self._save_plan(flow)
         self.iter_times.append(result.measured_s)
         self.steps_done = step + 1
+        self._mark_attempt()
         with open(self.dir / "timeline.jsonl", "a") as f:
             f.write(
                 json.dumps(
@@ -354,8 +358,27 @@ class Run:
         s.update(steps_done=self.steps_done, param_sha256=param_sha256)
         s.update(metrics=metrics, **extra)
         self.logger.write_summary(s)
+        (self.dir / ATTEMPT_FILE).unlink(missing_ok=True)
         self.summarised = True
         return s
+
+    def _mark_attempt(self) -> None:
+        """Keep ``ATTEMPT_FILE`` saying what this attempt has done so far. An attempt killed
+        outright (SIGKILL, out of memory) writes no summary; a resume then lists it from this
+        file (``earlier_attempts``)."""
+        from loomrl.runlog import _atomic_write
+
+        now = time.time()
+        mark = {
+            "started": self.t_start,
+            "updated": now,
+            "steps_done": self.steps_done,
+            "measured_iteration_s": self.measured_iteration_s(),
+        }
+        try:
+            _atomic_write(self.dir / ATTEMPT_FILE, json.dumps(mark) + "\n")
+        except OSError as e:  # the run itself does not depend on it
+            self.logger.echo(f"{ATTEMPT_FILE} not written ({e}): a killed attempt goes unlisted")
 
     def _record(self) -> dict[str, Any]:
         """What the summary of a finished or a failed run says of its plan and timing."""
@@ -425,25 +448,52 @@ class Run:
                 if (self.dir / f"{events}.jsonl").exists():
                     s[f"{events}_total"] = count_lines(self.dir / f"{events}.jsonl")
             self.logger.write_summary(s)
+            (self.dir / ATTEMPT_FILE).unlink(missing_ok=True)
         except Exception as e:  # the run's own error is the one to report
             self.logger.echo(f"run_summary.json of the failed run not written: {e}")
+
+
+ATTEMPT_FILE = ".attempt.json"  # a running attempt's progress; gone once it writes its summary
+KILLED = (
+    "ended without writing a summary (killed outright: SIGKILL, out of memory, or its machine "
+    "stopped); its wall time runs to its last completed step"
+)
 
 
 def earlier_attempts(run_dir: Path) -> list[dict[str, Any]]:
     """The attempts before this one of a resumed run, from the summary the last one wrote:
     how each ended, its steps done, its wall time and median iteration (its ``iteration_s`` and
-    ``wall_s`` covered that attempt alone). Empty when there is no readable summary; an attempt
-    killed outright (SIGKILL, out of memory) wrote none and is not listed."""
+    ``wall_s`` covered that attempt alone). An attempt killed outright wrote none: it left its
+    ``ATTEMPT_FILE``, and is listed from that with status ``"killed"``."""
+    out: list[dict[str, Any]] = []
     try:
         prev = json.loads((run_dir / "run_summary.json").read_text())
     except (OSError, ValueError):
-        return []
-    if not isinstance(prev, dict):
-        return []
-    kept = [a for a in prev.get("attempts") or [] if isinstance(a, dict)]
-    last = {k: prev.get(k) for k in ("status", "error", "wall_s", "measured_iteration_s")}
-    last["steps_done"] = prev.get("steps_done", prev.get("steps"))
-    return [*kept, last]
+        prev = None
+    if isinstance(prev, dict):
+        out = [a for a in prev.get("attempts") or [] if isinstance(a, dict)]
+        last = {k: prev.get(k) for k in ("status", "error", "wall_s", "measured_iteration_s")}
+        last["steps_done"] = prev.get("steps_done", prev.get("steps"))
+        out.append(last)
+    try:
+        mark = json.loads((run_dir / ATTEMPT_FILE).read_text())
+    except (OSError, ValueError):
+        mark = None
+    if isinstance(mark, dict):
+        nums = {k: mark.get(k) for k in ("started", "updated", "steps_done")}
+        ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in nums.values())
+        wall = mark["updated"] - mark["started"] if ok else None
+        median = mark.get("measured_iteration_s")
+        out.append(
+            {
+                "status": "killed",
+                "error": KILLED,
+                "wall_s": wall,
+                "measured_iteration_s": median if isinstance(median, (int, float)) else None,
+                "steps_done": int(mark["steps_done"]) if ok else None,
+            }
+        )
+    return out
 
 
 def _patient_interrupts() -> tuple[Any] | None:

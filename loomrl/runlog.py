@@ -381,6 +381,7 @@ RUN_RECORDS = (
     "timeline_measured_vs_predicted.png",
     "trace.json",
     ".failure-injected",
+    ".attempt.json",
 )
 # Records of steps, by whether a row of step s belongs to a run resumed after s steps (metrics
 # and tool events: the row logged after s steps; timeline and adaptation: iteration s, 0-based,

@@ -98,3 +98,70 @@ def test_dead_worker_restarts_from_checkpoint(cluster, straight, tmp_path):
     (aside,) = crashy.glob("checkpoints-before-*")  # kept whole, beside this run's own
     assert [s for s, _ in list_checkpoints(crashy)] == [2, 4]
     assert (aside / "step-000010").is_dir()
+
+
+_RUN_CLI = "import sys; from loomrl.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def test_an_attempt_killed_outright_is_listed_when_the_run_resumes(cluster, tmp_path):
+    """A run's driver killed by SIGKILL writes no summary; its ``.attempt.json`` remains, and the
+    resumed run's summary lists that attempt as killed, with the steps it had completed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import ray
+
+    out = tmp_path / "killed"
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": ray.get_runtime_context().gcs_address,  # this session's Ray: no new one
+        "RAY_AUTH_MODE": "disabled",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    argv = ["run", str(ROOT / "examples/tiny_grpo.yaml"), *COMMON, "steps=200"]
+    argv += ["run.checkpoint_every=1", f"output_dir={out}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _RUN_CLI, *argv],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    mark_file = out / ".attempt.json"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, proc.stderr.read()[-2000:]
+            assert time.monotonic() < deadline, "the run did not complete two steps in 180 s"
+            try:
+                if json.loads(mark_file.read_text())["steps_done"] >= 2:
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+    assert not (out / "run_summary.json").exists()
+    mark = json.loads(mark_file.read_text())
+    from loomrl.checkpoint import list_checkpoints
+
+    done = max(s for s, _ in list_checkpoints(out))
+    _main(out / "config.yaml", [f"run.output_dir={out}", "resume=true", f"steps={done + 1}"])
+    s = json.loads((out / "run_summary.json").read_text())
+    (killed,) = s["attempts"]
+    assert killed["status"] == "killed" and "SIGKILL" in killed["error"]
+    assert killed["steps_done"] == mark["steps_done"] >= 2
+    assert (
+        killed["wall_s"] == pytest.approx(mark["updated"] - mark["started"])
+        and killed["wall_s"] > 0
+    )
+    assert s["status"] == "finished" and s["steps_done"] == done + 1
+    assert s["wall_s_total"] == pytest.approx(s["wall_s"] + killed["wall_s"])
+    assert not mark_file.exists()  # a summary written: no attempt left unfinished

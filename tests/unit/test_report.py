@@ -189,6 +189,37 @@ def test_a_resumed_run_reports_its_earlier_attempts(tmp_path, capsys):
     assert earlier_attempts(d) == []
 
 
+def test_an_attempt_that_wrote_no_summary_is_listed_as_killed(tmp_path, capsys):
+    from loomrl.run import ATTEMPT_FILE, earlier_attempts
+
+    d = write_run(tmp_path / "run", summary=False)
+    first = {"status": "failed", "error": "E: x", "steps_done": 3, "wall_s": 40.0}
+    (d / "run_summary.json").write_text(json.dumps({**first, "measured_iteration_s": 2.0}))
+    mark = {"started": 100.0, "updated": 130.5, "steps_done": 7, "measured_iteration_s": 1.5}
+    (d / ATTEMPT_FILE).write_text(json.dumps(mark))
+    one, killed = earlier_attempts(d)  # the summary's attempt, then the one killed after it
+    assert one["status"] == "failed"
+    assert killed["status"] == "killed" and "SIGKILL" in killed["error"]
+    assert (killed["steps_done"], killed["wall_s"], killed["measured_iteration_s"]) == (
+        7,
+        30.5,
+        1.5,
+    )
+    (d / "run_summary.json").unlink()  # killed in its first attempt: nothing else to list
+    assert [a["status"] for a in earlier_attempts(d)] == ["killed"]
+    (d / ATTEMPT_FILE).write_text(json.dumps({"started": "soon", "steps_done": True}))
+    (bad,) = earlier_attempts(d)  # listed, with what could not be read left unknown
+    assert bad["status"] == "killed" and bad["wall_s"] is None and bad["steps_done"] is None
+    (d / ATTEMPT_FILE).write_text("{cut sho")
+    assert earlier_attempts(d) == []
+    summary = {"status": "finished", "steps_done": 9, "wall_s_total": 50.0, "attempts": [killed]}
+    (d / "run_summary.json").write_text(json.dumps(summary))
+    assert report_main([str(d)]) == 0
+    assert "(before this one: killed after 7 step(s)); wall time of all 50.0 s" in (
+        capsys.readouterr().out
+    )
+
+
 def test_load_run_skips_a_cut_short_line_and_needs_no_summary(tmp_path):
     d = write_run(tmp_path / "r", summary=False)
     with open(d / "timeline.jsonl", "a") as f:
