@@ -366,17 +366,19 @@ class Run:
         """Keep ``ATTEMPT_FILE`` saying what this attempt has done so far. An attempt killed
         outright (SIGKILL, out of memory) writes no summary; a resume then lists it from this
         file (``earlier_attempts``)."""
-        from loomrl.runlog import _atomic_write
-
-        now = time.time()
         mark = {
             "started": self.t_start,
-            "updated": now,
+            "updated": time.time(),
             "steps_done": self.steps_done,
             "measured_iteration_s": self.measured_iteration_s(),
         }
+        path = self.dir / ATTEMPT_FILE
+        tmp = path.with_name(f"{ATTEMPT_FILE}.{os.getpid()}.tmp")
         try:
-            _atomic_write(self.dir / ATTEMPT_FILE, json.dumps(mark) + "\n")
+            # Whole or not at all, and no fsync each step: a killed process loses no written
+            # page; only a machine that stops may lose the last step's update.
+            tmp.write_text(json.dumps(mark) + "\n")
+            os.replace(tmp, path)
         except OSError as e:  # the run itself does not depend on it
             self.logger.echo(f"{ATTEMPT_FILE} not written ({e}): a killed attempt goes unlisted")
 
