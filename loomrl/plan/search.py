@@ -955,18 +955,24 @@ def _next_better(X: _Points, N: int, look: int = 32) -> np.ndarray:
     if cached is not None and cached[0] == (N, look):
         return cached[1]
     order = np.argsort(X.u, kind="stable")
-    cols = np.stack([X.F, X.P, X.mem, X.cores])[:, order]
+    rows = [X.F, X.mem]  # P when it differs from F (a leaf's are equal), cores when any
+    rows += [
+        r for r, need in ((X.P, not np.array_equal(X.P, X.F)), (X.cores, X.cores.any())) if need
+    ]
+    cols = np.stack(rows)[:, order]
     u = X.u[order]
     k = len(X)
     found = np.full(k, N + 1, dtype=np.int64)
-    todo = np.arange(k)
+    left = np.ones(k, dtype=bool)  # not found yet
     for d in range(1, min(look, k - 1) + 1):
-        todo = todo[todo + d < k]
-        if not todo.size:
+        ok = cols[0, d:] <= cols[0, :-d]
+        for r in range(1, len(cols)):
+            ok &= cols[r, d:] <= cols[r, :-d]
+        ok &= left[:-d]
+        found[:-d][ok] = u[d:][ok]
+        left[:-d] &= ~ok
+        if not left[:-d].any():
             break
-        ok = (cols[:, todo + d] <= cols[:, todo]).all(axis=0)
-        found[todo[ok]] = u[todo[ok] + d]
-        todo = todo[~ok]
     out = np.empty_like(found)
     out[order] = found
     X.__dict__["_next_better"] = ((N, look), out)  # a set is fixed once made
