@@ -23,6 +23,7 @@ import logging
 import math
 import statistics
 import sys
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -294,6 +295,23 @@ def _status_lines(summary: Mapping[str, Any]) -> list[str]:
     return [f"  run {status} after {done if done is not None else '?'} step(s): {error[:300]}"]
 
 
+def _unsummarised_lines(run_dir: Path) -> list[str]:
+    """An attempt that has written no summary yet (``loomrl.run.ATTEMPT_FILE``): still running,
+    or killed outright."""
+    from loomrl.run import ATTEMPT_FILE
+
+    try:
+        mark = json.loads((Path(run_dir) / ATTEMPT_FILE).read_text())
+        done, at = int(mark["steps_done"]), float(mark["updated"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+    return [
+        f"  latest attempt          no summary written: still running, or killed outright "
+        f"({done} step(s) done, the last at {when})"
+    ]
+
+
 def _attempt_lines(summary: Mapping[str, Any]) -> list[str]:
     """A resumed or restarted run: how its earlier attempts ended and the wall time of all."""
     earlier = [a for a in summary.get("attempts") or [] if isinstance(a, dict)]
@@ -323,6 +341,7 @@ def format_table(run: RunData, it: Iteration) -> str:
         *_refresh_lines(run, pred),
         *_status_lines(run.summary),
         *_attempt_lines(run.summary),
+        *_unsummarised_lines(run.run_dir),
         "",
         f"busy time per component, step {it.step} (measured {it.measured_s:.4f} s):",
     ]

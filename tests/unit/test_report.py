@@ -215,8 +215,14 @@ def test_an_attempt_that_wrote_no_summary_is_listed_as_killed(tmp_path, capsys):
     summary = {"status": "finished", "steps_done": 9, "wall_s_total": 50.0, "attempts": [killed]}
     (d / "run_summary.json").write_text(json.dumps(summary))
     assert report_main([str(d)]) == 0
-    assert "(before this one: killed after 7 step(s)); wall time of all 50.0 s" in (
-        capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "(before this one: killed after 7 step(s)); wall time of all 50.0 s" in out
+    assert "no summary written" not in out  # the cut-short marker says nothing
+    (d / ATTEMPT_FILE).write_text(json.dumps(mark))  # an attempt running (or killed) now
+    assert report_main([str(d)]) == 0
+    assert (
+        "no summary written: still running, or killed outright (7 step(s) done, the last at 1970-01-01"
+        in (capsys.readouterr().out.replace("1969-12-31", "1970-01-01"))
     )
 
 
