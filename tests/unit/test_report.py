@@ -220,10 +220,8 @@ def test_an_attempt_that_wrote_no_summary_is_listed_as_killed(tmp_path, capsys):
     assert "no summary written" not in out  # the cut-short marker says nothing
     (d / ATTEMPT_FILE).write_text(json.dumps(mark))  # an attempt running (or killed) now
     assert report_main([str(d)]) == 0
-    assert (
-        "no summary written: still running, or killed outright (7 step(s) done, the last at 1970-01-01"
-        in (capsys.readouterr().out.replace("1969-12-31", "1970-01-01"))
-    )
+    said = "no summary written: still running, or killed outright (7 step(s) done, the last at "
+    assert said in capsys.readouterr().out
 
 
 def test_load_run_skips_a_cut_short_line_and_needs_no_summary(tmp_path):
