@@ -303,9 +303,9 @@ def _unsummarised_lines(run_dir: Path) -> list[str]:
     try:
         mark = json.loads((Path(run_dir) / ATTEMPT_FILE).read_text())
         done, at = int(mark["steps_done"]), float(mark["updated"])
-    except (OSError, ValueError, KeyError, TypeError):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+    except (OSError, ValueError, KeyError, TypeError, OverflowError):  # a damaged file
         return []
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
     return [
         f"  latest attempt          no summary written: still running, or killed outright "
         f"({done} step(s) done, the last at {when})"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 import sys
@@ -228,12 +229,25 @@ class Run:
         self.plan: Any = None
         self.planned_s: float | None = None  # the plan's prediction when it was chosen
         self.t_start = time.time()
-        self.steps_done = 0  # iterations completed (counting those before a resume)
+        self._steps_done = 0  # iterations completed (counting those before a resume)
+        self._marking = False  # ATTEMPT_FILE kept up to date from the end of __init__
         self.summarised = False
         # A resume (by hand, or the CLI's restart after a dead worker) continues a run whose
         # earlier attempts' timing the summary keeps beside this attempt's own.
         self.attempts = earlier_attempts(self.dir) if resuming else []
+        self._marking = True
         self._mark_attempt()
+
+    @property
+    def steps_done(self) -> int:
+        return self._steps_done
+
+    @steps_done.setter
+    def steps_done(self, n: int) -> None:
+        # a resume's restore sets it too: a kill before the next step still says how far it got
+        self._steps_done = n
+        if self._marking:
+            self._mark_attempt()
 
     def apply_plan(self, flow: Any, sample: list[Any], **kw: Any) -> Any:
         t = time.time()
@@ -286,7 +300,6 @@ class Run:
             self._save_plan(flow)
         self.iter_times.append(result.measured_s)
         self.steps_done = step + 1
-        self._mark_attempt()
         with open(self.dir / "timeline.jsonl", "a") as f:
             f.write(
                 json.dumps(
@@ -358,8 +371,8 @@ class Run:
         s.update(steps_done=self.steps_done, param_sha256=param_sha256)
         s.update(metrics=metrics, **extra)
         self.logger.write_summary(s)
-        (self.dir / ATTEMPT_FILE).unlink(missing_ok=True)
         self.summarised = True
+        self._unmark_attempt()
         return s
 
     def _mark_attempt(self) -> None:
@@ -369,18 +382,28 @@ class Run:
         mark = {
             "started": self.t_start,
             "updated": time.time(),
-            "steps_done": self.steps_done,
+            "steps_done": self._steps_done,
             "measured_iteration_s": self.measured_iteration_s(),
+            # the attempts before it, which no summary lists if this one is killed too
+            "earlier": self.attempts,
         }
         path = self.dir / ATTEMPT_FILE
-        tmp = path.with_name(f"{ATTEMPT_FILE}.{os.getpid()}.tmp")
+        tmp = self.dir / ATTEMPT_TMP  # one writer: the run directory is locked
         try:
             # Whole or not at all, and no fsync each step: a killed process loses no written
             # page; only a machine that stops may lose the last step's update.
-            tmp.write_text(json.dumps(mark) + "\n")
+            tmp.write_text(json.dumps(mark, default=str) + "\n")
             os.replace(tmp, path)
         except OSError as e:  # the run itself does not depend on it
+            tmp.unlink(missing_ok=True)
             self.logger.echo(f"{ATTEMPT_FILE} not written ({e}): a killed attempt goes unlisted")
+
+    def _unmark_attempt(self) -> None:
+        """This attempt wrote its summary: no longer one to list as killed."""
+        try:
+            (self.dir / ATTEMPT_FILE).unlink(missing_ok=True)
+        except OSError as e:  # the summary names this attempt (``started``): it is not listed twice
+            self.logger.echo(f"{ATTEMPT_FILE} not removed ({e})")
 
     def _record(self) -> dict[str, Any]:
         """What the summary of a finished or a failed run says of its plan and timing."""
@@ -401,6 +424,7 @@ class Run:
             "planning_s": self.planning_s,
             "profiling": self.profiling,
             "wall_s": wall,
+            "attempt_started": self.t_start,  # the ATTEMPT_FILE of this attempt says the same
             "wall_s_total": wall + sum(a.get("wall_s") or 0.0 for a in self.attempts),
             "attempts": self.attempts,
             "restarts": count_lines(self.dir / "restarts.jsonl"),
@@ -450,12 +474,14 @@ class Run:
                 if (self.dir / f"{events}.jsonl").exists():
                     s[f"{events}_total"] = count_lines(self.dir / f"{events}.jsonl")
             self.logger.write_summary(s)
-            (self.dir / ATTEMPT_FILE).unlink(missing_ok=True)
         except Exception as e:  # the run's own error is the one to report
             self.logger.echo(f"run_summary.json of the failed run not written: {e}")
+        else:
+            self._unmark_attempt()
 
 
 ATTEMPT_FILE = ".attempt.json"  # a running attempt's progress; gone once it writes its summary
+ATTEMPT_TMP = ".attempt.json.tmp"
 KILLED = (
     "ended without writing a summary (killed outright: SIGKILL, out of memory, or its machine "
     "stopped); its wall time runs to its last completed step"
@@ -463,39 +489,68 @@ KILLED = (
 
 
 def earlier_attempts(run_dir: Path) -> list[dict[str, Any]]:
-    """The attempts before this one of a resumed run, from the summary the last one wrote:
-    how each ended, its steps done, its wall time and median iteration (its ``iteration_s`` and
-    ``wall_s`` covered that attempt alone). An attempt killed outright wrote none: it left its
-    ``ATTEMPT_FILE``, and is listed from that with status ``"killed"``."""
-    out: list[dict[str, Any]] = []
+    """The attempts before this one of a resumed run: how each ended, its steps done, its wall
+    time and median iteration (its ``iteration_s`` and ``wall_s`` covered that attempt alone).
+
+    From the summary the last attempt wrote, or, when that attempt was killed outright and
+    wrote none, from the ``ATTEMPT_FILE`` it left: it is listed with status ``"killed"`` after
+    the attempts it listed itself (so attempts killed one after another are all kept).
+    """
+    prev = _read_json(run_dir / "run_summary.json")
+    mark = _read_json(run_dir / ATTEMPT_FILE)
+    if (
+        mark is not None
+        and prev is not None
+        and _same(mark.get("started"), prev.get("attempt_started"))
+    ):
+        mark = None  # left by the attempt that wrote the summary (killed before removing it)
+    if mark is None:
+        return _summary_attempts(prev)
+    earlier = mark.get("earlier")
+    if isinstance(earlier, list):
+        out = [a for a in earlier if isinstance(a, dict)]
+    else:  # not written by this version: the summary is all there is of the ones before
+        out = _summary_attempts(prev)
+    started, updated, done = (_number(mark.get(k)) for k in ("started", "updated", "steps_done"))
+    median = _number(mark.get("measured_iteration_s"))
+    killed = {
+        "status": "killed",
+        "error": KILLED,
+        "wall_s": updated - started if started is not None and updated is not None else None,
+        "measured_iteration_s": median,
+        "steps_done": int(done) if done is not None else None,
+    }
+    return [*out, killed]
+
+
+def _summary_attempts(prev: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The attempts a summary lists, then the one that wrote it."""
+    if prev is None:
+        return []
+    out = [a for a in prev.get("attempts") or [] if isinstance(a, dict)]
+    last = {k: prev.get(k) for k in ("status", "error", "wall_s", "measured_iteration_s")}
+    last["steps_done"] = prev.get("steps_done", prev.get("steps"))
+    return [*out, last]
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        prev = json.loads((run_dir / "run_summary.json").read_text())
+        out = json.loads(path.read_text())
     except (OSError, ValueError):
-        prev = None
-    if isinstance(prev, dict):
-        out = [a for a in prev.get("attempts") or [] if isinstance(a, dict)]
-        last = {k: prev.get(k) for k in ("status", "error", "wall_s", "measured_iteration_s")}
-        last["steps_done"] = prev.get("steps_done", prev.get("steps"))
-        out.append(last)
-    try:
-        mark = json.loads((run_dir / ATTEMPT_FILE).read_text())
-    except (OSError, ValueError):
-        mark = None
-    if isinstance(mark, dict):
-        nums = {k: mark.get(k) for k in ("started", "updated", "steps_done")}
-        ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in nums.values())
-        wall = mark["updated"] - mark["started"] if ok else None
-        median = mark.get("measured_iteration_s")
-        out.append(
-            {
-                "status": "killed",
-                "error": KILLED,
-                "wall_s": wall,
-                "measured_iteration_s": median if isinstance(median, (int, float)) else None,
-                "steps_done": int(mark["steps_done"]) if ok else None,
-            }
-        )
-    return out
+        return None
+    return out if isinstance(out, dict) else None
+
+
+def _number(v: Any) -> float | None:
+    """A finite number read from a file written by a run, else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def _same(a: Any, b: Any) -> bool:
+    x, y = _number(a), _number(b)
+    return x is not None and x == y
 
 
 def _patient_interrupts() -> tuple[Any] | None:

@@ -382,6 +382,7 @@ RUN_RECORDS = (
     "trace.json",
     ".failure-injected",
     ".attempt.json",
+    ".attempt.json.tmp",
 )
 # Records of steps, by whether a row of step s belongs to a run resumed after s steps (metrics
 # and tool events: the row logged after s steps; timeline and adaptation: iteration s, 0-based,

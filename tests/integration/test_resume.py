@@ -123,18 +123,19 @@ def test_an_attempt_killed_outright_is_listed_when_the_run_resumes(cluster, tmp_
     }
     argv = ["run", str(ROOT / "examples/tiny_grpo.yaml"), *COMMON, "steps=200"]
     argv += ["run.checkpoint_every=1", f"output_dir={out}"]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _RUN_CLI, *argv],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    err_file = tmp_path / "stderr.txt"  # a file: a pipe nobody reads could fill and block it
+    with open(err_file, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _RUN_CLI, *argv],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     mark_file = out / ".attempt.json"
     try:
         deadline = time.monotonic() + 180
         while True:
-            assert proc.poll() is None, proc.stderr.read()[-2000:]
+            assert proc.poll() is None, err_file.read_text()[-2000:]
             assert time.monotonic() < deadline, "the run did not complete two steps in 180 s"
             try:
                 if json.loads(mark_file.read_text())["steps_done"] >= 2:
@@ -147,7 +148,6 @@ def test_an_attempt_killed_outright_is_listed_when_the_run_resumes(cluster, tmp_
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.stderr.close()
     assert not (out / "run_summary.json").exists()
     mark = json.loads(mark_file.read_text())
     from loomrl.checkpoint import list_checkpoints

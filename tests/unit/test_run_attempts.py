@@ -1,0 +1,78 @@
+"""A run's attempts as its summary lists them: killed ones (no summary written) included, one
+after another, with the steps each had done (no Ray: the cluster is a stand-in)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+
+import pytest
+
+from loomrl.run import ATTEMPT_FILE, Run, RunConfig, earlier_attempts
+
+
+@dataclasses.dataclass
+class _Cfg:
+    run: RunConfig
+    resume: bool = False
+
+
+class _Cluster:
+    def shutdown(self) -> None:
+        pass
+
+
+@pytest.fixture
+def start(tmp_path, monkeypatch):
+    import loomrl.cluster
+
+    monkeypatch.setattr(loomrl.cluster.Cluster, "start", staticmethod(lambda **kw: _Cluster()))
+    rc = RunConfig(output_dir=str(tmp_path / "run"), tensorboard=False, progress=False)
+    return lambda resume=False: Run(_Cfg(rc, resume=resume), rc)
+
+
+_STEP = types.SimpleNamespace(measured_s=1.0, predicted_s=None, timeline=[])
+
+
+def _ends(attempts):
+    return [(a["status"], a["steps_done"]) for a in attempts]
+
+
+def test_attempts_killed_one_after_another_are_all_listed(start):
+    a = start()  # killed after 5 steps: it never writes a summary
+    for step in range(5):
+        a.record(step, _STEP)
+    b = start(resume=True)
+    b.steps_done = 5  # what a recipe's restore does; killed before its first step
+    assert _ends(b.attempts) == [("killed", 5)]
+    c = start(resume=True)
+    assert _ends(c.attempts) == [("killed", 5), ("killed", 5)]
+    c.steps_done = 5
+    for step in range(5, 7):
+        c.record(step, _STEP)
+    s = c.summary(7, None, {})
+    assert _ends(s["attempts"]) == [("killed", 5), ("killed", 5)]
+    assert s["status"] == "finished" and s["steps_done"] == 7
+    assert not (c.dir / ATTEMPT_FILE).exists()
+    # the next resume reads the finished summary, once
+    assert _ends(earlier_attempts(c.dir)) == [("killed", 5), ("killed", 5), ("finished", 7)]
+
+
+def test_a_marker_left_by_the_attempt_that_wrote_the_summary_is_not_listed_twice(start):
+    a = start()
+    a.record(0, _STEP)
+    mark = json.loads((a.dir / ATTEMPT_FILE).read_text())
+    a.summary(1, None, {})
+    # killed between writing its summary and removing its marker
+    (a.dir / ATTEMPT_FILE).write_text(json.dumps(mark))
+    assert _ends(earlier_attempts(a.dir)) == [("finished", 1)]
+
+
+def test_a_failed_attempt_removes_its_marker(start):
+    a = start()
+    a.record(0, _STEP)
+    a._write_failure(RuntimeError("boom"))
+    assert not (a.dir / ATTEMPT_FILE).exists()
+    (failed,) = earlier_attempts(a.dir)
+    assert failed["status"] == "failed" and "boom" in failed["error"]
