@@ -103,6 +103,7 @@ def test_dead_worker_restarts_from_checkpoint(cluster, straight, tmp_path):
 _RUN_CLI = "import sys; from loomrl.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
+@pytest.mark.slow  # about 40 s on 2 cores: a second driver and a resume (the logic: test_run_attempts)
 def test_an_attempt_killed_outright_is_listed_when_the_run_resumes(cluster, tmp_path):
     """A run's driver killed by SIGKILL writes no summary; its ``.attempt.json`` remains, and the
     resumed run's summary lists that attempt as killed, with the steps it had completed."""
