@@ -298,17 +298,19 @@ def _status_lines(summary: Mapping[str, Any]) -> list[str]:
 def _unsummarised_lines(run_dir: Path) -> list[str]:
     """An attempt that has written no summary yet (``loomrl.run.ATTEMPT_FILE``): still running,
     or killed outright."""
-    from loomrl.run import ATTEMPT_FILE
+    from loomrl.run import ATTEMPT_FILE, _number, _read_json
 
+    mark = _read_json(Path(run_dir) / ATTEMPT_FILE) or {}
+    done, at = _number(mark.get("steps_done")), _number(mark.get("updated"))
+    if done is None or at is None:  # none, or a damaged file
+        return []
     try:
-        mark = json.loads((Path(run_dir) / ATTEMPT_FILE).read_text())
-        done, at = int(mark["steps_done"]), float(mark["updated"])
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
-    except (OSError, ValueError, KeyError, TypeError, OverflowError):  # a damaged file
+    except (OverflowError, OSError, ValueError):  # a time no calendar holds
         return []
     return [
         f"  latest attempt          no summary written: still running, or killed outright "
-        f"({done} step(s) done, the last at {when})"
+        f"({int(done)} step(s) done, the last at {when})"
     ]
 
 

@@ -230,12 +230,10 @@ class Run:
         self.planned_s: float | None = None  # the plan's prediction when it was chosen
         self.t_start = time.time()
         self._steps_done = 0  # iterations completed (counting those before a resume)
-        self._marking = False  # ATTEMPT_FILE kept up to date from the end of __init__
         self.summarised = False
         # A resume (by hand, or the CLI's restart after a dead worker) continues a run whose
         # earlier attempts' timing the summary keeps beside this attempt's own.
         self.attempts = earlier_attempts(self.dir) if resuming else []
-        self._marking = True
         self._mark_attempt()
 
     @property
@@ -246,8 +244,7 @@ class Run:
     def steps_done(self, n: int) -> None:
         # a resume's restore sets it too: a kill before the next step still says how far it got
         self._steps_done = n
-        if self._marking:
-            self._mark_attempt()
+        self._mark_attempt()
 
     def apply_plan(self, flow: Any, sample: list[Any], **kw: Any) -> Any:
         t = time.time()
@@ -402,7 +399,7 @@ class Run:
         """This attempt wrote its summary: no longer one to list as killed."""
         try:
             (self.dir / ATTEMPT_FILE).unlink(missing_ok=True)
-        except OSError as e:  # the summary names this attempt (``started``): it is not listed twice
+        except OSError as e:  # the summary's attempt_started names it: not listed twice
             self.logger.echo(f"{ATTEMPT_FILE} not removed ({e})")
 
     def _record(self) -> dict[str, Any]:

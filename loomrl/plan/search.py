@@ -181,15 +181,11 @@ def _alone_in(a: np.ndarray, b: np.ndarray, kind: np.ndarray) -> np.ndarray:
     is dominated by none, whatever its other rows."""
     order = np.lexsort((b, a, kind))
     ka, aa, bb = kind[order], a[order], b[order]
-    new = np.r_[True, ka[1:] != ka[:-1]]
+    cuts = [0, *(np.flatnonzero(ka[1:] != ka[:-1]) + 1), len(ka)]
     # the least b of the earlier points of the same kind (they are <= in a)
-    start = np.maximum.accumulate(np.where(new, np.arange(len(ka)), 0))
     before = np.full(len(ka), np.inf)
-    if len(ka) > 1:
-        run = bb.copy()
-        for lo, hi in zip(np.flatnonzero(new), [*np.flatnonzero(new)[1:], len(ka)], strict=True):
-            np.minimum.accumulate(run[lo:hi], out=run[lo:hi])
-        before[1:] = np.where(start[1:] == start[:-1], run[:-1], np.inf)
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+        np.minimum.accumulate(bb[lo : hi - 1], out=before[lo + 1 : hi])
     # a later point equal in both rows is <= too
     twin = np.zeros(len(ka), dtype=bool)
     twin[:-1] = (ka[1:] == ka[:-1]) & (aa[1:] == aa[:-1]) & (bb[1:] == bb[:-1])
@@ -955,10 +951,11 @@ def _next_better(X: _Points, N: int, look: int = 32) -> np.ndarray:
     if cached is not None and cached[0] == (N, look):
         return cached[1]
     order = np.argsort(X.u, kind="stable")
-    rows = [X.F, X.mem]  # P when it differs from F (a leaf's are equal), cores when any
-    rows += [
-        r for r, need in ((X.P, not np.array_equal(X.P, X.F)), (X.cores, X.cores.any())) if need
-    ]
+    rows = [X.F, X.mem]
+    if not np.array_equal(X.P, X.F):  # a leaf's are equal
+        rows.append(X.P)
+    if X.cores.any():
+        rows.append(X.cores)
     cols = np.stack(rows)[:, order]
     u = X.u[order]
     k = len(X)
@@ -1169,11 +1166,15 @@ def _scout(dp: _DP, grans: list[int]) -> tuple[np.ndarray, list[int]]:
     scout: dict[str, _Best | None] = {k: None for k in _MODE_KINDS}
     grid = dp.spread_grid() if dense else None
     step = -(-dp.N // 32)  # about the spread grid's spacing
-    while True:
+
+    def scan(grid: dict | None) -> None:
         dp.use_grid(grid)
         for m in grans:
             (ov, osrc), (tv, tsrc), tables = dp.run(m, _bounds(scout))
             _update(scout, m, ov, osrc, tv, tsrc, tables)
+
+    while True:
+        scan(grid)
         if grid is None or step == 1:
             break
         step = max(step // 4, 1)
@@ -1182,10 +1183,7 @@ def _scout(dp: _DP, grans: list[int]) -> tuple[np.ndarray, list[int]]:
         grans = sorted({b.m for b in found}, reverse=True)
     stair = dp.stair_grid(grid) if grid is not None else None
     if stair is not None:
-        dp.use_grid(stair)
-        for m in grans:
-            (ov, osrc), (tv, tsrc), tables = dp.run(m, _bounds(scout))
-            _update(scout, m, ov, osrc, tv, tsrc, tables)
+        scan(stair)
     dp.truncate = None
     dp.use_grid(None)
     found = sorted((b.t, -b.m) for k in ("spatial", "hybrid") if (b := scout[k]) is not None)

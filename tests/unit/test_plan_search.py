@@ -589,3 +589,20 @@ def test_next_better_is_the_nearest_later_point_as_good():
                 65,
             )
             assert got[i] == want, (lattice, i)
+
+
+def test_alone_in_a_pair_of_rows_against_its_definition():
+    """``_alone_in``: no other point of its kind is <= in both rows (ties, duplicates, inf)."""
+    rng = np.random.default_rng(9)
+    for _ in range(300):
+        k = int(rng.integers(1, 40))
+        a, b = (rng.integers(0, 5, k).astype(float) for _ in range(2))
+        a[rng.random(k) < 0.1] = np.inf
+        kind = rng.integers(0, 3, k)
+        want = [
+            not any(
+                j != i and kind[j] == kind[i] and a[j] <= a[i] and b[j] <= b[i] for j in range(k)
+            )
+            for i in range(k)
+        ]
+        assert search_mod._alone_in(a, b, kind).tolist() == want
