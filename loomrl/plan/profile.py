@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from loomrl.config import finite_number
+from loomrl.config import finite_number, read_utf8
 from loomrl.errors import ConfigError
 
 __all__ = [
@@ -373,6 +373,17 @@ def _whole(v: Any) -> int | None:
     return None
 
 
+def _listed(raw: Mapping[str, Any], key: str, shape: str, problems: list[str]) -> list[Any]:
+    """``raw[key]`` as a list (none: empty); anything else is a problem."""
+    v = raw.get(key)
+    if v is None:
+        return []
+    if not isinstance(v, Sequence) or isinstance(v, str):
+        problems.append(f"{key} must be a list {shape}, got {_got(v)}")
+        return []
+    return list(v)
+
+
 def _device_count(v: Any, key: str, problems: list[str], least: int = 1) -> int | None:
     """A device count: a whole number from ``least`` to ``MAX_DEVICES``."""
     n = _whole(v) if not isinstance(v, str) else None
@@ -438,7 +449,16 @@ def load_profile(
         where = str(path)
         if not path.exists():
             raise ConfigError([f"profile file {str(path)!r} does not exist"], source=where)
-        text = path.read_text()
+        if not path.is_file():
+            raise ConfigError(
+                [f"profile file {str(path)!r} is a directory; name a YAML or JSON file"],
+                source=where,
+            )
+        try:
+            text = read_utf8(path)
+        except ValueError as e:
+            at, byte = e.args
+            raise ConfigError([f"{at} is not UTF-8 text ({byte})"], source=where) from None
         try:
             if path.suffix == ".json":
                 raw = json.loads(text)
@@ -542,7 +562,7 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
         return names is not None and (not isinstance(v, Hashable) or v not in names)
 
     edges: list[tuple[str, str]] = []
-    for e in raw.get("edges") or []:
+    for e in _listed(raw, "edges", "[[source, destination], ...]", problems):
         if not isinstance(e, Sequence) or isinstance(e, str) or len(e) != 2:
             problems.append(f"edges: {e!r} is not a pair [source, destination]")
             continue
@@ -560,7 +580,7 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
             edges.append((str(e[0]), str(e[1])))
 
     cycles: list[CycleSpec] = []
-    for i, c in enumerate(raw.get("cycles") or []):
+    for i, c in enumerate(_listed(raw, "cycles", "[{members: [a, b], steps: S}, ...]", problems)):
         if not isinstance(c, Mapping):
             problems.append(
                 f"cycles[{i}] must be a mapping {{members: [a, b], steps: S}}, got {c!r}"
@@ -769,11 +789,19 @@ def _build_component(
     report = None
     missing_t = [n for n in valid_t if n not in per_item]
     missing_m = [n for n in valid_t if memory is not None and n not in memory]
+    if rows and 0 in valid_t and (0 in missing_t or memory is None or 0 in missing_m):
+        # the fit scales with devices (n^-p, b / n): it says nothing of host cores alone
+        problems.append(
+            f"{where}: valid device count 0 (host cores only) needs its own time.per_item[0] "
+            "and memory_gb[0]; samples (n_devices >= 1) cannot give them"
+        )
+        return None, None
     if rows and (missing_t or memory is None or missing_m):
         # What the profile leaves out, the samples' fit gives; what it states, it keeps. The fit
         # estimates alpha and per_item together: its alpha only goes with its own per_item
         # (beside costs measured apart it would count the fixed cost twice).
-        fitted, report = fit_component(rows, valid_devices=valid_t, switch_s=switch or 0.0)
+        on_devices = [n for n in valid_t if n >= 1]  # 0's own values are stated (above)
+        fitted, report = fit_component(rows, valid_devices=on_devices, switch_s=switch or 0.0)
         alpha = fitted.alpha if alpha is None and not per_item else alpha
         per_item = {**{n: fitted.per_item[n] for n in missing_t}, **per_item}
         memory = {**fitted.memory_gb, **(memory or {})}

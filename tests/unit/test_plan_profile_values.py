@@ -245,3 +245,34 @@ def test_a_search_for_more_devices_than_the_limit_is_refused():
     prof = load_profile(copy.deepcopy(BASE))
     with pytest.raises(ConfigError, match=r"devices must be a whole number .* 1,000,000"):
         search_all(prof, devices=10**12)
+
+
+def test_edges_and_cycles_must_be_lists():
+    problems = _problems({**_with("edges", 5), "cycles": 5})
+    assert "edges must be a list [[source, destination], ...], got 5" in problems
+    assert any(p.startswith("cycles must be a list") for p in problems)
+
+
+def test_a_profile_path_that_is_a_directory_or_not_utf8_is_said(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory; name a YAML or JSON file"):
+        load_profile(tmp_path)
+    bad = tmp_path / "p.yaml"
+    bad.write_bytes(b"devices: 4\n\xff\n")
+    with pytest.raises(ConfigError, match=r"p.yaml:2 is not UTF-8 text \(byte 0xff\)"):
+        load_profile(bad)
+
+
+def test_host_only_count_needs_its_own_costs_beside_samples():
+    """Samples (n >= 1) fit a scaling in devices; they cannot give count 0's cost."""
+    raw = _with(
+        "components.a", {"valid_devices": [0, 1], "samples": [[1, 4, 1.0, 1], [1, 8, 2.0, 1]]}
+    )
+    raw["edges"], raw["cycles"] = [], [{"members": ["a", "b"], "steps": 2}]  # 0: a cycle member
+    assert _problems(raw) == [
+        "components.a: valid device count 0 (host cores only) needs its own time.per_item[0] "
+        "and memory_gb[0]; samples (n_devices >= 1) cannot give them"
+    ]
+    a = raw["components"]["a"]
+    a["time"], a["memory_gb"] = {"per_item": {0: 0.3}}, {0: 0.0}
+    comp = load_profile(raw).components["a"]
+    assert comp.per_item[0] == 0.3 and comp.per_item[1] == pytest.approx(0.25)
