@@ -40,7 +40,7 @@ import sys
 import tempfile
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
@@ -683,6 +683,13 @@ def _read_umask() -> int:
 
 
 _UMASK = _read_umask()  # once, at import: setting it later could race another thread's files
+
+
+def finite_in(x: Any, in_range: Callable[[float], bool] = lambda v: True) -> bool:
+    """``x`` is a real number (not a bool, not text: a loaded config field holds none), neither
+    NaN nor ±inf, for which ``in_range`` holds. The loader lets inf through to such checks."""
+    v = finite_number(x) if not isinstance(x, str) else None
+    return v is not None and bool(in_range(v))
 
 
 def finite_number(v: Any) -> float | None:

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from loomrl.algos import gae, ppo_policy_loss, value_loss
-from loomrl.config import finite_number
+from loomrl.config import finite_in
 from loomrl.envs.vec import EnvConfig, EpisodeStats, VecEnv
 from loomrl.errors import ConfigError
 from loomrl.policies import make_policy, row_generators
@@ -355,46 +355,46 @@ class PPOConfig:
         # Every float must be finite as well as in range: NaN passes every `x <= 0` test and
         # inf passes `x > 0`, and either one turns the first update's weights NaN (a run that
         # starts, then dies in a tensor dump instead of saying which setting was wrong).
-        if not _finite(self.lr, lambda x: x > 0):
+        if not finite_in(self.lr, lambda x: x > 0):
             p.append(f"lr={self.lr}: must be a finite number > 0, e.g. 3e-4")
-        if not _finite(self.gamma, lambda x: 0 <= x <= 1):
+        if not finite_in(self.gamma, lambda x: 0 <= x <= 1):
             p.append(f"gamma={self.gamma}: must be a finite number in [0, 1], e.g. 0.99")
-        if not _finite(self.gae_lambda, lambda x: 0 <= x <= 1):
+        if not finite_in(self.gae_lambda, lambda x: 0 <= x <= 1):
             p.append(f"gae_lambda={self.gae_lambda}: must be a finite number in [0, 1], e.g. 0.95")
-        if not _finite(self.clip, lambda x: 0 < x < 1):
+        if not finite_in(self.clip, lambda x: 0 < x < 1):
             p.append(f"clip={self.clip}: must be a finite number in (0, 1), e.g. 0.2")
-        if self.value_clip is not None and not _finite(self.value_clip, lambda x: x > 0):
+        if self.value_clip is not None and not finite_in(self.value_clip, lambda x: x > 0):
             p.append(
                 f"value_clip={self.value_clip}: must be a finite number > 0, or None to disable"
             )
-        if not _finite(self.max_grad_norm, lambda x: x > 0):
+        if not finite_in(self.max_grad_norm, lambda x: x > 0):
             p.append(
                 f"max_grad_norm={self.max_grad_norm}: must be a finite number > 0 (gradients "
                 "are clipped to that norm; a large value such as 1e6 leaves them alone)"
             )
-        if not _finite(self.adam_eps, lambda x: x > 0):
+        if not finite_in(self.adam_eps, lambda x: x > 0):
             p.append(
                 f"adam_eps={self.adam_eps}: must be a finite number > 0 (it keeps Adam's step "
                 "finite), e.g. 1e-5"
             )
-        if self.target_kl is not None and not _finite(self.target_kl, lambda x: x > 0):
+        if self.target_kl is not None and not finite_in(self.target_kl, lambda x: x > 0):
             p.append(
                 f"target_kl={self.target_kl}: must be a finite number > 0 (an update stops early "
                 "past it), or None to run every epoch"
             )
         # Clipping to [-c, c] with c <= 0 would flatten every observation or reward to one value.
-        if not _finite(self.obs_clip, lambda x: x > 0):
+        if not finite_in(self.obs_clip, lambda x: x > 0):
             p.append(
                 f"obs_clip={self.obs_clip}: must be a finite number > 0 (normalised observations "
                 "lie in ±it; a large value such as 1e6 clips nothing)"
             )
-        if not _finite(self.reward_clip, lambda x: x > 0):
+        if not finite_in(self.reward_clip, lambda x: x > 0):
             p.append(
                 f"reward_clip={self.reward_clip}: must be a finite number > 0 (scaled rewards lie "
                 "in ±it; a large value such as 1e6 clips nothing)"
             )
         if not (
-            _finite(self.vf_coef, lambda x: x >= 0) and _finite(self.ent_coef, lambda x: x >= 0)
+            finite_in(self.vf_coef, lambda x: x >= 0) and finite_in(self.ent_coef, lambda x: x >= 0)
         ):
             p.append(
                 f"vf_coef={self.vf_coef}, ent_coef={self.ent_coef}: must be >= 0 and finite (a "
@@ -404,12 +404,6 @@ class PPOConfig:
             p.append(f"hidden={list(self.hidden)}: layer widths must be positive integers")
         if p:
             raise ConfigError(p, source="PPOConfig")
-
-
-def _finite(x: Any, in_range: Callable[[float], bool]) -> bool:
-    """``x`` is a real number (not a bool), neither NaN nor ±inf, for which ``in_range`` holds."""
-    v = finite_number(x) if not isinstance(x, str) else None  # a config field holds no text
-    return v is not None and bool(in_range(v))
 
 
 def compute_advantages(

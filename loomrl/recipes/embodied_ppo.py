@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loomrl.config import finite_number
+from loomrl.config import finite_in
 from loomrl.cycle import CYCLE_MODELS, HANDOFFS
 from loomrl.cycle_trial import plan_cycle, start_cycle
 from loomrl.embodied import PPOConfig
@@ -134,7 +134,7 @@ class Config:
             p.append(f"groups: must be in [1, env.num_envs={self.env.num_envs}], got {self.groups}")
         # A NaN or infinite target is never reached (or, -inf, reached at once): a slip, not a
         # setting; the loader lets inf through, and main() also takes configs built in Python.
-        if self.target_return is not None and not _finite_number(self.target_return):
+        if self.target_return is not None and not finite_in(self.target_return):
             p.append(
                 f"target_return: must be a finite number (the mean return to stop at), or null "
                 f"to run every step, got {self.target_return}"
@@ -147,7 +147,7 @@ class Config:
             p.append(
                 f"auto_trial_steps: must be >= 0 (0 disables trials), got {self.auto_trial_steps}"
             )
-        if not (_finite_number(self.auto_trial_margin) and self.auto_trial_margin >= 0):
+        if not finite_in(self.auto_trial_margin, lambda x: x >= 0):
             p.append(
                 f"auto_trial_margin: must be a finite number >= 0 (a fraction of the best "
                 f"prediction, e.g. 0.5), got {self.auto_trial_margin}"
@@ -186,10 +186,6 @@ class Config:
                     f"minutes of simulation; it cannot resume or restart); leave it at {fix}"
                 )
         return p
-
-
-def _finite_number(x: Any) -> bool:
-    return not isinstance(x, str) and finite_number(x) is not None
 
 
 def _check_policy(cfg: Config) -> list[str]:
@@ -274,7 +270,7 @@ def _check_policy(cfg: Config) -> list[str]:
     if v is not None and not (type(v) is int and v > 0):
         out.append(f"policy_kwargs.feature_dim: must be a positive width, got {v!r}")
     v = kwargs.get("log_std_init")
-    if v is not None and not _finite_number(v):  # NaN or inf: every action's log-prob is NaN
+    if v is not None and not finite_in(v):  # NaN or inf: every action's log-prob is NaN
         out.append(
             f"policy_kwargs.log_std_init: must be a finite number (the initial log standard "
             f"deviation of actions, e.g. 0.0), got {v!r}"

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from loomrl.config import finite_in
 from loomrl.weights import WeightSink, WeightSource, resident
 from loomrl.worker import Worker, dispatch
 
@@ -36,12 +37,15 @@ class ModelConfig:
         p = []
         if self.dtype not in self.DTYPES:
             p.append(f"dtype: {self.dtype!r} is not one of {', '.join(self.DTYPES)}")
-        if not self.lr > 0:
-            p.append(f"lr: must be > 0, got {self.lr}")
-        if self.weight_decay < 0:
-            p.append(f"weight_decay: must be >= 0, got {self.weight_decay}")
-        if not self.grad_clip > 0:
-            p.append(f"grad_clip: must be > 0 (the gradient norm's bound), got {self.grad_clip}")
+        if not finite_in(self.lr, lambda x: x > 0):
+            p.append(f"lr: must be a finite number > 0, got {self.lr}")
+        if not finite_in(self.weight_decay, lambda x: x >= 0):
+            p.append(f"weight_decay: must be a finite number >= 0, got {self.weight_decay}")
+        if not finite_in(self.grad_clip, lambda x: x > 0):
+            p.append(
+                f"grad_clip: must be a finite number > 0 (the gradient norm's bound), got "
+                f"{self.grad_clip}"
+            )
         if self.train_micro_batch < 1:
             p.append(
                 f"train_micro_batch: must be >= 1 sequence per forward/backward, got "

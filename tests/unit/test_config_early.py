@@ -100,3 +100,12 @@ def test_the_agentic_corpus_is_read_with_the_config_and_ignored_budgets_are_refu
     assert p.startswith("agent.corpus_path: ") and ':1: needs a "text" string' in p
     (p,) = problems(SEARCH, "sampling.max_new_tokens=1")
     assert p.startswith("sampling.max_new_tokens: not used by the agentic recipe")
+
+
+def test_model_settings_that_are_not_finite_are_refused():
+    found = problems(TINY, "model.lr=inf", "model.weight_decay=inf", "model.grad_clip=inf")
+    assert found == [
+        "model.lr: must be a finite number > 0, got inf",
+        "model.weight_decay: must be a finite number >= 0, got inf",
+        "model.grad_clip: must be a finite number > 0 (the gradient norm's bound), got inf",
+    ]
