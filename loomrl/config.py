@@ -36,7 +36,6 @@ import math
 import numbers
 import os
 import re
-import sys
 import tempfile
 import types
 import typing
@@ -701,19 +700,14 @@ def finite_number(v: Any) -> float | None:
             v = float(v)
         except ValueError:
             return None
-    if isinstance(v, (bool, _np_bool())) or not isinstance(v, numbers.Real):
+    # numpy's bool is no bool subclass, nor a numbers.Real: refused by the second test
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
         return None
     try:
         x = float(v)
     except OverflowError:  # an int past float's range (10**400) is no finite setting
         return None
     return x if math.isfinite(x) else None
-
-
-def _np_bool() -> type:
-    """numpy's bool type where numpy is loaded (it is no ``bool`` subclass), else bool."""
-    np = sys.modules.get("numpy")
-    return np.bool_ if np is not None else bool
 
 
 def read_utf8(path: Path) -> str:

@@ -233,9 +233,10 @@ def pipe_rollout(
         # policy's outputs; the env workers only say that the policy stopped), then an env
         # worker whose process died (the policy only says that its connection closed). Each
         # read is bounded: a call settle left running, a hung simulator's, must not hang this.
+        deadline = time.monotonic() + 1.0  # one second for all reads, not one each
         for h, cause in ((serve, ConfigError), *((r, WorkerDiedError) for r in runs)):
             try:
-                wait(h, timeout=1.0)
+                wait(h, timeout=max(deadline - time.monotonic(), 0.0))
             except cause:
                 raise
             except BaseException:
