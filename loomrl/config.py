@@ -36,7 +36,7 @@ import math
 import numbers
 import os
 import re
-import tempfile
+import secrets
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -659,29 +659,19 @@ def dump_yaml(cfg: Any, path: str | os.PathLike) -> Path:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Readers see the old file or the new one, never half of one (temp file, fsync, rename)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Readers see the old file or the new one, never half of one (temp file, fsync, rename).
+    The temp file is created 0666 less the umask, like any output (mkstemp's would be private)."""
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            # mkstemp makes the file private (0600); the file it replaces is an output like
-            # any other, readable as the umask allows (a shared report or dashboard reads it).
-            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-
-
-def _read_umask() -> int:
-    mask = os.umask(0o022)  # reading the umask means setting it: put it straight back
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _read_umask()  # once, at import: setting it later could race another thread's files
 
 
 def finite_in(x: Any, in_range: Callable[[float], bool] = lambda v: True) -> bool:
