@@ -66,6 +66,7 @@ __all__ = [
     "CYCLE_MODEL_KEYS",
     "host_env_workers",
     "measure_costs",
+    "merge_episodes",
     "overlap_slowdown",
     "placement_from_plan",
     "time_chain",
@@ -402,11 +403,9 @@ class EnvPolicyCycle:
         out.policy_busy_s = pol[0]["policy_busy_s"]
         out.policy_calls = int(pol[0]["policy_calls"])
         out.policy_graph_captures = int(pol[0]["graph_captures"])
+        out.returns, out.lengths, out.successes = merge_episodes(env_stats)
         for s in env_stats:
             out.env_calls += s["calls"]
-            out.returns += s["returns"]
-            out.lengths += s["lengths"]
-            out.successes += s["successes"]
             out.events += s["events"]
             out.env_busy_s += s["busy_s"]
             out.env_render_s += s.get("render_s", 0.0)
@@ -421,6 +420,21 @@ class EnvPolicyCycle:
         # back to the driver, their owner, and go out again inside the next call; larger ones
         # travel worker to worker through the object store.
         return h.refs[0]
+
+
+def merge_episodes(env_stats: list[dict]) -> tuple[list[float], list[int], list[float]]:
+    """The returns, lengths and successes of the episodes in env workers' ``pop_stats``, in the
+    order they ended (the env's step count, then its global index) rather than worker by
+    worker: the same under every placement, however many env workers and ring groups, so the
+    recipe's window of recent returns (and a run's stop at ``target_return``) is too."""
+    episodes: list = []
+    successes: list = []
+    for s in env_stats:
+        episodes += zip(map(tuple, s["ends"]), s["returns"], s["lengths"], strict=True)
+        successes += zip(map(tuple, s["success_ends"]), s["successes"], strict=True)
+    episodes.sort(key=lambda e: e[0])
+    successes.sort(key=lambda e: e[0])
+    return [r for _, r, _ in episodes], [n for _, _, n in episodes], [x for _, x in successes]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -268,12 +268,10 @@ def collect(
     last = torch.cat([_value_of(policy, prep(c)).float() for c in cur])
     if normalizer is not None:
         normalizer.update(np.stack(raw_l).reshape(steps * n_total, -1) if raw_l else np.zeros((0,)))
-    episodes = EpisodeStats()
-    for venv in dict.fromkeys(v for v, _ in parts):
-        s = venv.pop_episode_stats()
-        episodes.returns += s.returns
-        episodes.lengths += s.lengths
-        episodes.successes += s.successes
+    from loomrl.cycle import merge_episodes
+
+    popped = [vars(venv.pop_episode_stats()) for venv in dict.fromkeys(v for v, _ in parts)]
+    episodes = EpisodeStats(*merge_episodes(popped))
     return RolloutBuffer(
         obs=torch.stack(obs_l),
         actions=torch.stack(act_l),

@@ -178,6 +178,11 @@ class EpisodeStats:
     successes: list[float] = field(
         default_factory=list
     )  # only for envs reporting info["is_success"]
+    # Per episode (and per success), where it ended: (the env's transitions so far, its global
+    # index). Both are the same under every placement, so episodes gathered from several env
+    # workers, or from ring groups a step apart, can be put back in one order (``in_order``).
+    ends: list[tuple[int, int]] = field(default_factory=list)
+    success_ends: list[tuple[int, int]] = field(default_factory=list)
 
     def mean_return(self) -> float:
         return float(np.mean(self.returns)) if self.returns else float("nan")
@@ -709,10 +714,13 @@ class VecEnv:
         for k, i, _, info in stepped:
             slot = self._slots[i]
             if term[k] or trunc[k]:
+                end = (int(self.env_steps[i]), self.index_offset + i)
                 self._stats.returns.append(slot.episode_return)
                 self._stats.lengths.append(slot.episode_length)
+                self._stats.ends.append(end)
                 if "is_success" in info:
                     self._stats.successes.append(float(info["is_success"]))
+                    self._stats.success_ends.append(end)
                 ended.append((k, i, self._reset_env(i, slot)))
         starts = self._observe_later([x[1] for x in ended], [x[2] for x in ended], second=True)
         for (k, i, _, _), next_obs in zip(stepped, seen(), strict=True):

@@ -230,6 +230,8 @@ class EnvWorker(Worker):
             "returns": list(s.returns),
             "lengths": list(s.lengths),
             "successes": list(s.successes),
+            "ends": [list(e) for e in s.ends],
+            "success_ends": [list(e) for e in s.success_ends],
             "events": events,
             "busy_s": self.busy_s,
             "calls": self.calls,

@@ -492,3 +492,39 @@ def test_env_config_refuses_nan_and_infinite_cpu_cores_and_reports_the_env_id_wi
         EnvConfig("InvertedPendulm-v5", num_envs=0)
     assert len(e.value.problems) == 2
     assert "close matches: InvertedPendulum-v5" in e.value.problems[1]
+
+
+def test_episodes_from_several_workers_and_ring_groups_merge_in_the_order_they_ended():
+    """The recipe's window of recent returns must not depend on the placement: episodes popped
+    from two env workers (one stepping its ring groups a step apart) and merged come out in
+    the order one worker holding every env records them."""
+    from loomrl.cycle import merge_episodes
+    from loomrl.workers.env import EnvWorker
+
+    n, steps = 4, 120
+    rng = np.random.default_rng(3)
+    actions = rng.uniform(-3, 3, (steps, n, 1)).astype(np.float32)
+    full = make(seed=5, num_envs=n)
+    full.reset()
+    for t in range(steps):
+        full.step(actions[t])
+    whole = full.pop_episode_stats()
+    assert len(set(whole.lengths)) > 2  # episodes of many lengths: their order shows
+
+    a = VecEnv(EnvConfig(PENDULUM, num_envs=2, seed=5), index_offset=0)
+    b = VecEnv(EnvConfig(PENDULUM, num_envs=2, seed=5), index_offset=2)
+    a.reset(), b.reset()
+    for t in range(steps):  # b's second group runs one step behind its first
+        a.step(actions[t, 0:2])
+        b.step(actions[t, 2:3], slice(0, 1))
+        if t:
+            b.step(actions[t - 1, 3:4], slice(1, 2))
+    b.step(actions[-1, 3:4], slice(1, 2))
+
+    def stats(v: VecEnv) -> dict:
+        w = object.__new__(EnvWorker)  # its pop_stats, on this process's VecEnv
+        w.venv, w.busy_s, w.calls = v, 0.0, 0
+        return w.pop_stats()
+
+    returns, lengths, _ = merge_episodes([stats(b), stats(a)])  # b's reply came first
+    assert returns == whole.returns and lengths == whole.lengths
