@@ -772,7 +772,9 @@ def cycle_profile(
                 "valid_devices": valid if host_env_workers is None else list(range(1, devices + 1)),
                 "time": {"alpha": a_p, "per_item": {n: p_p for n in range(1, devices + 1)}},
                 "memory_gb": tiny,
-                "cpu_cores": 0,
+                # Where devices are CPU slots, the policy's process holds a core of its own
+                # (``check_cores``): beside env workers it counts, shared with them it does not.
+                "cpu_cores": 1 if host_env_workers is None else 0,
             },
             TRAIN: {
                 "valid_devices": [1],
@@ -959,21 +961,32 @@ def placement_from_plan(
 
 
 def check_cores(placement: CyclePlacement, env_cores: float, cluster: Any) -> None:
-    """Refuse a placement whose env workers reserve more CPU cores than their node has."""
+    """Refuse a placement whose env workers reserve more CPU cores than their node has. Where
+    devices are CPU slots (a slot is a core), a policy on a slot apart from the env workers'
+    that runs while they step (k >= 2 ring groups) holds one more core of that node; one that
+    shares their slots, or takes turns with them (k = 1), does not. The planner counts the
+    same (``cycle_profile``, ``plan.cost.node_options``)."""
     # One launch device per env worker (host-core workers all start beside the policy).
     devices = placement.launch_devices * (placement.env_workers or 1)
     per_node: dict[int, list[int]] = {}
     for d in devices:
         per_node.setdefault(cluster.devices[d].node, []).append(d)
+    policy_slot: dict[int, int] = {}
+    for d in placement.policy_devices:
+        dev = cluster.devices[d]
+        if dev.kind == "cpu" and d not in placement.env_devices and placement.groups >= 2:
+            policy_slot[dev.node] = 1
     for node_idx, devs in per_node.items():
-        need = len(devs) * env_cores
+        beside = policy_slot.get(node_idx, 0)
+        need = len(devs) * env_cores + beside
         have = cluster.nodes[node_idx].num_cpus
         if need > have + 1e-9:
-            fit = int(have // env_cores)
+            fit = int(max(have - beside, 0) // env_cores)
+            policy = f" and the policy's core on device {placement.policy_devices[0]}" if beside else ""
             raise PlacementError(
                 f"the plan puts {len(devs)} env worker(s) on node {node_idx} (devices "
-                f"{sorted(set(devs))}), each reserving env.cpu_cores={env_cores:g} CPU core(s): "
-                f"{need:g} cores, but the node has {have:g}. Lower env.cpu_cores, or use a plan "
-                f"with at most {fit} env worker(s) on that node (placement=auto plans within "
-                f"the cores)"
+                f"{sorted(set(devs))}), each reserving env.cpu_cores={env_cores:g} CPU core(s)"
+                f"{policy}: {need:g} cores, but the node has {have:g}. Lower env.cpu_cores, or "
+                f"use a plan with at most {fit} env worker(s) on that node (placement=auto plans "
+                f"within the cores)"
             )

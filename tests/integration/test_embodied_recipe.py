@@ -1089,6 +1089,38 @@ def test_check_cores_message_names_the_fix(cluster):
     assert "at most 1 env worker" in msg
 
 
+def test_a_policy_on_a_cpu_slot_of_its_own_counts_a_core_while_env_workers_step():
+    """Where devices are CPU slots, a policy apart from the env workers holds a core of the node
+    while they step (k >= 2); taking turns with them (k = 1) or sharing their slots, it does not.
+    The planner counts the same, so auto never plans what ``check_cores`` refuses."""
+    from types import SimpleNamespace
+
+    from loomrl.cluster import Device
+    from loomrl.plan import search_all
+
+    cpu = SimpleNamespace(
+        devices=[Device(0, 0, 0, "cpu"), Device(1, 0, 1, "cpu")],
+        nodes=[SimpleNamespace(num_cpus=2)],
+    )
+    check_cores(CyclePlacement((0,), (1,), 2, False, "hybrid"), 1.0, cpu)  # 1 + 1 of 2
+    check_cores(CyclePlacement((0,), (1,), 1, False, "hybrid"), 2.0, cpu)  # turns: 2 of 2
+    check_cores(CyclePlacement((0,), (0,), 2, True, "temporal"), 2.0, cpu)  # shared slot
+    with pytest.raises(PlacementError) as e:
+        check_cores(CyclePlacement((0,), (1,), 2, False, "hybrid"), 2.0, cpu)
+    msg = str(e.value)
+    assert "env.cpu_cores=2" in msg and "policy's core on device 1" in msg and "3 cores" in msg
+    assert "at most 0 env worker" in msg
+    # The planner: with env workers of 2 cores on a 2-core node, no plan overlaps the sides.
+    prof = cycle_profile(_costs(), 16, 16, devices=2, env_cores=2, cpu_cores_per_node=2)
+    for p in search_all(prof).values():
+        if p is not None:
+            place = placement_from_plan(p, 16)
+            assert place.colocated or place.groups == 1
+            check_cores(place, 2.0, cpu)
+    free = search_all(cycle_profile(_costs(), 16, 16, devices=2, env_cores=1, cpu_cores_per_node=2))
+    assert placement_from_plan(free["hybrid"], 16).groups >= 2
+
+
 def test_planner_keeps_env_workers_within_the_node_cores():
     # Env is the slow side, so more env devices would help, but only 2 cores exist. (Chained
     # costs: env's 5 ms is then a cost of each call, where fixed_hops would make it a hop.)
