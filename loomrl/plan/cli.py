@@ -271,7 +271,7 @@ def _human(args, profile, plan, sim) -> str:
         if v is None:
             lines.append(f"  {mode:<8}  infeasible")
         else:
-            lines.append(f"  {mode:<8}  {v:10.4f} s  {v / ref:6.3f}x")
+            lines.append(f"  {mode:<8}  {v:10.4f} s  {_slowdown(v, ref)}")
     if sim is not None:
         lines.append(
             f"simulated ({len(sim.times)} iterations, sigma {args.sigma}): mean {sim.mean_s:.4f} s, "
@@ -279,6 +279,16 @@ def _human(args, profile, plan, sim) -> str:
         )
     lines.append(f"search time {plan.search_s:.4f} s")
     return "\n".join(lines)
+
+
+def _slowdown(v: float, ref: float) -> str:
+    """How many times slower ``v`` is than the best time ``ref``. A profile whose costs are all
+    zero plans a 0 s iteration: a mode as fast is 1x, a slower one has no finite ratio."""
+    if v <= ref:
+        return f"{1.0:6.3f}x"
+    if ref <= 0:
+        return "   n/a (the best plan takes 0 s)"
+    return f"{v / ref:6.3f}x"
 
 
 def _ranges(devs: list[int]) -> str:

@@ -60,7 +60,8 @@ def draw_timeline(
     cmap = plt.get_cmap("tab10" if len(comps) <= 10 else "tab20")
     color = {c: cmap(i % cmap.N) for i, c in enumerate(comps)}
     y = {lab: i for i, lab in enumerate(labels)}
-    end = max((r[3] for r in rows), default=1.0)
+    # a plan of zero-cost calls ends at 0 s; an axis from 0 to 0 has no scale
+    end = max((r[3] for r in rows), default=0.0) or 1.0
     fig, ax = plt.subplots(figsize=(12, 0.5 * len(labels) + 1.8))
     for lab, comp, s, e, text in rows:
         ax.barh(

@@ -1,0 +1,53 @@
+"""``loomrl plan`` on user mistakes and edge-case profiles: a one-line message naming the key,
+the value and the fix, exit status 2, never a traceback or a hang."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import yaml
+
+from loomrl.plan.cli import _slowdown, plan_main
+
+
+def _write(tmp_path, raw, name="p.yaml"):
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(raw))
+    return str(p)
+
+
+def _chain(per_item=1.0, **over):
+    """Components a -> b on one device each, every call ``per_item`` s an item."""
+    comp = {"valid_devices": [1], "time": {"per_item": {1: per_item}}}
+    raw = {
+        "devices": 2,
+        "device_memory_gb": 10,
+        "batch": 2,
+        "granularities": [1, 2],
+        "components": {"a": dict(comp), "b": dict(comp)},
+        "edges": [["a", "b"]],
+    }
+    raw.update(over)
+    return raw
+
+
+def test_slowdown_against_a_zero_second_best_has_no_ratio():
+    assert _slowdown(2.0, 1.0).strip() == "2.000x"
+    assert _slowdown(0.0, 0.0).strip() == "1.000x"
+    assert "n/a" in _slowdown(1.0, 0.0)
+
+
+def test_a_profile_of_zero_costs_prints_its_plans(tmp_path, capsys):
+    raw = _chain(per_item=0)
+    raw["components"]["b"]["switch_s"] = 1  # only the temporal plan pays for anything
+    prof = _write(tmp_path, raw)
+    assert plan_main([prof]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"spatial\s+0\.0000 s\s+1\.000x", out), out
+    assert re.search(r"temporal\s+1\.0000 s\s+n/a", out), out
+    png = tmp_path / "t.png"
+    assert plan_main([prof, "--json", "--timeline", str(png)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["predicted_s"] == 0
+    assert png.exists() and captured.err == ""
