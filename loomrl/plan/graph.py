@@ -72,6 +72,11 @@ class WorkGraph:
     """Collapsed DAG of a profile, with cut enumeration over bitmask sub-graphs."""
 
     def __init__(self, component_names: Sequence[str], edges, cycles=()):
+        clash = sorted({c.name for c in cycles} & set(component_names))
+        if clash:  # load_profile refuses such names first; a profile built in code may not
+            raise ValueError(
+                f"component name(s) {clash} equal a cycle node's name; rename the component(s)"
+            )
         in_cycle = {}
         nodes: list[GraphNode] = []
         for c in cycles:

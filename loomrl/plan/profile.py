@@ -24,6 +24,7 @@ per call), ``memory_gb`` 0 (memory never rules the component out), ``switch_s`` 
 none, ``granularities`` ``[batch]``, ``edges`` and ``cycles`` none. A component with
 ``samples`` takes missing ``per_item`` or ``memory_gb`` entries from their fit instead, and
 the fit's ``alpha`` where no ``per_item`` is given (the two are fitted together).
+A component's name may not contain ``<->``: plans name a declared cycle's node ``a<->b``.
 Every number must be finite (YAML's ``.nan`` and ``.inf`` are refused, and so are ``true`` and
 ``false``, which Python would take for 1 and 0); device counts, as list entries or as keys
 of ``per_item``, ``memory_gb`` and ``cpu_cores``, are whole numbers of at most
@@ -70,6 +71,10 @@ EXTRAPOLATION_WARN_FACTOR = 8
 # one entry per device count; 10**7 devices took 3.8 s and 1 GB, and far larger counts end in
 # numpy's "array is too big" instead of a plan. No cluster comes near a million accelerators.
 MAX_DEVICES = 1_000_000
+
+# Joins a 2-cycle's members into the name of its plan node ('env<->policy'); no component's name
+# may contain it.
+CYCLE_JOIN = "<->"
 
 
 @dataclass(frozen=True)
@@ -171,7 +176,7 @@ class CycleSpec:
 
     @property
     def name(self) -> str:
-        return f"{self.members[0]}<->{self.members[1]}"
+        return f"{self.members[0]}{CYCLE_JOIN}{self.members[1]}"
 
 
 @dataclass(frozen=True)
@@ -548,6 +553,13 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
     components: dict[str, ComponentProfile] = {}
     reports: list[FitReport] = []
     for name, craw in comps_raw.items():
+        if CYCLE_JOIN in str(name):
+            # a plan names a declared 2-cycle a <-> b as one node 'a<->b'; a component so named
+            # would be taken for that node (or for one that does not exist)
+            problems.append(
+                f"components: name {str(name)!r} contains {CYCLE_JOIN!r}, which plans keep for "
+                f"cycle nodes (cycle a <-> b is named 'a{CYCLE_JOIN}b'); rename the component"
+            )
         comp, rep = _build_component(str(name), craw, problems)
         if comp is not None:
             components[str(name)] = comp

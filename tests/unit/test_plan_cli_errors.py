@@ -51,3 +51,48 @@ def test_a_profile_of_zero_costs_prints_its_plans(tmp_path, capsys):
     captured = capsys.readouterr()
     assert json.loads(captured.out)["predicted_s"] == 0
     assert png.exists() and captured.err == ""
+
+
+def _cycle_with_a_component_named_like_it(extra_edge: bool) -> dict:
+    comp = {"valid_devices": [1], "time": {"per_item": {1: 1.0}}}
+    raw = {
+        "devices": 4,
+        "device_memory_gb": 40,
+        "batch": 4,
+        "components": {
+            "env": dict(comp),
+            "policy": dict(comp),
+            "env<->policy": {"valid_devices": [1, 2], "time": {"per_item": {1: 5.0, 2: 3.0}}},
+        },
+        "edges": [["env", "policy"], ["policy", "env"]],
+        "cycles": [{"members": ["env", "policy"], "steps": 2}],
+    }
+    if extra_edge:
+        raw["edges"].append(["policy", "env<->policy"])
+    return raw
+
+
+def test_a_component_named_like_a_cycle_node_is_refused(tmp_path, capsys):
+    for extra_edge in (True, False):
+        prof = _write(tmp_path, _cycle_with_a_component_named_like_it(extra_edge))
+        assert plan_main([prof]) == 2
+        err = capsys.readouterr().err
+        assert "invalid profile" in err and "components: name 'env<->policy' contains '<->'" in err
+        assert "rename the component" in err and "Traceback" not in err
+    # a name with '<->' that no cycle has is refused too: it reads as a cycle in every plan
+    raw = _chain()
+    raw["components"]["x<->y"] = raw["components"].pop("b")
+    raw["edges"] = [["a", "x<->y"]]
+    assert plan_main([_write(tmp_path, raw)]) == 2
+    assert "name 'x<->y' contains '<->'" in capsys.readouterr().err
+
+
+def test_a_work_graph_refuses_a_component_named_like_its_cycle():
+    import pytest
+
+    from loomrl.plan.graph import WorkGraph
+    from loomrl.plan.profile import CycleSpec
+
+    cyc = CycleSpec(("env", "policy"), 2)
+    with pytest.raises(ValueError, match=r"\['env<->policy'\] equal a cycle node's name"):
+        WorkGraph(["env", "policy", "env<->policy"], [("env", "policy")], [cyc])
