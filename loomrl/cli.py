@@ -81,7 +81,7 @@ def prepare_run_dir(cfg: Any) -> str | None:
     (``runlog.set_aside_records``); a resumed one (``resume: true``) cuts the step records back
     to the checkpoint it resumes from. Returns why there is nothing to run (a resume of a run
     that already reached ``run.steps``, left untouched), else None."""
-    from loomrl.runlog import lock_run_dir, set_aside_records, trim_records
+    from loomrl.runlog import config_text, lock_run_dir, set_aside_records, trim_records
 
     out = Path(cfg.run.output_dir)
     try:
@@ -98,8 +98,16 @@ def prepare_run_dir(cfg: Any) -> str | None:
         _RUN_DIR_LOCK = lock_run_dir(out)  # held until this process exits
     if not getattr(cfg, "resume", False):
         reads = [x for x in (cfg.run.placement, cfg.run.profile) if x and Path(x).is_file()]
-        moved = set_aside_records(out, keep=reads)
-        if moved is not None:
+        # The config was read already (also when it is the run directory's config.yaml), so
+        # one there that this run would write over can be moved.
+        moved = set_aside_records(out, keep=reads, config=config_text(cfg))
+        if moved is not None and [p.name for p in moved.iterdir()] == ["config.yaml"]:
+            print(
+                f"loomrl: {out / 'config.yaml'} is not this run's config, which the run writes "
+                f"there: moved to {moved / 'config.yaml'}",
+                file=sys.stderr,
+            )
+        elif moved is not None:
             print(
                 f"loomrl: an earlier run's records in {out} moved to {moved} (move them back to "
                 "continue that run instead)",

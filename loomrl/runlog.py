@@ -95,9 +95,7 @@ class RunLogger:
         purge = max(steps) + 1 if steps else None
         self._config = _plain_config(config_dict)
         if self._config is not None:
-            import yaml
-
-            _atomic_write(self.run_dir / CONFIG_FILE, yaml.safe_dump(self._config, sort_keys=False))
+            _atomic_write(self.run_dir / CONFIG_FILE, config_text(config_dict))
 
         self._tb = (
             _open_tensorboard(self.run_dir / TENSORBOARD_DIR, purge) if use_tensorboard else None
@@ -295,6 +293,13 @@ def _plain_config(config: Any) -> dict | None:
     return plain
 
 
+def config_text(config: Any) -> str:
+    """What a ``RunLogger`` given ``config`` writes as ``config.yaml``."""
+    import yaml
+
+    return yaml.safe_dump(_plain_config(config), sort_keys=False)
+
+
 def _ends_mid_line(path: Path) -> bool:
     try:
         with open(path, "rb") as f:
@@ -408,13 +413,17 @@ _RAN = (
 
 
 def set_aside_records(
-    run_dir: str | os.PathLike, keep: Sequence[str | os.PathLike] = ()
+    run_dir: str | os.PathLike,
+    keep: Sequence[str | os.PathLike] = (),
+    config: str | None = None,
 ) -> Path | None:
     """Move an earlier run's records (``RUN_RECORDS``) out of ``run_dir`` into
     ``run_dir/before-<time>/``, kept whole, and return where; None when there were none. A new
     run in a used directory calls this first, so that its logs, reports and restarts never mix
     with the earlier run's. ``keep``: files the new run reads (its plan or profile file, which
-    may be the earlier run's): copied there, left in place."""
+    may be the earlier run's): copied there, left in place. ``config``: the text the new run
+    writes as ``config.yaml`` (``config_text``); a ``config.yaml`` there that says anything else
+    (written by hand, or by a run with other settings) is set aside too, not written over."""
     import shutil
 
     d = Path(run_dir)
@@ -425,12 +434,14 @@ def set_aside_records(
     summary = d / SUMMARY_FILE
     if (
         not logged
+        and not _other_config(d / CONFIG_FILE, config)
         and not any(p.name in _RAN for p in found)
         and (not summary.exists() or _failed_at_start(summary))
     ):
-        # No earlier run: at most a config, an empty metrics file and the summary of a run that
-        # failed at its start (the new run writes over them), or a plot left by hand. That
-        # summary goes now: a new run killed before it writes its own must not show it.
+        # No earlier run: at most the new run's own config, an empty metrics file and the
+        # summary of a run that failed at its start (the new run writes over them), or a plot
+        # left by hand. That summary goes now: a new run killed before it writes its own must
+        # not show it.
         summary.unlink(missing_ok=True)
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -456,6 +467,16 @@ def count_lines(path: str | os.PathLike) -> int:
             return sum(1 for line in f if line.strip())
     except FileNotFoundError:
         return 0
+
+
+def _other_config(path: Path, config: str | None) -> bool:
+    """Whether ``path`` holds a config other than ``config`` (None: no config to compare)."""
+    if config is None or not path.exists():
+        return False
+    try:
+        return path.read_text(encoding="utf-8") != config
+    except (OSError, UnicodeDecodeError):  # not one a run wrote: kept rather than lost
+        return True
 
 
 def _failed_at_start(summary: Path) -> bool:

@@ -269,6 +269,18 @@ def test_set_aside_records_moves_only_what_a_run_wrote(tmp_path):
     assert last is not None and (last / "restarts.jsonl").exists()
 
 
+def test_set_aside_records_keeps_a_config_other_than_the_new_runs(tmp_path):
+    from loomrl.runlog import set_aside_records
+
+    (tmp_path / "config.yaml").write_text("recipe: grpo\n")
+    assert set_aside_records(tmp_path, config="recipe: grpo\n") is None  # its own: written again
+    assert (tmp_path / "config.yaml").is_file()
+    (tmp_path / "config.yaml").write_text("recipe: grpo  # mine\n")
+    moved = set_aside_records(tmp_path, config="recipe: grpo\n")
+    assert moved is not None and (moved / "config.yaml").read_text() == "recipe: grpo  # mine\n"
+    assert not (tmp_path / "config.yaml").exists()
+
+
 def test_trim_records_cuts_back_to_the_checkpoint_and_drops_torn_lines(tmp_path):
     from loomrl.runlog import read_metrics, trim_records
 
