@@ -94,9 +94,48 @@ def _argument_problems(args: argparse.Namespace) -> list[str]:
             p.append(f"{flag} {path}: the directory {str(parent)!r} does not exist")
         elif Path(path).is_dir():
             p.append(f"{flag} {path}: is a directory; name a file")
+        elif (why := _unwritable(Path(path))) is not None:
+            p.append(
+                f"{flag} {path}: cannot write there ({why}); name a file in a writable directory"
+            )
         if suffixes and Path(path).suffix.lower() not in suffixes:
             p.append(f"{flag} {path}: an image file ending in one of {', '.join(suffixes)}")
     return p
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why ``path`` cannot be written (None: it can), found before a search that may take long.
+    The permission bits alone do not tell (root passes os.access on /proc, which takes no new
+    file), so a scratch file is made beside it and removed."""
+    import os
+    import tempfile
+
+    if path.exists() and not os.access(path, os.W_OK):
+        return "the file is read-only"
+    try:
+        fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=".loomrl-plan-")
+    except OSError as e:
+        return e.strerror or str(e)
+    os.close(fd)
+    os.unlink(scratch)
+    return None
+
+
+class _OutputError(Exception):
+    """An output file (--save, --timeline) could not be written."""
+
+
+@contextlib.contextmanager
+def _writing(flag: str, path: str):
+    """Report a failed write of ``path`` (a full disk, a directory gone since the check) as a
+    message naming the flag, not as a traceback."""
+    try:
+        yield
+    except OSError as e:
+        raise _OutputError(
+            f"{flag} {path}: writing failed ({e.strerror or e}); name a file in a writable "
+            "directory with space left"
+        ) from None
 
 
 def _image_suffixes() -> tuple[str, ...]:
@@ -121,6 +160,9 @@ def plan_main(argv: list[str] | None = None) -> int:
     except (ConfigError, PlanError) as e:
         kind = "invalid profile" if isinstance(e, ConfigError) else "no plan fits"
         print(f"loomrl plan: {kind}: {e}", file=sys.stderr)
+        return 2
+    except _OutputError as e:
+        print(f"loomrl plan: {e}", file=sys.stderr)
         return 2
     except MemoryError:
         # numpy's "Unable to allocate ..." included: the search's arrays grow with the device
@@ -208,9 +250,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.timeline:
         from loomrl.plan.timeline import draw_timeline
 
-        draw_timeline(plan, args.timeline, title=f"{args.profile}: {plan.mode} plan")
+        with _writing("--timeline", args.timeline):
+            draw_timeline(plan, args.timeline, title=f"{args.profile}: {plan.mode} plan")
     if args.save:
-        plan.save(args.save)
+        with _writing("--save", args.save):
+            plan.save(args.save)
     if args.json:
         out = plan.to_dict()
         out["profile"] = str(args.profile)

@@ -96,3 +96,42 @@ def test_a_work_graph_refuses_a_component_named_like_its_cycle():
     cyc = CycleSpec(("env", "policy"), 2)
     with pytest.raises(ValueError, match=r"\['env<->policy'\] equal a cycle node's name"):
         WorkGraph(["env", "policy", "env<->policy"], [("env", "policy")], [cyc])
+
+
+def test_an_output_path_that_cannot_be_written_exits_2_before_the_search(
+    tmp_path, capsys, monkeypatch
+):
+    import errno
+    import importlib
+    import os
+
+    from loomrl.plan.cli import _unwritable
+
+    assert _unwritable(tmp_path / "plan.json") is None and os.listdir(tmp_path) == []
+    search_mod = importlib.import_module("loomrl.plan.search")
+
+    def no_search(*a, **k):
+        raise AssertionError("searched before refusing the output path")
+
+    def denied(**kwargs):  # what a read-only directory gives (root passes os.access)
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    prof = _write(tmp_path, _chain())
+    with monkeypatch.context() as m:
+        m.setattr(search_mod, "search_all", no_search)
+        m.setattr("tempfile.mkstemp", denied)
+        for flag, name in (("--save", "plan.json"), ("--timeline", "t.png")):
+            assert plan_main([prof, flag, str(tmp_path / name)]) == 2
+            err = capsys.readouterr().err
+            assert f"{flag} {tmp_path / name}: cannot write there (Permission denied)" in err, err
+            assert "Traceback" not in err
+    # A write that fails after the check (a full disk) is reported as well.
+    from loomrl.plan.plan import Plan
+
+    def full(self, path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Plan, "save", full)
+    assert plan_main([prof, "--save", str(tmp_path / "plan.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--save" in err and "writing failed (No space left on device)" in err, err
