@@ -5,7 +5,8 @@
 Valid device counts are powers of two (tensor/data-parallel sizes), ten
 micro-batch sizes. The ``chain3_all`` rows repeat the chain with every count
 1..N valid (the dense case: RLinf's search considers every count); ``chain3_irr``
-the same with each count's cost off the smooth curve by up to 30% (three seeds); ``ppo6_x8``
+the same with each count's cost off the smooth curve by up to 30% (three seeds); ``chain3_flat``
+with costs that hardly change with the count (a fixed cost beside a small per-item one); ``ppo6_x8``
 and ``ppo6_all`` the PPO graph with every multiple of 8 and every count valid.
 Each case is timed over --repeat runs (the table shows the best) of the
 dynamic programme (``search_s``) and of the whole ``search_all`` call (which
@@ -27,8 +28,10 @@ import numpy as np
 from loomrl.plan import load_profile, search_all
 
 
-def chain3(devices: int, every_count: bool = False, jitter: float = 0.0, seed: int = 0):
-    """``jitter``: each count's cost off the smooth curve by a factor in 1 +- jitter."""
+def chain3(devices: int, every_count: bool = False, jitter: float = 0.0, seed: int = 0, flat=False):
+    """``jitter``: each count's cost off the smooth curve by a factor in 1 +- jitter. ``flat``:
+    per-item costs of about a second on one device, beside a fixed 0.3 s a call, and memory
+    that fits everywhere: every count costs about the same, so fronts are wide."""
     valid = [2**i for i in range(13) if 2**i <= devices]
     if every_count:
         valid = list(range(1, devices + 1))
@@ -48,17 +51,29 @@ def chain3(devices: int, every_count: bool = False, jitter: float = 0.0, seed: i
             "switch_s": switch,
         }
 
+    if flat:
+        comps = {
+            name: {
+                "valid_devices": valid,
+                "time": {"alpha": 0.3, "per_item": {d: b * d**-0.9 for d in valid}},
+                "memory_gb": {d: 10 + 60 / d for d in valid},
+                "switch_s": 1.0,
+            }
+            for name, b in (("rollout", 1.0), ("inference", 0.5), ("actor", 1.5))
+        }
+    else:
+        comps = {
+            "rollout": comp(0.5, 400.0, 300, 3.0),
+            "inference": comp(0.1, 60.0, 200, 1.0),
+            "actor": comp(0.3, 200.0, 400, 4.0),
+        }
     return load_profile(
         {
             "devices": devices,
             "device_memory_gb": 80,
             "batch": 512,
             "granularities": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
-            "components": {
-                "rollout": comp(0.5, 400.0, 300, 3.0),
-                "inference": comp(0.1, 60.0, 200, 1.0),
-                "actor": comp(0.3, 200.0, 400, 4.0),
-            },
+            "components": comps,
             "edges": [["rollout", "inference"], ["inference", "actor"]],
         }
     )
@@ -138,6 +153,14 @@ def main() -> None:
         rows.append({"case": "chain3", "devices": n, **measure(chain3(n), args.repeat)})
     for n in (1024, 4096):
         rows.append({"case": "chain3_all", "devices": n, **measure(chain3(n, True), args.repeat)})
+    for n in (1024, 4096):  # flat: every count costs about the same
+        rows.append(
+            {
+                "case": "chain3_flat",
+                "devices": n,
+                **measure(chain3(n, True, flat=True), args.repeat),
+            }
+        )
     for n in (1024, 4096):  # irregular: each count's cost off the curve by up to 30%
         for seed in range(3):
             prof = chain3(n, True, jitter=0.3, seed=seed)
@@ -151,11 +174,11 @@ def main() -> None:
     every = list(range(1, 65))
     rows.append({"case": "ppo6_all", "devices": 64, **measure(ppo6(64, every), args.repeat)})
     print(
-        f"{'case':<10} {'devices':>7} {'dp_s':>9} {'search_all_s':>12}  {'mode':<8} {'m':>5} {'predicted_s':>12}"
+        f"{'case':<11} {'devices':>7} {'dp_s':>9} {'search_all_s':>12}  {'mode':<8} {'m':>5} {'predicted_s':>12}"
     )
     for r in rows:
         print(
-            f"{r['case']:<10} {r['devices']:>7} {r['search_s']:>9.4f} {r['search_all_s']:>12.4f}  "
+            f"{r['case']:<11} {r['devices']:>7} {r['search_s']:>9.4f} {r['search_all_s']:>12.4f}  "
             f"{r['mode']:<8} {r['micro_batch']:>5} {r['predicted_s']:>12.3f}"
         )
     result = {
@@ -173,6 +196,8 @@ def main() -> None:
         for n in (1024, 4096)
     }
     print(f"irregular costs: max_1024_s: {irr[1024]:.4f} max_4096_s: {irr[4096]:.4f}")
+    flat = {r["devices"]: r["search_s_max"] for r in rows if r["case"] == "chain3_flat"}
+    print(f"flat costs: max_1024_s: {flat[1024]:.4f} max_4096_s: {flat[4096]:.4f}")
     c = {r["devices"]: r["search_s_max"] for r in rows if r["case"] == "chain3"}
     print(f"max_1024_s: {c[1024]:.4f} max_4096_s: {c[4096]:.4f}")
 

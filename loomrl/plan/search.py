@@ -512,6 +512,8 @@ class _DP:
             floor = sum(e)
             share = np.array([floor + K * self._tm[i][N] - e[x] for x, i in enumerate(rest)])
             share_mem = np.array([self._mm[i] for i in rest])
+            if len(rest) == 1:  # no node left to stand beside the two: see ``_outside``
+                share = np.full(1, np.inf)
             parts.append((best + slack, calls.sum(axis=0), calls.max(axis=0), share, share_mem))
         self._above_cache[s] = parts
         return parts
@@ -536,6 +538,11 @@ class _DP:
             # (b), per outside node: it must fit in memory beside the point (``_lower_bound``)
             share = np.array([floor + K * self._tm[i][N] - e[i] for i in rest])
             share_mem = np.array([self._mm[i] for i in rest])
+            if len(rest) == 1:
+                # A co-resident node is in stream context, so under a spatial node with some
+                # other node on its far side; with one node outside s there is none, and the
+                # two together would be the root, which is in phase context: no case (b).
+                share = np.full(1, np.inf)
             apart = (
                 floor + self.switch + min(min(self._tM[i], K * self._tm[i][N]) - e[i] for i in rest)
             )

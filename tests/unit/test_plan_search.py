@@ -199,6 +199,39 @@ def test_dense_chain_every_count_equals_unbounded_dp(monkeypatch, jitter):
     _assert_same_times(got, _unbounded_times(monkeypatch, prof), prof)
 
 
+def test_flat_chain_equals_unbounded_dp_and_one_node_outside_shares_nothing(monkeypatch):
+    """Costs that hardly change with the count (a fixed 0.3 s beside small per-item costs) make
+    wide fronts. A point of two nodes of a 3-chain cannot share devices with the third below a
+    spatial node (none is left to stand beside them), so that case bounds nothing there, and
+    the search still equals the plain DP."""
+    valid = list(range(1, 97))
+    comps = {
+        name: {
+            "valid_devices": valid,
+            "time": {"alpha": 0.3, "per_item": {d: b * d**-0.9 for d in valid}},
+            "memory_gb": {d: 10 + 60 / d for d in valid},
+            "switch_s": 1.0,
+        }
+        for name, b in (("rollout", 1.0), ("inference", 0.5), ("actor", 1.5))
+    }
+    prof = load_profile(
+        {
+            "devices": 96,
+            "device_memory_gb": 80,
+            "batch": 512,
+            "granularities": [1, 4, 16, 64, 256, 512],
+            "components": comps,
+            "edges": [["rollout", "inference"], ["inference", "actor"]],
+        }
+    )
+    dp = search_mod._DP(prof, 96)
+    dp.K = 1
+    dp._lower_bounds(512)
+    assert np.isinf(dp._outside(0b011)[5]).all() and np.isinf(dp._outside(0b110)[5]).all()
+    assert np.isfinite(dp._outside(0b001)[5]).all()  # two nodes outside: they may share
+    _assert_same_times(_dp_times(prof)[0], _unbounded_times(monkeypatch, prof), prof)
+
+
 def test_exhaustive_plan_matches_search_on_example():
     prof = load_profile(EXAMPLES / "grpo_long_rollout.yaml", devices=4)
     a, b = search(prof), exhaustive(prof)
