@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -388,15 +389,22 @@ def _main(argv: list[str] | None) -> int:
     sub.add_parser("report", help="predicted vs measured timeline of a run (loomrl report RUN_DIR)")
     args = p.parse_args(argv)
     args.overrides = _normalise_overrides(getattr(args, "overrides", []) or [])
+    from loomrl.run import Terminated, stop_on_sigterm
+
+    before = stop_on_sigterm()  # also before Ray starts (the run sets it again after)
     try:
         return args.fn(args)
     except (ConfigError, PlanError, PlacementError, LoomError) as e:
         print(f"loomrl {args.cmd}: {brief(e)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         # The run's finally blocks have stopped its workers; what was checkpointed stays.
-        print(f"loomrl {args.cmd}: interrupted{_resume_hint(args)}", file=sys.stderr)
-        return 130
+        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        print(f"loomrl {args.cmd}: {how}{_resume_hint(args)}", file=sys.stderr)
+        return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
 
 
 def brief(e: BaseException) -> str:

@@ -10,8 +10,8 @@ the prediction, and writes ``run_summary.json`` with the fields tools outside lo
 error, steps done, wall time, median iteration) and sums every attempt's wall time in
 ``wall_s_total``; one killed outright, with no summary written, is listed with ``status``
 ``"killed"`` (from ``.attempt.json``, which a running attempt keeps). A run that stops on an
-error or Ctrl-C writes one too, with ``status`` ``"failed"`` or ``"interrupted"``, the
-``error``, and what it had done (``steps_done``, the plan, the iterations measured, the last
+error, Ctrl-C or SIGTERM writes one too, with ``status`` ``"failed"`` or ``"interrupted"`` (and
+then the ``signal``, ``"SIGINT"`` or ``"SIGTERM"``), the ``error``, and what it had done (``steps_done``, the plan, the iterations measured, the last
 metrics logged), so tools find every run's outcome in one file.
 
 A plan searched on a profile measured in this run predicts, after its first three warm
@@ -27,6 +27,7 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import time
@@ -199,12 +200,16 @@ class Run:
         self.dir.mkdir(parents=True, exist_ok=True)
         if run_cfg.threads:
             os.environ["LOOMRL_THREADS"] = str(run_cfg.threads)
+        self._sigterm_before = signal.getsignal(signal.SIGTERM)
         self.cluster = Cluster.start(
             num_gpus=run_cfg.num_gpus,
             num_devices=run_cfg.devices,
             log_to_driver=False,
             pin_cores=run_cfg.pin_cores,
         )
+        # ray.init made SIGTERM dump a native stack and sys.exit(15): the run would stop as
+        # "failed". It stops as on Ctrl-C instead (workers stopped, summary, resume command).
+        stop_on_sigterm()
         resuming = bool(getattr(cfg, "resume", False))
         # config.yaml is what `loomrl run DIR/config.yaml` starts again and `loomrl resume`
         # continues (adding resume=true itself): it never says resume.
@@ -443,9 +448,9 @@ class Run:
                     self.cluster.shutdown()
                 finally:
                     if before is not None:
-                        import signal
-
                         signal.signal(signal.SIGINT, before[0])
+                    if self._sigterm_before is not None and _on_main_thread():
+                        signal.signal(signal.SIGTERM, self._sigterm_before)
 
     def _write_failure(self, error: BaseException) -> None:
         """The summary of a run that stopped on ``error``: the finished summary's fields (its
@@ -459,6 +464,10 @@ class Run:
             s = {
                 "status": "interrupted" if interrupted else "failed",
                 "error": f"{type(error).__name__}: {said}"[:4000],
+            }
+            if interrupted:
+                s["signal"] = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
+            s |= {
                 **self._record(),
                 "steps": self.steps_done,
                 "steps_done": self.steps_done,
@@ -550,13 +559,43 @@ def _same(a: Any, b: Any) -> bool:
     return x is not None and x == y
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a scheduler's time limit) while a run runs. A ``KeyboardInterrupt``,
+    so that the run stops as on Ctrl-C: its workers stopped, its summary ``interrupted`` (with
+    ``signal`` ``"SIGTERM"``), the command that resumes it said; the CLI exits 143."""
+
+
+def stop_on_sigterm() -> Any:
+    """Make SIGTERM raise ``Terminated`` in the main thread. A second SIGTERM, while the
+    workers stop, is told and not raised: it would cut their shutdown short, and SIGKILL is the
+    way to leave at once. Returns the handler it replaced; None off the main thread (no handler
+    can be set there) or where that handler was installed outside Python."""
+    if not _on_main_thread():
+        return None
+    before = signal.getsignal(signal.SIGTERM)
+    told: list[bool] = []
+
+    def on_term(signum: int, frame: Any) -> None:
+        if told:
+            print("loomrl: stopping the workers after SIGTERM; SIGKILL leaves now", file=sys.stderr)
+            return
+        told.append(True)
+        raise Terminated("SIGTERM (kill, or a scheduler's time limit)")
+
+    signal.signal(signal.SIGTERM, on_term)
+    return before
+
+
+def _on_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
 def _patient_interrupts() -> tuple[Any] | None:
     """While a run's workers stop after Ctrl-C: the next Ctrl-C says what is going on, the one
     after raises as usual. Returns (the handler to put back,); None off the main thread."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
+    if not _on_main_thread():
         return None
     before = signal.getsignal(signal.SIGINT)
     if before is None:  # installed outside Python: nothing that could be put back

@@ -214,6 +214,46 @@ def test_a_ctrl_c_while_workers_stop_is_told_and_the_next_one_leaves(capsys):
     assert restore is before
 
 
+def test_a_sigterm_exits_143_with_how_to_resume_and_its_handler_goes(monkeypatch, capsys, tmp_path):
+    import os
+    import signal
+
+    import loomrl.cli as cli
+    from loomrl.checkpoint import save_checkpoint
+
+    def terminated(mod, cfg):
+        save_checkpoint(cfg.run.output_dir, 2, {"step": 2})
+        os.kill(os.getpid(), signal.SIGTERM)  # `kill PID`, or a scheduler's time limit
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(cli, "run_with_restarts", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["run", str(TINY), f"output_dir={tmp_path}"]) == 143
+    err = capsys.readouterr().err
+    assert (
+        f"loomrl run: terminated (SIGTERM); continue from step 2 with `loomrl resume {tmp_path}`"
+        in err
+    )
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_sigterm_raises_once_and_a_second_one_while_workers_stop_is_told(capsys):
+    import os
+    import signal
+
+    from loomrl.run import Terminated, stop_on_sigterm
+
+    before = stop_on_sigterm()
+    try:
+        with pytest.raises(Terminated, match="SIGTERM"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # the workers are stopping: a notice only
+        assert "stopping the workers after SIGTERM; SIGKILL leaves now" in capsys.readouterr().err
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert issubclass(Terminated, KeyboardInterrupt)  # every Ctrl-C path stops the run for it
+
+
 def test_output_into_a_pipe_its_reader_left_ends_quietly_with_141():
     """`loomrl plan ... --json | head -1`: the reader leaves after one line, the rest of the
     output cannot be written; the command exits 141 without a traceback."""

@@ -25,11 +25,15 @@ class _Cluster:
 
 @pytest.fixture
 def start(tmp_path, monkeypatch):
+    import signal
+
     import loomrl.cluster
 
     monkeypatch.setattr(loomrl.cluster.Cluster, "start", staticmethod(lambda **kw: _Cluster()))
     rc = RunConfig(output_dir=str(tmp_path / "run"), tensorboard=False, progress=False)
-    return lambda resume=False: Run(_Cfg(rc, resume=resume), rc)
+    before = signal.getsignal(signal.SIGTERM)  # a Run sets its own until it closes
+    yield lambda resume=False: Run(_Cfg(rc, resume=resume), rc)
+    signal.signal(signal.SIGTERM, before)
 
 
 _STEP = types.SimpleNamespace(measured_s=1.0, predicted_s=None, timeline=[])
@@ -76,3 +80,19 @@ def test_a_failed_attempt_removes_its_marker(start):
     assert not (a.dir / ATTEMPT_FILE).exists()
     (failed,) = earlier_attempts(a.dir)
     assert failed["status"] == "failed" and "boom" in failed["error"]
+
+
+def test_an_interrupted_run_names_the_signal_that_stopped_it(start):
+    from loomrl.run import Terminated
+
+    a = start()
+    a.record(0, _STEP)
+    a._write_failure(KeyboardInterrupt())
+    s = json.loads((a.dir / "run_summary.json").read_text())
+    assert (s["status"], s["signal"]) == ("interrupted", "SIGINT")
+    assert s["error"] == "KeyboardInterrupt: interrupted (Ctrl-C)"
+    b = start(resume=True)
+    b._write_failure(Terminated("SIGTERM (kill, or a scheduler's time limit)"))
+    s = json.loads((b.dir / "run_summary.json").read_text())
+    assert (s["status"], s["signal"]) == ("interrupted", "SIGTERM")
+    assert s["error"] == "Terminated: SIGTERM (kill, or a scheduler's time limit)"
