@@ -293,8 +293,12 @@ class EnvPolicyCycle:
         layout: str = "slices",
         handoff: str = "driver",
         timeout_s: float = 600.0,
+        on_events: Any = None,
     ):
+        """``on_events``: called with the env events (failures recovered from) of each rollout,
+        finished or failed; rollouts whose results are not kept (trials) pass theirs on so."""
         self.envs, self.policy = envs, policy
+        self.on_events = on_events
         self.workers = envs.world_size
         self.num_envs = self.workers * envs_per_worker
         self.groups = ring_groups(self.workers, envs_per_worker, groups, layout)
@@ -397,6 +401,8 @@ class EnvPolicyCycle:
         # The env failures recorded before the rollout failed (often what stopped it): kept for
         # the run's record, from the env workers that answered.
         self.failed_events = [e for s in read_done(pops) for e in s["events"]]
+        if self.on_events is not None and self.failed_events:
+            self.on_events(self.failed_events)
 
     def _result(self, steps: int, t0: float, pol: list, env_stats: list) -> CollectResult:
         out = CollectResult(wall_s=time.perf_counter() - t0, steps=steps)
@@ -411,6 +417,8 @@ class EnvPolicyCycle:
             out.env_render_s += s.get("render_s", 0.0)
             out.env_render_reads += s.get("render_reads", 0)
         out.env_steps = steps * self.num_envs
+        if self.on_events is not None and out.events:
+            self.on_events(out.events)
         return out
 
     @staticmethod
@@ -982,7 +990,9 @@ def check_cores(placement: CyclePlacement, env_cores: float, cluster: Any) -> No
         have = cluster.nodes[node_idx].num_cpus
         if need > have + 1e-9:
             fit = int(max(have - beside, 0) // env_cores)
-            policy = f" and the policy's core on device {placement.policy_devices[0]}" if beside else ""
+            policy = (
+                f" and the policy's core on device {placement.policy_devices[0]}" if beside else ""
+            )
             raise PlacementError(
                 f"the plan puts {len(devs)} env worker(s) on node {node_idx} (devices "
                 f"{sorted(set(devs))}), each reserving env.cpu_cores={env_cores:g} CPU core(s)"

@@ -67,10 +67,15 @@ def _launch_policy(cluster: Any, cfg: Config, envs: Any, devices: list[int], nam
 
 
 def start_cycle(
-    cluster: Any, cfg: Config, place: CyclePlacement, workers: tuple | None = None
+    cluster: Any,
+    cfg: Config,
+    place: CyclePlacement,
+    workers: tuple | None = None,
+    on_events: Callable[[list], None] | None = None,
 ) -> tuple[Any, Any, Any]:
     """Env workers (env.cpu_cores each), the policy worker and their cycle; ``workers``: an
-    (env, policy) pair already placed as ``place`` wants, used instead of launching."""
+    (env, policy) pair already placed as ``place`` wants, used instead of launching;
+    ``on_events``: the cycle's (``EnvPolicyCycle``)."""
     w = place.workers
     if workers is not None:
         envs, policy = workers
@@ -96,6 +101,7 @@ def start_cycle(
         cfg.pipelined,
         handoff=handoff(cfg, cluster),
         timeout_s=cfg.cycle_timeout_s,
+        on_events=on_events,
     )
     return envs, policy, cycle
 
@@ -163,11 +169,14 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> tuple[CyclePlacement, tuple
                 plan = trial(run, cfg, profile, plan, steps, hw, probe)
             save_costs(run, cfg, steps, hw, costs, profile, plan)
             if probe.places(placement_from_plan(plan, cfg.env.num_envs, hw)):
+                _pop_probe_events(run, probe)
                 wait(probe.env._call("_loom_rebuild"), probe.policy._call("_loom_rebuild"))
                 keep = (probe.env, probe.policy)
         finally:
             if keep is None:
+                _pop_probe_events(run, probe)
                 probe.kill()
+            _record_setup_events(run)
     place = placement_from_plan(plan, cfg.env.num_envs, hw)
     if cfg.groups is not None:
         place = replace(place, groups=cfg.groups)
@@ -177,6 +186,39 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> tuple[CyclePlacement, tuple
     reused = " (on the cost probe's workers)" if keep else ""
     run.logger.echo(f"plan:\n{plan}\nplacement{reused}: {place.describe()}")
     return place, keep
+
+
+def setup_events(run: Run) -> list[dict[str, Any]]:
+    """The env events of the rollouts run while planning (the probe's measurements, trials):
+    kept on ``run`` until ``plan_cycle`` writes them to env_events.jsonl, as step 0."""
+    if not hasattr(run, "_setup_env_events"):
+        run._setup_env_events = []  # type: ignore[attr-defined]
+    return run._setup_env_events  # type: ignore[attr-defined]
+
+
+def _pop_probe_events(run: Run, probe: Any) -> None:
+    """The env events still held by the probe's env workers (its measurements' steps), from
+    those that answer within a short bound: a probe that failed may have a dead worker."""
+    import contextlib
+
+    from loomrl.cycle import BOOKKEEPING_S
+
+    with contextlib.suppress(Exception):
+        stats = wait(probe.env.pop_stats(), timeout=BOOKKEEPING_S)
+        setup_events(run).extend(e for s in stats for e in s["events"])
+
+
+def _record_setup_events(run: Run) -> None:
+    """Write the planning's env events to env_events.jsonl at step 0 (``run.setup_env_events``
+    counts them for the summary): those that stopped the run before its first iteration too."""
+    import contextlib
+
+    from loomrl.recipes.embodied_ppo import record_env_events
+
+    events, run.setup_env_events = setup_events(run), 0  # type: ignore[attr-defined]
+    with contextlib.suppress(OSError):  # never in place of the error that stopped planning
+        run.setup_env_events = record_env_events(run.dir, 0, events)  # type: ignore[attr-defined]
+    events.clear()
 
 
 def check_plan_devices(plan: Any, devices: int, path: str) -> None:
@@ -401,6 +443,7 @@ def choose_by_trial(
                 cfg.pipelined,
                 handoff=how,
                 timeout_s=cfg.cycle_timeout_s,
+                on_events=setup_events(run).extend,
             )
 
         cycles = {i: on_probe(candidates[i][1]) for i in shared}
@@ -444,12 +487,16 @@ def choose_by_trial(
         _kill_fresh(fresh)  # the next may need its cores
         fresh = None
         try:
-            envs, policy, cyc = start_cycle(run.cluster, cfg, place)
+            envs, policy, cyc = start_cycle(
+                run.cluster, cfg, place, on_events=setup_events(run).extend
+            )
         except PlacementError:  # the node's cores: the probe gives its own back first
             if probe is None or not probe.alive:
                 raise
             probe.kill()
-            envs, policy, cyc = start_cycle(run.cluster, cfg, place)
+            envs, policy, cyc = start_cycle(
+                run.cluster, cfg, place, on_events=setup_events(run).extend
+            )
         ran[i] = cyc.handoff
         try:
             _time_in_turns({i: cyc}, timed, lengths, reps, before=before)
@@ -507,7 +554,9 @@ def choose_by_trial(
                 fresh = None
                 if probe.alive:  # its cores, for the pick's
                     probe.kill()
-                envs, policy, cyc = start_cycle(run.cluster, cfg, candidates[pick][1])
+                envs, policy, cyc = start_cycle(
+                    run.cluster, cfg, candidates[pick][1], on_events=setup_events(run).extend
+                )
                 # The probe's from here: a failure below ends them with it (plan_cycle).
                 _adopt(probe, envs, policy, candidates[pick][1])
                 cyc.collect(min(lengths))  # its warm-up

@@ -325,7 +325,8 @@ def main(cfg: Config) -> dict:
             )
         recent: deque[float] = deque(maxlen=cfg.window)
         metrics: dict[str, Any] = {}
-        it = env_events = 0
+        it = 0
+        env_events = getattr(run, "setup_env_events", 0)  # planning's, written as step 0
         for it in range(cfg.run.steps):
             t0 = time.perf_counter()
             run.maybe_inject_failure(it, envs)

@@ -1580,6 +1580,45 @@ def test_repeated_env_failures_stop_the_run_and_keep_their_events(cluster, tmp_p
     assert "--- remote traceback ---" not in s["error"] and "traceback" in s
 
 
+def test_env_failures_while_the_costs_are_measured_are_recorded_as_step_0(cluster, tmp_path):
+    """Failures the cost probe's steps meet are in env_events.jsonl (step 0) and counted: those
+    recovered from when the run goes on, and those that stop it before its first iteration."""
+    from loomrl.config import load_config
+    from loomrl.envs.vec import EnvFailureError
+    from loomrl.errors import RemoteError
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    def cfg(out, kwargs):
+        return load_config(
+            Config,
+            EXAMPLE,
+            [
+                *TINY,
+                "run.steps=1",
+                "env.env_id=loomrl.envs.testing:loomrl-test/Counting-v0",
+                f"env.env_kwargs={kwargs}",
+                "run.placement=temporal",
+                "auto_trial_steps=0",
+                f"run.output_dir={out}",
+            ],
+        )
+
+    def events(out):
+        return [json.loads(x) for x in (out / "env_events.jsonl").read_text().splitlines()]
+
+    # Each env fails its 4th step: the probe's envs while measuring, the run's in step 1.
+    s = main(cfg(tmp_path / "once", "{length: 50, fail_on: [4]}"))
+    first = events(tmp_path / "once")
+    assert {e["step"] for e in first} == {0, 1} and s["env_events_total"] == len(first)
+    with pytest.raises((RemoteError, EnvFailureError), match="simulator failures within"):
+        main(cfg(tmp_path / "stop", "{length: 50, fail_from: 3}"))
+    stopped = events(tmp_path / "stop")
+    assert stopped and {e["step"] for e in stopped} == {0}
+    assert all("simulator exploded" in e["message"] for e in stopped)
+    summary = json.loads((tmp_path / "stop" / "run_summary.json").read_text())
+    assert summary["status"] == "failed" and summary["env_events_total"] == len(stopped)
+
+
 def test_env_kwargs_that_break_the_first_step_stop_the_run_as_a_config_error(cluster, tmp_path):
     """A keyword whose value breaks every step (HalfCheetah-v5's forward_reward_weight='abc'
     ended in max_failures counted simulator failures blaming the env): the first step's failure
