@@ -72,6 +72,15 @@ _RUN_DIR_LOCK: Any = None  # this process's hold on its run directory (runlog.lo
 _FIXED_ON_RESUME = ("model.path", "batch", "sampling.group_size", "task", "recipe")
 
 
+def _hold_run_dir(out: Path, resume: bool) -> None:
+    """Hold ``out`` until this process exits (``runlog.lock_run_dir``), unless it holds it."""
+    from loomrl.runlog import lock_run_dir
+
+    global _RUN_DIR_LOCK
+    if _RUN_DIR_LOCK is None or Path(_RUN_DIR_LOCK.name).parent != out:
+        _RUN_DIR_LOCK = lock_run_dir(out, resume=resume)
+
+
 def _fixed_on_resume(override: str) -> bool:
     key = override.split("=", 1)[0]
     return any(key == k or key.startswith(k + ".") for k in _FIXED_ON_RESUME)
@@ -82,7 +91,7 @@ def prepare_run_dir(cfg: Any) -> str | None:
     (``runlog.set_aside_records``); a resumed one (``resume: true``) cuts the step records back
     to the checkpoint it resumes from. Returns why there is nothing to run (a resume of a run
     that already reached ``run.steps``, left untouched), else None."""
-    from loomrl.runlog import config_text, lock_run_dir, set_aside_records, trim_records
+    from loomrl.runlog import config_text, set_aside_records, trim_records
 
     out = Path(cfg.run.output_dir)
     try:
@@ -94,9 +103,7 @@ def prepare_run_dir(cfg: Any) -> str | None:
                 f"({e.strerror or e}); choose a directory that can be created and written"
             ]
         ) from None
-    global _RUN_DIR_LOCK
-    if _RUN_DIR_LOCK is None or Path(_RUN_DIR_LOCK.name).parent != out:
-        _RUN_DIR_LOCK = lock_run_dir(out)  # held until this process exits
+    _hold_run_dir(out, resume=getattr(cfg, "resume", False))
     if not getattr(cfg, "resume", False):
         reads = [x for x in (cfg.run.placement, cfg.run.profile) if x and Path(x).is_file()]
         # The config was read already (also when it is the run directory's config.yaml), so
@@ -212,11 +219,27 @@ def run_with_restarts(mod: Any, cfg: Any) -> dict:
                 prepare_run_dir(cfg)  # rows written after the last checkpoint go
 
 
-def cmd_resume(args: argparse.Namespace) -> int:
-    run_dir = Path(args.run_dir)
+def _run_dir_config(run_dir: Path) -> Path:
+    """The config.yaml of a run directory named on the command line."""
+    if not run_dir.exists():
+        raise ConfigError([f"{run_dir} does not exist; name the output_dir of a loomrl run"])
+    if not run_dir.is_dir():
+        raise ConfigError([f"{run_dir} is a file, not a run directory; name a run's output_dir"])
     cfg_file = run_dir / "config.yaml"
     if not cfg_file.exists():
         raise ConfigError([f"{run_dir} has no config.yaml: is it a loomrl run directory?"])
+    return cfg_file
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    from loomrl.runlog import LOCK_FILE
+
+    if run_dir.is_dir() and (run_dir / LOCK_FILE).exists():
+        # Held before config.yaml is looked for: a new run starting in run_dir moves it aside.
+        # (Without the lock file no run holds the directory; prepare_run_dir takes it then.)
+        _hold_run_dir(run_dir, resume=True)
+    cfg_file = _run_dir_config(run_dir)
     moved = [o for o in args.overrides if o.split("=", 1)[0] == "run.output_dir"]
     changed = [o for o in args.overrides if _fixed_on_resume(o)]
     if moved or changed:
@@ -254,9 +277,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     """Write a run's trained policy (the actor) as a Hugging Face model directory."""
     run_dir, out = Path(args.run_dir), Path(args.out_dir)
-    cfg_file = run_dir / "config.yaml"
-    if not cfg_file.exists():
-        raise ConfigError([f"{run_dir} has no config.yaml: is it a loomrl run directory?"])
+    cfg_file = _run_dir_config(run_dir)
     mod, cfg = load_recipe_config(cfg_file, [])
     if not hasattr(cfg, "model"):
         raise ConfigError(

@@ -523,12 +523,13 @@ def trim_records(run_dir: str | os.PathLike, step: int) -> dict[str, int]:
 LOCK_FILE = ".loomrl.lock"
 
 
-def lock_run_dir(run_dir: str | os.PathLike) -> Any:
+def lock_run_dir(run_dir: str | os.PathLike, resume: bool = False) -> Any:
     """Hold ``run_dir`` for this process until it exits (or the returned file is closed): a
     second run into the same directory would set this one's records aside and interleave its
-    rows with them. Raises ``ConfigError`` naming the directory when another process holds it.
-    An advisory lock (``flock``) on the directory's lock file: the system drops it with the
-    process, so a crashed run leaves nothing to clean up."""
+    rows with them. Raises ``ConfigError`` naming the directory when another process holds it,
+    with the way out for a new run or, with ``resume``, for a resume of the run there (which
+    cannot move elsewhere). An advisory lock (``flock``) on the directory's lock file: the
+    system drops it with the process, so a crashed run leaves nothing to clean up."""
     import fcntl
 
     path = Path(run_dir) / LOCK_FILE
@@ -539,12 +540,19 @@ def lock_run_dir(run_dir: str | os.PathLike) -> Any:
         f.seek(0)
         who = f.read().strip() or "another process"
         f.close()
-        raise ConfigError(
-            [
+        if resume:
+            pid = who.removeprefix("pid ")
+            stop = f"`kill {pid}`" if pid.isdigit() else "kill"
+            problem = (
+                f"{run_dir} is in use by a running loomrl run ({who}); wait for it to end, or "
+                f"stop it (Ctrl-C where it runs, or {stop}), then resume"
+            )
+        else:
+            problem = (
                 f"run.output_dir={str(run_dir)!r} is in use by a running loomrl run ({who}); "
                 "wait for it to end, or give this run another output_dir"
-            ]
-        ) from None
+            )
+        raise ConfigError([problem]) from None
     f.seek(0)
     f.truncate()
     f.write(f"pid {os.getpid()}\n")
