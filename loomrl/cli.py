@@ -61,7 +61,8 @@ def load_recipe_config(config: str | Path, overrides: list[str]) -> tuple[Any, A
     if not path.exists():
         raise ConfigError([f"config file {str(path)!r} does not exist"])
     mod = _recipe_module(path, overrides)
-    return mod, load_config(mod.Config, path, overrides)
+    short = {k: f"run.{k}" for k in _TOP_LEVEL_RUN_KEYS}
+    return mod, load_config(mod.Config, path, overrides, short_keys=short)
 
 
 _RUN_DIR_LOCK: Any = None  # this process's hold on its run directory (runlog.lock_run_dir)

@@ -196,10 +196,13 @@ def load_config(
     cls: type[T],
     path_or_dict: str | os.PathLike | Mapping[str, Any] | None = None,
     overrides: Sequence[str] = (),
+    short_keys: Mapping[str, str] | None = None,
 ) -> T:
     """Build a ``cls`` instance from a YAML file (or a dict, or None for all defaults) plus overrides.
 
     ``overrides`` are ``key=value`` strings with dotted keys, applied after the file.
+    ``short_keys``: short forms the caller accepts for dotted keys (``{"steps": "run.steps"}``),
+    already expanded in ``overrides``; an unknown top-level key close to one is told to mean it.
     Raises ``ConfigError`` listing every unknown key, wrong type, missing required key and
     ``validate()`` problem at once, with ``source`` set to the file's path.
     """
@@ -221,7 +224,7 @@ def load_config(
         # Report malformed overrides and bad file keys separately: the former stops the load.
         data = apply_overrides(data, overrides)
     problems: list[str] = []
-    result = _build_dataclass(cls, data, "", problems)
+    result = _build_dataclass(cls, data, "", problems, short_keys or {})
     if problems:
         # The problems may come from the file or from an override: say both were read.
         where = f"{source} with overrides" if source and overrides else source
@@ -250,8 +253,15 @@ def _type_hints(cls: type) -> dict[str, Any]:
         raise TypeError(f"cannot resolve the type hints of {cls.__qualname__}: {e}") from e
 
 
-def _build_dataclass(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
-    """Convert ``data`` into ``cls``; append problems; return the instance or ``_MISSING``."""
+def _build_dataclass(
+    cls: type,
+    data: Any,
+    prefix: str,
+    problems: list[str],
+    short_keys: Mapping[str, str] | None = None,
+) -> Any:
+    """Convert ``data`` into ``cls``; append problems; return the instance or ``_MISSING``.
+    ``short_keys``: see ``load_config`` (top level only)."""
     if isinstance(data, cls):
         return data
     if not isinstance(data, Mapping):
@@ -266,7 +276,7 @@ def _build_dataclass(cls: type, data: Any, prefix: str, problems: list[str]) -> 
     for key in data:
         f = fields.get(key) if isinstance(key, str) else None
         if f is None:
-            problems.extend(_unknown_key(cls, prefix, key, data[key]))
+            problems.extend(_unknown_key(cls, prefix, key, data[key], short_keys))
         elif not f.init:
             problems.append(
                 f"{_join(prefix, key)}: is computed from other keys and cannot be set{_DASH}remove it"
@@ -373,9 +383,13 @@ def _join(prefix: str, key: Any) -> str:
     return f"{prefix}.{key}" if prefix else str(key)
 
 
-def _unknown_key(cls: type, prefix: str, key: Any, value: Any) -> list[str]:
-    """One problem per unknown leaf, each with a did-you-mean among all the keys of ``cls``."""
+def _unknown_key(
+    cls: type, prefix: str, key: Any, value: Any, short_keys: Mapping[str, str] | None = None
+) -> list[str]:
+    """One problem per unknown leaf, each with a did-you-mean among all the keys of ``cls``
+    and the ``short_keys`` (see ``load_config``)."""
     root_cls, known = cls, config_keys(cls)
+    short = dict(short_keys or {})
     leaves = _flatten(value, str(key)) if isinstance(value, Mapping) and value else []
     if not leaves:
         leaves = [(str(key), value)]
@@ -384,8 +398,11 @@ def _unknown_key(cls: type, prefix: str, key: Any, value: Any) -> list[str]:
     out = []
     for rel, _ in leaves:
         dotted = _join(prefix, rel)
-        close = difflib.get_close_matches(rel, known, n=1, cutoff=0.6)
-        if close:
+        close = difflib.get_close_matches(rel, [*known, *short], n=1, cutoff=0.6)
+        if close and close[0] in short:
+            what = f"{close[0]!r} (short for {short[close[0]]!r})"
+            out.append(f"unknown key {dotted!r}{_DASH}did you mean {what}?")
+        elif close:
             out.append(f"unknown key {dotted!r}{_DASH}did you mean {_join(prefix, close[0])!r}?")
         else:
             top = [f.name for f in dataclasses.fields(root_cls) if f.init]

@@ -36,6 +36,15 @@ def test_config_mistakes_exit_2_with_a_message(tmp_path, capsys, text, message):
     assert message in capsys.readouterr().err
 
 
+def test_a_typo_of_a_short_override_suggests_it(capsys):
+    assert main(["run", str(TINY), "stpes=2", "otput_dir=x"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'stpes' — did you mean 'steps' (short for 'run.steps')?" in err
+    assert (
+        "unknown key 'otput_dir' — did you mean 'output_dir' (short for 'run.output_dir')?" in err
+    )
+
+
 def test_a_directory_as_config_or_output_dir_exits_2(tmp_path, capsys):
     assert main(["run", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err

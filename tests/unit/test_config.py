@@ -173,6 +173,18 @@ def test_typo_in_file_names_source_and_suggests(tmp_path):
     ]
 
 
+def test_a_typo_of_a_short_key_is_told_to_mean_it():
+    short = {"temp": "rollout.temperature"}  # a caller's short form (`loomrl run`'s steps=5)
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, {}, ["tmep=0.5", "rollout.zzz=1"], short_keys=short)
+    assert problems_of(e) == [
+        "unknown key 'tmep' — did you mean 'temp' (short for 'rollout.temperature')?",
+        # short forms are suggested at the top level only
+        "unknown key 'rollout.zzz' — valid keys under 'rollout': engine, max_new_tokens, "
+        "temperature, stop",
+    ]
+
+
 def test_unknown_key_without_close_match_lists_valid_keys():
     with pytest.raises(
         ConfigError,
