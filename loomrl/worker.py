@@ -295,10 +295,11 @@ def _hosted_class(cls: type[Worker]) -> type:
         self._loom_init = (cls, args, kwargs)  # for _loom_rebuild
         try:
             cls.__init__(self, *args, **kwargs)
-        except ConfigError as e:
-            # The user's config, not a crash: kept for _loom_info, which the launch calls, so
-            # that it reaches the driver as itself (a constructor that raises kills the actor,
-            # and Ray then reports only a dead process, which a restart would try again).
+        except LoomError as e:
+            # The user's config, or a condition loomrl names (no renderer on the host), not a
+            # crash: kept for _loom_info, which the launch calls, so that it reaches the driver
+            # as itself, in one line (a constructor that raises kills the actor, and Ray then
+            # reports only a dead process and its traceback, which a restart would try again).
             self._loom_init_error = e
 
     return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})
@@ -582,6 +583,8 @@ class WorkerGroup:
         actors = []
         n = len(per_rank)
         launch_id = uuid.uuid4().hex  # tells this launch's ranks from a replaced group's
+        # Until each rank reports its host name (``_ready``), errors name its node's address.
+        hosts = {r: cluster.nodes[ds[0].node].ip or "?" for r, ds in enumerate(per_rank)}
         try:
             for r, ds in enumerate(per_rank):
                 node = cluster.nodes[ds[0].node]
@@ -610,7 +613,7 @@ class WorkerGroup:
                 with contextlib.suppress(Exception):
                     ray.kill(a, no_restart=True)
             raise
-        group = cls(worker_cls, name, actors, per_rank, {r: "?" for r in range(n)})
+        group = cls(worker_cls, name, actors, per_rank, hosts)
         return group, Handle(
             group, "__init__", list(range(n)), [a._loom_info.remote() for a in actors]
         )

@@ -232,6 +232,24 @@ def test_constructor_error_surfaces_at_launch(cluster):
         cluster.launch(Broken, 1, devices=[0])
 
 
+def test_a_loomrl_error_in_a_constructor_is_one_expected_error_naming_the_node(cluster):
+    """loomrl's own errors raised while a worker starts (no renderer on the host, say) reach the
+    driver as themselves, marked expected (the CLI prints one line), with the rank's node; any
+    other exception still shows as the worker that could not start."""
+    from loomrl.errors import LoomError
+
+    class NoScreen(Worker):
+        def __init__(self):
+            super().__init__()
+            raise LoomError("no renderer on this host: install EGL")
+
+    with pytest.raises(RemoteError) as err:
+        cluster.launch(NoScreen, 1, devices=[0])
+    assert err.value.expected and err.value.method == "__init__"
+    assert "no renderer on this host" in err.value.headline
+    assert err.value.host == cluster.nodes[0].ip != "?"
+
+
 class Slow(Worker):
     """Takes ``seconds`` to start and records when its constructor began and ended. Writes its
     pid to ``pid_file``; with ``fail``, raises once ``wait_for`` exists."""
