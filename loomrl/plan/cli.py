@@ -10,14 +10,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 from loomrl.errors import ConfigError, PlanError
 from loomrl.plan.profile import MAX_DEVICES
+from loomrl.plan.simulate import MAX_ITERATIONS, MAX_SIGMA, simulation_problems
 
 __all__ = ["build_parser", "plan_main"]
+
+SIGMA, ITERATIONS = 0.3, 200  # --simulate's spread and iterations when not given
 
 
 def build_parser(prog: str = "loomrl plan") -> argparse.ArgumentParser:
@@ -49,13 +54,21 @@ def build_parser(prog: str = "loomrl plan") -> argparse.ArgumentParser:
         action="store_true",
         help="also simulate the plan (discrete events) and print mean/p95 vs analytic",
     )
+    # None: not given, so that one given without --simulate is refused rather than ignored
     p.add_argument(
         "--sigma",
         type=float,
-        default=0.3,
-        help="log-normal spread of call durations for --simulate (default 0.3)",
+        default=None,
+        help=f"log-normal spread of call durations for --simulate, 0 to {MAX_SIGMA:g} (default "
+        f"{SIGMA:g}; past {MAX_SIGMA:g} nearly every call takes ~0 s and the mean rests on rare "
+        "draws)",
     )
-    p.add_argument("--iterations", type=int, default=200, help="iterations for --simulate")
+    p.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        help=f"iterations for --simulate, 1 to {MAX_ITERATIONS:,} (default {ITERATIONS})",
+    )
     p.add_argument(
         "--channel-capacity",
         type=int,
@@ -77,10 +90,21 @@ def _argument_problems(args: argparse.Namespace) -> list[str]:
             f"--devices must be at most {MAX_DEVICES:,} (the planner's limit: its search keeps "
             f"arrays of one entry per device count), got {args.devices:,}"
         )
-    if args.simulate and args.iterations < 1:
-        p.append(f"--iterations must be >= 1, got {args.iterations}")
-    if args.simulate and args.sigma < 0:
-        p.append(f"--sigma must be >= 0 (a log-normal spread), got {args.sigma}")
+    sim_flags = {
+        "--sigma": args.sigma,
+        "--iterations": args.iterations,
+        "--channel-capacity": args.channel_capacity,
+    }
+    given = [flag for flag, v in sim_flags.items() if v is not None]
+    if given and not args.simulate:
+        verb, it = ("applies", "it") if len(given) == 1 else ("apply", "them")
+        p.append(f"{' and '.join(given)} {verb} to --simulate only; add --simulate or drop {it}")
+    p += simulation_problems(
+        SIGMA if args.sigma is None else args.sigma,
+        ITERATIONS if args.iterations is None else args.iterations,
+        "--sigma",
+        "--iterations",
+    )
     if args.channel_capacity is not None and args.channel_capacity < 1:
         p.append(f"--channel-capacity must be >= 1 micro-batch, got {args.channel_capacity}")
     for flag, path, suffixes in (
@@ -243,8 +267,8 @@ def _run(args: argparse.Namespace) -> int:
         sim = simulate(
             plan,
             profile,
-            sigma=args.sigma,
-            iterations=args.iterations,
+            sigma=_sigma(args),
+            iterations=_iterations(args),
             channel_capacity=args.channel_capacity,
         )
     if args.timeline:
@@ -282,10 +306,11 @@ def _run(args: argparse.Namespace) -> int:
                 "mean_s": sim.mean_s,
                 "p95_s": sim.p95_s,
                 "analytic_s": sim.analytic_s,
-                "sigma": args.sigma,
-                "iterations": args.iterations,
+                "sigma": _sigma(args),
+                "iterations": _iterations(args),
             }
-        print(json.dumps(out, indent=2))
+        # JSON has no NaN or Infinity: a number that is not finite is written as null
+        print(json.dumps(json_safe(out), indent=2, allow_nan=False))
         return 0
     print(_human(args, profile, plan, sim))
     return 0
@@ -318,11 +343,31 @@ def _human(args, profile, plan, sim) -> str:
             lines.append(f"  {mode:<8}  {v:10.4f} s  {_slowdown(v, ref)}")
     if sim is not None:
         lines.append(
-            f"simulated ({len(sim.times)} iterations, sigma {args.sigma}): mean {sim.mean_s:.4f} s, "
+            f"simulated ({len(sim.times)} iterations, sigma {_sigma(args):g}): mean {sim.mean_s:.4f} s, "
             f"p95 {sim.p95_s:.4f} s, analytic {sim.analytic_s:.4f} s"
         )
     lines.append(f"search time {plan.search_s:.4f} s")
     return "\n".join(lines)
+
+
+def _sigma(args: argparse.Namespace) -> float:
+    return SIGMA if args.sigma is None else args.sigma
+
+
+def _iterations(args: argparse.Namespace) -> int:
+    return ITERATIONS if args.iterations is None else args.iterations
+
+
+def json_safe(x: Any) -> Any:
+    """``x`` with every float that is not finite (nan, inf) replaced by None, through dicts,
+    lists and tuples: what ``json.dumps(..., allow_nan=False)`` accepts."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return x
 
 
 def _slowdown(v: float, ref: float) -> str:

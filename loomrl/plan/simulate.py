@@ -15,6 +15,7 @@ channel the result equals ``evaluate`` (tests check this to 1e-9).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,17 @@ from loomrl.plan.cost import evaluate
 from loomrl.plan.plan import Interval, Node, Plan
 from loomrl.plan.profile import WorkloadProfile
 
-__all__ = ["SimResult", "predicted_timeline", "simulate"]
+__all__ = ["MAX_ITERATIONS", "MAX_SIGMA", "SimResult", "predicted_timeline", "simulate"]
+
+# The widest log-normal spread simulated. At sigma the median call takes exp(-sigma**2 / 2) of
+# its profiled time and the mean rests on ever rarer long draws: at 5 the median is 4e-6 of it
+# and a mean estimated from any feasible number of iterations says nothing (the default spread
+# is 0.3). The bound also keeps exp() of a draw finite.
+MAX_SIGMA = 5.0
+
+# The most iterations simulated in one call: their times are all kept, and the p95 of 100,000
+# is already within a fraction of a percent.
+MAX_ITERATIONS = 100_000
 
 
 @dataclass(frozen=True)
@@ -269,16 +280,41 @@ def simulate(
     sigma: log-normal spread of every call's duration (0: deterministic).
     channel_capacity: micro-batches a spatial channel holds (None: unbounded).
     """
+    problems = simulation_problems(sigma, iterations)
+    if problems:
+        raise ValueError("; ".join(problems))
     tree = plan.tree if isinstance(plan, Plan) else plan
     m = micro_batch or (plan.micro_batch if isinstance(plan, Plan) else profile.batch)
     rng = np.random.default_rng(seed)
     times = []
     sim = None
-    for _ in range(max(1, iterations)):
+    for _ in range(iterations):
         sim = _Sim(profile, m, rng, sigma, channel_capacity)
         times.append(sim.phase(tree, 0.0, root=True) + profile.iteration_overhead_s)
     analytic = evaluate(tree, profile, m).predicted_s
     return SimResult(tuple(times), analytic, tuple(sim.intervals))  # type: ignore[union-attr]
+
+
+def simulation_problems(
+    sigma: float, iterations: int, sigma_key: str = "sigma", iterations_key: str = "iterations"
+) -> list[str]:
+    """What is wrong with a simulation's ``sigma`` and ``iterations`` (empty: nothing), each
+    naming its key (``--sigma`` for the command line) and the allowed range."""
+    out = []
+    if not (isinstance(sigma, numbers.Real) and 0 <= sigma <= MAX_SIGMA):  # nan fails too
+        out.append(
+            f"{sigma_key} must be a finite log-normal spread from 0 to {MAX_SIGMA:g} (0: "
+            f"deterministic; beyond {MAX_SIGMA:g} almost every call takes ~0 s and the mean "
+            f"rests on rare draws), got {sigma!r}"
+        )
+    if isinstance(iterations, bool) or not isinstance(iterations, numbers.Integral):
+        out.append(f"{iterations_key} must be a whole number, got {iterations!r}")
+    elif not 1 <= iterations <= MAX_ITERATIONS:
+        out.append(
+            f"{iterations_key} must be from 1 to {MAX_ITERATIONS:,} (every iteration's time is "
+            f"kept; p95 settles long before), got {iterations:,}"
+        )
+    return out
 
 
 def predicted_timeline(tree: Node, profile: WorkloadProfile, micro_batch: int) -> list[Interval]:

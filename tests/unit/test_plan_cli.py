@@ -159,9 +159,9 @@ def test_argument_mistakes_exit_2_before_any_search(capsys, tmp_path):
     prof = str(EXAMPLES / "ppo_actor_critic.yaml")
     cases = [
         (["--devices", "0"], "--devices must be a positive integer, got 0"),
-        (["--simulate", "--iterations", "0"], "--iterations must be >= 1"),
-        (["--simulate", "--sigma", "-1"], "--sigma must be >= 0"),
-        (["--channel-capacity", "0"], "--channel-capacity must be >= 1"),
+        (["--simulate", "--iterations", "0"], "--iterations must be from 1 to 100,000"),
+        (["--simulate", "--sigma", "-1"], "--sigma must be a finite log-normal spread from 0"),
+        (["--simulate", "--channel-capacity", "0"], "--channel-capacity must be >= 1"),
         (["--timeline", str(tmp_path / "no" / "x.png")], "does not exist"),
         (["--timeline", str(tmp_path / "x.txt")], "an image file ending in one of"),
         (["--save", str(tmp_path / "no" / "x.json")], "does not exist"),

@@ -135,3 +135,60 @@ def test_an_output_path_that_cannot_be_written_exits_2_before_the_search(
     assert plan_main([prof, "--save", str(tmp_path / "plan.json")]) == 2
     err = capsys.readouterr().err
     assert "--save" in err and "writing failed (No space left on device)" in err, err
+
+
+def test_sigma_must_be_finite_and_at_most_the_bound(tmp_path, capsys):
+    prof = _write(tmp_path, _chain())
+    for sigma in ("1e308", "nan", "inf", "-inf", "5.01", "-1"):
+        assert plan_main([prof, "--simulate", "--json", f"--sigma={sigma}"]) == 2, sigma
+        err = capsys.readouterr().err
+        assert "--sigma must be a finite log-normal spread from 0 to 5" in err, err
+        assert f"got {float(sigma)!r}" in err and "Traceback" not in err
+    assert plan_main([prof, "--simulate", "--json", "--sigma", "5", "--iterations", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["simulated"]["sigma"] == 5
+    from loomrl.plan.cli import build_parser
+
+    assert "0 to 5" in " ".join(build_parser().format_help().split())
+
+
+def test_simulate_refuses_a_sigma_or_iterations_out_of_range():
+    import pytest
+
+    from loomrl.plan.profile import load_profile
+    from loomrl.plan.search import search
+    from loomrl.plan.simulate import simulate
+
+    prof = load_profile(_chain())
+    plan = search(prof)
+    with pytest.raises(ValueError, match=r"sigma must be a finite .* got nan"):
+        simulate(plan, prof, sigma=float("nan"))
+    with pytest.raises(ValueError, match=r"iterations must be from 1 to 100,000 .* got 0"):
+        simulate(plan, prof, iterations=0)
+
+
+def test_json_output_never_holds_nan_or_infinity():
+    from loomrl.plan.cli import json_safe
+
+    raw = {"a": float("nan"), "b": [1.0, float("inf"), (float("-inf"), 2)], "c": "nan", "d": 3}
+    assert json_safe(raw) == {"a": None, "b": [1.0, None, [None, 2]], "c": "nan", "d": 3}
+    json.dumps(json_safe(raw), allow_nan=False)
+
+
+def test_iterations_are_capped_and_simulation_flags_need_simulate(tmp_path, capsys):
+    prof = _write(tmp_path, _chain())
+    assert plan_main([prof, "--simulate", "--iterations", "100000000"]) == 2
+    err = capsys.readouterr().err
+    assert "--iterations must be from 1 to 100,000" in err and "100,000,000" in err
+    cases = [
+        (["--sigma", "1"], "--sigma applies to --simulate only; add --simulate or drop it"),
+        (
+            ["--iterations", "5", "--channel-capacity", "2"],
+            "--iterations and --channel-capacity apply to --simulate only; add --simulate or "
+            "drop them",
+        ),
+    ]
+    for extra, message in cases:
+        assert plan_main([prof, *extra]) == 2
+        assert message in capsys.readouterr().err
+    assert plan_main([prof, "--simulate", "--iterations", "100000", "--sigma", "0"]) == 0
+    assert "simulated (100000 iterations, sigma 0)" in capsys.readouterr().out
