@@ -40,6 +40,17 @@ def _recipe_module(config: Path | dict, overrides: list[str]) -> Any:
         )
     name = next((o.split("=", 1)[1] for o in overrides if o.startswith("recipe=")), None)
     name = name or data.get("recipe")
+    if name is None:
+        where = None if isinstance(config, dict) else str(config)
+        first = "the file is empty (no keys)" if not data else "recipe: missing"
+        raise ConfigError(
+            [
+                f"{first} — a config names the recipe it runs, recipe: NAME with NAME one of "
+                f"{sorted(RECIPES)}, and sets that recipe's keys (as examples/tiny_grpo.yaml "
+                "does)"
+            ],
+            source=where,
+        )
     if name not in RECIPES:
         import difflib
 

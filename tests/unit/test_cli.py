@@ -25,6 +25,9 @@ def _cfg(tmp_path: Path, *extra: str):
     [
         ("recipe: grpo\nrun: [1,\n", "not valid YAML"),
         ("- 1\n- 2\n", "expected a mapping of keys"),
+        ("", "the file is empty (no keys) — a config names the recipe it runs, recipe: NAME"),
+        ("# notes only\n", "the file is empty (no keys)"),
+        ("batch: 4\n", "recipe: missing — a config names the recipe it runs"),
     ],
 )
 def test_config_mistakes_exit_2_with_a_message(tmp_path, capsys, text, message):
