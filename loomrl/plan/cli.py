@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -188,6 +189,11 @@ def plan_main(argv: list[str] | None = None) -> int:
     except _OutputError as e:
         print(f"loomrl plan: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # stdout's reader left (`loomrl plan P | head -1`): stop quietly; stdout goes to devnull
+        # so that the interpreter's flush at exit does not fail on the pipe again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer whose pipe closed
     except MemoryError:
         # numpy's "Unable to allocate ..." included: the search's arrays grow with the device
         # count and the number of valid counts per component, and a traceback says neither.

@@ -4,11 +4,17 @@ the value and the fix, exit status 2, never a traceback or a hang."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import yaml
 
 from loomrl.plan.cli import _slowdown, plan_main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "profiles"
 
 
 def _write(tmp_path, raw, name="p.yaml"):
@@ -192,3 +198,20 @@ def test_iterations_are_capped_and_simulation_flags_need_simulate(tmp_path, caps
         assert message in capsys.readouterr().err
     assert plan_main([prof, "--simulate", "--iterations", "100000", "--sigma", "0"]) == 0
     assert "simulated (100000 iterations, sigma 0)" in capsys.readouterr().out
+
+
+def _run_into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess:
+    """Run ``python *args`` with stdout a pipe whose reader is already gone (`... | head -0`)."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        return subprocess.run(
+            [sys.executable, *args], stdout=w, stderr=subprocess.PIPE, text=True, timeout=120
+        )
+    finally:
+        os.close(w)
+
+
+def test_a_closed_stdout_pipe_ends_quietly():
+    proc = _run_into_a_closed_pipe("-m", "loomrl.plan", str(EXAMPLES / "tiny_ppo.yaml"))
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr
