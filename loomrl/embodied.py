@@ -439,6 +439,7 @@ def ppo_step(
     when given (False skips torch.distributions' checks, which read the device)."""
     kw = {} if validate is None else {"validate": validate}
     logp, ent, v = policy.evaluate(mb["obs"], mb["actions"], **kw)
+    _check_evaluated(len(mb["actions"]), logp, ent, v)
     a = mb["adv"]
     if cfg.norm_adv and a.shape[0] > 1:
         a = (a - a.mean()) / (a.std() + 1e-8)
@@ -453,6 +454,27 @@ def ppo_step(
     optimizer.step()
     parts = (pg, vl, entropy, st["approx_kl"], st["clip_frac"], gn)
     return torch.stack([x.detach().float().reshape(()) for x in parts])
+
+
+def _check_evaluated(n: int, logp: Any, ent: Any, v: Any) -> None:
+    """A policy's evaluate() gives log-probs [n], entropies [n] (or one) and values [n]. A
+    value of [n, 1], the usual slip, would otherwise end in a loss's bare shape error, or
+    broadcast to [n, n] and train on nonsense."""
+    shapes = [tuple(getattr(x, "shape", ())) for x in (logp, ent, v)]
+    want = [[(n,)], [(n,), ()], [(n,)]]
+    bad = [
+        f"{k} of shape {list(got)}, expected [{n}]"
+        for k, got, ok in zip(("log-probs", "entropies", "values"), shapes, want, strict=True)
+        if got not in ok
+    ]
+    if bad:
+        raise ConfigError(
+            [
+                f"the policy's evaluate() on {n} observations returned "
+                + "; ".join(bad)
+                + " (it returns log-probs, entropies and values, one row per observation)"
+            ]
+        )
 
 
 def capturable_adam(params: Any, lr: float, eps: float, device: Any) -> torch.optim.Adam:

@@ -315,3 +315,30 @@ def test_pixel_rollout_and_update_with_the_cnn_policy():
     opt = torch.optim.Adam(policy.parameters(), lr=3e-4)
     stats = ppo_update(policy, opt, buf, PPOConfig(rollout_steps=8, epochs=1, num_minibatches=2))
     assert np.isfinite(stats["policy_loss"])
+
+
+@pytest.mark.parametrize("slip", ["value_column", "logp_column"])
+def test_a_policy_whose_evaluate_returns_columns_is_a_config_error_naming_evaluate(slip):
+    """evaluate() giving values (or log-probs) of [n, 1] would broadcast against [n] targets;
+    the PPO step says which output has which shape instead."""
+    from loomrl.errors import ConfigError
+
+    class Slipped(UserPolicy):
+        def evaluate(self, obs, action):
+            logp, ent, v = super().evaluate(obs, action)
+            if slip == "value_column":
+                return logp, ent, v[:, None]
+            return logp[:, None], ent, v
+
+    env = VecEnv(EnvConfig("InvertedPendulum-v5", num_envs=4, seed=0))
+    policy = Slipped()
+    buf = collect(env, UserPolicy(), 16)
+    opt = torch.optim.Adam(policy.parameters(), lr=3e-4)
+    cfg = PPOConfig(rollout_steps=64, epochs=1, num_minibatches=2)
+    with pytest.raises(ConfigError) as e:
+        ppo_update(policy, opt, buf, cfg, generator=torch.Generator().manual_seed(0))
+    msg = str(e.value)
+    what = "values" if slip == "value_column" else "log-probs"
+    assert (
+        "evaluate() on 32 observations" in msg and f"{what} of shape [32, 1], expected [32]" in msg
+    )
