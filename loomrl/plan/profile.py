@@ -117,6 +117,26 @@ def expected_max_normal(k: int) -> float:
     return NormalDist().inv_cdf((k - 0.375) / (k + 0.25))
 
 
+def divisors(n: int) -> list[int]:
+    """The positive divisors of ``n`` >= 1, ascending; O(sqrt(n)), so a batch of 10**9 takes
+    31,623 trials, not 10**9."""
+    low, high = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            low.append(d)
+            if d * d != n:
+                high.append(n // d)
+        d += 1
+    return low + high[::-1]
+
+
+def nearest(values: Sequence[int], target: int, count: int) -> list[int]:
+    """The ``count`` entries of ``values`` closest to ``target`` (ties: the smaller), ascending:
+    what a message suggests in place of a refused value when the whole list is too long."""
+    return sorted(sorted(values, key=lambda v: (abs(v - target), v))[:count])
+
+
 @dataclass(frozen=True)
 class CycleSpec:
     """A 2-cycle ``members[0] <-> members[1]`` run for ``steps`` steps per iteration.
@@ -159,9 +179,7 @@ class CycleSpec:
         """The ring-group counts k a split cycle on ``items`` items may use: k divides items,
         and (``limited``) k = 1 or each group holds at least ``min_group`` items."""
         least = self.min_group if limited else 1
-        return [
-            k for k in range(1, items + 1) if items % k == 0 and (k == 1 or items // k >= least)
-        ]
+        return [k for k in divisors(items) if k == 1 or items // k >= least]
 
     def to_dict(self) -> dict[str, Any]:
         """The raw form ``load_profile`` reads; fields at their baseline value are left out."""
@@ -320,6 +338,7 @@ _REQUIRED = {
     "batch": "work items per iteration",
     "components": "name -> {valid_devices, time, memory_gb}",
 }
+_LISTED = 8  # the most alternatives a message lists
 _S, _GB = " of seconds", " of GB"  # units a refused number's problem names
 _COMPONENT_KEYS = {"valid_devices", "time", "memory_gb", "switch_s", "cpu_cores", "samples"}
 _TIME_KEYS = {"alpha", "per_item", "item_cv"}
@@ -521,10 +540,13 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
         if isinstance(g, bool) or not isinstance(g, int) or g < 1:
             problems.append(f"granularities: {g!r} is not a positive integer")
         elif batch % g and batch_ok:  # without a batch, checking against a stand-in misleads
-            divisors = [d for d in range(1, batch + 1) if batch % d == 0]
-            problems.append(
-                f"granularities: {g} does not divide batch={batch}; use one of {divisors}"
+            ok = divisors(batch)
+            some = (
+                f"one of {ok}"
+                if len(ok) <= _LISTED
+                else f"a divisor of it, e.g. {nearest(ok, g, _LISTED)} ({len(ok)} in all)"
             )
+            problems.append(f"granularities: {g} does not divide batch={batch}; use {some}")
         else:
             good_grans.append(g)
     cores_per_node = raw.get("cpu_cores_per_node")

@@ -215,3 +215,32 @@ def _run_into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess:
 def test_a_closed_stdout_pipe_ends_quietly():
     proc = _run_into_a_closed_pipe("-m", "loomrl.plan", str(EXAMPLES / "tiny_ppo.yaml"))
     assert proc.returncode == 141 and proc.stderr == "", proc.stderr
+
+
+def test_divisors_and_the_nearest_few():
+    from loomrl.plan.profile import divisors, nearest
+
+    assert divisors(1) == [1] and divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36]
+    assert divisors(97) == [1, 97]
+    assert all(divisors(n) == [d for d in range(1, n + 1) if n % d == 0] for n in range(1, 300))
+    assert len(divisors(10**9)) == 100 and divisors(10**9)[-2:] == [5 * 10**8, 10**9]
+    assert nearest([1, 2, 4, 5, 8, 10], 3, 3) == [1, 2, 4]  # 1 and 5 tie: the smaller
+    assert nearest([1, 2, 4, 5, 8, 10], 9, 2) == [8, 10]
+
+
+def test_a_granularity_of_a_huge_batch_lists_a_few_divisors(tmp_path, capsys):
+    raw = _chain(batch=10**9, granularities=[3])
+    assert plan_main([_write(tmp_path, raw)]) == 2  # a loop to 10**9 took minutes
+    err = capsys.readouterr().err
+    assert "granularities: 3 does not divide batch=1000000000; use a divisor of it, e.g. " in err
+    assert "[1, 2, 4, 5, 8, 10, 16, 20] (100 in all)" in err
+    assert plan_main([_write(tmp_path, _chain(batch=12, granularities=[5]))]) == 2
+    assert "use one of [1, 2, 3, 4, 6, 12]" in capsys.readouterr().err
+
+
+def test_a_cycle_lists_its_group_counts_of_a_huge_batch_at_once():
+    from loomrl.plan.profile import CycleSpec
+
+    assert CycleSpec(("a", "b"), 2, min_group=4).group_counts(36) == [1, 2, 3, 4, 6, 9]
+    assert CycleSpec(("a", "b"), 2).group_counts(36, limited=False)[-1] == 36
+    assert len(CycleSpec(("a", "b"), 2).group_counts(10**12)) == 169
