@@ -104,15 +104,33 @@ class EnvConfig:
             problems.append(
                 f"env_id={self.env_id!r}: must be a gymnasium id such as 'HalfCheetah-v5'"
             )
-        if self.num_envs < 1:
+        # Types first: the loader converts a YAML file's values, but a config built in Python
+        # may hold "8" or "no" (truthy), which the checks below would take, or raise on.
+        wrong = set()
+        for name in _ENV_INTS:
+            v = getattr(self, name)
+            if (v is not None or name != "max_episode_steps") and (
+                isinstance(v, bool) or not isinstance(v, (int, np.integer))
+            ):
+                problems.append(f"{name}={v!r}: must be a whole number, got {type(v).__name__}")
+                wrong.add(name)
+        for name in ("pixels", "batch_render", "clip_actions"):
+            v = getattr(self, name)
+            if not isinstance(v, (bool, np.bool_)):
+                problems.append(f"{name}={v!r}: must be True or False, got {type(v).__name__}")
+        if "num_envs" not in wrong and self.num_envs < 1:
             problems.append(f"num_envs={self.num_envs}: need at least one env; set num_envs >= 1")
-        if self.image_size < 8:
+        if "image_size" not in wrong and self.image_size < 8:
             problems.append(
                 f"image_size={self.image_size}: images below 8x8 carry no signal; use e.g. 64 or 84"
             )
-        if self.frame_skip < 1:
+        if "frame_skip" not in wrong and self.frame_skip < 1:
             problems.append(f"frame_skip={self.frame_skip}: must be >= 1 (1 = no action repeat)")
-        if self.max_episode_steps is not None and self.max_episode_steps < 1:
+        if (
+            "max_episode_steps" not in wrong
+            and self.max_episode_steps is not None
+            and self.max_episode_steps < 1
+        ):
             problems.append(
                 f"max_episode_steps={self.max_episode_steps}: must be >= 1, or None for the env's own limit"
             )
@@ -127,9 +145,9 @@ class EnvConfig:
             problems.append(
                 f"render_backend={self.render_backend!r}: choose one of {RENDER_BACKENDS}"
             )
-        if self.max_failures < 1:
+        if "max_failures" not in wrong and self.max_failures < 1:
             problems.append(f"max_failures={self.max_failures}: must be >= 1")
-        if self.failure_window < 1:
+        if "failure_window" not in wrong and self.failure_window < 1:
             problems.append(f"failure_window={self.failure_window}: must be >= 1 (vector steps)")
         if problems:
             # The id's check imports gymnasium (and, for an unknown id, gymnasium-robotics), so
@@ -143,6 +161,17 @@ class EnvConfig:
                 except Exception:  # noqa: BLE001 - VecEnv says it again, in full, once this passes
                     pass
             raise ConfigError(problems, source="EnvConfig")
+
+
+_ENV_INTS = (
+    "num_envs",
+    "seed",
+    "image_size",
+    "frame_skip",
+    "max_episode_steps",
+    "max_failures",
+    "failure_window",
+)
 
 
 @dataclass

@@ -303,8 +303,10 @@ class _Iteration:  # what Run.record reads
 def main(cfg: Config) -> dict:
     from loomrl.plots import plot_run
 
-    problems = cfg.validate()
-    if problems:  # also when main() is called without load_config: fail before any worker starts
+    # Also when main() is called without load_config (a config built in Python, which the
+    # loader's checks of each section never saw): fail before any worker starts.
+    problems = cfg.validate() + [f"run.{x}" for x in cfg.run.validate()]
+    if problems:
         raise ConfigError(problems)
     S = cfg.ppo.rollout_steps // cfg.env.num_envs
     run = Run(cfg, cfg.run)

@@ -1349,6 +1349,12 @@ def test_unknown_env_id_is_a_config_error_before_workers_start(tmp_path):
     with pytest.raises(ConfigError, match="NoSuchEnv-v0"):
         main(cfg)
     assert not (tmp_path / "never").exists()
+    # the run section too: a placement typo is named as run.placement, with the modes
+    cfg = load_config(Config, EXAMPLE, [f"run.output_dir={tmp_path / 'never'}"])
+    cfg.run.placement = "spatal"
+    with pytest.raises(ConfigError, match=r"run\.placement: 'spatal' is not auto \| temporal"):
+        main(cfg)
+    assert not (tmp_path / "never").exists()
 
 
 def test_an_unknown_policy_stops_main_before_any_worker_starts(tmp_path):

@@ -528,3 +528,17 @@ def test_episodes_from_several_workers_and_ring_groups_merge_in_the_order_they_e
 
     returns, lengths, _ = merge_episodes([stats(b), stats(a)])  # b's reply came first
     assert returns == whole.returns and lengths == whole.lengths
+
+
+def test_an_env_config_built_in_python_with_values_of_the_wrong_type_is_a_config_error():
+    """The loader converts a file's values; a config built in Python may hold text for numbers
+    or for a switch ("no" is truthy): each is named with its type, not a TypeError."""
+    with pytest.raises(ConfigError) as e:
+        EnvConfig(PENDULUM, num_envs="8", seed=1.5, pixels="no", max_episode_steps=True)
+    assert e.value.problems == [
+        "num_envs='8': must be a whole number, got str",
+        "seed=1.5: must be a whole number, got float",
+        "max_episode_steps=True: must be a whole number, got bool",
+        "pixels='no': must be True or False, got str",
+    ]
+    EnvConfig(PENDULUM, num_envs=np.int64(4), max_episode_steps=None, pixels=np.bool_(False))
