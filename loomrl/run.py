@@ -18,7 +18,8 @@ A plan searched on a profile measured in this run predicts, after its first thre
 iterations, from those iterations' measured components (the profile timed only a few items of
 each; see ``loomrl.flow.Flow.run``): ``predicted_iteration_s`` is the prediction then, and
 ``planned_iteration_s`` the one the plan was chosen with (null with ``profile=calibrate``, whose
-plan predicts nothing until its second iteration has run).
+plan predicts nothing until its second iteration has run; ``predicted_iteration_s`` and the
+``predicted_s`` of metrics.jsonl and timeline.jsonl are null too until then).
 """
 
 from __future__ import annotations
@@ -266,14 +267,9 @@ class Run:
         self.planning_s = took
         self._save_plan(flow)
         done = "incl. profiling" if flow.profile_run is not None else "incl. starting the workers"
-        self.logger.echo(f"plan ({took:.1f}s {done}):\n{self.plan}")
-        if self.plan.method == "calibrate":  # its 0 s would read as a prediction
-            self.logger.echo(
-                "  (profile=calibrate: no costs measured yet; the prediction comes from the"
-                " phases the second iteration measures, the first being warm-up)"
-            )
+        self.logger.echo(f"plan ({took:.1f}s {done}):\n{describe_plan(self.plan)}")
         # a cost-free plan predicts nothing when chosen: null, not 0 s
-        self.planned_s = None if self.plan.method == "calibrate" else self.plan.predicted_s
+        self.planned_s = None if _predicts_nothing(self.plan) else self.plan.predicted_s
         if flow.profile_run is not None:
             pr, se = flow.profile_run, flow.prediction_se
             self.profiling = pr.summary(self.plan.predicted_s, se)
@@ -281,7 +277,12 @@ class Run:
         return self.plan
 
     def record(self, step: int, result: Any, flow: Any = None) -> None:
-        """Keep an iteration's measured time and timeline (for the summary and ``loomrl report``)."""
+        """Keep an iteration's measured time and timeline (for the summary and ``loomrl report``).
+        An iteration run on the cost-free plan of ``profile=calibrate`` had no prediction: its
+        ``result.predicted_s`` (the plan's 0 s) becomes None, in timeline.jsonl and in the
+        metrics the recipe logs from ``result`` next."""
+        if _predicts_nothing(self.plan):
+            result.predicted_s = None
         if flow is not None and flow.plan_ is not self.plan:
             # A calibrated plan replaced the cost-free default after the first iteration, or the
             # profiled plan's prediction was refreshed from its first warm iterations.
@@ -418,7 +419,9 @@ class Run:
                 "micro_batch": getattr(plan, "micro_batch", None),
                 "placement": self.rc.placement,
             },
-            "predicted_iteration_s": getattr(plan, "predicted_s", None),
+            "predicted_iteration_s": None
+            if _predicts_nothing(plan)
+            else getattr(plan, "predicted_s", None),
             "planned_iteration_s": self.planned_s,
             "measured_iteration_s": self.measured_iteration_s(),
             "iteration_s": self.iter_times,
@@ -484,6 +487,25 @@ class Run:
             self.logger.echo(f"run_summary.json of the failed run not written: {e}")
         else:
             self._unmark_attempt()
+
+
+def _predicts_nothing(plan: Any) -> bool:
+    """Whether ``plan`` is ``profile=calibrate``'s cost-free one, whose 0 s predicts nothing
+    (calibrated from the iterations it runs, it is replaced by one that does)."""
+    return getattr(plan, "method", None) == "calibrate"
+
+
+def describe_plan(plan: Any) -> str:
+    """``str(plan)``, but for a cost-free plan (``_predicts_nothing``) without its 0 s
+    prediction and 0 GB peak memory, which would read as measured."""
+    if not _predicts_nothing(plan):
+        return str(plan)
+    return (
+        f"plan ({plan.mode}) on {plan.devices} devices: micro-batch {plan.micro_batch} "
+        f"({plan.num_micro_batches} micro-batches of batch {plan.batch}); no prediction yet "
+        "(profile=calibrate: no costs measured yet; the prediction comes from the phases the"
+        " second iteration measures, the first being warm-up)\n" + plan.tree.pretty(1)
+    )
 
 
 ATTEMPT_FILE = ".attempt.json"  # a running attempt's progress; gone once it writes its summary

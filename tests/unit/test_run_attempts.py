@@ -96,3 +96,39 @@ def test_an_interrupted_run_names_the_signal_that_stopped_it(start):
     s = json.loads((b.dir / "run_summary.json").read_text())
     assert (s["status"], s["signal"]) == ("interrupted", "SIGTERM")
     assert s["error"] == "Terminated: SIGTERM (kill, or a scheduler's time limit)"
+
+
+def _plan(method, predicted_s):
+    tree = types.SimpleNamespace(pretty=lambda indent: "  temporal [0..1] (2 dev)")
+    return types.SimpleNamespace(
+        method=method,
+        predicted_s=predicted_s,
+        memory_gb=0.0,
+        mode="temporal",
+        devices=2,
+        micro_batch=4,
+        num_micro_batches=1,
+        batch=4,
+        tree=tree,
+        assignment=lambda: {"actor": [0, 1]},
+    )
+
+
+def test_a_plan_not_yet_calibrated_predicts_nothing_in_any_record(start):
+    from loomrl.run import describe_plan
+
+    a = start()
+    a.plan = _plan("calibrate", 0.0)  # profile=calibrate's cost-free plan
+    said = describe_plan(a.plan)
+    assert "no prediction yet (profile=calibrate: no costs measured yet" in said
+    assert "0.0000" not in said and "GB" not in said
+    ran = types.SimpleNamespace(measured_s=1.0, predicted_s=0.0, timeline=[])
+    a.record(0, ran)
+    assert ran.predicted_s is None  # the recipe logs it to metrics.jsonl next: null, not 0
+    assert json.loads((a.dir / "timeline.jsonl").read_text())["predicted_s"] is None
+    s = a.summary(1, None, {})
+    assert s["predicted_iteration_s"] is None and s["planned_iteration_s"] is None
+    a.plan = _plan("calibrated", 0.25)  # calibrated from the iterations it ran: a prediction
+    ran = types.SimpleNamespace(measured_s=1.0, predicted_s=0.25, timeline=[])
+    a.record(1, ran)
+    assert ran.predicted_s == 0.25 and a._record()["predicted_iteration_s"] == 0.25
