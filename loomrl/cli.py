@@ -17,6 +17,7 @@ from typing import Any
 
 from loomrl import __version__
 from loomrl.errors import ConfigError, LoomError, PlacementError, PlanError
+from loomrl.runlog import say
 
 RECIPES = {
     "demo": "loomrl.recipes.demo",
@@ -122,16 +123,16 @@ def prepare_run_dir(cfg: Any) -> str | None:
         # one there that this run would write over can be moved.
         moved = set_aside_records(out, keep=reads, config=config_text(cfg))
         if moved is not None and [p.name for p in moved.iterdir()] == ["config.yaml"]:
-            print(
+            say(
                 f"loomrl: {out / 'config.yaml'} is not this run's config, which the run writes "
                 f"there: moved to {moved / 'config.yaml'}",
-                file=sys.stderr,
+                sys.stderr,
             )
         elif moved is not None:
-            print(
+            say(
                 f"loomrl: an earlier run's records in {out} moved to {moved} (move them back to "
                 "continue that run instead)",
-                file=sys.stderr,
+                sys.stderr,
             )
         return None
     from loomrl.checkpoint import latest_checkpoint, list_checkpoints
@@ -152,10 +153,10 @@ def prepare_run_dir(cfg: Any) -> str | None:
         )
     dropped = trim_records(out, done)
     if dropped:
-        print(
+        say(
             f"loomrl: resuming after step {done}; rows written after that checkpoint dropped: "
             + ", ".join(f"{n} of {k}" for k, n in dropped.items()),
-            file=sys.stderr,
+            sys.stderr,
         )
     return None
 
@@ -191,10 +192,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     _resumable_at(args, cfg)
     done = prepare_run_dir(cfg)
     if done:
-        print(f"loomrl run: {done}")
+        say(f"loomrl run: {done}")
         return 0
     summary = run_with_restarts(mod, cfg)
-    print(f"run finished: {cfg.run.output_dir}/run_summary.json")
+    say(f"run finished: {cfg.run.output_dir}/run_summary.json")
     _print_summary(summary)
     return 0
 
@@ -221,10 +222,10 @@ def run_with_restarts(mod: Any, cfg: Any) -> dict:
                     json.dumps({"time": time.time(), "restart": restarts, "error": str(e)[:2000]})
                     + "\n"
                 )
-            print(
+            say(
                 f"loomrl: {e.worker} rank {e.rank} died; restarting from the last checkpoint "
                 f"({restarts}/{cfg.run.max_restarts})",
-                file=sys.stderr,
+                sys.stderr,
             )
             if hasattr(cfg, "resume"):
                 cfg = dataclasses.replace(cfg, resume=True)
@@ -279,7 +280,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     _resumable_at(args, cfg)
     done = prepare_run_dir(cfg)
     if done:
-        print(f"loomrl resume: {done}")
+        say(f"loomrl resume: {done}")
         return 0
     summary = run_with_restarts(mod, cfg)
     _print_summary(summary)
@@ -348,11 +349,11 @@ def _print_summary(s: dict) -> None:
     keys = ("steps", "predicted_iteration_s", "measured_iteration_s", "param_sha256")
     for k in keys:
         if k in s:
-            print(f"  {k}: {s[k]}")
+            say(f"  {k}: {s[k]}")
     if s.get("plan"):
-        print(f"  plan: {s['plan'].get('mode')} {s['plan'].get('assignment')}")
+        say(f"  plan: {s['plan'].get('mode')} {s['plan'].get('assignment')}")
     for k, v in (s.get("metrics") or {}).items():
-        print(f"  {k}: {v}")
+        say(f"  {k}: {v}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -428,12 +429,12 @@ def _main(argv: list[str] | None) -> int:
     try:
         return args.fn(args)
     except (ConfigError, PlanError, PlacementError, LoomError) as e:
-        print(f"loomrl {args.cmd}: {brief(e)}", file=sys.stderr)
+        say(f"loomrl {args.cmd}: {brief(e)}", sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         # The run's finally blocks have stopped its workers; what was checkpointed stays.
         how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
-        print(f"loomrl {args.cmd}: {how}{_resume_hint(args)}", file=sys.stderr)
+        say(f"loomrl {args.cmd}: {how}{_resume_hint(args)}", sys.stderr)
         return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
     finally:
         if before is not None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loomrl.runlog import RunLogger, count_lines
+from loomrl.runlog import RunLogger, count_lines, say
 
 PLACEMENT_HELP = "auto | temporal | spatial | hybrid | path to a plan file"
 
@@ -599,7 +599,7 @@ def stop_on_sigterm() -> Any:
 
     def on_term(signum: int, frame: Any) -> None:
         if told:
-            print("loomrl: stopping the workers after SIGTERM; SIGKILL leaves now", file=sys.stderr)
+            say("loomrl: stopping the workers after SIGTERM; SIGKILL leaves now", sys.stderr)
             return
         told.append(True)
         raise Terminated("SIGTERM (kill, or a scheduler's time limit)")
@@ -628,7 +628,7 @@ def _patient_interrupts() -> tuple[Any] | None:
         if told:
             raise KeyboardInterrupt
         told.append(True)
-        print("loomrl: stopping the workers; Ctrl-C again to leave now", file=sys.stderr)
+        say("loomrl: stopping the workers; Ctrl-C again to leave now", sys.stderr)
 
     signal.signal(signal.SIGINT, on_interrupt)
     return (before,)

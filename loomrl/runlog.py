@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from loomrl.errors import ConfigError
 
-__all__ = ["RunLogger", "read_metrics", "read_summary", "METRICS_FILE", "SUMMARY_FILE"]
+__all__ = ["RunLogger", "read_metrics", "read_summary", "say", "METRICS_FILE", "SUMMARY_FILE"]
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,10 @@ class RunLogger:
         if self._wandb is not None:
             self._wandb.log(scalars, step=step)
         if self._show_bar:
-            self._advance_bar(step, scalars)
+            try:
+                self._advance_bar(step, scalars)
+            except BrokenPipeError:  # stderr's reader left: the bar goes, the run goes on
+                _to_devnull(sys.stderr)
 
     def _advance_bar(self, step: int, scalars: Mapping[str, float]) -> None:
         if self._bar is None:
@@ -167,11 +170,15 @@ class RunLogger:
             self._bar.refresh()
 
     def echo(self, text: str) -> None:
-        """Print a line to stderr without breaking the progress bar."""
-        if self._bar is not None:
+        """Print a line to stderr without breaking the progress bar (nor the run, when stderr's
+        reader has left: see ``say``)."""
+        if self._bar is None:
+            say(text, sys.stderr)
+            return
+        try:
             self._bar.write(text, file=sys.stderr)
-        else:
-            print(text, file=sys.stderr, flush=True)
+        except BrokenPipeError:
+            _to_devnull(sys.stderr)
 
     def write_summary(self, summary: Mapping[str, Any]) -> Path:
         """Write ``run_summary.json`` atomically (replacing any previous one); returns its path."""
@@ -189,7 +196,10 @@ class RunLogger:
         self._closed = True
         self._file.close()
         if self._bar is not None:
-            self._bar.close()
+            try:
+                self._bar.close()  # its last line
+            except BrokenPipeError:
+                _to_devnull(sys.stderr)
         if self._tb is not None:
             self._tb.flush()
             self._tb.close()
@@ -310,6 +320,32 @@ def _ends_mid_line(path: Path) -> bool:
             return f.read(1) != b"\n"
     except FileNotFoundError:
         return False
+
+
+def say(text: str, stream: Any = None) -> None:
+    """Print ``text`` and a newline to ``stream`` (default: stdout), flushed. A stream whose
+    reader has left (``loomrl run ... | head``) goes to /dev/null from then on, without an
+    error: what a run prints is for whoever watches it, its files are its record, and it goes
+    on."""
+    stream = sys.stdout if stream is None else stream
+    try:
+        print(text, file=stream, flush=True)
+    except BrokenPipeError:
+        _to_devnull(stream)
+
+
+def _to_devnull(stream: Any) -> None:
+    """Point ``stream``'s file descriptor at /dev/null: its later writes, and the flush at exit
+    of what it still holds, succeed unseen."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # no file behind it: nothing to point
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 def _stderr_is_tty() -> bool:

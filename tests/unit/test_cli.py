@@ -266,6 +266,36 @@ def test_a_sigterm_raises_once_and_a_second_one_while_workers_stop_is_told(capsy
     assert issubclass(Terminated, KeyboardInterrupt)  # every Ctrl-C path stops the run for it
 
 
+def _left_pipe():
+    """A stream into a pipe whose reader has left (`loomrl run ... | head`, head done)."""
+    import os
+
+    r, w = os.pipe()
+    os.close(r)
+    return open(w, "w")  # noqa: SIM115 - the test closes it
+
+
+def test_a_run_whose_output_reader_left_goes_on_and_exits_0(monkeypatch, tmp_path):
+    import loomrl.cli as cli
+    from loomrl.runlog import RunLogger
+
+    def trains(mod, cfg):  # says something on the way, as a run does, then finishes
+        logger = RunLogger(cfg.run.output_dir, use_tensorboard=False, progress=False)
+        logger.echo("plan (1.0s):")
+        logger.log(1, {"reward_mean": 0.5})
+        logger.close()
+        return {"status": "finished", "steps": 1, "metrics": {"reward_mean": 0.5}}
+
+    monkeypatch.setattr(cli, "run_with_restarts", trains)
+    with _left_pipe() as out, _left_pipe() as err:
+        monkeypatch.setattr(sys, "stdout", out)
+        monkeypatch.setattr(sys, "stderr", err)
+        assert main(["run", str(TINY), f"output_dir={tmp_path}"]) == 0
+        print("later lines go nowhere, without an error", file=out, flush=True)
+        print("on both streams", file=err, flush=True)
+    assert (tmp_path / "metrics.jsonl").read_text().count("reward_mean") == 1
+
+
 def test_output_into_a_pipe_its_reader_left_ends_quietly_with_141():
     """`loomrl plan ... --json | head -1`: the reader leaves after one line, the rest of the
     output cannot be written; the command exits 141 without a traceback."""
