@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,13 +25,26 @@ from loomrl.plan.cost import evaluate
 from loomrl.plan.plan import Interval, Node, Plan
 from loomrl.plan.profile import WorkloadProfile
 
-__all__ = ["MAX_ITERATIONS", "MAX_SIGMA", "SimResult", "predicted_timeline", "simulate"]
+__all__ = [
+    "MAX_ITERATIONS",
+    "MAX_SIGMA",
+    "MAX_TIMELINE",
+    "SimResult",
+    "coarsen",
+    "predicted_timeline",
+    "simulate",
+]
 
 # The widest log-normal spread simulated. At sigma the median call takes exp(-sigma**2 / 2) of
 # its profiled time and the mean rests on ever rarer long draws: at 5 the median is 4e-6 of it
 # and a mean estimated from any feasible number of iterations says nothing (the default spread
 # is 0.3). The bound also keeps exp() of a draw finite.
 MAX_SIGMA = 5.0
+
+# The most intervals a plan's predicted timeline keeps (``coarsen`` joins the rest): a figure
+# 12 inches wide shows no more, and every returned plan carries its timeline (10**5 ring groups
+# of a 2-cycle made 400,000 intervals, 71 MB of JSON).
+MAX_TIMELINE = 10_000
 
 # The most iterations simulated in one call: their times are all kept, and the p95 of 100,000
 # is already within a fraction of a percent.
@@ -63,11 +77,34 @@ class _Sim:
         self.sigma = sigma
         self.capacity = capacity
         self.draws: dict[tuple, float] = {}
-        self.intervals: list[Interval] = []
+        # busy spans [component, devices, start, end, micro_batch, kind], and for each row
+        # (component, devices, kind) the index of its latest span
+        self.spans: list[list] = []
+        self.latest: dict[tuple, int] = {}
+
+    def record(
+        self, comp: str, devs: tuple[int, int], start: float, end: float, j: int, kind: str = "run"
+    ) -> None:
+        """Add a busy span. One that starts where its row's latest span ends, for the same
+        micro-batch, extends that span instead: a ring's back-to-back calls (10**5 groups) are
+        one busy stretch, and their union, which is all a timeline shows, is unchanged."""
+        key = (comp, devs, kind)
+        i = self.latest.get(key)
+        if i is not None and self.spans[i][4] == j and start <= self.spans[i][3]:
+            self.spans[i][3] = max(self.spans[i][3], end)
+            return
+        self.latest[key] = len(self.spans)
+        self.spans.append([comp, devs, start, end, j, kind])
+
+    @property
+    def intervals(self) -> list[Interval]:
+        return [Interval(*x) for x in self.spans]
 
     # -- durations are drawn once per (call site, micro-batch) so that re-running a
     #    subtree (channel back-pressure fixed point) sees the same randomness.
     def draw(self, key: tuple, nominal: float) -> float:
+        if self.sigma == 0:  # deterministic: nothing to remember (a ring makes 10**5 keys)
+            return nominal
         v = self.draws.get(key)
         if v is None:
             if self.sigma > 0:
@@ -98,15 +135,13 @@ class _Sim:
                 da = self.draw((id(node), j, s, "a"), a.time(na, items))
                 t += half if s else 0.0
                 if record:
-                    self.intervals.append(Interval(a.name, ra, t, t + da, j))
+                    self.record(a.name, ra, t, t + da, j)
                 if s + 1 == cyc.steps and not cyc.last_b:  # the cycle ends on a's call
                     t += da
                     break
                 db = self.draw((id(node), j, s, "b"), b.time(nb, items))
                 if record:
-                    self.intervals.append(
-                        Interval(b.name, rb, t + da + half, t + da + half + db, j)
-                    )
+                    self.record(b.name, rb, t + da + half, t + da + half + db, j)
                 t += da + half + db
             return t - t0
         _, na, nb, k = spec
@@ -120,14 +155,14 @@ class _Sim:
                 sa = max(free_a, done_b[g] + (half if s else 0.0))
                 free_a = sa + da
                 if record:
-                    self.intervals.append(Interval(a.name, ra, sa, sa + da, j))
+                    self.record(a.name, ra, sa, sa + da, j)
                 if s + 1 == cyc.steps and not cyc.last_b:  # the cycle ends on a's call
                     continue
                 sb = max(free_b, free_a + half)
                 free_b = sb + db
                 done_b[g] = free_b
                 if record:
-                    self.intervals.append(Interval(b.name, rb, sb, sb + db, j))
+                    self.record(b.name, rb, sb, sb + db, j)
         return (max(done_b) if cyc.last_b else free_a) - t0
 
     def single_time(self, node: Node, items: int, j: int) -> float:
@@ -209,7 +244,7 @@ class _Sim:
 
     def _record_single(self, node: Node, start: float, d: float, j: int, items: int) -> None:
         if node.op == "leaf":
-            self.intervals.append(Interval(node.component, _rng(node.devices), start, start + d, j))  # type: ignore[arg-type]
+            self.record(node.component, _leaf_range(node), start, start + d, j)  # type: ignore[arg-type]
         else:
             self.cycle_run(node, items, j, start, record=True)
 
@@ -233,15 +268,13 @@ class _Sim:
                         sw = self.prof.components[comp].switch_s
                         if sw > 0:
                             devs = x.member_devices()[comp]
-                            self.intervals.append(
-                                Interval(comp, _rng(devs), t, t + sw, -1, "switch")
-                            )
+                            self.record(comp, _rng(devs), t, t + sw, -1, "switch")
                             t += sw
                 t = self.phase(block, t, False)
             return t
         if node.op == "leaf":
             d = self.leaf_time(node, self.prof.batch, -1)
-            self.intervals.append(Interval(node.component, _rng(node.devices), t0, t0 + d, 0))  # type: ignore[arg-type]
+            self.record(node.component, _leaf_range(node), t0, t0 + d, 0)  # type: ignore[arg-type]
             return t0 + d
         if node.op == "cycle":
             return t0 + self.cycle_run(node, self.prof.batch, -1, t0, record=True)
@@ -260,6 +293,12 @@ def _cycle_spec(node: Node) -> tuple:
     if node.split is None:
         return ("coloc", node.used or node.n)
     return ("split", node.split[0], node.split[1], node.groups)
+
+
+def _leaf_range(node: Node) -> tuple[int, int]:
+    """A leaf's devices as [first, last + 1), as ``_rng(node.devices)`` without the list."""
+    n = node.used or node.n
+    return (node.start, node.start + n) if n else (0, 0)
 
 
 def _rng(devs: list[int]) -> tuple[int, int]:
@@ -317,8 +356,45 @@ def simulation_problems(
     return out
 
 
-def predicted_timeline(tree: Node, profile: WorkloadProfile, micro_batch: int) -> list[Interval]:
-    """Busy intervals of every component in one deterministic iteration, sorted by start."""
+def predicted_timeline(
+    tree: Node, profile: WorkloadProfile, micro_batch: int, limit: int | None = None
+) -> list[Interval]:
+    """Busy intervals of every component in one deterministic iteration, sorted by start.
+
+    Back-to-back calls of one micro-batch are one interval. At most ``limit`` intervals
+    (default ``MAX_TIMELINE``) are kept: beyond it, ``coarsen`` joins each row's consecutive
+    intervals into as few as fit, keeping every row's busy seconds and its last end.
+    """
     sim = _Sim(profile, micro_batch, None, 0.0, None)
     sim.phase(tree, 0.0, root=True)
-    return sorted(sim.intervals, key=lambda i: (i.start, i.devices, i.component))
+    out = coarsen(sim.spans, MAX_TIMELINE if limit is None else limit)
+    return sorted(out, key=lambda i: (i.start, i.devices, i.component))
+
+
+def coarsen(spans: Sequence[Sequence], limit: int) -> list[Interval]:
+    """At most ``limit`` intervals (or one per row, if there are more rows) standing for
+    ``spans``, each (component, devices, start, end, micro_batch, kind) as in ``Interval``.
+
+    Each row (component, devices, kind) joins runs of ``f`` consecutive spans into one, ``f``
+    the smallest that fits. A joined interval lasts as long as its parts together and ends where
+    the last one ends, so a row's busy seconds and the iteration's end are kept and a part moves
+    by at most the gaps inside its run; it belongs to one micro-batch only if all its parts do
+    (else -1, drawn without a label). Within ``limit``, every span is kept as it is.
+    """
+    if len(spans) <= limit:
+        return [Interval(*x) for x in spans]
+    rows: dict[tuple, list[Sequence]] = {}
+    for x in spans:
+        rows.setdefault((x[0], x[1], x[5]), []).append(x)
+    room = max(limit - len(rows), 1)  # a row's last run may be short: one spare per row
+    f = -(-len(spans) // room)
+    out: list[Interval] = []
+    for (comp, devs, kind), row in rows.items():
+        row.sort(key=lambda x: x[2])
+        for k in range(0, len(row), f):
+            run = row[k : k + f]
+            busy = sum(x[3] - x[2] for x in run)
+            mbs = {x[4] for x in run}
+            mb = mbs.pop() if len(mbs) == 1 else -1
+            out.append(Interval(comp, devs, run[-1][3] - busy, run[-1][3], mb, kind))
+    return out

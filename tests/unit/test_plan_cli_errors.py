@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from loomrl.plan.cli import _slowdown, plan_main
@@ -244,3 +245,80 @@ def test_a_cycle_lists_its_group_counts_of_a_huge_batch_at_once():
     assert CycleSpec(("a", "b"), 2, min_group=4).group_counts(36) == [1, 2, 3, 4, 6, 9]
     assert CycleSpec(("a", "b"), 2).group_counts(36, limited=False)[-1] == 36
     assert len(CycleSpec(("a", "b"), 2).group_counts(10**12)) == 169
+
+
+def _ring(batch: int, b_per_item: float = 1.0, hop_s: float = 0.0) -> dict:
+    """A 2-cycle a <-> b (2 steps) on one device each; split, it runs ``batch`` ring groups."""
+    return {
+        "devices": 2,
+        "device_memory_gb": 40,
+        "batch": batch,
+        "components": {
+            "a": {"valid_devices": [1], "time": {"per_item": {1: 1.0}}},
+            "b": {"valid_devices": [1], "time": {"per_item": {1: b_per_item}}},
+        },
+        "edges": [["a", "b"], ["b", "a"]],
+        "cycles": [{"members": ["a", "b"], "steps": 2, "hop_s": hop_s}],
+    }
+
+
+def _busy(intervals) -> dict:
+    from loomrl.report import busy_seconds
+
+    rows: dict = {}
+    for i in intervals:
+        rows.setdefault((i.component, i.kind), []).append((i.start, i.end))
+    return {k: busy_seconds(v) for k, v in rows.items()}
+
+
+def test_a_ring_of_many_groups_predicts_a_short_timeline(tmp_path, capsys):
+    """20,000 ring groups made 80,000 intervals per returned plan; back to back, a side's calls
+    are one busy stretch. Every side stays busy 2 steps x 20,000 groups x its call."""
+    from loomrl.plan.profile import load_profile
+    from loomrl.plan.search import search
+
+    for b_per_item, hop in ((1.0, 0.0), (2.0, 0.5)):
+        prof = load_profile(_ring(20_000, b_per_item, hop))
+        plan = search(prof)
+        assert plan.tree.groups == 20_000
+        assert len(plan.timeline) <= 10
+        busy = _busy(plan.timeline)
+        assert busy[("a", "run")] == 2 * 20_000 * 1.0
+        assert busy[("b", "run")] == 2 * 20_000 * b_per_item
+        assert max(i.end for i in plan.timeline) == plan.predicted_s
+    assert plan_main([_write(tmp_path, _ring(20_000)), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert len(json.loads(out)["timeline"]) == 2 and len(out) < 10_000
+
+
+def test_coarsen_keeps_each_rows_busy_seconds_and_end():
+    from loomrl.plan.simulate import coarsen
+
+    spans = [("a", (0, 1), 2.0 * j, 2.0 * j + 1, j, "run") for j in range(10)]
+    spans += [("b", (1, 2), 2.0 * j + 1, 2.0 * j + 1.5, 0, "run") for j in range(10)]
+    spans.append(("a", (0, 1), -1.0, 0.0, -1, "switch"))
+    assert [(i.start, i.end) for i in coarsen(spans, 21)[:2]] == [(0, 1), (2, 3)]
+    out = coarsen(spans, 8)
+    assert len(out) <= 8
+    assert _busy(out) == {("a", "run"): 10, ("b", "run"): 5, ("a", "switch"): 1}
+    runs_a = [i for i in out if i.component == "a" and i.kind == "run"]
+    assert runs_a[-1].end == 19 and {i.micro_batch for i in runs_a} == {-1}
+    assert {i.micro_batch for i in out if i.component == "b"} == {0}  # one micro-batch: kept
+    assert len(coarsen(spans, 1)) == 3  # one per row, at the least
+
+
+def test_a_stream_of_many_micro_batches_keeps_at_most_the_limit():
+    from loomrl.plan.profile import load_profile
+    from loomrl.plan.search import search
+    from loomrl.plan.simulate import predicted_timeline
+
+    raw = _chain(batch=2000, granularities=[1])
+    raw["components"]["a"]["time"]["alpha"] = 0.1
+    prof = load_profile(raw)
+    plan = search(prof, mode="spatial")
+    full = predicted_timeline(plan.tree, prof, plan.micro_batch, limit=10**9)
+    assert len(full) == 4000  # each component's call of each micro-batch
+    short = predicted_timeline(plan.tree, prof, plan.micro_batch, limit=100)
+    assert len(short) <= 100
+    assert _busy(short) == pytest.approx(_busy(full), rel=1e-12)
+    assert max(i.end for i in short) == max(i.end for i in full)
