@@ -316,8 +316,10 @@ def main(cfg: Config) -> dict:
                 "run.adapt: not used by the embodied recipe (its cycle is planned once, with "
                 "placement=auto timing the close candidates); ignored"
             )
+        t_plan = time.time()
         place, probe = plan_cycle(run, cfg, S)
         envs, policy, cycle = start_cycle(run.cluster, cfg, place, probe)
+        run.planning_s = time.time() - t_plan  # measuring, searching, trials and the launch
         if cfg.env.pixels:
             paths = sorted({sp["render_path"] for sp in wait(envs.spaces())})
             run.logger.echo(

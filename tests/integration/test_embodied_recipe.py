@@ -56,6 +56,7 @@ def test_cli_runs_two_iterations_and_writes_the_summary(cluster, tmp_path):
     assert "episode_return" in s["metrics"] and s["metrics"]["env_steps"] == 128
     assert s["plan"]["mode"] in ("temporal", "hybrid", "spatial")
     assert s["predicted_iteration_s"] > 0 and s["measured_iteration_s"] > 0
+    assert s["planning_s"] > 0  # measuring, searching and trials, before the first iteration
     assert len(s["param_sha256"]) == 64
     # cycle_handoff auto on a one-node cluster: replies and actions over sockets
     assert s["cycle_handoff"] == "pipe"
@@ -343,7 +344,7 @@ def test_trials_time_the_first_k_past_the_probed_sizes_and_only_a_trial_picks_it
     monkeypatch.setattr(cycle_trial, "choose_by_trial", fake_choose)
     node = SimpleNamespace(num_cpus=4)
     run = SimpleNamespace(
-        cluster=SimpleNamespace(devices=[SimpleNamespace(node=0)] * 2, nodes=[node])
+        cluster=SimpleNamespace(devices=[SimpleNamespace(node=0, kind="cpu")] * 2, nodes=[node])
     )
     out = trial(run, cfg, prof, chosen, 16, None, probe=None)
     if placement == "temporal":  # a pinned temporal plan is timed alone
@@ -391,7 +392,7 @@ def test_split_cycles_at_the_k_next_to_the_best_are_timed_whatever_the_margin(
     monkeypatch.setattr(cycle_trial, "choose_by_trial", fake_choose)
     node = SimpleNamespace(num_cpus=2)
     run = SimpleNamespace(
-        cluster=SimpleNamespace(devices=[SimpleNamespace(node=0)] * 2, nodes=[node])
+        cluster=SimpleNamespace(devices=[SimpleNamespace(node=0, kind="cpu")] * 2, nodes=[node])
     )
     trial(run, cfg, prof, best, 16, None, probe=None)
     (timed,) = seen
@@ -589,7 +590,7 @@ def test_confirmation_is_made_on_the_workers_that_will_run(monkeypatch, tmp_path
     calls.clear()
     starts, killed, probes = [], [], []
 
-    def fresh_cycle(cluster, cfg, place):
+    def fresh_cycle(cluster, cfg, place, **_):
         starts.append(place.groups)
         if len(starts) == 1:
             raise PlacementError("the probe holds the cores")
@@ -627,7 +628,7 @@ def test_a_pick_timed_on_fresh_workers_keeps_them_for_the_run(monkeypatch, tmp_p
     calls, killed = [], []
     FakeCycle = _fake_cycle(calls, lambda k, n: 0.001 * n if k == 1 else 0.003 * n)
 
-    def fresh_cycle(cluster, cfg, place):
+    def fresh_cycle(cluster, cfg, place, **_):
         worker = SimpleNamespace(kill=lambda: killed.append(place.groups), world_size=4)
         return worker, worker, FakeCycle(None, None, 0, place.groups, True)
 
@@ -777,7 +778,7 @@ def test_a_walk_beside_a_co_located_plan_and_one_on_fresh_workers(monkeypatch, t
         def update(self):
             calls.append((*self.tag, "update"))
 
-    def fresh_cycle(cluster, cfg, place):
+    def fresh_cycle(cluster, cfg, place, **_):
         gone = SimpleNamespace(kill=lambda: None)
         return gone, gone, FakeCycle(None, None, 0, place.groups, True, tag="fresh")
 
@@ -923,7 +924,7 @@ def test_a_trial_candidate_on_fresh_workers_is_timed_after_the_probes_and_thrown
             calls.append((*self.tag, n))
             return SimpleNamespace(wall_s=0.05 + 0.01 * n)
 
-    def fresh_cycle(cluster, cfg, place):
+    def fresh_cycle(cluster, cfg, place, **_):
         def worker(name):
             return SimpleNamespace(kill=lambda: killed.append(name))
 
@@ -981,7 +982,7 @@ def test_auto_times_the_best_co_located_and_split_plans_beyond_the_margin():
     cfg = Config()
     cfg.env.num_envs, cfg.auto_trial_margin = 16, 0.0
     node = SimpleNamespace(num_cpus=2)
-    cluster = SimpleNamespace(devices=[SimpleNamespace(node=0)] * 2, nodes=[node])
+    cluster = SimpleNamespace(devices=[SimpleNamespace(node=0, kind="cpu")] * 2, nodes=[node])
 
     def colocated(cands):
         return sorted(place.colocated for _, place in cands)
@@ -1549,9 +1550,11 @@ def test_env_failures_are_recorded_one_by_one_and_training_goes_on(cluster, tmp_
     assert events and s["env_events_total"] == len(events)
     assert {e["kind"] for e in events} == {"env_error"}
     assert all("simulator exploded" in e["message"] for e in events)
-    assert {e["step"] for e in events} <= {1, 2} and {e["env_index"] for e in events} <= set(
+    # step 0: those the cost probe's steps met while planning
+    assert {e["step"] for e in events} <= {0, 1, 2} and {e["env_index"] for e in events} <= set(
         range(4)
     )
+    assert {e["step"] for e in events} & {1, 2}  # and the run's own, trained on through
     assert s["steps"] == 2  # trained on through the failures
 
 
