@@ -72,6 +72,17 @@ EXTRAPOLATION_WARN_FACTOR = 8
 # numpy's "array is too big" instead of a plan. No cluster comes near a million accelerators.
 MAX_DEVICES = 1_000_000
 
+# The largest cost (seconds, GB) a profile may state. The search adds a plan's costs and
+# multiplies them by the batch, a cycle's steps and the number of micro-batches; values near
+# float's limit (1.8e308) overflow to inf there, which reads as a plan that does not fit. No
+# workload comes near 1e100 (the universe is 4e17 s old), and it leaves room for every product.
+MAX_MAGNITUDE = 1e100
+
+# The most steps a cycle may run per iteration. The predicted timeline walks through every one
+# (10**6 steps took 6 s per plan), and an agent's turns or an environment's steps per iteration
+# are far fewer.
+MAX_STEPS = 100_000
+
 # Joins a 2-cycle's members into the name of its plan node ('env<->policy'); no component's name
 # may contain it.
 CYCLE_JOIN = "<->"
@@ -382,6 +393,45 @@ def _number(
     return None
 
 
+def _huge(value: float | None, key: str, problems: list[str], unit: str = "") -> None:
+    """A problem if ``value`` is past ``MAX_MAGNITUDE`` (None: already refused, nothing to say)."""
+    if value is not None and value > MAX_MAGNITUDE:
+        problems.append(f"{key} is {value:g}{unit}, {_PAST_LIMIT}")
+
+
+_PAST_LIMIT = (
+    f"past the planner's limit of {MAX_MAGNITUDE:g} (its sums and products of costs would "
+    "overflow to inf); check the value and its unit"
+)
+
+
+def _too_large(comp: ComponentProfile, batch: int, problems: list[str]) -> None:
+    """Problems for a component's costs past ``MAX_MAGNITUDE``: its fixed cost, its cost of the
+    whole batch on each device count (what its longest call costs), its switch and memory."""
+    where = f"components.{comp.name}"
+    _huge(comp.alpha, f"{where}.time.alpha", problems, " s")
+    # per_item * batch itself may overflow: compare per_item with the limit over the batch
+    for ns, v in _by_value(comp.per_item, MAX_MAGNITUDE / batch):
+        problems.append(
+            f"{where}.time.per_item[{ns}] is {v:g} s an item; on the batch of {batch} items "
+            f"that is {_PAST_LIMIT}"
+        )
+    _huge(comp.item_cv, f"{where}.time.item_cv", problems)
+    _huge(comp.switch_s, f"{where}.switch_s", problems, " s")
+    for ns, v in _by_value(comp.memory_gb, MAX_MAGNITUDE):
+        problems.append(f"{where}.memory_gb[{ns}] is {v:g} GB, {_PAST_LIMIT}")
+
+
+def _by_value(values: Mapping[int, float], limit: float) -> list[tuple[str, float]]:
+    """The entries of a device count -> value mapping past ``limit``, one (counts, value) per
+    distinct value: one number given for every count is said once."""
+    by_value: dict[float, list[int]] = {}
+    for n, v in sorted(values.items()):
+        if v > limit:
+            by_value.setdefault(v, []).append(n)
+    return [(count_ranges(ns), v) for v, ns in by_value.items()]
+
+
 def _whole(v: Any) -> int | None:
     """``v`` as an int if it is an integer (numpy's too) or a string of one (JSON object keys
     are strings); None for anything else, 1.5 and True included."""
@@ -529,6 +579,7 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
         if "device_memory_gb" in raw
         else None
     )
+    _huge(mem_cap, "device_memory_gb", problems, " GB")
     batch_ok = "batch" in raw and _positive_int(raw["batch"], "batch", problems) is not None
     batch = int(raw["batch"]) if batch_ok else 1
     grans = raw.get("granularities", [batch])
@@ -558,6 +609,7 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
     overhead = raw.get("iteration_overhead_s", 0.0)
     if (x := finite_number(overhead)) is not None and x >= 0:
         overhead = x
+        _huge(x, "iteration_overhead_s", problems, " s")
     else:
         problems.append(
             f"iteration_overhead_s: must be a number of seconds >= 0 and finite (what each "
@@ -585,6 +637,7 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
         comp, rep = _build_component(str(name), craw, problems)
         if comp is not None:
             components[str(name)] = comp
+            _too_large(comp, batch, problems)
         if rep is not None:
             reports.append(rep)
 
@@ -614,6 +667,7 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
             edges.append((str(e[0]), str(e[1])))
 
     cycles: list[CycleSpec] = []
+    declared: set[str] = set()  # every member named by a well-formed pair of members
     for i, c in enumerate(_listed(raw, "cycles", "[{members: [a, b], steps: S}, ...]", problems)):
         if not isinstance(c, Mapping):
             problems.append(
@@ -636,7 +690,15 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
         for v in members:
             if unknown(v):
                 problems.append(f"cycles[{i}].members names unknown component {v!r}")
+        declared.update(str(v) for v in members)  # a cycle refused for its values is still one
         steps = _positive_int(c.get("steps"), f"cycles[{i}].steps", problems)
+        if steps is not None and steps > MAX_STEPS:
+            got = f"{steps:,}" if steps < 10**15 else f"a number of {len(str(steps))} digits"
+            problems.append(
+                f"cycles[{i}].steps must be at most {MAX_STEPS:,} (the planner steps through "
+                f"each of a cycle's steps when it predicts a timeline), got {got}"
+            )
+            steps = None
         slow = _number(
             c.get("overlap_slowdown", 1.0),
             f"cycles[{i}].overlap_slowdown",
@@ -650,6 +712,8 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
             problems,
             "seconds per step between the sides' calls, in which neither is busy; 0 = none",
         )
+        _huge(hop, f"cycles[{i}].hop_s", problems, " s")
+        _huge(slow, f"cycles[{i}].overlap_slowdown", problems)
         min_group = c.get("min_group", 1)
         if isinstance(min_group, bool) or not isinstance(min_group, int) or min_group < 1:
             problems.append(
@@ -677,7 +741,7 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
                 )
             seen[v] = i
     for name, comp in components.items():
-        if 0 in comp.valid_devices and name not in seen:
+        if 0 in comp.valid_devices and name not in declared:
             problems.append(
                 f"components.{name}.valid_devices has 0 (host CPU cores only), which only a cycle "
                 f"member may have (a cycle split can run one side beside the other's devices); "

@@ -322,3 +322,46 @@ def test_a_stream_of_many_micro_batches_keeps_at_most_the_limit():
     assert len(short) <= 100
     assert _busy(short) == pytest.approx(_busy(full), rel=1e-12)
     assert max(i.end for i in short) == max(i.end for i in full)
+
+
+def test_costs_past_the_limit_are_refused_naming_the_key(tmp_path, capsys):
+    """1e308 s is finite, but the search's sums and products of it overflow to inf, and a plan
+    of inf seconds read as 'no plan fits (memory 10 GB, cores inf)'."""
+    raw = _chain()
+    raw["components"]["a"]["time"] = {"alpha": 1e308, "per_item": {1: 1e308}}
+    assert plan_main([_write(tmp_path, raw)]) == 2
+    err = capsys.readouterr().err
+    assert "invalid profile" in err
+    assert "components.a.time.alpha is 1e+308 s, past the planner's limit of 1e+100" in err
+    assert "components.a.time.per_item[1] is 1e+308 s an item; on the batch of 2" in err
+    assert "warning" not in err and "no plan fits" not in err
+    # per_item within the limit alone, but not once times the batch
+    raw = _chain(batch=10**6, granularities=[10**6])
+    raw["components"]["b"]["time"]["per_item"] = {1: 1e97}
+    raw["components"]["b"]["memory_gb"] = 1e200
+    raw["components"]["b"]["switch_s"] = 1e101
+    assert plan_main([_write(tmp_path, raw)]) == 2
+    err = capsys.readouterr().err
+    assert "components.b.time.per_item[1] is 1e+97 s an item; on the batch of 1000000" in err
+    assert "components.b.memory_gb[1] is 1e+200 GB" in err
+    assert "components.b.switch_s is 1e+101 s" in err
+    raw = _chain(device_memory_gb=1e300, iteration_overhead_s=1e150)
+    assert plan_main([_write(tmp_path, raw)]) == 2
+    err = capsys.readouterr().err
+    assert "device_memory_gb is 1e+300 GB" in err and "iteration_overhead_s is 1e+150 s" in err
+    assert plan_main([_write(tmp_path, _chain(per_item=1e99))]) == 0  # 2 items: within it
+    capsys.readouterr()
+
+
+def test_cycle_steps_and_hops_past_the_limits_are_refused(tmp_path, capsys):
+    raw = _ring(4, hop_s=1e200)
+    raw["cycles"][0]["steps"] = 10**400
+    raw["cycles"][0]["overlap_slowdown"] = 1e300
+    raw["components"]["a"]["valid_devices"] = [0, 1]  # 0: a cycle member's host cores
+    raw["components"]["a"]["time"]["per_item"][0] = 1.0
+    assert plan_main([_write(tmp_path, raw)]) == 2
+    err = capsys.readouterr().err
+    assert "cycles[0].steps must be at most 100,000" in err and "a number of 401 digits" in err
+    assert "cycles[0].hop_s is 1e+200 s" in err
+    assert "cycles[0].overlap_slowdown is 1e+300," in err
+    assert "only a cycle member may have" not in err  # a is one, though its cycle is refused
