@@ -25,6 +25,9 @@ none, ``granularities`` ``[batch]``, ``edges`` and ``cycles`` none. A component 
 ``samples`` takes missing ``per_item`` or ``memory_gb`` entries from their fit instead, and
 the fit's ``alpha`` where no ``per_item`` is given (the two are fitted together).
 A component's name may not contain ``<->``: plans name a declared cycle's node ``a<->b``.
+Costs (seconds, GB) are at most ``MAX_MAGNITUDE`` (1e100; a call on the whole batch too) and a
+cycle's steps at most ``MAX_STEPS`` (100,000): the search adds and multiplies them, and values
+near float's limit overflow to inf.
 Every number must be finite (YAML's ``.nan`` and ``.inf`` are refused, and so are ``true`` and
 ``false``, which Python would take for 1 and 0); device counts, as list entries or as keys
 of ``per_item``, ``memory_gb`` and ``cpu_cores``, are whole numbers of at most

@@ -365,3 +365,13 @@ def test_cycle_steps_and_hops_past_the_limits_are_refused(tmp_path, capsys):
     assert "cycles[0].hop_s is 1e+200 s" in err
     assert "cycles[0].overlap_slowdown is 1e+300," in err
     assert "only a cycle member may have" not in err  # a is one, though its cycle is refused
+
+
+def test_python_m_loomrl_runs_the_loomrl_command():
+    proc = subprocess.run(
+        [sys.executable, "-m", "loomrl", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: loomrl") and "plan" in proc.stdout
+    proc = _run_into_a_closed_pipe("-m", "loomrl", "plan", str(EXAMPLES / "tiny_ppo.yaml"))
+    assert proc.returncode == 141 and proc.stderr == "", proc.stderr
