@@ -12,6 +12,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -184,7 +185,8 @@ def plan_main(argv: list[str] | None = None) -> int:
             return _run(args)
     except (ConfigError, PlanError) as e:
         kind = "invalid profile" if isinstance(e, ConfigError) else "no plan fits"
-        print(f"loomrl plan: {kind}: {e}", file=sys.stderr)
+        said = str(e) if args.devices is not None else _devices_from_profile(str(e))
+        print(f"loomrl plan: {kind}: {said}", file=sys.stderr)
         return 2
     except _OutputError as e:
         print(f"loomrl plan: {e}", file=sys.stderr)
@@ -204,6 +206,24 @@ def plan_main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+
+
+# How the search's reasons name the device count, and how they read when the count is the
+# profile's own (no --devices given): the user did not type --devices N.
+_DEVICES_SAID = (
+    (
+        re.compile(r"but only --devices (\d+) are available"),
+        r"but the profile's 'devices' is only \1 (plan for more with --devices N)",
+    ),
+    (re.compile(r"\bon --devices (\d+)\b"), r"on the profile's \1 devices"),
+)
+
+
+def _devices_from_profile(message: str) -> str:
+    """``message`` with the device count named as the profile's rather than as --devices."""
+    for pattern, said in _DEVICES_SAID:
+        message = pattern.sub(said, message)
+    return message
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -326,7 +346,7 @@ def _human(args, profile, plan, sim) -> str:
     lines = [
         f"profile {args.profile}: {len(profile.components)} components, {plan.devices} devices, "
         f"batch {profile.batch}",
-        f"best plan ({plan.mode}{', exhaustive search' if plan.method == 'exhaustive' else ''}): "
+        f"{_plan_label(args.mode, plan)}: "
         f"{plan.predicted_s:.4f} s/iteration, micro-batch {plan.micro_batch} "
         f"({plan.num_micro_batches} micro-batches), peak memory {plan.memory_gb:.1f} GB/device",
         plan.tree.pretty(1),
@@ -354,6 +374,15 @@ def _human(args, profile, plan, sim) -> str:
         )
     lines.append(f"search time {plan.search_s:.4f} s")
     return "\n".join(lines)
+
+
+def _plan_label(asked: str, plan) -> str:
+    """The header's name for the plan: the best of all modes, or the fastest of the mode asked
+    with --mode (then it is no claim of being the best overall)."""
+    how = ", exhaustive search" if plan.method == "exhaustive" else ""
+    if asked == "best":
+        return f"best plan ({plan.mode}{how})"
+    return f"fastest {asked} plan (--mode {asked}{how})"
 
 
 def _sigma(args: argparse.Namespace) -> float:

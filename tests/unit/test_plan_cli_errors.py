@@ -26,13 +26,16 @@ def _write(tmp_path, raw, name="p.yaml"):
 
 def _chain(per_item=1.0, **over):
     """Components a -> b on one device each, every call ``per_item`` s an item."""
-    comp = {"valid_devices": [1], "time": {"per_item": {1: per_item}}}
+
+    def comp():
+        return {"valid_devices": [1], "time": {"per_item": {1: per_item}}}
+
     raw = {
         "devices": 2,
         "device_memory_gb": 10,
         "batch": 2,
         "granularities": [1, 2],
-        "components": {"a": dict(comp), "b": dict(comp)},
+        "components": {"a": comp(), "b": comp()},
         "edges": [["a", "b"]],
     }
     raw.update(over)
@@ -61,14 +64,16 @@ def test_a_profile_of_zero_costs_prints_its_plans(tmp_path, capsys):
 
 
 def _cycle_with_a_component_named_like_it(extra_edge: bool) -> dict:
-    comp = {"valid_devices": [1], "time": {"per_item": {1: 1.0}}}
+    def comp():
+        return {"valid_devices": [1], "time": {"per_item": {1: 1.0}}}
+
     raw = {
         "devices": 4,
         "device_memory_gb": 40,
         "batch": 4,
         "components": {
-            "env": dict(comp),
-            "policy": dict(comp),
+            "env": comp(),
+            "policy": comp(),
             "env<->policy": {"valid_devices": [1, 2], "time": {"per_item": {1: 5.0, 2: 3.0}}},
         },
         "edges": [["env", "policy"], ["policy", "env"]],
@@ -375,3 +380,36 @@ def test_python_m_loomrl_runs_the_loomrl_command():
     assert proc.stdout.startswith("usage: loomrl") and "plan" in proc.stdout
     proc = _run_into_a_closed_pipe("-m", "loomrl", "plan", str(EXAMPLES / "tiny_ppo.yaml"))
     assert proc.returncode == 141 and proc.stderr == "", proc.stderr
+
+
+def test_the_device_count_is_named_by_where_it_came_from(tmp_path, capsys):
+    raw = _chain(devices=1)
+    raw["components"]["b"]["valid_devices"] = [2]
+    raw["components"]["b"]["time"]["per_item"] = {2: 1.0}
+    prof = _write(tmp_path, raw)
+    assert plan_main([prof]) == 2
+    err = capsys.readouterr().err
+    assert "component 'b' needs at least 2 devices (valid_devices [2]), but the profile's " in err
+    assert "'devices' is only 1 (plan for more with --devices N)" in err
+    assert "--devices 1" not in err
+    assert plan_main([prof, "--devices", "1"]) == 2
+    assert "but only --devices 1 are available" in capsys.readouterr().err
+    cyc = _ring(4)
+    cyc["components"]["b"]["valid_devices"] = [2]
+    cyc["components"]["b"]["time"]["per_item"] = {2: 1.0}
+    assert plan_main([_write(tmp_path, cyc)]) == 2
+    assert "cycle 'a<->b' fits no layout on the profile's 2 devices" in capsys.readouterr().err
+    assert plan_main([_write(tmp_path, cyc), "--devices", "2"]) == 2
+    assert "cycle 'a<->b' fits no layout on --devices 2" in capsys.readouterr().err
+
+
+def test_the_header_names_the_mode_asked_for(tmp_path, capsys):
+    prof = _write(tmp_path, _chain())
+    assert plan_main([prof]) == 0
+    assert re.search(r"^best plan \((temporal|spatial|hybrid)\): ", capsys.readouterr().out, re.M)
+    for mode in ("spatial", "temporal"):
+        assert plan_main([prof, "--mode", mode]) == 0
+        out = capsys.readouterr().out
+        assert f"\nfastest {mode} plan (--mode {mode}): " in out and "best plan" not in out
+    assert plan_main([prof, "--mode", "spatial", "--exhaustive"]) == 0
+    assert "fastest spatial plan (--mode spatial, exhaustive search): " in capsys.readouterr().out
