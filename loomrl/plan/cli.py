@@ -1,8 +1,9 @@
 """``loomrl plan PROFILE --devices N``: print the best plan and how each pure mode compares.
 
-Exit status 0 on success, 2 when the profile is malformed, the device count is past the
-planner's limit (``MAX_DEVICES``), the search runs out of memory, or no plan fits (the message
-names the key or the component and the constraint; no traceback).
+Exit status 0 on success, 2 when an argument or the profile is malformed, the device count is
+past the planner's limit (``MAX_DEVICES``), the search runs out of memory, no plan fits, or an
+output file (--save, --timeline) cannot be written (the message names the key, the flag or the
+component and the constraint; no traceback); 141 when stdout's reader left (``| head``).
 """
 
 from __future__ import annotations
@@ -133,7 +134,6 @@ def _unwritable(path: Path) -> str | None:
     """Why ``path`` cannot be written (None: it can), found before a search that may take long.
     The permission bits alone do not tell (root passes os.access on /proc, which takes no new
     file), so a scratch file is made beside it and removed."""
-    import os
     import tempfile
 
     if path.exists() and not os.access(path, os.W_OK):
