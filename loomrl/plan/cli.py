@@ -13,7 +13,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import sys
 import warnings
 from pathlib import Path
@@ -185,8 +184,7 @@ def plan_main(argv: list[str] | None = None) -> int:
             return _run(args)
     except (ConfigError, PlanError) as e:
         kind = "invalid profile" if isinstance(e, ConfigError) else "no plan fits"
-        said = str(e) if args.devices is not None else _devices_from_profile(str(e))
-        print(f"loomrl plan: {kind}: {said}", file=sys.stderr)
+        print(f"loomrl plan: {kind}: {e}", file=sys.stderr)
         return 2
     except _OutputError as e:
         print(f"loomrl plan: {e}", file=sys.stderr)
@@ -206,24 +204,6 @@ def plan_main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-
-
-# How the search's reasons name the device count, and how they read when the count is the
-# profile's own (no --devices given): the user did not type --devices N.
-_DEVICES_SAID = (
-    (
-        re.compile(r"but only --devices (\d+) are available"),
-        r"but the profile's 'devices' is only \1 (plan for more with --devices N)",
-    ),
-    (re.compile(r"\bon --devices (\d+)\b"), r"on the profile's \1 devices"),
-)
-
-
-def _devices_from_profile(message: str) -> str:
-    """``message`` with the device count named as the profile's rather than as --devices."""
-    for pattern, said in _DEVICES_SAID:
-        message = pattern.sub(said, message)
-    return message
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:

@@ -1030,7 +1030,7 @@ def _diagnose(profile: WorkloadProfile, devices: int, mode: str) -> str:
             valid = list(profile.components[nd.name].valid_devices)
             return (
                 f"{what} needs at least {min(valid)} devices (valid_devices {valid}), "
-                f"but only --devices {devices} are available"
+                f"but only {devices} are available (plan for more with --devices N)"
             )
         fits_mem = [o for o in opts if o.mem <= cap + EPS]
         if not fits_mem:
@@ -1112,7 +1112,7 @@ def _no_cycle_layout(profile: WorkloadProfile, name: str, devices: int) -> str:
         )
     na, nb = min(pairs, key=sum)
     return (
-        f"cycle {name!r} fits no layout on --devices {devices}: co-located, its members need "
+        f"cycle {name!r} fits no layout on {devices} devices: co-located, its members need "
         f"one device count valid for both ({coloc}); split, they need a count valid for {a!r} "
         f"plus one valid for {b!r}, at least {na} + {nb} = {na + nb} devices; give --devices "
         f"{min([na + nb, *common])} or more, or change the members' valid_devices"

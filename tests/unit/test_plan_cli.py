@@ -313,7 +313,7 @@ def test_a_cycle_that_fits_no_layout_states_both_constraints(capsys, tmp_path):
     raw["components"]["b"].update(valid_devices=[2], time={"alpha": 0.1, "per_item": {2: 1.0}})
     assert plan_main([_write(tmp_path, raw)]) == 2
     err = capsys.readouterr().err
-    assert "cycle 'a<->b' fits no layout on the profile's 2 devices" in err  # no --devices given
+    assert "cycle 'a<->b' fits no layout on 2 devices" in err
     assert "'a' allows [1] and 'b' allows [2]: none is valid for both" in err
     assert "at least 1 + 2 = 3 devices" in err
     assert "valid_devices None" not in err and "needs at least 2 devices" not in err
