@@ -318,11 +318,11 @@ def _run(args: argparse.Namespace) -> int:
         # JSON has no NaN or Infinity: a number that is not finite is written as null
         print(json.dumps(json_safe(out), indent=2, allow_nan=False))
         return 0
-    print(_human(args, profile, plan, sim))
+    print(_human(args, profile, plan, sim, plans))
     return 0
 
 
-def _human(args, profile, plan, sim) -> str:
+def _human(args, profile, plan, sim, plans=None) -> str:
     lines = [
         f"profile {args.profile}: {len(profile.components)} components, {plan.devices} devices, "
         f"batch {profile.batch}",
@@ -347,6 +347,15 @@ def _human(args, profile, plan, sim) -> str:
             lines.append(f"  {mode:<8}  infeasible")
         else:
             lines.append(f"  {mode:<8}  {v:10.4f} s  {_slowdown(v, ref)}")
+    # Each pure mode's own best plan, where it is not the plan shown above.
+    for mode in ("temporal", "spatial", "hybrid"):
+        other = (plans or {}).get(mode)
+        if other is not None and other is not plan and other.tree != plan.tree:
+            lines.append(
+                f"best {mode} plan: micro-batch {other.micro_batch}, "
+                f"{other.predicted_s:.4f} s/iteration"
+            )
+            lines.append(other.tree.pretty(1))
     if sim is not None:
         lines.append(
             f"simulated ({len(sim.times)} iterations, sigma {_sigma(args):g}): mean {sim.mean_s:.4f} s, "

@@ -24,6 +24,19 @@ def test_human_output(capsys):
     assert "1.000x" in out
 
 
+def test_human_output_shows_each_pure_modes_own_plan(capsys):
+    """Beside the best plan, the best plan of every other pure mode that has one: its micro-batch,
+    time and tree, as in the JSON's plans."""
+    assert plan_main([str(EXAMPLES / "tiny_ppo.yaml"), "--json"]) == 0
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert plan_main([str(EXAMPLES / "tiny_ppo.yaml")]) == 0
+    out = capsys.readouterr().out
+    t = plans["temporal"]
+    assert f"best temporal plan: micro-batch {t['micro_batch']}, {t['predicted_s']:.4f} s" in out
+    assert "best hybrid plan" not in out  # the best plan is the hybrid one, shown above
+    assert plans["spatial"] is None and "best spatial plan" not in out
+
+
 def test_json_fields(capsys):
     assert plan_main([str(EXAMPLES / "ppo_actor_critic.yaml"), "--devices", "16", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
