@@ -86,6 +86,9 @@ MAX_MAGNITUDE = 1e100
 # are far fewer.
 MAX_STEPS = 100_000
 
+# A fit whose samples stray this far from it on average (relative) is said to be poor.
+POOR_FIT = 0.25
+
 # Joins a 2-cycle's members into the name of its plan node ('env<->policy'); no component's name
 # may contain it.
 CYCLE_JOIN = "<->"
@@ -292,12 +295,19 @@ class FitReport:
     memory_rel_err_max: float
 
     def __str__(self) -> str:
-        return (
+        text = (
             f"{self.component}: {self.n_samples} samples, mean rel. error "
             f"{100 * self.rel_err_mean:.2f}%, max {100 * self.rel_err_max:.2f}%, "
             f"per_item ~ n^{-self.exponent:.3f}, extrapolated to "
             f"{count_ranges(self.extrapolated_devices)}"
         )
+        if self.rel_err_mean > POOR_FIT:
+            text += (
+                " (a poor fit: the samples vary more than alpha + x * per_item[n] explains, "
+                "so predictions from it are rough; calls too short to time well, or a noisy "
+                "host? measure longer calls, e.g. a larger batch or run.profile_budget)"
+            )
+        return text
 
 
 def count_ranges(counts) -> str:

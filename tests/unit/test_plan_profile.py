@@ -107,6 +107,13 @@ def test_fit_component_reports_error_and_warns_far_extrapolation():
     assert 0 < rep.rel_err_max < 0.05
     assert rep.exponent == pytest.approx(0.8, abs=0.05)
     assert comp.per_item[8] < comp.per_item[4]
+    assert "poor fit" not in str(rep)
+    # samples the model cannot follow (times that jump around): the report says so
+    noisy = [(c, n, x, t * (5.0 if (n * x) % 3 == 2 else 0.2), m) for c, n, x, t, m in samples]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, bad = fit_component(noisy, valid_devices=[1, 2, 4])
+    assert bad.rel_err_mean > 0.25 and "a poor fit" in str(bad)
 
 
 def test_count_ranges_and_report_name_many_counts_briefly():
