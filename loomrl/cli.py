@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -341,7 +342,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if not hasattr(mod, "profile"):
         raise ConfigError([f"recipe {cfg.recipe!r} has no profile entry point"])
     out = mod.profile(cfg)
-    print(out)
+    # The recipe's closing hint names the config as CONFIG (it is given a config, not its file)
+    say(out.replace("loomrl run CONFIG ", f"loomrl run {shlex.quote(str(args.config))} "))
     return 0
 
 
