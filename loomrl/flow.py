@@ -392,6 +392,25 @@ class Flow:
         return list(zip(n[:-1], n[1:], strict=True))
 
     # ------------------------------------------------------------------ planning
+    def _check_spatial_fits(self) -> None:
+        """An all-spatial plan gives every component devices of its own: PlanError when their
+        smallest valid counts add up to more devices than the cluster has."""
+        comps = {st.component.name: st.component for st in self.stages}
+        need = 0
+        for comp in comps.values():
+            valid = comp.valid_devices or [1]
+            if 0 in valid:  # a component that may run on host cores needs no device
+                return
+            need += min(valid)
+        have = self.cluster.num_devices
+        if need > have:
+            raise PlanError(
+                f"placement='spatial' gives each of the {len(comps)} components devices of "
+                f"its own, at least {need} devices, but this cluster has {have}: use "
+                "placement=hybrid or auto (they may share devices), or run on more devices "
+                "(run.num_gpus, or run.devices on a CPU-only machine)"
+            )
+
     def plan(
         self,
         placement: str | Path = "auto",
@@ -446,6 +465,8 @@ class Flow:
                 raise ValueError(
                     f"placement={placement!r} needs sample= (items of one iteration) to profile"
                 )
+            if placement == "spatial":  # before minutes of profiling, not after
+                self._check_spatial_fits()
             if micro_batch is not None:  # before minutes of profiling, not after
                 _check_micro_batch(micro_batch, want)
             from loomrl.profiler import DEFAULT_BUDGET, profile_flow

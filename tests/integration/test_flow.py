@@ -254,6 +254,26 @@ def test_a_stage_that_hangs_ends_the_iteration_at_its_time_limit(cluster):
         Flow(cluster, iteration_timeout_s=0)
 
 
+def test_a_spatial_placement_with_more_components_than_devices_is_refused_before_profiling(
+    cluster,
+):
+    """Each component needs devices of its own under placement='spatial': with five on the
+    session's four devices that is said at once, not after minutes of profiling."""
+    flow = Flow(cluster)
+    groups = [flow.group(Hog, 1, name=f"c{i}") for i in range(4)]
+    last = flow.group(Hog, 1, name="c4", valid_devices=[1, 2])
+    flow.chain(*(g.step for g in groups), last.sink)
+    try:
+        with pytest.raises(PlanError) as e:
+            flow.plan("spatial", sample=[1, 2])
+        msg = str(e.value)
+        assert "each of the 5 components devices of its own, at least 5 devices" in msg
+        assert "this cluster has 4: use placement=hybrid or auto" in msg
+        assert all(c.group is None for c in flow.components.values())  # no worker started
+    finally:
+        flow.shutdown()
+
+
 def test_a_micro_batch_or_a_pinned_plan_that_does_not_fit_the_batch_is_refused(
     cluster, demo_profile
 ):
