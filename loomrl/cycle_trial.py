@@ -14,6 +14,7 @@ the PPO update under whatever placement comes back.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
@@ -22,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from loomrl.cycle import (
+    BOOKKEEPING_S,
     CYCLE_MODEL_KEYS,
     ENV,
     POLICY,
@@ -199,10 +201,6 @@ def setup_events(run: Run) -> list[dict[str, Any]]:
 def _pop_probe_events(run: Run, probe: Any) -> None:
     """The env events still held by the probe's env workers (its measurements' steps), from
     those that answer within a short bound: a probe that failed may have a dead worker."""
-    import contextlib
-
-    from loomrl.cycle import BOOKKEEPING_S
-
     with contextlib.suppress(Exception):
         stats = wait(probe.env.pop_stats(), timeout=BOOKKEEPING_S)
         setup_events(run).extend(e for s in stats for e in s["events"])
@@ -211,8 +209,6 @@ def _pop_probe_events(run: Run, probe: Any) -> None:
 def _record_setup_events(run: Run) -> None:
     """Write the planning's env events to env_events.jsonl at step 0 (``run.setup_env_events``
     counts them for the summary): those that stopped the run before its first iteration too."""
-    import contextlib
-
     from loomrl.recipes.embodied_ppo import record_env_events
 
     events, run.setup_env_events = setup_events(run), 0  # type: ignore[attr-defined]

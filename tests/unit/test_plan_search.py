@@ -145,6 +145,20 @@ def test_dense_search_equals_unbounded_dp(monkeypatch):
         _assert_same_times(_dp_times(prof)[0], _unbounded_times(monkeypatch, prof), prof)
 
 
+def _chain3_on_96(comps: dict) -> object:
+    """rollout -> inference -> actor with these components' costs, on 96 devices."""
+    return load_profile(
+        {
+            "devices": 96,
+            "device_memory_gb": 80,
+            "batch": 512,
+            "granularities": [1, 4, 16, 64, 256, 512],
+            "components": comps,
+            "edges": [["rollout", "inference"], ["inference", "actor"]],
+        }
+    )
+
+
 @pytest.mark.parametrize("jitter", [0.0, 0.3])
 def test_dense_chain_every_count_equals_unbounded_dp(monkeypatch, jitter):
     """The benchmark's 3-chain with every count 1..96 valid, with smooth costs and with each
@@ -175,16 +189,7 @@ def test_dense_chain_every_count_equals_unbounded_dp(monkeypatch, jitter):
             ("actor", 0.3, 200, 400, 4.0),
         )
     }
-    prof = load_profile(
-        {
-            "devices": 96,
-            "device_memory_gb": 80,
-            "batch": 512,
-            "granularities": [1, 4, 16, 64, 256, 512],
-            "components": comps,
-            "edges": [["rollout", "inference"], ["inference", "actor"]],
-        }
-    )
+    prof = _chain3_on_96(comps)
     got = _dp_times(prof)[0]
     assert got["hybrid"] is not None and got["spatial"] is not None
     # smooth costs: every count is faster than the smaller ones, nothing to add
@@ -214,16 +219,7 @@ def test_flat_chain_equals_unbounded_dp_and_one_node_outside_shares_nothing(monk
         }
         for name, b in (("rollout", 1.0), ("inference", 0.5), ("actor", 1.5))
     }
-    prof = load_profile(
-        {
-            "devices": 96,
-            "device_memory_gb": 80,
-            "batch": 512,
-            "granularities": [1, 4, 16, 64, 256, 512],
-            "components": comps,
-            "edges": [["rollout", "inference"], ["inference", "actor"]],
-        }
-    )
+    prof = _chain3_on_96(comps)
     dp = search_mod._DP(prof, 96)
     dp.K = 1
     dp._lower_bounds(512)
