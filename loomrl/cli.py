@@ -18,7 +18,7 @@ from typing import Any
 
 from loomrl import __version__
 from loomrl.errors import ConfigError, LoomError, PlacementError, PlanError
-from loomrl.runlog import say
+from loomrl.runlog import quiet_closed_stdout, say
 
 RECIPES = {
     "demo": "loomrl.recipes.demo",
@@ -362,33 +362,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     except BrokenPipeError:
-        if not _stdout_reader_gone():
-            raise  # another pipe (a socket, a user's): a real failure
-        import os
-
         # stdout's reader left (`loomrl report DIR | head`): done, quietly, also at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if not quiet_closed_stdout():
+            raise  # another pipe (a socket, a user's): a real failure
         return 141
-
-
-def _stdout_reader_gone() -> bool:
-    """Whether stdout is a pipe nobody reads any more. The failed write emptied the buffer, so
-    a flush need not fail again; poll reports the reader's end closed (POLLERR) either way."""
-    import select
-
-    try:
-        sys.stdout.flush()
-    except BrokenPipeError:
-        return True
-    except (OSError, ValueError):
-        return False
-    try:
-        poller = select.poll()
-        poller.register(sys.stdout.fileno(), select.POLLOUT)
-        # a pipe's closed reader shows as POLLERR, a socket's as POLLHUP
-        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
-    except (OSError, ValueError, AttributeError):  # no poll here, or stdout is no file
-        return False
 
 
 def _main(argv: list[str] | None) -> int:

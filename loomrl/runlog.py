@@ -334,6 +334,35 @@ def say(text: str, stream: Any = None) -> None:
         _to_devnull(stream)
 
 
+def quiet_closed_stdout() -> bool:
+    """After a BrokenPipeError: whether it came from stdout's reader leaving (``loomrl ... |
+    head``); if so, stdout goes to /dev/null from then on (the flush at exit too)."""
+    if not _stdout_reader_gone():
+        return False
+    _to_devnull(sys.stdout)
+    return True
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe nobody reads any more. The failed write emptied the buffer, so
+    a flush need not fail again; poll reports the reader's end closed (POLLERR) either way."""
+    import select
+
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return True
+    except (OSError, ValueError):
+        return False
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        # a pipe's closed reader shows as POLLERR, a socket's as POLLHUP
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no poll here, or stdout is no file
+        return False
+
+
 def _to_devnull(stream: Any) -> None:
     """Point ``stream``'s file descriptor at /dev/null: its later writes, and the flush at exit
     of what it still holds, succeed unseen."""

@@ -21,6 +21,7 @@ from typing import Any
 from loomrl.errors import ConfigError, PlanError
 from loomrl.plan.profile import MAX_DEVICES
 from loomrl.plan.simulate import MAX_ITERATIONS, MAX_SIGMA, simulation_problems
+from loomrl.runlog import quiet_closed_stdout
 
 __all__ = ["build_parser", "plan_main"]
 
@@ -190,9 +191,10 @@ def plan_main(argv: list[str] | None = None) -> int:
         print(f"loomrl plan: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:
-        # stdout's reader left (`loomrl plan P | head -1`): stop quietly; stdout goes to devnull
-        # so that the interpreter's flush at exit does not fail on the pipe again
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # stdout's reader left (`loomrl plan P | head -1`): stop quietly (stdout to devnull, so
+        # that the flush at exit does not fail on the pipe again); another pipe is a failure
+        if not quiet_closed_stdout():
+            raise
         return 141  # 128 + SIGPIPE, what a shell reports for a writer whose pipe closed
     except MemoryError:
         # numpy's "Unable to allocate ..." included: the search's arrays grow with the device
