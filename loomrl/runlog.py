@@ -598,7 +598,15 @@ def lock_run_dir(run_dir: str | os.PathLike, resume: bool = False) -> Any:
     import fcntl
 
     path = Path(run_dir) / LOCK_FILE
-    f = open(path, "a+")  # noqa: SIM115 - held open for the run's lifetime
+    try:
+        f = open(path, "a+")  # noqa: SIM115 - held open for the run's lifetime
+    except OSError as e:  # a directory this user may not write to, say
+        raise ConfigError(
+            [
+                f"{run_dir}: cannot hold its lock file {LOCK_FILE} ({e.strerror}); a run needs a "
+                "directory it can write to: give another output_dir, or fix its permissions"
+            ]
+        ) from None
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -536,7 +536,7 @@ def load_profile(
         where = str(path)
         if not path.exists():
             raise ConfigError([f"profile file {str(path)!r} does not exist"], source=where)
-        if not path.is_file():
+        if path.is_dir():
             raise ConfigError(
                 [f"profile file {str(path)!r} is a directory; name a YAML or JSON file"],
                 source=where,
@@ -546,6 +546,10 @@ def load_profile(
         except ValueError as e:
             at, byte = e.args
             raise ConfigError([f"{at} is not UTF-8 text ({byte})"], source=where) from None
+        except OSError as e:  # not readable by this user, say
+            raise ConfigError(
+                [f"profile file {str(path)!r} cannot be read ({e.strerror})"], source=where
+            ) from None
         try:
             if path.suffix == ".json":
                 raw = json.loads(text)

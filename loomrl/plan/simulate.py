@@ -107,11 +107,8 @@ class _Sim:
             return nominal
         v = self.draws.get(key)
         if v is None:
-            if self.sigma > 0:
-                # mean-preserving log-normal factor: E[exp(s z - s^2/2)] = 1
-                v = nominal * math.exp(self.sigma * self.rng.standard_normal() - self.sigma**2 / 2)
-            else:
-                v = nominal
+            # mean-preserving log-normal factor: E[exp(s z - s^2/2)] = 1
+            v = nominal * math.exp(self.sigma * self.rng.standard_normal() - self.sigma**2 / 2)
             self.draws[key] = v
         return v
 

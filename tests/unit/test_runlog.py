@@ -310,3 +310,13 @@ def test_trim_records_cuts_back_to_the_checkpoint_and_drops_torn_lines(tmp_path)
     assert [json.loads(x)["step"] for x in timeline.splitlines()] == [0, 1]  # iterations 0, 1
     assert timeline.endswith("\n")
     assert trim_records(tmp_path, 2) == {}  # nothing more to drop
+
+
+def test_a_lock_file_that_cannot_be_made_is_a_config_error(tmp_path):
+    """A run directory the lock file cannot be made in (one that is gone, or not writable) is
+    said with the directory and the fix, not an OSError's traceback."""
+    from loomrl.errors import ConfigError
+    from loomrl.runlog import lock_run_dir
+
+    with pytest.raises(ConfigError, match=r"gone: cannot hold its lock file .*give another"):
+        lock_run_dir(tmp_path / "gone")
