@@ -595,6 +595,8 @@ def stop_on_sigterm() -> Any:
     if not _on_main_thread():
         return None
     before = signal.getsignal(signal.SIGTERM)
+    if before is None:  # installed outside Python: nothing that could be put back
+        return None
     told: list[bool] = []
 
     def on_term(signum: int, frame: Any) -> None:
