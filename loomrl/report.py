@@ -295,12 +295,12 @@ def _status_lines(summary: Mapping[str, Any]) -> list[str]:
     return [f"  run {status} after {done if done is not None else '?'} step(s): {error[:300]}"]
 
 
-def _unsummarised_lines(run_dir: Path) -> list[str]:
-    """An attempt that has written no summary yet (``loomrl.run.ATTEMPT_FILE``): still running,
-    or killed outright."""
-    from loomrl.run import ATTEMPT_FILE, _number, _read_json
+def _unsummarised_lines(run_dir: Path, summary: Mapping[str, Any] | None) -> list[str]:
+    """An attempt that has written no summary yet (``loomrl.run.pending_attempt``): still
+    running, or killed outright."""
+    from loomrl.run import _number, pending_attempt
 
-    mark = _read_json(Path(run_dir) / ATTEMPT_FILE) or {}
+    mark = pending_attempt(Path(run_dir), dict(summary) if summary else None) or {}
     done, at = _number(mark.get("steps_done")), _number(mark.get("updated"))
     if done is None or at is None:  # none, or a damaged file
         return []
@@ -343,7 +343,7 @@ def format_table(run: RunData, it: Iteration) -> str:
         *_refresh_lines(run, pred),
         *_status_lines(run.summary),
         *_attempt_lines(run.summary),
-        *_unsummarised_lines(run.run_dir),
+        *_unsummarised_lines(run.run_dir, run.summary),
         "",
         f"busy time per component, step {it.step} (measured {it.measured_s:.4f} s):",
     ]

@@ -525,13 +525,7 @@ def earlier_attempts(run_dir: Path) -> list[dict[str, Any]]:
     the attempts it listed itself (so attempts killed one after another are all kept).
     """
     prev = _read_json(run_dir / "run_summary.json")
-    mark = _read_json(run_dir / ATTEMPT_FILE)
-    if (
-        mark is not None
-        and prev is not None
-        and _same(mark.get("started"), prev.get("attempt_started"))
-    ):
-        mark = None  # left by the attempt that wrote the summary (killed before removing it)
+    mark = pending_attempt(run_dir, prev)
     if mark is None:
         return _summary_attempts(prev)
     earlier = mark.get("earlier")
@@ -549,6 +543,17 @@ def earlier_attempts(run_dir: Path) -> list[dict[str, Any]]:
         "steps_done": int(done) if done is not None else None,
     }
     return [*out, killed]
+
+
+def pending_attempt(run_dir: Path, summary: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``ATTEMPT_FILE`` of an attempt that has written no summary (still running, or
+    killed outright), else None; one left by the attempt that wrote ``summary`` (killed
+    between writing it and removing the file) is no such attempt."""
+    mark = _read_json(Path(run_dir) / ATTEMPT_FILE)
+    if mark is not None and summary is not None:
+        if _same(mark.get("started"), summary.get("attempt_started")):
+            return None
+    return mark
 
 
 def _summary_attempts(prev: dict[str, Any] | None) -> list[dict[str, Any]]:

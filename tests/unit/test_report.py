@@ -222,6 +222,10 @@ def test_an_attempt_that_wrote_no_summary_is_listed_as_killed(tmp_path, capsys):
     assert report_main([str(d)]) == 0
     said = "no summary written: still running, or killed outright (7 step(s) done, the last at "
     assert said in capsys.readouterr().out
+    # left by the attempt that wrote the summary (killed before removing it): not pending
+    (d / "run_summary.json").write_text(json.dumps({**summary, "attempt_started": mark["started"]}))
+    assert report_main([str(d)]) == 0
+    assert "no summary written" not in capsys.readouterr().out
 
 
 def test_load_run_skips_a_cut_short_line_and_needs_no_summary(tmp_path):
