@@ -263,7 +263,9 @@ class FlowResult:
 def _check_micro_batch(micro_batch: int, batch: int) -> None:
     """A pinned micro-batch must divide the batch: every micro-batch holds as many items."""
     if micro_batch < 1 or batch % micro_batch:
-        divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+        from loomrl.plan.profile import divisors as divisors_of
+
+        divisors = divisors_of(batch)
         raise PlanError(
             f"micro_batch={micro_batch} does not divide the batch of {batch} items (every "
             f"micro-batch holds as many); use one of {divisors}"

@@ -513,12 +513,12 @@ def profile_flow(
     one iteration (at least two calls on all its devices are made whatever the budget).
     ``notify``: told, one line per component, where profiling is.
     """
-    from loomrl.plan.profile import fit_profile
+    from loomrl.plan.profile import divisors, fit_profile
 
     run = measure(flow, sample, repeats=repeats, budget=budget, notify=notify)
     M = len(sample)
     n_max = flow.cluster.num_devices
-    gran = [micro_batch] if micro_batch else [d for d in range(1, M + 1) if M % d == 0]
+    gran = [micro_batch] if micro_batch else divisors(M)
     prof = fit_profile(
         run.samples,
         devices=n_max,
