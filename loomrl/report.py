@@ -12,7 +12,10 @@ Reads the files ``loomrl run`` leaves in its run directory:
 
 and writes ``timeline_measured_vs_predicted.png`` (predicted panel over measured panel on one time
 axis), ``trace.json`` (Chrome / Perfetto trace of every recorded iteration, end to end) and prints
-a table of predicted vs measured times. Imports neither torch nor Ray; matplotlib only to draw.
+a table of predicted vs measured times. A run of ``profile=calibrate`` that stopped before its
+second iteration calibrated the plan has no prediction: the table says "not known" and the
+figure's predicted panel is empty, where the cost-free plan's 0 s would read as one. Imports
+neither torch nor Ray; matplotlib only to draw.
 """
 
 from __future__ import annotations
@@ -89,9 +92,18 @@ class RunData:
         return self.iterations[1:] or self.iterations
 
     @property
-    def predicted_s(self) -> float:
+    def calibrating(self) -> bool:
+        """Whether ``plan.json`` is ``profile=calibrate``'s cost-free plan: the run stopped
+        before its second iteration calibrated it, so the plan's 0 s predicts nothing."""
+        return self.plan.method == "calibrate"
+
+    @property
+    def predicted_s(self) -> float | None:
+        """The run's predicted iteration time; None when it has none (``calibrating``)."""
         p = self.summary.get("predicted_iteration_s")
-        return float(p) if isinstance(p, (int, float)) else self.plan.predicted_s
+        if isinstance(p, (int, float)) and not isinstance(p, bool):
+            return float(p)
+        return None if self.calibrating else self.plan.predicted_s
 
     @property
     def measured_median_s(self) -> float:
@@ -251,11 +263,13 @@ def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
-def _refresh_lines(run: RunData, pred: float) -> list[str]:
+def _refresh_lines(run: RunData, pred: float | None) -> list[str]:
     """When the prediction was refreshed from the run's warm iterations: the planned one, and the
     iterations run after the refresh (out of sample) against the refreshed one."""
     planned = run.summary.get("planned_iteration_s")
-    if not isinstance(planned, (int, float)) or math.isclose(planned, pred, rel_tol=1e-9):
+    if pred is None or not isinstance(planned, (int, float)):
+        return []
+    if math.isclose(planned, pred, rel_tol=1e-9):
         return []
     meas = run.measured_median_s
     lines = [
@@ -336,7 +350,7 @@ def format_table(run: RunData, it: Iteration) -> str:
     lines = [
         f"run {run.run_dir}: {len(run.iterations)} iteration(s) recorded, plan {run.plan.mode} "
         f"on {run.plan.devices} device(s), micro-batch {run.plan.micro_batch}",
-        f"  predicted iteration     {pred:10.4f} s",
+        _predicted_line(pred),
         f"  measured median         {meas:10.4f} s  (after warm-up: {len(warm)} iteration(s), "
         f"steps {warm[0].step}..{warm[-1].step})",
         f"  relative error          {_rel(meas, pred):>10}  (measured vs predicted)",
@@ -348,14 +362,30 @@ def format_table(run: RunData, it: Iteration) -> str:
         f"busy time per component, step {it.step} (measured {it.measured_s:.4f} s):",
     ]
     busy = component_busy(run.plan, it.records)
-    w = max([len("component"), *(len(c) for c in busy)])
+    if run.calibrating:  # the cost-free plan's intervals are placeholders, not predictions
+        busy = {c: (None, m) for c, (_, m) in busy.items()}
+    w = max([len("component"), len("(switching)"), *(len(c) for c in busy)])
     lines.append(f"  {'component':<{w}}  {'predicted s':>12}  {'measured s':>12}  {'error':>8}")
     for c, (p, m) in busy.items():
         lines.append(f"  {c:<{w}}  {_s(p):>12}  {_s(m):>12}  {_rel(m, p):>8}")
-    sw_p = busy_seconds((i.start, i.end) for i in run.plan.timeline if i.kind == "switch")
+    sw_p = None
+    if not run.calibrating:
+        sw_p = busy_seconds((i.start, i.end) for i in run.plan.timeline if i.kind == "switch")
     sw_m = busy_seconds((r["start"], r["end"]) for r in it.records if r["kind"] != "run")
-    lines.append(f"  {'(switching)':<{w}}  {sw_p:>12.4f}  {sw_m:>12.4f}  {_rel(sw_m, sw_p):>8}")
+    lines.append(f"  {'(switching)':<{w}}  {_s(sw_p):>12}  {_s(sw_m):>12}  {_rel(sw_m, sw_p):>8}")
     return "\n".join(lines)
+
+
+NOT_CALIBRATED = (
+    "not known: profile=calibrate, and the run stopped before its second iteration "
+    "calibrated the plan"
+)
+
+
+def _predicted_line(pred: float | None) -> str:
+    if pred is None:
+        return f"  predicted iteration     {NOT_CALIBRATED}"
+    return f"  predicted iteration     {pred:10.4f} s"
 
 
 # ----------------------------------------------------------------------- chrome trace
@@ -488,7 +518,7 @@ def draw_measured_vs_predicted(
     predicted: Sequence[Row],
     measured: Sequence[Row],
     path: str | Path,
-    predicted_s: float,
+    predicted_s: float | None,
     measured_s: float,
     title: str = "",
 ) -> Path:
@@ -496,7 +526,9 @@ def draw_measured_vs_predicted(
 
     Rows are ``draw_timeline``'s ``(row_label, component, start, end, label)``; components named
     ``"X (switch)"`` (onload/offload) are drawn hatched in X's colour. Each row's idle time up to
-    the iteration's end is shaded grey, and the iteration's end is a dashed line.
+    the iteration's end is shaded grey, and the iteration's end is a dashed line. A
+    ``predicted_s`` of None (no prediction: an uncalibrated plan) leaves the predicted panel
+    empty and says so.
     """
     import matplotlib
 
@@ -507,12 +539,15 @@ def draw_measured_vs_predicted(
     def base(c: str) -> str:
         return c.removesuffix(" (switch)")
 
+    if predicted_s is None:
+        predicted = []
     comps = sorted({base(r[1]) for r in (*predicted, *measured)})
     cmap = plt.get_cmap("tab10" if len(comps) <= 10 else "tab20")
     color = {c: cmap(i % cmap.N) for i, c in enumerate(comps)}
     panels = [("predicted (plan.json)", predicted, predicted_s), ("measured", measured, measured_s)]
     labels = [sorted({r[0] for r in rows}, key=_row_key) or ["(none)"] for _, rows, _ in panels]
-    end = max([predicted_s, measured_s, *(r[3] for r in (*predicted, *measured))]) or 1.0
+    ends = [x for x in (predicted_s, measured_s) if x is not None]
+    end = max([*ends, *(r[3] for r in (*predicted, *measured))]) or 1.0
     fig, axes = plt.subplots(
         2,
         1,
@@ -522,6 +557,10 @@ def draw_measured_vs_predicted(
     )
     for ax, (name, rows, iter_s), labs in zip(axes, panels, labels, strict=True):
         y = {lab: i for i, lab in enumerate(labs)}
+        if iter_s is None:
+            ax.set_yticks([])
+            ax.set_title(f"{name}: no prediction (not calibrated)", fontsize=9, loc="left")
+            continue
         # Idle is what the grey shows through between boxes.
         ax.barh(range(len(labs)), iter_s, left=0, height=0.8, color="0.92", edgecolor="none")
         for lab, comp, s, e, text in rows:
@@ -647,7 +686,7 @@ def report_main(argv: list[str]) -> int:
         predicted_rows(run.plan),
         measured_rows(it.records),
         out / FIGURE_FILE,
-        predicted_s=run.plan.predicted_s,
+        predicted_s=run.predicted_s,
         measured_s=it.measured_s,
         title=f"{run.run_dir.name}: step {it.step} ({which}), {run.plan.mode} plan",
     )

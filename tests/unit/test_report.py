@@ -410,3 +410,32 @@ def test_a_summary_that_is_not_an_object_is_ignored_with_a_warning(tmp_path, cap
     (d / "run_summary.json").write_text("[1, 2]")
     run = load_run(d)
     assert run.summary == {} and "is not a JSON object" in caplog.text
+
+
+def test_an_uncalibrated_plan_reports_no_prediction_rather_than_0_s(tmp_path, capsys):
+    """profile=calibrate stopped before its second iteration: plan.json is the cost-free plan,
+    whose 0 s predicts nothing; the summary (if any) says null."""
+    import dataclasses
+
+    from loomrl.report import NOT_CALIBRATED
+
+    plan = dataclasses.replace(hand_plan(), predicted_s=0.0, method="calibrate")
+    d = write_run(tmp_path / "run", plan=plan, times={0: 2.0}, summary=False)
+    (d / "run_summary.json").write_text(
+        json.dumps({"status": "interrupted", "steps_done": 1, "predicted_iteration_s": None})
+    )
+    run = load_run(d)
+    assert run.calibrating and run.predicted_s is None
+    assert report_main([str(d)]) == 0
+    out = capsys.readouterr().out
+    assert f"predicted iteration     {NOT_CALIBRATED}" in out
+    assert "0.0000 s" not in out.split("busy time")[0]
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
+    assert rows["gen"][0] == "-" and rows["train"][0] == "-" and rows["(switching)"][0] == "-"
+    assert (d / FIGURE_FILE).read_bytes()[:8] == PNG_MAGIC
+    # Killed outright: no summary at all, and still no 0 s.
+    (d / "run_summary.json").unlink()
+    assert load_run(d).predicted_s is None
+    # A calibrated plan (its method no longer "calibrate") reports its prediction.
+    write_run(tmp_path / "done", plan=dataclasses.replace(plan, method="calibrated"))
+    assert load_run(tmp_path / "done").predicted_s == 0.0
