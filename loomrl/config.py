@@ -21,7 +21,10 @@ Semantic checks live with the section that owns them: a config dataclass may def
 ``validate(self) -> list[str]``, returning problems such as ``"lr: must be > 0, got -1.0"``.
 The loader prefixes each with the section's dotted path (``actor.lr: ...``), so semantic
 errors and type errors read the same and are reported together. A ``__post_init__`` that
-raises ``ValueError`` (or ``ConfigError``) is collected the same way.
+raises ``ValueError`` (or ``ConfigError``) is collected the same way. A value that is wrong
+(its type, or refused by its section's checks) stops only the checks that read it: the others,
+those across sections included, run on the section with that key at its default and leave out
+what they say about it (``_build_dataclass``), so one pass lists every problem.
 
 This module never imports torch.
 """
@@ -224,7 +227,7 @@ def load_config(
         # Report malformed overrides and bad file keys separately: the former stops the load.
         data = apply_overrides(data, overrides)
     problems: list[str] = []
-    result = _build_dataclass(cls, data, "", problems, short_keys or {})
+    result = _build_dataclass(cls, data, "", problems, short_keys or {}, set())
     if problems:
         # The problems may come from the file or from an override: say both were read.
         where = f"{source} with overrides" if source and overrides else source
@@ -259,9 +262,21 @@ def _build_dataclass(
     prefix: str,
     problems: list[str],
     short_keys: Mapping[str, str] | None = None,
+    broken: set[str] | None = None,
 ) -> Any:
     """Convert ``data`` into ``cls``; append problems; return the instance or ``_MISSING``.
-    ``short_keys``: see ``load_config`` (top level only)."""
+    ``short_keys``: see ``load_config`` (top level only).
+
+    Where some values given are wrong (a wrong type, or refused by the section's own checks),
+    every other check still runs: the instance returned is then a stand-in holding those keys'
+    defaults, and their dotted keys are added to ``broken``. The checks of this section and of
+    those above it run on the stand-in and drop what they say about a broken key (it would be
+    about the default, not the value given), so a check across sections runs whenever the
+    values it reads are valid. ``load_config`` raises whenever a problem was found, so a
+    stand-in never leaves this module. ``_MISSING``: no stand-in can be built (a required key
+    is missing or wrong, or a problem names none of the section's keys)."""
+    if broken is None:
+        broken = set()
     if isinstance(data, cls):
         return data
     if not isinstance(data, Mapping):
@@ -282,9 +297,9 @@ def _build_dataclass(
                 f"{_join(prefix, key)}: is computed from other keys and cannot be set{_DASH}remove it"
             )
 
-    kwargs: dict[str, Any] = {}
-    own_ok = True  # every value of this section converted, so validate() may rely on the types
-    failed: list[str] = []  # fields whose value did not convert
+    values: dict[str, Any] = {}
+    bad: set[str] = set()  # this section's keys whose value is wrong: stood in for by defaults
+    complete = True
     for name, f in fields.items():
         if not f.init:
             continue
@@ -292,75 +307,104 @@ def _build_dataclass(
         if name not in data:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 problems.append(f"{key}: missing required key (expected {_type_name(hints[name])})")
-                own_ok = False
+                complete = False
             continue
-        value = _convert(data[name], hints[name], key, problems)
+        value = _convert(data[name], hints[name], key, problems, broken)
         if value is _MISSING:
-            failed.append(name)
+            bad.add(name)
         else:
-            kwargs[name] = value
+            values[name] = value
+    if not complete:
+        # A required key has no default to stand in for it: nothing can be checked here.
+        # Nested sections were still built and checked above, so their problems are listed.
+        return _MISSING
 
-    if failed and own_ok:
-        _check_beside_failed_sections(cls, fields, hints, kwargs, failed, prefix, problems)
-        return _MISSING
-    if not own_ok:
-        # Nested sections were still built and validated above, so their problems are
-        # reported too; this section's validate() would see wrong types, so it is skipped.
-        # Unknown keys alone do not stop it, so a typo and a semantic error show up together.
-        return _MISSING
-    try:
-        instance = cls(**kwargs)
-    except ConfigError as e:
-        problems.extend(_prefix_problems(cls, prefix, e.problems))
-        return _MISSING
-    except ValueError as e:
-        problems.extend(_prefix_problems(cls, prefix, [str(e)]))
+    def build(wrong: set[str]) -> tuple[Any, list[str]]:
+        kwargs = {n: v for n, v in values.items() if n not in wrong}
+        for n in wrong:
+            default = _default(fields[n])
+            if default is _MISSING:
+                return _MISSING, []
+            kwargs[n] = default
+        try:
+            return cls(**kwargs), []
+        except ConfigError as e:
+            return _MISSING, [str(p) for p in e.problems]
+        except ValueError as e:
+            return _MISSING, [str(e)]
+
+    def report(found: list[str]) -> bool:
+        """List the problems in ``found`` that are not about a broken key and mark the keys
+        they name broken; False where one names none of this section's keys."""
+        below = {k[len(prefix) + 1 :] if prefix else k for k in broken if _is_below(k, prefix)}
+        kept = _not_about(found, bad | below)
+        problems.extend(_prefix_problems(cls, prefix, kept))
+        for p in kept:
+            named = _keys_named(p, fields)
+            if not named:
+                return False
+            bad.update(named)
+        return True
+
+    instance, found = build(bad)
+    if found:  # __post_init__ refused a value
+        if not report(found):
+            return _MISSING
+        instance, found = build(bad)
+        if found or instance is _MISSING:
+            return _MISSING
+    elif instance is _MISSING:
         return _MISSING
     validate = getattr(instance, "validate", None)
     if callable(validate):
-        found = validate()
-        if found:
-            problems.extend(_prefix_problems(cls, prefix, list(found)))
+        before = set(bad)
+        if not report(list(validate())):
+            return _MISSING
+        if bad - before:
+            # The sections above must not read a value this section refused: they get it at
+            # its default (replace() keeps what validate() normalised in the others).
+            try:
+                instance = dataclasses.replace(
+                    instance, **{n: _default(fields[n]) for n in bad - before}
+                )
+            except (ConfigError, ValueError):
+                return _MISSING
+    broken.update(_join(prefix, n) for n in bad)
     return instance
 
 
-def _check_beside_failed_sections(
-    cls: type,
-    fields: dict[str, dataclasses.Field],
-    hints: dict[str, Any],
-    kwargs: dict[str, Any],
-    failed: list[str],
-    prefix: str,
-    problems: list[str],
-) -> None:
-    """Where only nested sections of ``cls`` failed (their problems are already listed), run
-    its ``validate()`` with those sections at their defaults, so that its own keys' problems are
-    reported in the same pass; a problem naming a failed section is left out (it would be about
-    the stand-in default, not what was given). Where a plain value failed, nothing runs: the
-    checks would see a wrong type."""
-    stand_in: dict[str, Any] = {}
-    for name in failed:
-        f = fields[name]
-        if not dataclasses.is_dataclass(hints[name]):
-            return
-        if f.default_factory is not dataclasses.MISSING:
-            stand_in[name] = f.default_factory()
-        elif f.default is not dataclasses.MISSING:
-            stand_in[name] = f.default
-        else:
-            return
-    try:
-        instance = cls(**kwargs, **stand_in)
-    except (ConfigError, ValueError):
-        return
-    validate = getattr(instance, "validate", None)
-    if not callable(validate):
-        return
-    names = "|".join(re.escape(n) for n in failed)
-    # "env.num_envs=0 ...", "env: ...": a key of a failed section, or the section itself
-    about_failed = re.compile(rf"(?<![A-Za-z0-9_.])({names})\.[A-Za-z_]|^({names})\s*:")
-    found = [p for p in validate() if not about_failed.search(str(p))]
-    problems.extend(_prefix_problems(cls, prefix, found))
+def _default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return _MISSING
+
+
+def _is_below(key: str, prefix: str) -> bool:
+    return not prefix or key.startswith(prefix + ".") or key.startswith(prefix + "[")
+
+
+def _not_about(found: list[str], keys: set[str]) -> list[str]:
+    """The problems in ``found`` that name none of ``keys`` (relative dotted keys, e.g.
+    ``num_envs``, ``env.num_envs`` or the whole section ``env``, which ``env.pixels``
+    names). A key counts as named wherever it stands as a word, even in prose: dropping a
+    true problem until the broken value is fixed is better than listing a false one."""
+    if not keys:
+        return [str(p) for p in found]
+    alts = "|".join(re.escape(k) for k in sorted(keys, key=len, reverse=True))
+    named = re.compile(rf"(?<![A-Za-z0-9_.])({alts})(?![A-Za-z0-9_])")
+    return [str(p) for p in found if not named.search(str(p))]
+
+
+def _keys_named(problem: str, fields: Mapping[str, dataclasses.Field]) -> set[str]:
+    """The keys of a section that a problem of its own is about: those named before its first
+    ': ' (``num_minibatches=9999: must be in [1, rollout_steps=2048]`` is about
+    num_minibatches; ``vf_coef=-1, ent_coef=0: ...`` about both), or anywhere in it when it
+    has none. A nested key counts as its section (``env.num_envs`` -> ``env``)."""
+    head = problem.split(": ", 1)[0]
+    words = re.findall(r"(?<![A-Za-z0-9_.])([A-Za-z_][A-Za-z0-9_]*)", head)
+    return {w for w in words if w in fields and fields[w].init}
 
 
 def _prefix_problems(cls: type, prefix: str, found: list[str]) -> list[str]:
@@ -452,14 +496,17 @@ def _is_union(tp: Any) -> bool:
     return origin is Union or (hasattr(types, "UnionType") and origin is types.UnionType)
 
 
-def _convert(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
-    """Check ``value`` against the type hint ``tp``; return the converted value or ``_MISSING``."""
+def _convert(
+    value: Any, tp: Any, key: str, problems: list[str], broken: set[str] | None = None
+) -> Any:
+    """Check ``value`` against the type hint ``tp``; return the converted value or ``_MISSING``.
+    ``broken``: see ``_build_dataclass``."""
     if tp is Any or tp is object:
         return value
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return _build_dataclass(tp, value, key, problems)
+        return _build_dataclass(tp, value, key, problems, broken=broken)
     if _is_union(tp):
-        return _convert_union(value, tp, key, problems)
+        return _convert_union(value, tp, key, problems, broken)
     origin = typing.get_origin(tp)
     if origin is Literal:
         choices = typing.get_args(tp)
@@ -475,11 +522,11 @@ def _convert(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
         problems.append(msg)
         return _MISSING
     if origin in (list, Sequence):
-        return _convert_list(value, tp, key, problems)
+        return _convert_list(value, tp, key, problems, broken)
     if origin is tuple:
-        return _convert_tuple(value, tp, key, problems)
+        return _convert_tuple(value, tp, key, problems, broken)
     if origin in (dict, Mapping):
-        return _convert_dict(value, tp, key, problems)
+        return _convert_dict(value, tp, key, problems, broken)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return _convert_enum(value, tp, key, problems)
     if tp is bool:
@@ -534,7 +581,9 @@ def _convert(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
     raise TypeError(f"{key}: unsupported config field type {tp!r}")
 
 
-def _convert_union(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
+def _convert_union(
+    value: Any, tp: Any, key: str, problems: list[str], broken: set[str] | None = None
+) -> Any:
     args = typing.get_args(tp)
     if value is None:
         if type(None) in args:
@@ -542,7 +591,7 @@ def _convert_union(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
         return _wrong(key, _type_name(tp), value, problems)
     options = [a for a in args if a is not type(None)]
     if len(options) == 1:
-        return _convert(value, options[0], key, problems)
+        return _convert(value, options[0], key, problems, broken)
     # Prefer an exact match so that `int | float` keeps 3 an int and `float | str` keeps "1e-5" a str.
     for opt in options:
         if isinstance(opt, type) and not dataclasses.is_dataclass(opt):
@@ -550,25 +599,29 @@ def _convert_union(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
                 return value
     for opt in options:
         trial: list[str] = []
-        out = _convert(value, opt, key, trial)
+        out = _convert(value, opt, key, trial, set())
         if not trial and out is not _MISSING:
             return out
     return _wrong(key, _type_name(tp), value, problems)
 
 
-def _convert_list(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
+def _convert_list(
+    value: Any, tp: Any, key: str, problems: list[str], broken: set[str] | None = None
+) -> Any:
     if not isinstance(value, list):
         return _wrong(key, _type_name(tp), value, problems)
     (item_tp,) = typing.get_args(tp) or (Any,)
     out, ok = [], True
     for i, item in enumerate(value):
-        v = _convert(item, item_tp, f"{key}[{i}]", problems)
+        v = _convert(item, item_tp, f"{key}[{i}]", problems, broken)
         ok &= v is not _MISSING
         out.append(v)
     return out if ok else _MISSING
 
 
-def _convert_tuple(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
+def _convert_tuple(
+    value: Any, tp: Any, key: str, problems: list[str], broken: set[str] | None = None
+) -> Any:
     if not isinstance(value, (list, tuple)):
         return _wrong(key, _type_name(tp), value, problems)
     args = typing.get_args(tp)
@@ -585,13 +638,15 @@ def _convert_tuple(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
         item_types = list(args)
     out, ok = [], True
     for i, (item, item_tp) in enumerate(zip(value, item_types, strict=True)):
-        v = _convert(item, item_tp, f"{key}[{i}]", problems)
+        v = _convert(item, item_tp, f"{key}[{i}]", problems, broken)
         ok &= v is not _MISSING
         out.append(v)
     return tuple(out) if ok else _MISSING
 
 
-def _convert_dict(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
+def _convert_dict(
+    value: Any, tp: Any, key: str, problems: list[str], broken: set[str] | None = None
+) -> Any:
     if not isinstance(value, Mapping):
         return _wrong(key, _type_name(tp), value, problems)
     args = typing.get_args(tp) or (Any, Any)
@@ -599,7 +654,7 @@ def _convert_dict(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
     out, ok = {}, True
     for k, v in value.items():
         kk = _convert(k, key_tp, f"{key} key {k!r}", problems)
-        vv = _convert(v, val_tp, f"{key}.{k}", problems)
+        vv = _convert(v, val_tp, f"{key}.{k}", problems, broken)
         ok &= kk is not _MISSING and vv is not _MISSING
         out[kk] = vv
     return out if ok else _MISSING

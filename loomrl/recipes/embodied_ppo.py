@@ -195,10 +195,10 @@ def _check_policy(cfg: Config) -> list[str]:
     spaces: the run's image size for the CNN). A factory's module is imported, and its
     signature checked, in the policy worker.
 
-    A problem that depends on the env section names an ``env.`` key and one that does not,
-    does not: where the env section itself is invalid, ``load_config`` runs this with a default
-    env in its place and drops the problems that name it, keeping the rest (a typo in
-    ``policy_kwargs`` is reported beside the env's problems, not after they are fixed)."""
+    A problem that depends on an env key names it (``env.pixels``) and one that does not,
+    does not: where an env key is wrong, ``load_config`` runs this with that key at its default
+    and drops the problems that name it, keeping the rest (a typo in ``policy_kwargs`` is
+    reported beside the env's problems, not after they are fixed)."""
     from loomrl.workers.policy import BUILT_IN_POLICIES, policy_spec_problems
 
     policy, kwargs, pixels = cfg.policy, cfg.policy_kwargs, cfg.env.pixels

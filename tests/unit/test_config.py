@@ -283,9 +283,10 @@ def test_every_problem_reported_at_once_including_validate(tmp_path):
         # validate() of a section whose types are all right runs, and its problem is prefixed.
         "actor.lr: must be > 0, got -1.0",
         "rollout.temperature: expected float, got 'hot' (str)",
+        # The root's validate() runs although steps and placement are wrong: it reads neither.
+        "batch_size (6) must be a multiple of group_size (4)",
     ]
-    # The root section had type errors, so its own validate() (batch_size % group_size) is skipped.
-    assert "6 problem(s)" not in str(e.value) and "5 problem(s)" in str(e.value)
+    assert "6 problem(s)" in str(e.value)
 
 
 @dataclass
@@ -307,17 +308,96 @@ class Outer:
 def test_a_failed_nested_section_leaves_the_parents_own_checks_running():
     with pytest.raises(ConfigError) as e:
         load_config(Outer, {"inner": {"lr": "fast", "micro_batch": 3}, "n": -2})
-    # n's own problem is reported with the section's type error; the check across sections
-    # ran on the stand-in inner (micro_batch 4, not the 3 given) and is left out.
+    # n's own problem is reported with the section's type error, and so is the check across
+    # sections: it reads inner.micro_batch, which is valid, not inner.lr.
     assert problems_of(e) == [
         "inner.lr: expected float, got 'fast' (str)",
         "n: must be >= 1, got -2",
+        "n=-2 is not a multiple of inner.micro_batch=3",
     ]
+    # A check that reads a wrong value is left out: it ran on the default (4), not the "x" given.
+    with pytest.raises(ConfigError) as e:
+        load_config(Outer, {"inner": {"micro_batch": "x"}, "n": 3})
+    assert problems_of(e) == ["inner.micro_batch: expected int, got 'x' (str)"]
     with pytest.raises(ConfigError) as e:
         load_config(TrainConfig, {"batch_size": 6, "rollout": {"temperature": "hot"}})
     assert problems_of(e) == [
         "rollout.temperature: expected float, got 'hot' (str)",
         "batch_size (6) must be a multiple of group_size (4)",
+    ]
+
+
+@dataclass
+class Window:
+    """Checks its own keys in __post_init__, as PPOConfig and EnvConfig do."""
+
+    size: int = 8
+    parts: int = 2
+
+    def __post_init__(self):
+        p = []
+        if self.size < 1:
+            p.append(f"size={self.size}: must be >= 1")
+        if not 1 <= self.parts <= max(self.size, 1):
+            p.append(f"parts={self.parts}: must be in [1, size={self.size}]")
+        if p:
+            raise ConfigError(p)
+
+
+@dataclass
+class Shard:
+    """Refuses a value in validate(), which its parent divides by."""
+
+    count: int = 2
+
+    def validate(self) -> list[str]:
+        return [] if self.count >= 1 else [f"count: must be >= 1, got {self.count}"]
+
+
+@dataclass
+class Pair:
+    window: Window = field(default_factory=Window)
+    shard: Shard = field(default_factory=Shard)
+    width: int = 4
+
+    def validate(self) -> list[str]:
+        p = []
+        if self.window.size % self.width:
+            p.append(f"window.size={self.window.size} is not a multiple of width={self.width}")
+        if self.width % self.shard.count:  # no guard: shard.count is never 0 here
+            p.append(f"width={self.width} is not a multiple of shard.count={self.shard.count}")
+        return p
+
+
+def test_checks_across_sections_run_beside_a_sections_own_problem():
+    # The window refuses parts, not size: the check of size against width still runs.
+    with pytest.raises(ConfigError) as e:
+        load_config(Pair, {"window": {"size": 6, "parts": 99}})
+    assert problems_of(e) == [
+        "window.parts=99: must be in [1, size=6]",
+        "window.size=6 is not a multiple of width=4",
+    ]
+    # A wrong type at the top does not stop the checks that do not read it.
+    with pytest.raises(ConfigError) as e:
+        load_config(Pair, {"window": {"parts": 99}, "shard": {"count": 3}, "width": "x"})
+    assert problems_of(e) == [
+        "window.parts=99: must be in [1, size=8]",
+        "width: expected int, got 'x' (str)",
+    ]
+
+
+def test_a_check_across_sections_skips_values_their_own_section_refused():
+    # window.size=0 is refused: the check of size against width would be about a stand-in.
+    with pytest.raises(ConfigError) as e:
+        load_config(Pair, {"window": {"size": 0, "parts": 1}, "shard": {"count": 3}, "width": 3})
+    assert problems_of(e) == ["window.size=0: must be >= 1"]
+    # shard.count=0 is refused by validate(): the parent's check, which divides by it, does
+    # not see it (a ZeroDivisionError traceback before), and the other check still runs.
+    with pytest.raises(ConfigError) as e:
+        load_config(Pair, {"window": {"size": 6}, "shard": {"count": 0}})
+    assert problems_of(e) == [
+        "shard.count: must be >= 1, got 0",
+        "window.size=6 is not a multiple of width=4",
     ]
 
 

@@ -150,13 +150,14 @@ def test_with_policy_auto_a_key_no_built_in_takes_is_reported_beside_env_problem
         "policy_kwargs.chanels: not an argument of either built-in policy (policy='auto'); "
         "did you mean 'channels'?"
     )
-    # A key only the other class takes depends on the env: left out while the env is invalid,
-    # named with env.pixels once it is valid.
-    assert (
-        len(_problems(PIXELS, "policy=auto", "env.image_size=4", "policy_kwargs.hidden=[8]")) == 1
-    )
+    # A key only the other class takes depends on env.pixels: named with it where env.pixels is
+    # valid (whatever else the env section gets wrong), left out while env.pixels is wrong.
+    _, problem = _problems(PIXELS, "policy=auto", "env.image_size=4", "policy_kwargs.hidden=[8]")
+    assert "not an argument of CNNActorCritic (policy='auto', env.pixels=True)" in problem
     (problem,) = _problems(PIXELS, "policy=auto", "policy_kwargs.hidden=[8]")
     assert "not an argument of CNNActorCritic (policy='auto', env.pixels=True)" in problem
+    (problem,) = _problems(PIXELS, "policy=auto", "env.pixels=maybe", "policy_kwargs.channels=[8]")
+    assert problem.startswith("env.pixels: expected bool")
 
 
 def test_an_env_id_typo_is_reported_with_the_env_sections_other_problems():
@@ -176,3 +177,30 @@ def test_an_mlp_that_cannot_be_built_is_reported_beside_ppo_problems():
 def test_policy_kwargs_log_std_init_must_be_finite():
     (problem,) = Config(policy_kwargs={"log_std_init": INF}).validate()
     assert problem.startswith("policy_kwargs.log_std_init: must be a finite number")
+
+
+def test_the_recipes_checks_across_sections_run_beside_the_ppo_sections_own_problems():
+    """ppo.num_minibatches above ppo.rollout_steps made the ppo section fail, and the checks of
+    rollout_steps and groups against env.num_envs went unsaid until it was fixed."""
+    problems = _problems(PENDULUM, "ppo.num_minibatches=9999", "env.num_envs=7", "groups=9")
+    assert problems == [
+        "ppo.num_minibatches=9999: must be in [1, rollout_steps=2048]",
+        "ppo.rollout_steps=2048 is not a multiple of env.num_envs=7; their ratio is the steps S "
+        "per env per iteration",
+        "groups: must be in [1, env.num_envs=7], got 9",
+    ]
+    # A wrong type in ppo stops none of ppo's other checks, nor the recipe's.
+    problems = _problems(PENDULUM, "ppo.lr=fast", "ppo.epochs=0", "ppo.rollout_steps=100")
+    assert problems == [
+        "ppo.lr: expected float, got 'fast' (str)",
+        "ppo.epochs=0: must be >= 1",
+        "ppo.rollout_steps=100 is not a multiple of env.num_envs=8; their ratio is the steps S "
+        "per env per iteration",
+    ]
+
+
+def test_a_check_across_sections_is_left_out_where_a_value_it_reads_is_wrong():
+    # num_envs is wrong: both checks against it would be about the stand-in default.
+    for bad in ("env.num_envs=0", "env.num_envs=x"):
+        (problem,) = _problems(PENDULUM, bad, "ppo.rollout_steps=100", "groups=9")
+        assert problem.startswith("env.num_envs"), problem
