@@ -59,7 +59,9 @@ def load_corpus(
             where, byte = e.args
             raise ConfigError([f"corpus_path: {where} is not UTF-8 text ({byte})"]) from None
         docs, problems = [], []
-        for n, line in enumerate(text.splitlines(), 1):
+        from loomrl.tasks.jsonl import jsonl_lines
+
+        for n, line in enumerate(jsonl_lines(text), 1):
             if not line.strip():
                 continue
             try:

@@ -9,6 +9,7 @@ Nothing is downloaded.
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,19 @@ from loomrl.tasks.base import Example, check_index, in_eval_split
 
 class DatasetError(LoomError, ValueError):
     """A dataset file is missing or has an invalid line."""
+
+
+def jsonl_lines(text: str) -> list[str]:
+    r"""The lines of a JSON Lines text, split at ``\n`` only (a ``\r`` before it is JSON
+    whitespace). Not ``str.splitlines``: that also splits at U+2028, U+2029, U+0085 and other
+    separators, which JSON allows raw inside a string (``json.dumps(..., ensure_ascii=False)``
+    writes them so), cutting a valid line in two and shifting every later line number."""
+    return text.removeprefix("\ufeff").split("\n")  # a byte order mark is no part of line 1
+
+
+def _no_constant(name: str) -> float:
+    # NaN and Infinity are not JSON; Python's reader takes them unless told otherwise.
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def load_jsonl(
@@ -42,14 +56,16 @@ def load_jsonl(
     except ValueError as e:
         where, byte = e.args
         raise DatasetError(f"{where}: not UTF-8 text ({byte}); save the file as UTF-8") from None
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in enumerate(jsonl_lines(text), start=1):
         if not line.strip():
             continue
         where = f"{p}:{lineno}"
         try:
-            row = json.loads(line)
+            row = json.loads(line, parse_constant=_no_constant)
         except json.JSONDecodeError as e:
             raise DatasetError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+        except ValueError as e:
+            raise DatasetError(f"{where}: invalid JSON ({e})") from None
         if not isinstance(row, dict):
             raise DatasetError(
                 f"{where}: expected a JSON object like "
@@ -60,6 +76,11 @@ def load_jsonl(
             raise DatasetError(
                 f"{where}: missing or empty {prompt_key!r} (keys present: {sorted(row)}); "
                 "set prompt_key if the question is stored under another name"
+            )
+        if isinstance(answer, float) and not math.isfinite(answer):  # 1e999 reads as inf
+            raise DatasetError(
+                f"{where}: {answer_key!r} is a number too large for a float "
+                "(it reads as infinity); write it as a string"
             )
         if answer is None or isinstance(answer, (dict, list, bool)) or not str(answer).strip():
             raise DatasetError(

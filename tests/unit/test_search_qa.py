@@ -133,6 +133,13 @@ def test_jsonl_corpus_problems_are_listed_by_line(tmp_path):
         load_corpus(task={"name": "arithmetic"})
 
 
+def test_jsonl_corpus_keeps_documents_whole_at_unicode_separators(tmp_path):
+    docs = [{"title": "A", "text": "one\u2028two"}, {"title": "B", "text": "three\x85four"}]
+    p = tmp_path / "u.jsonl"
+    p.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), "utf-8")
+    assert load_corpus(path=str(p)) == docs
+
+
 def test_a_corpus_that_is_a_folder_or_not_utf8_is_named(tmp_path):
     with pytest.raises(ConfigError, match="is a directory; name a JSONL file"):
         load_corpus(path=str(tmp_path))

@@ -260,6 +260,42 @@ def test_load_jsonl_bad_lines(tmp_path, line, match):
         load_jsonl(p)
 
 
+def test_load_jsonl_keeps_lines_whole_at_unicode_separators(tmp_path):
+    # json.dumps(ensure_ascii=False) writes U+2028, U+2029 and U+0085 raw inside strings: they
+    # are no line ends of JSON Lines, and the line numbers after them stay right.
+    p = tmp_path / "u.jsonl"
+    rows = [
+        {"prompt": "first\u2028part", "answer": "1"},
+        {"prompt": "second\u2029\x85part", "answer": "2"},
+        {"prompt": "third", "answer": "3"},
+    ]
+    p.write_text(
+        "\ufeff" + "\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\r\n",
+        encoding="utf-8",
+    )
+    got = load_jsonl(p)
+    assert [e.question for e in got] == [r["prompt"] for r in rows]
+    assert got[2].meta["source"] == f"{p}:3"
+    with open(p, "a", encoding="utf-8") as f:
+        f.write('{"prompt": "q", "answer": }\n')
+    with pytest.raises(DatasetError, match=r"u\.jsonl:4: invalid JSON"):
+        load_jsonl(p)
+
+
+@pytest.mark.parametrize(
+    "line, match",
+    [
+        ('{"prompt": "q", "answer": NaN}', "invalid JSON.*NaN"),
+        ('{"prompt": "q", "answer": -Infinity}', "invalid JSON.*Infinity"),
+        ('{"prompt": "q", "answer": 1e999}', "'answer' is a number too large"),
+    ],
+)
+def test_load_jsonl_rejects_non_finite_answers(tmp_path, line, match):
+    p = _write(tmp_path / "n.jsonl", [json.dumps({"prompt": "a", "answer": "1"}), line])
+    with pytest.raises(DatasetError, match=rf"n\.jsonl:2: {match}"):
+        load_jsonl(p)
+
+
 def test_load_jsonl_missing_file_and_custom_keys(tmp_path):
     with pytest.raises(DatasetError, match="does not exist"):
         load_jsonl(tmp_path / "nope.jsonl")
