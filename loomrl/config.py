@@ -51,6 +51,7 @@ import yaml
 from loomrl.errors import ConfigError
 
 __all__ = [
+    "DuplicateKeyError",
     "load_config",
     "parse_overrides",
     "apply_overrides",
@@ -72,7 +73,27 @@ class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader with YAML 1.2's booleans: only true and false. Under YAML 1.1
     ``off``, ``no``, ``on`` and ``yes`` are booleans too, so ``wandb: off`` or
     ``iteration_timeout_s=off`` would reach a text setting as False; they stay words here, and
-    a bool setting takes them as the words they are (``_BOOL_WORDS``)."""
+    a bool setting takes them as the words they are (``_BOOL_WORDS``).
+
+    A key given twice in one mapping is a ``DuplicateKeyError``: plain YAML keeps the last, so
+    a setting written twice (two edits, a paste) would lose one of them without a word."""
+
+    def __init__(self, stream: Any):
+        super().__init__(stream)
+        self.document_root: yaml.Node | None = None
+        self.checked_mappings: set[int] = set()
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        self.document_root, self.checked_mappings = node, set()
+        return super().construct_document(node)
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        # Every mapping is flattened (its '<<' merges resolved, in place) before it is built,
+        # the first time as written: that is when its own keys are compared.
+        if id(node) not in self.checked_mappings:
+            self.checked_mappings.add(id(node))
+            _refuse_duplicate_keys(self, node)
+        super().flatten_mapping(node)
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -83,10 +104,70 @@ _Loader.add_implicit_resolver(
     _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
 _BOOL_WORDS = {"yes": True, "on": True, "no": False, "off": False}
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping names a key twice. ``key`` is its dotted path (``ppo.lr``); ``lines`` the
+    lines (from 1) of its first and second occurrence."""
+
+    def __init__(self, key: str, first: yaml.Mark, second: yaml.Mark):
+        super().__init__(
+            "while constructing a mapping", first, f"found duplicate key {key!r}", second
+        )
+        self.key, self.lines = key, (first.line + 1, second.line + 1)
+
+    def where(self) -> str:
+        first, second = self.lines
+        if first == second:
+            cols = (self.context_mark.column + 1, self.problem_mark.column + 1)
+            return f"twice on line {first} (columns {cols[0]} and {cols[1]})"
+        return f"on lines {first} and {second}"
+
+
+def _refuse_duplicate_keys(loader: _Loader, node: yaml.MappingNode) -> None:
+    # Keys merged in with '<<' are overridden on purpose, and are not this node's own.
+    seen: dict[Any, yaml.Node] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
+            continue
+        key = loader.construct_object(key_node)
+        try:
+            first = seen.setdefault(key, key_node)
+        except TypeError:  # unhashable: PyYAML refuses it itself
+            continue
+        if first is not key_node:
+            path = _node_path(loader.document_root, node)
+            dotted = _join(path, key) if path is not None else str(key)
+            raise DuplicateKeyError(dotted, first.start_mark, key_node.start_mark)
+
+
+def _node_path(root: yaml.Node | None, target: yaml.Node) -> str | None:
+    """The dotted path from ``root`` to the mapping ``target`` ("" for the root itself)."""
+    stack: list[tuple[yaml.Node, str]] = [(root, "")] if root is not None else []
+    seen: set[int] = set()
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            return path
+        if id(node) in seen:  # an alias met again (YAML allows a node inside itself)
+            continue
+        seen.add(id(node))
+        # Pushed in reverse, so that nodes are met in the file's order: a node an alias
+        # repeats (and '<<' merges into another mapping) is met first where it is written.
+        if isinstance(node, yaml.MappingNode):
+            stack.extend(
+                (v, _join(path, k.value if isinstance(k, yaml.ScalarNode) else "?"))
+                for k, v in reversed(node.value)
+            )
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(node.value))))
+    return None
 
 
 def load_yaml(text: str) -> Any:
-    """Parse YAML text as configs are read (``_Loader``)."""
+    """Parse YAML text as configs are read (``_Loader``): YAML 1.2's booleans, and a key given
+    twice in one mapping is a ``DuplicateKeyError``, not the last one silently winning."""
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
@@ -131,6 +212,9 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
             continue
         try:
             value = load_yaml(raw) if raw.strip() else None
+        except DuplicateKeyError as e:
+            problems.append(f"{item!r}: the value gives the key {e.key!r} twice{_DASH}give it once")
+            continue
         except yaml.YAMLError as e:
             first = str(e).splitlines()[0]
             problems.append(
@@ -242,6 +326,14 @@ def _read_yaml(path: Path) -> Any:
         raise ConfigError([f"config file not found: {path}"], source=str(path))
     try:
         data = load_yaml(path.read_text())
+    except DuplicateKeyError as e:
+        raise ConfigError(
+            [
+                f"duplicate key {e.key!r} {e.where()}{_DASH}a key may be given once "
+                "per mapping (YAML would silently keep the last); remove one of them"
+            ],
+            source=str(path),
+        ) from None
     except yaml.YAMLError as e:
         raise ConfigError([f"not valid YAML: {e}"], source=str(path)) from None
     except (OSError, UnicodeDecodeError) as e:

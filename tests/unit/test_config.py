@@ -451,6 +451,61 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_config(TrainConfig, top)
 
 
+def test_a_key_given_twice_in_a_file_is_refused_with_both_lines(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("steps: 3\nactor:\n  lr: 0.1\n  micro_batch: 2\n  lr: 0.2\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, path)
+    assert e.value.source == str(path) and str(path) in str(e.value)
+    assert problems_of(e) == [
+        "duplicate key 'actor.lr' on lines 3 and 5 — a key may be given once per mapping "
+        "(YAML would silently keep the last); remove one of them"
+    ]
+    # A whole section given twice, and a flow mapping on one line.
+    path.write_text("actor:\n  lr: 0.1\nsteps: 3\nactor:\n  micro_batch: 2\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'actor' on lines 1 and 4 — "):
+        load_config(TrainConfig, path)
+    path.write_text("tags: {a: x, b: y, a: z}\n")
+    with pytest.raises(
+        ConfigError, match=r"duplicate key 'tags.a' twice on line 1 \(columns 8 and 20\) — "
+    ):
+        load_config(TrainConfig, path)
+
+
+def test_keys_merged_in_with_yaml_merge_keys_may_be_overridden(tmp_path):
+    # '<<: *base' then a key of base: the override YAML's merge key exists for, not a slip.
+    path = tmp_path / "merge.yaml"
+    path.write_text(
+        "extra:\n  base: &base {lr: 0.1, micro_batch: 2}\nactor:\n  <<: *base\n  lr: 0.2\n"
+    )
+    cfg = load_config(TrainConfig, path)
+    assert (cfg.actor.lr, cfg.actor.micro_batch) == (0.2, 2)
+    # A key twice in the mapping merged from is still found, at the place it is written.
+    path.write_text("extra:\n  base: &base {lr: 0.1, lr: 0.3}\nactor:\n  <<: *base\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'extra.base.lr' twice on line 2 "):
+        load_config(TrainConfig, path)
+
+
+def test_a_key_given_twice_in_an_override_value_is_refused():
+    with pytest.raises(ConfigError) as e:
+        parse_overrides(["tags={a: x, a: y}", "steps=3"])
+    assert problems_of(e) == [
+        "'tags={a: x, a: y}': the value gives the key 'a' twice — give it once"
+    ]
+
+
+def test_the_cli_refuses_a_config_file_with_a_key_given_twice(tmp_path, capsys):
+    from loomrl.cli import main
+
+    path = tmp_path / "twice.yaml"
+    # run.steps=0 keeps the run from starting should the duplicate go unnoticed.
+    path.write_text("recipe: demo\nbatch: 4\nbatch: 8\nrun: {steps: 0}\n")
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"invalid configuration in {path}" in err
+    assert "duplicate key 'batch' on lines 2 and 3" in err
+
+
 def test_empty_file_means_defaults(tmp_path):
     path = tmp_path / "empty.yaml"
     path.write_text("")
