@@ -402,7 +402,7 @@ def _main(argv: list[str] | None) -> int:
     sub.add_parser("report", help="predicted vs measured timeline of a run (loomrl report RUN_DIR)")
     args = p.parse_args(argv)
     args.overrides = _normalise_overrides(getattr(args, "overrides", []) or [])
-    from loomrl.run import Terminated, stop_on_sigterm
+    from loomrl.run import stop_on_sigterm, terminated
 
     before = stop_on_sigterm()  # also before Ray starts (the run sets it again after)
     try:
@@ -412,9 +412,10 @@ def _main(argv: list[str] | None) -> int:
         return 2
     except KeyboardInterrupt as e:
         # The run's finally blocks have stopped its workers; what was checkpointed stays.
-        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        term = terminated(e)
+        how = "terminated (SIGTERM)" if term else "interrupted"
         say(f"loomrl {args.cmd}: {how}{_resume_hint(args)}", sys.stderr)
-        return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
+        return 128 + (signal.SIGTERM if term else signal.SIGINT)
     finally:
         if before is not None:
             signal.signal(signal.SIGTERM, before)

@@ -464,12 +464,15 @@ class Run:
             interrupted = isinstance(error, KeyboardInterrupt)
             remote = isinstance(error, RemoteError)
             said = error.headline if remote else str(error) or "interrupted (Ctrl-C)"
+            name = type(error).__name__
+            if terminated(error):  # also the plain KeyboardInterrupt a Ray wait raised for it
+                name, said = Terminated.__name__, SIGTERM_SAID
             s = {
                 "status": "interrupted" if interrupted else "failed",
-                "error": f"{type(error).__name__}: {said}"[:4000],
+                "error": f"{name}: {said}"[:4000],
             }
             if interrupted:
-                s["signal"] = "SIGTERM" if isinstance(error, Terminated) else "SIGINT"
+                s["signal"] = "SIGTERM" if terminated(error) else "SIGINT"
             s |= {
                 **self._record(),
                 "steps": self.steps_done,
@@ -592,6 +595,20 @@ class Terminated(KeyboardInterrupt):
     ``signal`` ``"SIGTERM"``), the command that resumes it said; the CLI exits 143."""
 
 
+SIGTERM_SAID = "SIGTERM (kill, or a scheduler's time limit)"
+# Whether the handler stop_on_sigterm installed last has raised Terminated.
+_SIGTERM_SEEN: list[bool] = []
+
+
+def terminated(error: BaseException | None) -> bool:
+    """Whether ``error`` is how SIGTERM stops a command: a ``Terminated``, or the plain
+    ``KeyboardInterrupt`` that Ray's waits (``ray.get``, ``ray.wait``) raise in place of the
+    exception a signal handler raised while they blocked."""
+    if isinstance(error, Terminated):
+        return True
+    return isinstance(error, KeyboardInterrupt) and bool(_SIGTERM_SEEN)
+
+
 def stop_on_sigterm() -> Any:
     """Make SIGTERM raise ``Terminated`` in the main thread. A second SIGTERM, while the
     workers stop, is told and not raised: it would cut their shutdown short, and SIGKILL is the
@@ -602,6 +619,9 @@ def stop_on_sigterm() -> Any:
     before = signal.getsignal(signal.SIGTERM)
     if before is None:  # installed outside Python: nothing that could be put back
         return None
+    # Installed as a command starts or goes on, never while one stops: a SIGTERM seen before
+    # (a command run earlier in this process) says nothing of the interrupts to come.
+    _SIGTERM_SEEN.clear()
     told: list[bool] = []
 
     def on_term(signum: int, frame: Any) -> None:
@@ -609,7 +629,8 @@ def stop_on_sigterm() -> Any:
             say("loomrl: stopping the workers after SIGTERM; SIGKILL leaves now", sys.stderr)
             return
         told.append(True)
-        raise Terminated("SIGTERM (kill, or a scheduler's time limit)")
+        _SIGTERM_SEEN.append(True)
+        raise Terminated(SIGTERM_SAID)
 
     signal.signal(signal.SIGTERM, on_term)
     return before
@@ -650,18 +671,26 @@ def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
 
     out = Path(cfg.run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    sigterm_before = signal.getsignal(signal.SIGTERM)
     cluster = Cluster.start(
         num_gpus=cfg.run.num_gpus,
         num_devices=cfg.run.devices,
         log_to_driver=False,
         pin_cores=cfg.run.pin_cores,
     )
+    # As in Run: ray.init made SIGTERM dump a native stack and abort; it stops the profile as
+    # Ctrl-C does instead (workers stopped, exit 143, no profile file written).
+    stop_on_sigterm()
     try:
         flow = Flow(cluster)
         build(flow, cfg)
         t = time.time()
         prof = profile_flow(
-            flow, sample(), micro_batch=cfg.run.micro_batch, budget=cfg.run.profile_budget
+            flow,
+            sample(),
+            micro_batch=cfg.run.micro_batch,
+            budget=cfg.run.profile_budget,
+            notify=lambda line: say(f"loomrl profile: {line}", sys.stderr),
         )
         took = time.time() - t
         import yaml
@@ -671,7 +700,13 @@ def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
         for name, n, x, secs, peak in flow.profile_run.samples:  # what the fit was made from
             rows = raw["components"].get(name, {}).setdefault("samples", [])
             rows.append([n, x, round(secs, 6), round(peak, 4)])
-        path.write_text(yaml.safe_dump(raw, sort_keys=False, default_flow_style=None))
+        # Whole or not at all: `run.profile=` of a file cut short by a kill would plan from it.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(yaml.safe_dump(raw, sort_keys=False, default_flow_style=None))
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         plans = search_all(prof)
         best = plans.get("best")
         if best is not None:
@@ -688,4 +723,8 @@ def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
         lines.append(f"pin it: loomrl run CONFIG run.profile={path} placement=auto")
         return "\n".join(lines)
     finally:
-        cluster.shutdown()
+        try:
+            cluster.shutdown()
+        finally:
+            if sigterm_before is not None and _on_main_thread():
+                signal.signal(signal.SIGTERM, sigterm_before)

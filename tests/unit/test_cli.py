@@ -311,3 +311,65 @@ def test_output_into_a_pipe_its_reader_left_ends_quietly_with_141():
     p.stderr.close()
     assert p.wait(timeout=60) == 141
     assert err == b""
+
+
+def test_a_sigterm_that_a_ray_wait_raised_as_a_plain_interrupt_still_exits_143(
+    monkeypatch, capsys, tmp_path
+):
+    import os
+    import signal
+
+    import loomrl.cli as cli
+    from loomrl.run import Terminated
+
+    def blocked_in_ray(mod, cfg):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except Terminated:
+            # ray.get / ray.wait raise a plain KeyboardInterrupt for what the handler raised
+            raise KeyboardInterrupt from None
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(cli, "run_with_restarts", blocked_in_ray)
+    assert main(["run", str(TINY), f"output_dir={tmp_path}"]) == 143
+    assert "loomrl run: terminated (SIGTERM)" in capsys.readouterr().err
+    # The next command in this process starts afresh: a Ctrl-C is a Ctrl-C.
+    monkeypatch.setattr(
+        cli, "run_with_restarts", lambda m, c: (_ for _ in ()).throw(KeyboardInterrupt)
+    )
+    assert main(["run", str(TINY), f"output_dir={tmp_path / 'b'}"]) == 130
+
+
+def test_a_sigterm_while_profiling_exits_143_and_leaves_no_profile(monkeypatch, capsys, tmp_path):
+    import os
+    import signal
+
+    import loomrl.cluster
+    import loomrl.profiler
+
+    stopped = []
+
+    class Started:
+        num_devices = 2
+
+        def shutdown(self):
+            stopped.append(True)
+
+    def ray_handler(signum, frame):  # what ray.init installs: a stack dump, then an exit
+        raise SystemExit(signum)
+
+    def start(**kwargs):
+        signal.signal(signal.SIGTERM, ray_handler)
+        return Started()
+
+    def profiling(flow, sample, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the profile")
+
+    monkeypatch.setattr(loomrl.cluster.Cluster, "start", staticmethod(start))
+    monkeypatch.setattr(loomrl.profiler, "profile_flow", profiling)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["profile", str(TINY), f"output_dir={tmp_path}"]) == 143
+    assert "loomrl profile: terminated (SIGTERM)" in capsys.readouterr().err
+    assert stopped and list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) is before
