@@ -3,7 +3,8 @@
 Exit status 0 on success, 2 when an argument or the profile is malformed, the device count is
 past the planner's limit (``MAX_DEVICES``), the search runs out of memory, no plan fits, or an
 output file (--save, --timeline) cannot be written (the message names the key, the flag or the
-component and the constraint; no traceback); 141 when stdout's reader left (``| head``).
+component and the constraint; no traceback); 141 when stdout's reader left (``| head``). The
+folders of an output file that do not exist yet are made when it is written.
 """
 
 from __future__ import annotations
@@ -116,9 +117,14 @@ def _argument_problems(args: argparse.Namespace) -> list[str]:
     ):
         if path is None:
             continue
-        parent = Path(path).parent
-        if not parent.is_dir():
-            p.append(f"{flag} {path}: the directory {str(parent)!r} does not exist")
+        # Missing folders are made when the file is written (as loomrl report --out does);
+        # the deepest one that exists must be a folder this command can write in.
+        there = _existing_ancestor(Path(path).parent)
+        if not there.is_dir():
+            p.append(
+                f"{flag} {path}: {str(there)!r} is a file, not a directory; name a file in a "
+                "writable directory"
+            )
         elif Path(path).is_dir():
             p.append(f"{flag} {path}: is a directory; name a file")
         elif (why := _unwritable(Path(path))) is not None:
@@ -130,16 +136,24 @@ def _argument_problems(args: argparse.Namespace) -> list[str]:
     return p
 
 
+def _existing_ancestor(folder: Path) -> Path:
+    """``folder``, or the deepest of its parents that exists."""
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    return folder
+
+
 def _unwritable(path: Path) -> str | None:
     """Why ``path`` cannot be written (None: it can), found before a search that may take long.
     The permission bits alone do not tell (root passes os.access on /proc, which takes no new
-    file), so a scratch file is made beside it and removed."""
+    file), so a scratch file is made beside it, or in the deepest of its missing folders'
+    parents that exists (where the first of them would be made), and removed."""
     import tempfile
 
     if path.exists() and not os.access(path, os.W_OK):
         return "the file is read-only"
     try:
-        fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=".loomrl-plan-")
+        fd, scratch = tempfile.mkstemp(dir=_existing_ancestor(path.parent), prefix=".loomrl-plan-")
     except OSError as e:
         return e.strerror or str(e)
     os.close(fd)
@@ -283,9 +297,11 @@ def _run(args: argparse.Namespace) -> int:
         from loomrl.plan.timeline import draw_timeline
 
         with _writing("--timeline", args.timeline):
+            Path(args.timeline).parent.mkdir(parents=True, exist_ok=True)
             draw_timeline(plan, args.timeline, title=f"{args.profile}: {plan.mode} plan")
     if args.save:
         with _writing("--save", args.save):
+            Path(args.save).parent.mkdir(parents=True, exist_ok=True)
             plan.save(args.save)
     if args.json:
         out = plan.to_dict()

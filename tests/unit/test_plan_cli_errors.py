@@ -411,3 +411,42 @@ def test_the_header_names_the_mode_asked_for(tmp_path, capsys):
         assert f"\nfastest {mode} plan (--mode {mode}): " in out and "best plan" not in out
     assert plan_main([prof, "--mode", "spatial", "--exhaustive"]) == 0
     assert "fastest spatial plan (--mode spatial, exhaustive search): " in capsys.readouterr().out
+
+
+def test_output_paths_in_missing_folders_are_written_there_and_bad_ones_refused_first(
+    tmp_path, capsys, monkeypatch
+):
+    """Like loomrl report --out, --save and --timeline make the folders that do not exist yet;
+    a path under a file, or under a folder that cannot be written, is refused before the
+    search, and no folder is made for it."""
+    import errno
+    import importlib
+
+    prof = _write(tmp_path, _chain())
+    save, png = tmp_path / "a" / "b" / "plan.json", tmp_path / "c" / "t.png"
+    assert plan_main([prof, "--save", str(save), "--timeline", str(png)]) == 0
+    assert json.loads(save.read_text())["mode"] and png.read_bytes()[:4] == b"\x89PNG"
+    capsys.readouterr()
+
+    search_mod = importlib.import_module("loomrl.plan.search")
+
+    def no_search(*a, **k):
+        raise AssertionError("searched before refusing the output path")
+
+    (tmp_path / "afile").write_text("x")
+    with monkeypatch.context() as m:
+        m.setattr(search_mod, "search_all", no_search)
+        for flag, name in (("--save", "plan.json"), ("--timeline", "t.png")):
+            bad = tmp_path / "afile" / "sub" / name
+            assert plan_main([prof, flag, str(bad)]) == 2
+            err = capsys.readouterr().err
+            assert f"{flag} {bad}: {str(tmp_path / 'afile')!r} is a file, not a directory" in err
+
+        def denied(**kwargs):  # what a read-only directory gives (root passes os.access)
+            raise PermissionError(errno.EACCES, "Permission denied")
+
+        m.setattr("tempfile.mkstemp", denied)
+        new = tmp_path / "new" / "plan.json"
+        assert plan_main([prof, "--save", str(new)]) == 2
+        assert "cannot write there (Permission denied)" in capsys.readouterr().err
+        assert not (tmp_path / "new").exists()
