@@ -45,6 +45,7 @@ __all__ = [
     "set_aside",
     "capture_rng",
     "restore_rng",
+    "follow_umask",
 ]
 
 log = logging.getLogger(__name__)
@@ -226,6 +227,25 @@ def _clean_stale_temp_dirs(root: Path) -> None:
         if m and p.is_dir() and not pid_alive(int(m.group(1))):
             log.info("removing %s left by a writer (pid %s) that is gone", p, m.group(1))
             shutil.rmtree(p, ignore_errors=True)
+
+
+def follow_umask(directory: str | os.PathLike) -> None:
+    """Give every file under ``directory`` the mode a new file gets there (0666 less the
+    umask), as the run's other outputs have. Libraries that write through a private temp file
+    and rename it (safetensors, through transformers' ``save_pretrained``) leave theirs 0600:
+    a model exported for a group to share would be unreadable to it."""
+    root = Path(directory)
+    # The mode a file created there gets, read off one made: no umask() call to race with.
+    probe = root / f".mode-probe-{os.getpid()}"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        os.close(fd)
+        mode = probe.stat().st_mode & 0o777
+    finally:
+        probe.unlink()
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, mode)
 
 
 def pid_alive(pid: int) -> bool:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import os
 import shlex
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -300,7 +302,12 @@ def cmd_export(args: argparse.Namespace) -> int:
                 "grpo, ppo or agentic_search"
             ]
         )
-    from loomrl.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+    from loomrl.checkpoint import (
+        follow_umask,
+        latest_checkpoint,
+        list_checkpoints,
+        load_checkpoint,
+    )
 
     if args.step is None:
         path = latest_checkpoint(run_dir)
@@ -321,16 +328,32 @@ def cmd_export(args: argparse.Namespace) -> int:
     from loomrl.engines.hf import HFEngine
     from loomrl.workers.reasoning import engine_config
 
+    # Written beside out_dir under a hidden name and renamed into place once whole: an export
+    # cut short (Ctrl-C, a full disk) leaves no out_dir that loads as a model.
+    tmp = out.parent / f".{out.name}.export-{os.getpid()}"
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
     except OSError as e:
         raise ConfigError(
             [f"out_dir {str(out)!r} cannot be created ({e.strerror or e}); name a writable path"]
         ) from None
-    state = load_checkpoint(path, weights_only=False)
-    engine = HFEngine(engine_config(cfg.model, trainable=True, seed=cfg.run.seed))
-    engine.load_state_dict(state["actor"])
-    engine.save_pretrained(out)
+    try:
+        state = load_checkpoint(path, weights_only=False)
+        engine = HFEngine(engine_config(cfg.model, trainable=True, seed=cfg.run.seed))
+        engine.load_state_dict(state["actor"])
+        try:
+            engine.save_pretrained(tmp)
+            follow_umask(tmp)  # model.safetensors comes 0600, the rest 0666 less the umask
+            if out.is_dir():
+                out.rmdir()  # empty (checked above); a file put there since makes this fail
+            tmp.rename(out)
+        except OSError as e:
+            raise ConfigError(
+                [f"out_dir {str(out)!r}: writing the model failed ({e.strerror or e})"]
+            ) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     print(f"exported {path.name} of {run_dir} to {out} (load it as model.path={out})")
     return 0
 

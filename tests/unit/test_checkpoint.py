@@ -312,3 +312,24 @@ def test_set_aside_moves_an_earlier_runs_checkpoints_whole(tmp_path):
     save_checkpoint(tmp_path, 1, {"step": 1})
     again = set_aside(tmp_path)  # a second earlier run, within the same second: its own place
     assert again is not None and again != moved and again.is_dir() and moved.is_dir()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_follow_umask_gives_files_the_mode_a_new_file_gets(tmp_path, umask):
+    """safetensors writes through a private temp file: its 0600 becomes 0666 less the umask."""
+    import stat
+
+    from loomrl.checkpoint import follow_umask
+
+    (tmp_path / "sub").mkdir()
+    for name in ("model.safetensors", "config.json", "sub/x.bin"):
+        (tmp_path / name).write_text("x")
+        os.chmod(tmp_path / name, 0o600)
+    before = os.umask(umask)
+    try:
+        follow_umask(tmp_path)
+    finally:
+        os.umask(before)
+    modes = {stat.S_IMODE(p.stat().st_mode) for p in tmp_path.rglob("*") if p.is_file()}
+    assert modes == {0o666 & ~umask}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors", "sub"]

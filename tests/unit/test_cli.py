@@ -373,3 +373,40 @@ def test_a_sigterm_while_profiling_exits_143_and_leaves_no_profile(monkeypatch, 
     assert "loomrl profile: terminated (SIGTERM)" in capsys.readouterr().err
     assert stopped and list(tmp_path.iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_an_export_follows_the_umask_and_one_cut_short_leaves_no_model_dir(
+    tmp_path, capsys, monkeypatch
+):
+    import errno
+    import os
+    import shutil
+    import stat
+
+    from loomrl.checkpoint import save_checkpoint
+    from loomrl.engines.hf import HFEngine
+    from loomrl.workers.reasoning import engine_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(TINY, run / "config.yaml")
+    cfg = _cfg(run)
+    actor = HFEngine(engine_config(cfg.model, trainable=True, seed=0)).state_dict()
+    save_checkpoint(run, 1, {"actor": actor})
+    before = os.umask(0o022)
+    try:
+        assert main(["export", str(run), str(tmp_path / "hf")]) == 0
+    finally:
+        os.umask(before)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "hf").iterdir()}
+    assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}, modes
+
+    def full(self, directory):  # the disk fills half-way through
+        (directory / "model.safetensors").write_bytes(b"cut short")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(HFEngine, "save_pretrained", full)
+    capsys.readouterr()
+    assert main(["export", str(run), str(tmp_path / "cut")]) == 2
+    assert "writing the model failed (No space left on device)" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]  # no cut nor temp dir
