@@ -102,13 +102,8 @@ def _fixed_on_resume(override: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in _FIXED_ON_RESUME)
 
 
-def prepare_run_dir(cfg: Any) -> str | None:
-    """Ready ``run.output_dir`` for a run: a new run sets an earlier run's records there aside
-    (``runlog.set_aside_records``); a resumed one (``resume: true``) cuts the step records back
-    to the checkpoint it resumes from. Returns why there is nothing to run (a resume of a run
-    that already reached ``run.steps``, left untouched), else None."""
-    from loomrl.runlog import config_text, set_aside_records, trim_records
-
+def _make_output_dir(cfg: Any) -> Path:
+    """``run.output_dir``, made if missing; a ConfigError naming it when it cannot be."""
     out = Path(cfg.run.output_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -119,6 +114,17 @@ def prepare_run_dir(cfg: Any) -> str | None:
                 f"({e.strerror or e}); choose a directory that can be created and written"
             ]
         ) from None
+    return out
+
+
+def prepare_run_dir(cfg: Any) -> str | None:
+    """Ready ``run.output_dir`` for a run: a new run sets an earlier run's records there aside
+    (``runlog.set_aside_records``); a resumed one (``resume: true``) cuts the step records back
+    to the checkpoint it resumes from. Returns why there is nothing to run (a resume of a run
+    that already reached ``run.steps``, left untouched), else None."""
+    from loomrl.runlog import config_text, set_aside_records, trim_records
+
+    out = _make_output_dir(cfg)
     _hold_run_dir(out, resume=getattr(cfg, "resume", False))
     if not getattr(cfg, "resume", False):
         reads = [x for x in (cfg.run.placement, cfg.run.profile) if x and Path(x).is_file()]
@@ -364,6 +370,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     mod, cfg = load_recipe_config(args.config, overrides)
     if not hasattr(mod, "profile"):
         raise ConfigError([f"recipe {cfg.recipe!r} has no profile entry point"])
+    _make_output_dir(cfg)  # before Ray starts: a path that cannot be a directory is a mistake
     out = mod.profile(cfg)
     # The recipe's closing hint names the config as CONFIG (it is given a config, not its file)
     say(out.replace("loomrl run CONFIG ", f"loomrl run {shlex.quote(str(args.config))} "))

@@ -143,6 +143,10 @@ def load_run(run_dir: str | Path) -> RunData:
     recorded a step twice, the later record wins.
     """
     d = Path(run_dir)
+    if d.exists() and not d.is_dir():
+        raise ReportError(
+            f"{str(d)!r} is a file, not a run directory (pass the output_dir of a `loomrl run`)"
+        )
     if not d.is_dir():
         raise ReportError(
             f"run directory {str(d)!r} does not exist (pass the output_dir of a `loomrl run`)"

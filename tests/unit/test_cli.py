@@ -410,3 +410,19 @@ def test_an_export_follows_the_umask_and_one_cut_short_leaves_no_model_dir(
     assert main(["export", str(run), str(tmp_path / "cut")]) == 2
     assert "writing the model failed (No space left on device)" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]  # no cut nor temp dir
+
+
+def test_profile_into_an_output_dir_that_cannot_be_one_exits_2_before_ray(
+    tmp_path, capsys, monkeypatch
+):
+    import loomrl.cluster
+
+    def start(**kwargs):
+        raise AssertionError("Ray started before the output_dir was checked")
+
+    monkeypatch.setattr(loomrl.cluster.Cluster, "start", staticmethod(start))
+    (tmp_path / "f").write_text("x")
+    assert main(["profile", str(TINY), f"output_dir={tmp_path / 'f'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"run.output_dir={str(tmp_path / 'f')!r}: cannot be used as the run directory" in err
+    assert "Traceback" not in err

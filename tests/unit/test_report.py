@@ -356,6 +356,7 @@ def test_report_of_a_searched_plan(tmp_path, capsys):
     "make, needle",
     [
         (lambda p: p / "nope", "does not exist"),
+        (lambda p: (p / "f").write_text("x") and p / "f", "is a file, not a run directory"),
         (lambda p: p, "has no plan.json or timeline.jsonl"),
         (
             lambda p: write_run(p / "r") and (p / "r" / "timeline.jsonl").unlink() or p / "r",
