@@ -121,7 +121,7 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
         first, second = self.lines
         if first == second:
             cols = (self.context_mark.column + 1, self.problem_mark.column + 1)
-            return f"twice on line {first} (columns {cols[0]} and {cols[1]})"
+            return f"on line {first} (columns {cols[0]} and {cols[1]})"
         return f"on lines {first} and {second}"
 
 
@@ -216,7 +216,7 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
             problems.append(f"{item!r}: the value gives the key {e.key!r} twice{_DASH}give it once")
             continue
         except yaml.YAMLError as e:
-            first = str(e).splitlines()[0]
+            first = getattr(e, "problem", None) or str(e).splitlines()[0]
             problems.append(
                 f"{item!r}: value {raw!r} is not valid YAML ({first}){_DASH}quote it, e.g. {key}='{raw}'"
             )
@@ -325,7 +325,13 @@ def _read_yaml(path: Path) -> Any:
     if not path.is_file():
         raise ConfigError([f"config file not found: {path}"], source=str(path))
     try:
-        data = load_yaml(path.read_text())
+        text = read_utf8(path)
+        data = load_yaml(text)
+    except ValueError as e:  # read_utf8's: the file is not UTF-8 text
+        where, byte = e.args
+        raise ConfigError(
+            [f"not UTF-8 text ({byte} at {where}){_DASH}save the file as UTF-8"], source=str(path)
+        ) from None
     except DuplicateKeyError as e:
         raise ConfigError(
             [
@@ -335,10 +341,41 @@ def _read_yaml(path: Path) -> Any:
             source=str(path),
         ) from None
     except yaml.YAMLError as e:
-        raise ConfigError([f"not valid YAML: {e}"], source=str(path)) from None
-    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError([_yaml_problem(e, text)], source=str(path)) from None
+    except OSError as e:
         raise ConfigError([f"cannot be read: {e}"], source=str(path)) from None
     return {} if data is None else data
+
+
+def _yaml_problem(e: yaml.YAMLError, text: str) -> str:
+    """One line for a YAML syntax error: where (line, column and the line's text), what PyYAML
+    found, and the usual fix. PyYAML's own message spans five lines and names the file
+    "<unicode string>"."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    what = getattr(e, "problem", None) or getattr(e, "context", None)
+    if mark is None or what is None:
+        return f"not valid YAML: {e}"
+    context, started = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context and context != what:
+        if started is not None and started.line != mark.line:
+            context += f" at line {started.line + 1}"
+        what = f"{what} ({context})"
+    lines = text.splitlines()
+    shown = lines[mark.line].rstrip() if mark.line < len(lines) else ""
+    shown = f" ({shown[:57] + '...' if len(shown) > 60 else shown!r})" if shown.strip() else ""
+    if "'\\t'" in what:
+        fix = "indent with spaces; YAML does not allow tabs"
+    elif "another document" in what:
+        fix = "a config is one document: remove the '---' and merge what follows it"
+    elif "constructor for the tag" in what:
+        fix = "a config holds plain values (text, numbers, lists, mappings): remove the tag"
+    else:
+        fix = (
+            "fix the YAML there or just above it (an indent that does not line up, a bracket "
+            "or quote left open, a ':' in an unquoted value)"
+        )
+    where = f"line {mark.line + 1}, column {mark.column + 1}{shown}"
+    return f"not valid YAML at {where}: {what}{_DASH}{fix}"
 
 
 def _type_hints(cls: type) -> dict[str, Any]:
@@ -372,10 +409,7 @@ def _build_dataclass(
     if isinstance(data, cls):
         return data
     if not isinstance(data, Mapping):
-        problems.append(
-            f"{prefix or '<top level>'}: expected a section ({cls.__name__}, a mapping of keys), "
-            f"got {_show(data)}"
-        )
+        problems.append(_not_a_section(cls, prefix, data))
         return _MISSING
     hints = _type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -463,6 +497,23 @@ def _build_dataclass(
                 return _MISSING
     broken.update(_join(prefix, n) for n in bad)
     return instance
+
+
+def _not_a_section(cls: type, prefix: str, data: Any) -> str:
+    key = prefix or "<top level>"
+    if data is None:  # `ppo:` with nothing (or only comments) below it
+        return (
+            f"{key}: is empty (null) where a section ({cls.__name__}) goes{_DASH}give its keys "
+            "indented below it, or leave it out to keep every default"
+        )
+    head = f"{key}: expected a section ({cls.__name__}, a mapping of keys), got {_show(data)}"
+    if isinstance(data, list) and data and all(isinstance(x, Mapping) for x in data):
+        return f"{head}{_DASH}write its keys without the leading '- ' (a '- ' starts a list item)"
+    names = [_join(prefix, f.name) for f in dataclasses.fields(cls) if f.init]
+    if not names:
+        return head
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"{head}{_DASH}set the keys inside it instead ({shown})"
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -631,8 +682,9 @@ def _convert(
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         hint = ""
-        if isinstance(value, float) and value.is_integer():
-            hint = f"{_DASH}write {int(value)}"
+        number = finite_number(value)  # YAML reads 1e3 (no dot) as text, 1.0e3 as a float
+        if number is not None and number.is_integer() and not isinstance(value, bool):
+            hint = f"{_DASH}write {int(number)}"
         return _wrong(key, "int", value, problems, hint)
     if tp is float:
         if isinstance(value, bool):
@@ -701,7 +753,7 @@ def _convert_list(
     value: Any, tp: Any, key: str, problems: list[str], broken: set[str] | None = None
 ) -> Any:
     if not isinstance(value, list):
-        return _wrong(key, _type_name(tp), value, problems)
+        return _wrong(key, _type_name(tp), value, problems, _list_hint(key, value))
     (item_tp,) = typing.get_args(tp) or (Any,)
     out, ok = [], True
     for i, item in enumerate(value):
@@ -714,9 +766,10 @@ def _convert_list(
 def _convert_tuple(
     value: Any, tp: Any, key: str, problems: list[str], broken: set[str] | None = None
 ) -> Any:
-    if not isinstance(value, (list, tuple)):
-        return _wrong(key, _type_name(tp), value, problems)
     args = typing.get_args(tp)
+    if not isinstance(value, (list, tuple)):
+        items = len(args) if args and args[-1] is not Ellipsis else 1
+        return _wrong(key, _type_name(tp), value, problems, _list_hint(key, value, items))
     if not args:
         return tuple(value)
     if len(args) == 2 and args[1] is Ellipsis:
@@ -740,7 +793,9 @@ def _convert_dict(
     value: Any, tp: Any, key: str, problems: list[str], broken: set[str] | None = None
 ) -> Any:
     if not isinstance(value, Mapping):
-        return _wrong(key, _type_name(tp), value, problems)
+        leaf = key.rsplit(".", 1)[-1]
+        hint = f"{_DASH}write a mapping, e.g. {leaf}: {{name: value}}, or {leaf}: {{}} for none"
+        return _wrong(key, _type_name(tp), value, problems, hint)
     args = typing.get_args(tp) or (Any, Any)
     key_tp, val_tp = args
     out, ok = {}, True
@@ -750,6 +805,15 @@ def _convert_dict(
         ok &= kk is not _MISSING and vv is not _MISSING
         out[kk] = vv
     return out if ok else _MISSING
+
+
+def _list_hint(key: str, value: Any, items: int = 1) -> str:
+    # `hidden: 64` for `hidden: [64]`, `clip: 0.2` for `clip: [0.2, 0.2]`
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        shown = ", ".join([str(value)] * items)
+        what = "a list" if items == 1 else f"a list of {items} items"
+        return f"{_DASH}write {what}, e.g. {key.rsplit('.', 1)[-1]}: [{shown}]"
+    return ""
 
 
 def _convert_enum(value: Any, tp: type[enum.Enum], key: str, problems: list[str]) -> Any:

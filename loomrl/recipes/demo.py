@@ -50,6 +50,9 @@ class DemoConfig:
             )
         if not self.drift_factor > 0:
             p.append(f"drift_factor: must be > 0, got {self.drift_factor}")
+        t = self.transform_devices
+        if t is not None and (not t or min(t) < 1):
+            p.append(f"transform_devices: device counts must be >= 1 (null: any count), got {t}")
         return p
 
 

@@ -467,7 +467,7 @@ def test_a_key_given_twice_in_a_file_is_refused_with_both_lines(tmp_path):
         load_config(TrainConfig, path)
     path.write_text("tags: {a: x, b: y, a: z}\n")
     with pytest.raises(
-        ConfigError, match=r"duplicate key 'tags.a' twice on line 1 \(columns 8 and 20\) — "
+        ConfigError, match=r"duplicate key 'tags.a' on line 1 \(columns 8 and 20\) — "
     ):
         load_config(TrainConfig, path)
 
@@ -482,7 +482,7 @@ def test_keys_merged_in_with_yaml_merge_keys_may_be_overridden(tmp_path):
     assert (cfg.actor.lr, cfg.actor.micro_batch) == (0.2, 2)
     # A key twice in the mapping merged from is still found, at the place it is written.
     path.write_text("extra:\n  base: &base {lr: 0.1, lr: 0.3}\nactor:\n  <<: *base\n")
-    with pytest.raises(ConfigError, match=r"duplicate key 'extra.base.lr' twice on line 2 "):
+    with pytest.raises(ConfigError, match=r"duplicate key 'extra.base.lr' on line 2 "):
         load_config(TrainConfig, path)
 
 
@@ -504,6 +504,87 @@ def test_the_cli_refuses_a_config_file_with_a_key_given_twice(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"invalid configuration in {path}" in err
     assert "duplicate key 'batch' on lines 2 and 3" in err
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "steps: 3\nactor:\n\tlr: 1\n",
+            r"not valid YAML at line 3, column 1 \('\\tlr: 1'\): found character '\\t' that "
+            r"cannot start any token .* — indent with spaces; YAML does not allow tabs",
+        ),
+        (
+            "actor:\n  lr: 1\n   micro_batch: 2\n",
+            r"not valid YAML at line 3, column 15 \('   micro_batch: 2'\): mapping values are "
+            r"not allowed here — fix the YAML there or just above it \(an indent",
+        ),
+        (
+            "steps: 3\n---\nseed: 1\n",
+            r"not valid YAML at line 2, column 1 \('---'\): .* — a config is one document",
+        ),
+        (
+            "actor: !!python/object:os.system {}\n",
+            r"not valid YAML at line 1, column 8 .*: could not determine a constructor .* — a "
+            r"config holds plain values .*: remove the tag",
+        ),
+    ],
+)
+def test_a_yaml_syntax_error_is_one_line_with_its_place_and_fix(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, path)
+    (problem,) = problems_of(e)
+    assert re.fullmatch(message + ".*", problem), problem
+    assert "<unicode string>" not in problem and "\n" not in problem
+    assert e.value.source == str(path)
+
+
+def test_a_file_that_is_not_utf8_names_the_byte_and_line(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("steps: 3\nmodel: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, path)
+    assert problems_of(e) == [f"not UTF-8 text (byte 0xe9 at {path}:2) — save the file as UTF-8"]
+
+
+def test_an_empty_section_or_one_written_as_a_list_says_how_to_write_it(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("actor:\n  # lr: 1e-5\nrollout:\n  - engine: hf\n  - max_new_tokens: 8\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, path)
+    assert problems_of(e) == [
+        "actor: is empty (null) where a section (ActorConfig) goes — give its keys indented "
+        "below it, or leave it out to keep every default",
+        "rollout: expected a section (RolloutConfig, a mapping of keys), got [{'engine': 'hf'}, "
+        "{'max_new_tokens': 8}] (list) — write its keys without the leading '- ' (a '- ' starts "
+        "a list item)",
+    ]
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, {"actor": 5})
+    assert problems_of(e) == [
+        "actor: expected a section (ActorConfig, a mapping of keys), got 5 (int) — set the keys "
+        "inside it instead (actor.lr, actor.micro_batch, actor.clip, ...)"
+    ]
+
+
+def test_a_scalar_for_a_list_a_list_for_a_mapping_and_1e3_for_an_int_say_the_fix():
+    with pytest.raises(ConfigError) as e:
+        load_config(
+            TrainConfig,
+            {},
+            ["rollout.stop=eos", "actor.clip=0.2", "tags=[a]", "steps=1e3", "seed=2.5"],
+        )
+    assert problems_of(e) == [
+        "steps: expected int, got '1e3' (str) — write 1000",
+        "seed: expected int, got 2.5 (float)",
+        "tags: expected dict[str, str], got ['a'] (list) — write a mapping, e.g. tags: "
+        "{name: value}, or tags: {} for none",
+        "actor.clip: expected tuple[float, float], got 0.2 (float) — write a list of 2 items, "
+        "e.g. clip: [0.2, 0.2]",
+        "rollout.stop: expected list[str], got 'eos' (str) — write a list, e.g. stop: [eos]",
+    ]
 
 
 def test_empty_file_means_defaults(tmp_path):
@@ -598,6 +679,18 @@ def test_demo_config_refuses_nonsense_sizes_all_at_once():
     text = str(e.value)
     for key in ("demo.size", "demo.transform_sigma", "demo.encode_reps", "batch"):
         assert f"{key}: must be >=" in text, key
+
+
+def test_demo_transform_devices_must_be_positive_counts():
+    from loomrl.recipes.demo import Config
+
+    for bad in ([0, 2], [-1], []):
+        with pytest.raises(ConfigError) as e:
+            load_config(Config, {"demo": {"transform_devices": bad}})
+        assert problems_of(e) == [
+            f"demo.transform_devices: device counts must be >= 1 (null: any count), got {bad}"
+        ]
+    assert load_config(Config, {"demo": {"transform_devices": [1, 2]}}).demo.transform_devices
 
 
 def test_nan_is_refused_for_every_float_key():
