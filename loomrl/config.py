@@ -190,7 +190,20 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         )
     parsed: dict[str, Any] = {}
     problems: list[str] = []
-    for item in overrides:
+    items = list(overrides)
+    for i, j in _split_at_spaces(items):
+        # "a.b = 1" on a command line arrives as three words: "a.b", "=", "1" ("a.b= 1" as
+        # two, whose first alone would set a.b to null).
+        words = " ".join(items[i:j])
+        joined = "".join(w.strip() for w in items[i:j])
+        problems.append(
+            f"{words!r}: the shell split it at the spaces around '='{_DASH}write it without "
+            f"spaces: {joined}"
+        )
+        items[i:j] = [None] * (j - i)  # said; not read again below
+    for item in items:
+        if item is None:
+            continue
         if not isinstance(item, str):
             problems.append(f"override {item!r} is not a string{_DASH}write it as 'key=value'")
             continue
@@ -204,6 +217,12 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
             problems.append(f"{item!r} has an empty key{_DASH}write it as 'key=value'")
             continue
         bad = [seg for seg in key.split(".") if not _KEY_SEGMENT.match(seg)]
+        if bad and key.startswith("-") and key.lstrip("-"):
+            # `--run.steps=5`, as other tools take options: overrides are bare key=value words
+            problems.append(
+                f"{item!r}: overrides take no leading '-'{_DASH}write it as {key.lstrip('-')}={raw}"
+            )
+            continue
         if bad:
             problems.append(
                 f"{item!r}: key {key!r} is not a dotted name (bad part {bad[0]!r}){_DASH}"
@@ -225,6 +244,30 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     if problems:
         raise ConfigError(problems, source="overrides")
     return parsed
+
+
+def _split_at_spaces(items: list[Any]) -> list[tuple[int, int]]:
+    """Spans ``[i, j)`` of ``items`` that are one ``key=value`` split at spaces around its '=':
+    ``key`` ``=`` ``value`` or ``key=`` ``value``, where ``value`` holds no '=' (an item of its
+    own would be ``key=value``). Each word alone would be a problem, or (``key=``) a null."""
+    words = [w if isinstance(w, str) else "" for w in items]
+
+    def is_key(w: str) -> bool:
+        return bool(w) and "=" not in w and bool(_KEY_SEGMENT.match(w.split(".")[0]))
+
+    spans, i = [], 0
+    while i < len(words):
+        w, nxt = words[i], words[i + 1] if i + 1 < len(words) else None
+        after = words[i + 2] if i + 2 < len(words) else None
+        if is_key(w) and nxt == "=" and after is not None and "=" not in after:
+            spans.append((i, i + 3))
+            i += 3
+        elif w.endswith("=") and is_key(w[:-1]) and nxt and "=" not in nxt:
+            spans.append((i, i + 2))
+            i += 2
+        else:
+            i += 1
+    return spans
 
 
 def _guess_override(item: str) -> str:

@@ -624,6 +624,28 @@ def test_malformed_overrides_all_reported():
         load_config(TrainConfig, {}, ["steps5"])
 
 
+def test_an_override_split_at_the_spaces_around_its_equals_sign_is_named_whole():
+    # `loomrl run c.yaml ppo.lr = 1e-3` reaches the loader as three words; `lr= 1e-3` as two,
+    # the first of which alone would set lr to null.
+    with pytest.raises(ConfigError) as e:
+        parse_overrides(["actor.lr", "=", "1e-3", "steps=3", "seed=", "7"])
+    assert problems_of(e) == [
+        "'actor.lr = 1e-3': the shell split it at the spaces around '=' — write it without "
+        "spaces: actor.lr=1e-3",
+        "'seed= 7': the shell split it at the spaces around '=' — write it without spaces: seed=7",
+    ]
+    assert parse_overrides(["seed=", "steps=3"]) == {"seed": None, "steps": 3}
+
+
+def test_an_override_written_as_an_option_is_told_to_drop_the_dashes():
+    with pytest.raises(ConfigError) as e:
+        parse_overrides(["--actor.lr=1e-3", "-steps=3"])
+    assert problems_of(e) == [
+        "'--actor.lr=1e-3': overrides take no leading '-' — write it as actor.lr=1e-3",
+        "'-steps=3': overrides take no leading '-' — write it as steps=3",
+    ]
+
+
 def test_parse_overrides_rejects_bare_string():
     with pytest.raises(TypeError, match="list of 'key=value' strings"):
         parse_overrides("steps=5")
