@@ -111,7 +111,10 @@ def _pareto_idx(pts: _Points) -> np.ndarray:
     k = len(pts)
     if k <= 1:
         return np.arange(k)
-    rows = [pts.F, pts.P, pts.mem]
+    # A leaf's P is its F: a row equal to an earlier one changes neither the order nor any
+    # comparison, so it is left out.
+    rows = [pts.F] if pts.P is pts.F or np.array_equal(pts.P, pts.F) else [pts.F, pts.P]
+    rows.append(pts.mem)
     if pts.cores.any():
         rows.append(pts.cores)
     rows.append(pts.u.astype(np.float64))
@@ -126,23 +129,27 @@ def _pareto_idx(pts: _Points) -> np.ndarray:
     front = np.zeros(0, dtype=np.int64)
     lo, size = 0, _BLOCK
     while lo < k:
-        blk = np.arange(lo, min(lo + size, k))
-        lo += size
-        test = blk[~cert[blk]]
+        hi = min(lo + size, k)
+        blk = np.arange(lo, hi)
+        sure_b = cert[lo:hi]
+        test = blk[~sure_b]
         if front.size and test.size:
             dom = kd[front][:, None] == kd[test][None, :]
             for r in range(X.shape[0]):
                 dom &= X[r, front][:, None] <= X[r, test][None, :]
             test = test[~dom.any(axis=0)]
-        sure = blk[cert[blk]]
-        left = sure.size + test.size
+        left = int(np.count_nonzero(sure_b)) + test.size
+        # the block's survivors so far (sure, or tested and left), in order
+        alive = sure_b.copy()
+        alive[test - lo] = True
         if test.size:  # nor by an earlier point of the block that the front left
-            cand = np.union1d(sure, test)
+            cand = blk[alive]
             dom = (kd[cand][:, None] == kd[test][None, :]) & (cand[:, None] < test[None, :])
             for r in range(X.shape[0]):
                 dom &= X[r, cand][:, None] <= X[r, test][None, :]
-            test = test[~dom.any(axis=0)]
-        kept = np.union1d(sure, test)
+            alive[test[dom.any(axis=0)] - lo] = False
+        kept = blk[alive]
+        lo = hi
         # Large inputs often have small fronts: once few of a block survive the front,
         # take bigger blocks (fewer passes); when many do, smaller ones (cheaper all-pairs).
         size = min(size * 2, _BLOCK_MAX) if left * 8 <= size else max(size // 2, _BLOCK)
@@ -202,9 +209,12 @@ _BLOCK_MAX = 8192
 def _pareto_matrix(rows: list[np.ndarray], kind: np.ndarray) -> np.ndarray:
     """All-pairs dominance test, O(k^2 d) in a few vector operations. Shapes: rows [d][k]."""
     k = len(kind)
-    le = kind[None, :] == kind[:, None]  # [i, j]: j is comparable with i
-    lt = np.zeros((k, k), dtype=bool)
-    for r in rows:
+    a, b = rows[0][None, :], rows[0][:, None]
+    le = a <= b
+    lt = a < b
+    if kind.min() != kind.max():
+        le &= kind[None, :] == kind[:, None]  # [i, j]: j is comparable with i
+    for r in rows[1:]:
         a, b = r[None, :], r[:, None]
         le &= a <= b
         lt |= a < b
@@ -245,6 +255,7 @@ class _DP:
         # Leaf / cycle options in phase context (M items) do not depend on m.
         self._phase_all = {i: self._node_opts(i, profile.batch) for i in range(len(self.graph))}
         self.phase_opts = self._phase_all
+        self._phase_best: dict[int, tuple[np.ndarray, list]] = {}
 
     def _node_opts(self, i: int, items: int) -> _OptSet:
         """Node i's options on items, those that fit memory, cores and N (and the scout's grid)."""
@@ -267,7 +278,10 @@ class _DP:
                 ok = np.ones(len(opts), dtype=bool)
                 for p, grid in enumerate(self.grid[i]):
                     col = opts.counts[:, p]
-                    ok &= (col < 0) | np.isin(col, np.fromiter(grid, dtype=np.int64))
+                    # a lookup table by count: one gather per option, not a set search
+                    table = np.zeros(max(int(col.max(initial=0)), max(grid, default=0)) + 1, bool)
+                    table[np.fromiter(grid, dtype=np.int64, count=len(grid))] = True
+                    ok &= (col < 0) | table[np.maximum(col, 0)]
                 self._on_grid[key] = opts.take(np.nonzero(ok)[0])
             opts = self._on_grid[key]
         return opts
@@ -277,9 +291,26 @@ class _DP:
         self.grid = None
         self.phase_opts = self._phase_all
         self._on_grid = {}
+        self._phase_best = {}
         if grid is not None:
             self.grid = grid
             self.phase_opts = {i: self._node_opts(i, self.profile.batch) for i in self._phase_all}
+
+    def _leaf_phase(self, i: int) -> tuple[np.ndarray, list]:
+        """Node i's best phase option per kind (values, sources), fresh copies. They do not
+        depend on m, so each is found once per grid."""
+        got = self._phase_best.get(i)
+        if got is None:
+            ph = self.phase_opts[i]
+            vals = np.full(4, np.inf)
+            src: list = [None] * 4
+            for kk in range(4):
+                sel = np.nonzero(ph.kind == kk)[0]
+                if sel.size:  # the first of the fastest, as a scan would keep
+                    j = int(sel[np.argmin(ph.time[sel])])
+                    vals[kk], src[kk] = ph.time[j], ("leaf", j)
+            got = self._phase_best[i] = (vals, src)
+        return got[0].copy(), list(got[1])
 
     def _coords(self, i: int) -> list[list[int]]:
         """The device counts node i's options name, per position (n', or n_a and n_b)."""
@@ -408,6 +439,8 @@ class _DP:
     def _sharing(self, mem, share, share_mem) -> np.ndarray:
         """``_lower_bound`` (b): the least ``share`` of the nodes whose least memory fits beside
         the point's (co-resident memory adds); inf where none fits."""
+        if len(share) == 1:  # the common case of one outside node (or none that can share)
+            return np.where(mem + share_mem[0] <= self.cap, share[0], np.inf)
         fits = mem[:, None] + share_mem[None, :] <= self.cap
         return np.where(fits, share[None, :], np.inf).min(axis=1)
 
@@ -530,8 +563,7 @@ class _DP:
             self._rest[s] = None
             return None
         N, K = self.N, self.K
-        left = N - np.arange(N + 1)
-        calls = np.stack([self._tm[i][left] for i in rest])
+        calls = np.stack([self._tm[i][::-1] for i in rest])  # [x, u]: t on N - u devices
         e = {i: self._te[i] for i in rest}
         floor = sum(e.values())
         if math.isfinite(floor):
@@ -611,12 +643,7 @@ class _DP:
                 else:
                     stream[s] = _empty()
                 spat[s] = _empty()
-                ph = self.phase_opts[i]
-                for kk in range(4):
-                    sel = np.nonzero(ph.kind == kk)[0]
-                    if sel.size:  # the first of the fastest, as a scan would keep
-                        j = int(sel[np.argmin(ph.time[sel])])
-                        vals[kk], src[kk] = ph.time[j], ("leaf", j)
+                vals, src = self._leaf_phase(i)
                 phase[s] = (vals, src)
                 if s == g.full:
                     root_other = (vals.copy(), list(src))
@@ -681,6 +708,8 @@ class _DP:
         """Every pairing of A's and B's points under a spatial or co-resident temporal node
         that fits and whose lower bound (``_lower_bound``) does not exceed the bound."""
         ia, ib = self._pairs(A, B, cut | other, spatial)
+        if not ia.size:
+            return _empty()
         if spatial:
             u = A.u[ia] + B.u[ib]
             mem = np.maximum(A.mem[ia], B.mem[ib])
@@ -693,6 +722,8 @@ class _DP:
         if self.core_cap < math.inf:
             ok &= cores <= self.core_cap
         fit = np.nonzero(ok)[0]  # the bound's test only on pairs that fit
+        if not fit.size:  # often so on many-node graphs, where the test costs the most
+            return _empty()
         ia, ib, u, mem, cores = ia[fit], ib[fit], u[fit], mem[fit], cores[fit]
         F = A.F[ia] + B.F[ib]
         P = np.maximum(A.P[ia], B.P[ib]) if spatial else A.P[ia] + B.P[ib]
@@ -750,9 +781,7 @@ class _DP:
         left = loose - A.F - (K - 1) * A.P + slack
         left_h = b_hybrid - A.F - (K - 1) * A.P + slack  # sharing or apart: hybrid only
         min_fb = float(B.F.min())
-        order = np.argsort(B.u, kind="stable")
-        Bu = B.u[order]
-        run_min = np.minimum.accumulate(B.P[order])  # non-increasing
+        order, Bu, run_min = _by_u(B)
         # K P_b <= T - F_a - (what the outside adds), and co-resident also - (K-1) P_a
         cap_b = left if not spatial else left + (K - 1) * A.P
         cap_h = left_h if not spatial else left_h + (K - 1) * A.P
@@ -770,12 +799,13 @@ class _DP:
             windows.append((lo, np.where(gate >= 0, hi, 0)))
         else:
             # beside the pair: the outside adds >= floor, and h(u) caps the devices
-            lo = np.searchsorted(-K * run_min, -(cap_b - floor), side="left")
+            neg_p = -K * run_min
+            lo = np.searchsorted(neg_p, -(cap_b - floor), side="left")
             u_max = np.searchsorted(out[4], gate + (K - 1) * A.P, side="right") - 1
             hi = np.searchsorted(Bu, u_b(u_max), side="right")
             windows.append((lo, np.where(gate - floor >= 0, hi, 0)))
             # sharing devices or apart: the outside adds >= shared, on any number of devices
-            lo_s = np.searchsorted(-K * run_min, -(cap_h - shared), side="left")
+            lo_s = np.searchsorted(neg_p, -(cap_h - shared), side="left")
             hi_s = np.searchsorted(Bu, u_b(np.full(nA, N)), side="right")
             windows.append((np.maximum(lo_s, hi), np.where(gate_h - shared >= 0, hi_s, 0)))
         parts = []
@@ -790,16 +820,15 @@ class _DP:
             hi = np.minimum(hi, np.searchsorted(Bu, _next_better(A, N), side="left"))
             parts.append(_windows(lo, hi, order))
         if not spatial:  # the pairs with u_b < u_a, by the same rule from b's side
-            orderA = np.argsort(A.u, kind="stable")
-            Au = A.u[orderA]
+            orderA, Au, _ = _by_u(A)
             lo2 = np.searchsorted(Au, B.u, side="right")
             hi2 = np.searchsorted(Au, _next_better(B, N), side="left")
             ib2, ia2 = _windows(lo2, hi2, orderA)
             parts.append((ia2, ib2))
         ia = np.concatenate([p[0] for p in parts])
         ib = np.concatenate([p[1] for p in parts])
-        rm = np.argsort(ia * nB + ib, kind="stable")
-        return ia[rm], ib[rm]
+        # The windows are disjoint, so each pair comes once: sorting the keys is the order.
+        return np.divmod(np.sort(ia * nB + ib), nB)
 
     def _prune(self, pts: _Points) -> _Points:
         pts = _prune(pts)
@@ -928,10 +957,14 @@ class _OptSet:
 
 def _leaf_arrays(comp: ComponentProfile) -> tuple[np.ndarray, ...]:
     """A component's valid counts, in its order, with their per-item costs, memory and cores."""
-    valid = np.array(comp.valid_devices, dtype=np.int64)
-    per_item = np.array([comp.per_item[int(v)] for v in valid], dtype=np.float64)
-    mem = np.array([comp.memory_gb[int(v)] for v in valid], dtype=np.float64)
-    cores = np.array([comp.cores(int(v)) for v in valid], dtype=np.float64)
+    counts = [int(v) for v in comp.valid_devices]
+    valid = np.array(counts, dtype=np.int64)
+    per_item = np.array(list(map(comp.per_item.__getitem__, counts)), dtype=np.float64)
+    mem = np.array(list(map(comp.memory_gb.__getitem__, counts)), dtype=np.float64)
+    if comp.cpu_cores is None:  # ``ComponentProfile.cores``: no cores named, none needed
+        cores = np.zeros(len(counts), dtype=np.float64)
+    else:
+        cores = np.array(list(map(comp.cores, counts)), dtype=np.float64)
     return valid, per_item, mem, cores
 
 
@@ -942,6 +975,17 @@ def _windows(lo: np.ndarray, hi: np.ndarray, order: np.ndarray) -> tuple[np.ndar
     i = np.repeat(np.arange(len(lo), dtype=np.int64), counts)
     offset = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
     return i, order[np.repeat(lo, counts) + offset].astype(np.int64)
+
+
+def _by_u(X: _Points) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """X's points in order of u (stable): the order, their u, and the running minimum of their
+    P (non-increasing). Kept on the set, which is fixed once made and paired several times."""
+    cached = X.__dict__.get("_by_u")
+    if cached is None:
+        order = np.argsort(X.u, kind="stable")
+        cached = (order, X.u[order], np.minimum.accumulate(X.P[order]))
+        X.__dict__["_by_u"] = cached
+    return cached
 
 
 def _next_better(X: _Points, N: int, look: int = 32) -> np.ndarray:
@@ -957,7 +1001,7 @@ def _next_better(X: _Points, N: int, look: int = 32) -> np.ndarray:
     cached = X.__dict__.get("_next_better")
     if cached is not None and cached[0] == (N, look):
         return cached[1]
-    order = np.argsort(X.u, kind="stable")
+    order = _by_u(X)[0]
     rows = [X.F, X.mem]
     if not np.array_equal(X.P, X.F):  # a leaf's are equal
         rows.append(X.P)
@@ -967,16 +1011,23 @@ def _next_better(X: _Points, N: int, look: int = 32) -> np.ndarray:
     u = X.u[order]
     k = len(X)
     found = np.full(k, N + 1, dtype=np.int64)
-    left = np.ones(k, dtype=bool)  # not found yet
-    for d in range(1, min(look, k - 1) + 1):
-        ok = cols[0, d:] <= cols[0, :-d]
-        for r in range(1, len(cols)):
-            ok &= cols[r, d:] <= cols[r, :-d]
-        ok &= left[:-d]
-        found[:-d][ok] = u[d:][ok]
-        left[:-d] &= ~ok
-        if not left[:-d].any():
-            break
+    span = min(look, k - 1)
+    if span >= 1:
+        ok = (cols[:, 1:] <= cols[:, :-1]).all(axis=0)
+        found[:-1][ok] = u[1:][ok]
+        left = np.flatnonzero(~ok)  # positions (< k - 1) the next point does not serve
+        if left.size and span >= 2:
+            # The rest, every later offset at once: one gather of the next span - 1 points
+            # each (those past the end masked out) in place of a pass per offset.
+            ahead = left[:, None] + np.arange(2, span + 1)
+            inside = ahead < k
+            ahead = np.where(inside, ahead, 0)
+            better = inside.copy()
+            for r in range(len(cols)):
+                better &= cols[r][ahead] <= cols[r][left][:, None]
+            first = better.argmax(axis=1)
+            hit = better[np.arange(left.size), first]
+            found[left[hit]] = u[ahead[hit, first[hit]]]
     out = np.empty_like(found)
     out[order] = found
     X.__dict__["_next_better"] = ((N, look), out)  # a set is fixed once made

@@ -635,3 +635,80 @@ def test_alone_in_a_pair_of_rows_against_its_definition():
             for i in range(k)
         ]
         assert search_mod._alone_in(a, b, kind).tolist() == want
+
+
+@pytest.mark.parametrize("k", [90, 300, 2500])
+def test_pareto_front_order_is_the_tie_break(k):
+    """``_pareto_idx`` returns the front in a fixed order, which decides ties downstream (the
+    first of the fastest is kept): by index up to ``_BLOCK`` points, else by kind, then the
+    rows (F, P, memory, cores, u), index last. Also for leaf-like sets whose P is F, where the
+    search leaves the equal row out, and with irregular, tied times."""
+    rng = np.random.default_rng(k + 1)
+    u = rng.permutation(np.arange(1, k + 1))
+    z = np.zeros(k, dtype=np.int64)
+    t = np.round((5.0 + 100.0 / u) * rng.uniform(0.7, 1.3, k), 1)  # off the curve, with ties
+    leafy = search_mod._Points(t, t, np.round(10 + 50.0 / u, 1), np.zeros(k), u, z, z, z, z, z)
+    sets = [leafy, _points(rng, k, 5, False), _points(rng, k, 9, True)]
+    for pts in sets:
+        rows = [pts.F, pts.P, pts.mem] + ([pts.cores] if pts.cores.any() else [])
+        rows.append(pts.u.astype(float))
+        front = set(search_mod._pareto_matrix(rows, pts.kind).tolist())
+        if k <= search_mod._BLOCK:
+            want = sorted(front)
+        else:
+            order = np.lexsort(tuple(reversed(rows)) + (pts.kind,))
+            want = [int(i) for i in order if int(i) in front]
+        assert search_mod._pareto_idx(pts).tolist() == want
+
+
+def test_next_better_on_irregular_leaves_and_tiny_sets():
+    """``_next_better`` against its definition where the next count is rarely as good (a
+    leaf's irregular times, P is F, no cores) and on sets of one to three points."""
+    rng = np.random.default_rng(4)
+    cases = []
+    for k in (1, 2, 3, 700):
+        u = rng.permutation(np.arange(1, k + 1))
+        z = np.zeros(k, dtype=np.int64)
+        t = np.round((5.0 + 100.0 / u) * rng.uniform(0.7, 1.3, k), 1)
+        mem = np.round(10 + 50.0 / u, 1)
+        cases.append(search_mod._Points(t, t, mem, np.zeros(k), u, z, z, z, z, z))
+    for pts in cases:
+        for look in (1, 2, 32):
+            got = search_mod._next_better(pts, 800, look=look)
+            order = np.argsort(pts.u, kind="stable")
+            cols = np.stack([pts.F, pts.mem])[:, order]
+            for x, i in enumerate(order):
+                want = next(
+                    (
+                        int(pts.u[order[y]])
+                        for y in range(x + 1, min(x + 1 + look, len(order)))
+                        if (cols[:, y] <= cols[:, x]).all()
+                    ),
+                    801,
+                )
+                assert got[i] == want, (len(pts), look, i)
+            pts.__dict__.pop("_next_better")  # cached per set: recompute for the next look
+
+
+def test_scout_grid_keeps_exactly_the_options_on_it():
+    """Under a scout grid each node keeps exactly its options whose device counts are on the
+    grid (split cycles: both counts), in their order; lifting the grid restores them all."""
+    rng = np.random.default_rng(8)
+    for seed in range(20):
+        prof = random_profile(np.random.default_rng(seed), 3, 12, cycle=True, dense=True)
+        dp = search_mod._DP(prof, 12)
+        every = {i: dp._node_opts(i, prof.batch) for i in range(len(dp.graph))}
+        grid = {
+            i: [frozenset(int(x) for x in rng.choice(13, 5, replace=False)) for _ in (0, 1)]
+            for i in every
+        }
+        dp.use_grid(grid)
+        for i, opts in every.items():
+            ok = np.ones(len(opts), dtype=bool)
+            for p in (0, 1):
+                col = opts.counts[:, p]
+                ok &= (col < 0) | np.isin(col, sorted(grid[i][p]))
+            got = dp._node_opts(i, prof.batch)
+            assert got.index.tolist() == opts.index[ok].tolist(), (seed, i)
+        dp.use_grid(None)
+        assert all(dp._node_opts(i, prof.batch) is every[i] for i in every)
