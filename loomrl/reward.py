@@ -28,7 +28,10 @@ MAX_RESPONSE_CHARS = 200_000
 _MAX_BOX_CANDIDATES = 32
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_ANSWER_LINE_RE = re.compile(r"(?i)\banswer\s*\**\s*[:\uff1a]\s*\**[ \t]*([^\n]*)")
+# One character class before the colon, not "\s*\**\s*": two quantifiers that can both take a
+# space split a run of n blanks n ways, and a response of "answer" and 200 KB of newlines took
+# minutes to fail. Bold markers ("**Answer:** 5", "Answer: **5**") are left to ``_clean``.
+_ANSWER_LINE_RE = re.compile(r"(?i)\banswer[\s*]*[:\uff1a]\s*([^\n]*)")
 _INT_RE = re.compile(r"[+-]?\d+")
 _DECIMAL_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 _THOUSANDS_RE = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
@@ -162,7 +165,7 @@ def _last_hashes(text: str) -> str | None:
 def _last_answer_line(text: str) -> str | None:
     found = None
     for m in _ANSWER_LINE_RE.finditer(text):
-        if m.group(1).strip():
+        if _clean(m.group(1)):  # "Answer: **" alone is no answer; an earlier line may be
             found = m.group(1)
     return found
 
@@ -179,6 +182,10 @@ def _clean(ans: str) -> str:
         for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"), ("**", "**")):
             if len(ans) > len(left) + len(right) and ans.startswith(left) and ans.endswith(right):
                 ans = ans[len(left) : len(ans) - len(right)]
+        # A bold marker at one end only closes or opens around the "Answer:" label
+        # ("**Answer: 5**", "**Answer:** 5"), or stands alone: it is no part of the answer.
+        if ans == "**" or ans.startswith("**") != ans.endswith("**"):
+            ans = ans[2:] if ans.startswith("**") else ans[:-2]
     return ans
 
 

@@ -33,6 +33,12 @@ from loomrl.reward import RewardResult, RewardStats, answers_match, extract_answ
         ("#### 4\nAnswer: 5", "4"),  # '####' beats 'Answer:'
         ("Answer: 1\nAnswer: 2", "2"),  # the last one counts
         ("Answer: \\(\\frac{1}{2}\\).", "\\frac{1}{2}"),
+        ("Answer: **5**.", "5"),  # bold answer after a plain label
+        ("**Answer: 5**", "5"),  # the whole line in bold
+        ("**Answer:** 5", "5"),
+        ("Answer:\n**7**", "7"),
+        ("Answer: 2**3", "2**3"),  # a power, not a bold marker
+        ("Answer: 4\nAnswer: **", "4"),  # a label with nothing after it is skipped
     ],
 )
 def test_extract_answer(text, expected):
@@ -65,6 +71,15 @@ def test_extract_answer_is_fast_on_adversarial_text():
     assert extract_answer("<answer>" * 20_000) is None
     assert extract_answer("answer " * 20_000) is None
     assert time.perf_counter() - t0 < 2.0
+
+
+@pytest.mark.timeout(60)
+def test_a_label_followed_by_a_run_of_blanks_is_scored_in_linear_time():
+    # Degenerate generations repeat whitespace; before, the "Answer:" pattern backtracked over
+    # every split of the run (minutes for a response of MAX_RESPONSE_CHARS).
+    for blank in ("\n", " ", "\t"):
+        text = "Final answer" + blank * (reward_mod.MAX_RESPONSE_CHARS - 20)
+        assert score(text, "1").reason == "no_answer"
 
 
 def test_a_number_with_a_runaway_exponent_is_wrong_without_being_built():
