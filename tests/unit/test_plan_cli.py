@@ -170,14 +170,15 @@ def test_profile_warnings_are_one_line_each(tmp_path, capsys):
 
 def test_argument_mistakes_exit_2_before_any_search(capsys, tmp_path):
     prof = str(EXAMPLES / "ppo_actor_critic.yaml")
+    (tmp_path / "f").write_text("")  # a file where a folder of the path should be
     cases = [
         (["--devices", "0"], "--devices must be a positive integer, got 0"),
         (["--simulate", "--iterations", "0"], "--iterations must be from 1 to 100,000"),
         (["--simulate", "--sigma", "-1"], "--sigma must be a finite log-normal spread from 0"),
         (["--simulate", "--channel-capacity", "0"], "--channel-capacity must be >= 1"),
-        (["--timeline", str(tmp_path / "no" / "x.png")], "does not exist"),
+        (["--timeline", str(tmp_path / "f" / "x.png")], "is a file, not a directory"),
         (["--timeline", str(tmp_path / "x.txt")], "an image file ending in one of"),
-        (["--save", str(tmp_path / "no" / "x.json")], "does not exist"),
+        (["--save", str(tmp_path / "f" / "x.json")], "is a file, not a directory"),
     ]
     for extra, message in cases:
         assert plan_main([prof, *extra]) == 2, extra
