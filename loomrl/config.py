@@ -532,10 +532,11 @@ def _build_dataclass(
         if bad - before:
             # The sections above must not read a value this section refused: they get it at
             # its default (replace() keeps what validate() normalised in the others).
+            defaults = {n: _default(fields[n]) for n in bad - before}
+            if _MISSING in defaults.values():  # a required key: nothing to stand in
+                return _MISSING
             try:
-                instance = dataclasses.replace(
-                    instance, **{n: _default(fields[n]) for n in bad - before}
-                )
+                instance = dataclasses.replace(instance, **defaults)
             except (ConfigError, ValueError):
                 return _MISSING
     broken.update(_join(prefix, n) for n in bad)

@@ -401,6 +401,35 @@ def test_a_check_across_sections_skips_values_their_own_section_refused():
     ]
 
 
+@dataclass
+class Named:
+    name: str
+    size: int = 1
+
+    def validate(self) -> list[str]:
+        return [] if self.name.strip() else [f"name: must not be blank, got {self.name!r}"]
+
+
+@dataclass
+class HoldsNamed:
+    named: Named = field(default_factory=lambda: Named("a"))
+    tag: str = "t"
+
+    def validate(self) -> list[str]:
+        if self.tag.lower() == self.named.name.lower():
+            return [f"tag: must differ from named.name={self.named.name!r}"]
+        return []
+
+
+def test_a_refused_required_key_stands_in_by_its_sections_default():
+    # named.name has no default of its own: the parent's check runs on the section's default
+    # (name "a"), never on a placeholder (which has no .lower()), and what it says of it is
+    # left out.
+    with pytest.raises(ConfigError) as e:
+        load_config(HoldsNamed, {"named": {"name": " ", "size": 3}, "tag": "a"})
+    assert problems_of(e) == ["named.name: must not be blank, got ' '"]
+
+
 def test_validate_problems_reported_with_unknown_keys():
     with pytest.raises(ConfigError) as e:
         load_config(TrainConfig, {"batch_size": 6, "seeed": 1})
