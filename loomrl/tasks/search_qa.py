@@ -36,7 +36,6 @@ SEARCH_OPEN, SEARCH_CLOSE = "<search>", "</search>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 INFO_OPEN, INFO_CLOSE = "<information>", "</information>"
 
-_ANSWER = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.S)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)
 MAX_ANSWER_CHARS = 200
@@ -63,9 +62,17 @@ def normalize_answer(text: str) -> str:
 
 
 def extract_answer(text: str) -> str | None:
-    """The content of the last complete ``<answer>...</answer>`` in ``text`` (None: none)."""
-    found = _ANSWER.findall(text)
-    return found[-1].strip() if found else None
+    """The content of the last complete ``<answer>...</answer>`` in ``text`` (None: none): from
+    the last opening tag before the last closing one."""
+    # Searched from the end, not with a regex: ".*?" from every "<answer>" scans to the end of
+    # the text when no tag closes, quadratic in a response that repeats the opening tag.
+    if not isinstance(text, str):
+        return None
+    end = text.rfind(ANSWER_CLOSE)
+    start = text.rfind(ANSWER_OPEN, 0, max(end, 0))
+    if end < 0 or start < 0:
+        return None
+    return text[start + len(ANSWER_OPEN) : end].strip()
 
 
 def _article(noun: str) -> str:

@@ -83,10 +83,23 @@ def test_task_config_errors_come_together():
         ("<answer> a </answer> then <answer>  b </answer>", "b"),
         ("<answer> open only", None),
         ("no tags", None),
+        ("</answer> <answer> x", None),
+        ("<answer> a <answer> b </answer>", "b"),
+        ("<answer></answer>", ""),
+        (None, None),
     ],
 )
 def test_the_last_complete_answer_is_read(text, parsed):
     assert extract_answer(text) == parsed
+
+
+@pytest.mark.timeout(60)
+def test_a_response_repeating_the_opening_tag_is_scored_in_linear_time(task):
+    # Before, a regex scanned from every "<answer>" to the end: minutes for 500 KB of them.
+    ex = task.train_item(0)
+    r = task.score("<answer>" * 60_000, ex)
+    assert (r.reward, r.malformed, r.reason) == (0.0, True, "no_answer")
+    assert task.score("<answer>" * 60_000 + f" {ex.answer} </answer>", ex).correct
 
 
 def test_exact_match_after_normalisation(task):
