@@ -82,11 +82,6 @@ def load_recipe_config(config: str | Path, overrides: list[str]) -> tuple[Any, A
 
 _RUN_DIR_LOCK: Any = None  # this process's hold on its run directory (runlog.lock_run_dir)
 
-# What a checkpoint's state depends on: a resume that changes one would load it into another
-# model or continue on other prompts.
-# What a resume keeps as its checkpoint left it (a key, or a section and every key under it).
-_FIXED_ON_RESUME = ("model.path", "batch", "sampling.group_size", "task", "recipe")
-
 
 def _hold_run_dir(out: Path, resume: bool) -> None:
     """Hold ``out`` until this process exits (``runlog.lock_run_dir``), unless it holds it."""
@@ -98,8 +93,40 @@ def _hold_run_dir(out: Path, resume: bool) -> None:
 
 
 def _fixed_on_resume(override: str) -> bool:
+    from loomrl.run import FIXED_ON_RESUME
+
     key = override.split("=", 1)[0]
-    return any(key == k or key.startswith(k + ".") for k in _FIXED_ON_RESUME)
+    return any(key == k or key.startswith(k + ".") for k in FIXED_ON_RESUME)
+
+
+def _check_config_kept(run_dir: Path, cfg: Any, cfg_file: Path) -> None:
+    """Refuse a resume whose config.yaml was changed (by hand, or replaced by another run's)
+    in a key the checkpoints depend on: their state would be loaded into another recipe or
+    model, or continue on other prompts."""
+    from loomrl.run import fixed_on_resume, recorded_fixed_on_resume
+
+    then = recorded_fixed_on_resume(run_dir)
+    if then is None:
+        return
+    now = fixed_on_resume(cfg)
+    changed = [k for k in sorted(then.keys() | now.keys()) if then.get(k) != now.get(k)]
+    if changed:
+        raise ConfigError(
+            [
+                f"{k}: {cfg_file} says {_shown(now.get(k))}, but the run's checkpoints were made "
+                f"with {_shown(then.get(k))}"
+                for k in changed
+            ]
+            + [
+                f"a resume continues {run_dir} as its checkpoint left it: put those keys back "
+                f"in {cfg_file}, or start a new run with `loomrl run {cfg_file}` (the earlier "
+                "records are then set aside)"
+            ]
+        )
+
+
+def _shown(value: Any) -> str:
+    return "nothing" if value is None else repr(value)
 
 
 def _make_output_dir(cfg: Any) -> Path:
@@ -255,6 +282,7 @@ def _run_dir_config(run_dir: Path) -> Path:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
+    from loomrl.run import FIXED_ON_RESUME
     from loomrl.runlog import LOCK_FILE
 
     if run_dir.is_dir() and (run_dir / LOCK_FILE).exists():
@@ -267,7 +295,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if moved or changed:
         how = (
             "copy the run directory to continue elsewhere; start a new run (loomrl run) to "
-            f"change {', '.join(_FIXED_ON_RESUME)}"
+            f"change {', '.join(FIXED_ON_RESUME)}"
         )
         raise ConfigError(
             [
@@ -286,6 +314,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         )
     overrides = [f"run.output_dir={run_dir}", "resume=true", *args.overrides]
     mod, cfg = load_recipe_config(cfg_file, overrides)
+    _check_config_kept(run_dir, cfg, cfg_file)
     _resumable_at(args, cfg)
     done = prepare_run_dir(cfg)
     if done:

@@ -9,7 +9,9 @@ the prediction, and writes ``run_summary.json`` with the fields tools outside lo
 ``loomrl resume`` or a restart after a dead worker) lists its earlier ``attempts`` (status,
 error, steps done, wall time, median iteration) and sums every attempt's wall time in
 ``wall_s_total``; one killed outright, with no summary written, is listed with ``status``
-``"killed"`` (from ``.attempt.json``, which a running attempt keeps). A run that stops on an
+``"killed"`` (from ``.attempt.json``, which a running attempt keeps). Both record
+``fixed_on_resume``, the config's values of the keys its checkpoints depend on
+(``FIXED_ON_RESUME``), which ``loomrl resume`` checks config.yaml against. A run that stops on an
 error, Ctrl-C or SIGTERM writes one too, with ``status`` ``"failed"`` or ``"interrupted"`` (and
 then the ``signal``, ``"SIGINT"`` or ``"SIGTERM"``), the ``error``, and what it had done (``steps_done``, the plan, the iterations measured, the last
 metrics logged), so tools find every run's outcome in one file.
@@ -240,6 +242,7 @@ class Run:
         # A resume (by hand, or the CLI's restart after a dead worker) continues a run whose
         # earlier attempts' timing the summary keeps beside this attempt's own.
         self.attempts = earlier_attempts(self.dir) if resuming else []
+        self.fixed = fixed_on_resume(cfg)  # what a resume of this run must keep
         self._mark_attempt()
 
     @property
@@ -389,6 +392,7 @@ class Run:
             "measured_iteration_s": self.measured_iteration_s(),
             # the attempts before it, which no summary lists if this one is killed too
             "earlier": self.attempts,
+            "fixed_on_resume": self.fixed,
         }
         path = self.dir / ATTEMPT_FILE
         tmp = self.dir / ATTEMPT_TMP  # one writer: the run directory is locked
@@ -433,6 +437,7 @@ class Run:
             "wall_s_total": wall + sum(a.get("wall_s") or 0.0 for a in self.attempts),
             "attempts": self.attempts,
             "restarts": count_lines(self.dir / "restarts.jsonl"),
+            "fixed_on_resume": self.fixed,
         }
 
     def close(self) -> None:
@@ -517,6 +522,40 @@ KILLED = (
     "ended without writing a summary (killed outright: SIGKILL, out of memory, or its machine "
     "stopped); its wall time runs to its last completed step"
 )
+
+
+# What a checkpoint's state depends on: a resume that changes one would load it into another
+# model or recipe, or continue on other prompts (a key, or a section and every key under it).
+FIXED_ON_RESUME = ("model.path", "batch", "sampling.group_size", "task", "recipe")
+
+
+def fixed_on_resume(cfg: Any) -> dict[str, Any]:
+    """The values of ``FIXED_ON_RESUME`` in ``cfg`` (those it has), as JSON writes them: what
+    the summary and ``ATTEMPT_FILE`` record, and ``loomrl resume`` compares."""
+    from loomrl.config import to_dict
+
+    if not dataclasses.is_dataclass(cfg):
+        return {}
+    tree, out = to_dict(cfg), {}
+    for key in FIXED_ON_RESUME:
+        node: Any = tree
+        for part in key.split("."):
+            node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
+        if node is not _ABSENT:
+            out[key] = json.loads(json.dumps(node, default=str))
+    return out
+
+
+_ABSENT = object()
+
+
+def recorded_fixed_on_resume(run_dir: Path) -> dict[str, Any] | None:
+    """``fixed_on_resume`` of the config the run directory's last attempt ran (None where no
+    attempt recorded it: a run directory of an earlier version)."""
+    summary = _read_json(Path(run_dir) / "run_summary.json")
+    latest = pending_attempt(Path(run_dir), summary) or summary or {}
+    fixed = latest.get("fixed_on_resume")
+    return fixed if isinstance(fixed, dict) else None
 
 
 def earlier_attempts(run_dir: Path) -> list[dict[str, Any]]:

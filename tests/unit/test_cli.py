@@ -426,3 +426,51 @@ def test_profile_into_an_output_dir_that_cannot_be_one_exits_2_before_ray(
     err = capsys.readouterr().err
     assert f"run.output_dir={str(tmp_path / 'f')!r}: cannot be used as the run directory" in err
     assert "Traceback" not in err
+
+
+def test_resume_refuses_a_config_yaml_changed_in_what_the_checkpoints_depend_on(
+    tmp_path, capsys, monkeypatch
+):
+    """config.yaml edited by hand, or replaced by another recipe's, after the run: its
+    checkpoint would be loaded into another recipe (a KeyError traceback) or continue on other
+    prompts."""
+    import shutil
+    import signal
+
+    import loomrl.cli as cli
+    import loomrl.cluster
+    from loomrl.checkpoint import save_checkpoint
+    from loomrl.run import Run
+
+    class Started:
+        def shutdown(self):
+            pass
+
+    monkeypatch.setattr(loomrl.cluster.Cluster, "start", staticmethod(lambda **kw: Started()))
+    monkeypatch.setattr(cli, "run_with_restarts", lambda mod, cfg: {"resumed": True})
+    before = signal.getsignal(signal.SIGTERM)
+    cfg = _cfg(tmp_path)
+    run = Run(cfg, cfg.run)  # writes config.yaml; killed after its checkpoint of step 1
+    save_checkpoint(tmp_path, 1, {"step": 1})
+    kept = (tmp_path / "config.yaml").read_text()
+    assert main(["resume", str(tmp_path)]) == 0  # unchanged: resumes
+
+    shutil.copy(ROOT / "examples" / "tiny_ppo.yaml", tmp_path / "config.yaml")
+    assert main(["resume", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "recipe: " in err and "says 'ppo', but the run's checkpoints were made with 'grpo'" in err
+    )
+    assert "put those keys back" in err and "Traceback" not in err
+
+    (tmp_path / "config.yaml").write_text(kept.replace("batch: 4", "batch: 8"))
+    assert main(["resume", str(tmp_path)]) == 2
+    assert "batch: " in capsys.readouterr().err
+    (tmp_path / "config.yaml").write_text(kept.replace("lr: 0.001", "lr: 0.0005", 1))
+    assert main(["resume", str(tmp_path)]) == 0  # the learning rate may change
+    # The finished summary records it as the attempt's marker did.
+    run.summary(1, None, {})
+    (tmp_path / "config.yaml").write_text(kept.replace("batch: 4", "batch: 8"))
+    assert main(["resume", str(tmp_path), "steps=5"]) == 2
+    run.close()
+    assert signal.getsignal(signal.SIGTERM) is before
