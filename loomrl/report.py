@@ -174,10 +174,11 @@ def load_run(run_dir: str | Path) -> RunData:
                 continue
             try:
                 o = json.loads(line)
+                predicted = o.get("predicted_s")
                 it = Iteration(
                     step=int(o["step"]),
-                    measured_s=float(o["measured_s"]),
-                    predicted_s=None if o.get("predicted_s") is None else float(o["predicted_s"]),
+                    measured_s=_finite(o["measured_s"], "measured_s"),
+                    predicted_s=None if predicted is None else _finite(predicted, "predicted_s"),
                     records=[_check_record(r) for r in o.get("records", [])],
                 )
             except (ValueError, KeyError, TypeError) as e:
@@ -208,9 +209,18 @@ def _check_record(r: Any) -> dict[str, Any]:
     out["devices"] = [int(x) for x in r.get("devices") or []]
     out["kind"] = str(r.get("kind", "run"))
     out["micro_batch"] = int(r.get("micro_batch", -1))
-    out["start"] = float(r["start"])
-    out["end"] = float(r["end"])
+    out["start"] = _finite(r["start"], "start")
+    out["end"] = _finite(r["end"], "end")
     return out
+
+
+def _finite(value: Any, key: str) -> float:
+    """A time read from timeline.jsonl: a run writes finite numbers only, so nan or inf there
+    is damage (the table and the figure could not use it)."""
+    x = float(value)
+    if not math.isfinite(x):
+        raise ValueError(f"{key} is {x}, not a finite number")
+    return x
 
 
 # ----------------------------------------------------------------------- numbers

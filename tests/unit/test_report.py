@@ -440,3 +440,17 @@ def test_an_uncalibrated_plan_reports_no_prediction_rather_than_0_s(tmp_path, ca
     # A calibrated plan (its method no longer "calibrate") reports its prediction.
     write_run(tmp_path / "done", plan=dataclasses.replace(plan, method="calibrated"))
     assert load_run(tmp_path / "done").predicted_s == 0.0
+
+
+def test_a_timeline_line_with_a_time_that_is_not_finite_is_skipped(tmp_path, caplog):
+    """A run writes finite times only: nan or inf there is damage, which would stop the figure."""
+    d = write_run(tmp_path / "r")
+    rows = [json.loads(line) for line in (d / "timeline.jsonl").read_text().splitlines()]
+    rows[1]["measured_s"] = float("inf")
+    rows[2]["records"][0]["end"] = float("nan")
+    (d / "timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = load_run(d)
+    assert [it.step for it in run.iterations] == [0, 3]
+    assert "measured_s is inf, not a finite number" in caplog.text
+    assert "end is nan, not a finite number" in caplog.text
+    assert report_main([str(d)]) == 0
