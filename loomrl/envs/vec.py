@@ -120,6 +120,9 @@ class EnvConfig:
                 problems.append(f"{name}={v!r}: must be True or False, got {type(v).__name__}")
         if "num_envs" not in wrong and self.num_envs < 1:
             problems.append(f"num_envs={self.num_envs}: need at least one env; set num_envs >= 1")
+        if "seed" not in wrong and self.seed < 0:
+            # gymnasium refuses a negative seed, but only once the env workers have started.
+            problems.append(f"seed={self.seed}: must be >= 0 (env i of the batch gets seed + i)")
         if "image_size" not in wrong and self.image_size < 8:
             problems.append(
                 f"image_size={self.image_size}: images below 8x8 carry no signal; use e.g. 64 or 84"

@@ -32,6 +32,12 @@ def test_config_reports_every_problem_together():
     assert "num_envs=0" in msg and "frame_skip=0" in msg and "render_backend='vulkan'" in msg
 
 
+def test_a_negative_seed_is_refused_by_the_config_not_by_gymnasium_in_a_worker():
+    with pytest.raises(ConfigError) as e:
+        EnvConfig(seed=-1)
+    assert e.value.problems == ["seed=-1: must be >= 0 (env i of the batch gets seed + i)"]
+
+
 def test_same_seed_same_obs_and_env_i_gets_seed_plus_i():
     a, b = make(seed=3, num_envs=3), make(seed=3, num_envs=3)
     first = a.reset()
