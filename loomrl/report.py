@@ -88,8 +88,30 @@ class RunData:
 
     @property
     def warm(self) -> list[Iteration]:
-        """Iterations after the first (warm-up: compilation, first onload, caches); all if only one."""
-        return self.iterations[1:] or self.iterations
+        """Iterations after the first (warm-up: compilation, first onload, caches); all if only one.
+        Of a resumed run, those of the attempt that wrote the summary after its own warm-up:
+        earlier attempts ran on workers started anew, maybe on another plan than the one whose
+        prediction the summary holds."""
+        mine = self.iterations[-self.attempt_iterations :] if self.attempt_iterations else []
+        mine = mine or self.iterations
+        return mine[1:] or mine
+
+    @property
+    def attempt_iterations(self) -> int:
+        """How many of the last iterations the summary's attempt of a resumed run ran (0: not
+        a resumed run, or its summary is not the latest attempt's)."""
+        from loomrl.run import pending_attempt
+
+        times = self.summary.get("iteration_s")
+        if not self.summary.get("attempts") or not isinstance(times, list) or not times:
+            return 0
+        if pending_attempt(self.run_dir, self.summary) is not None:
+            return 0  # a later attempt, killed outright, ran after the summary's
+        last = self.iterations[-1].step + 1
+        done = self.summary.get("steps_done", self.summary.get("steps"))
+        if done != last or len(times) > len(self.iterations):
+            return 0
+        return len(times)
 
     @property
     def calibrating(self) -> bool:
@@ -365,7 +387,8 @@ def format_table(run: RunData, it: Iteration) -> str:
         f"run {run.run_dir}: {len(run.iterations)} iteration(s) recorded, plan {run.plan.mode} "
         f"on {run.plan.devices} device(s), micro-batch {run.plan.micro_batch}",
         _predicted_line(pred),
-        f"  measured median         {meas:10.4f} s  (after warm-up: {len(warm)} iteration(s), "
+        f"  measured median         {meas:10.4f} s  ({_of_attempt(run)}after warm-up: "
+        f"{len(warm)} iteration(s), "
         f"steps {warm[0].step}..{warm[-1].step})",
         f"  relative error          {_rel(meas, pred):>10}  (measured vs predicted)",
         *_refresh_lines(run, pred),
@@ -388,6 +411,10 @@ def format_table(run: RunData, it: Iteration) -> str:
     sw_m = busy_seconds((r["start"], r["end"]) for r in it.records if r["kind"] != "run")
     lines.append(f"  {'(switching)':<{w}}  {_s(sw_p):>12}  {_s(sw_m):>12}  {_rel(sw_m, sw_p):>8}")
     return "\n".join(lines)
+
+
+def _of_attempt(run: RunData) -> str:
+    return "this attempt's, " if run.attempt_iterations else ""
 
 
 NOT_CALIBRATED = (

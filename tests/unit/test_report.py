@@ -454,3 +454,32 @@ def test_a_timeline_line_with_a_time_that_is_not_finite_is_skipped(tmp_path, cap
     assert "measured_s is inf, not a finite number" in caplog.text
     assert "end is nan, not a finite number" in caplog.text
     assert report_main([str(d)]) == 0
+
+
+def test_a_resumed_run_is_measured_on_the_iterations_of_the_attempt_that_predicted(
+    tmp_path, capsys
+):
+    """Steps 0-5 ran in a first attempt (killed), steps 6-8 in the resumed one, whose plan the
+    summary's prediction is of: the measured median is of steps 7-8, not of all."""
+    from loomrl.run import ATTEMPT_FILE
+
+    times = {0: 20.0, 1: 30.0, 2: 30.0, 3: 30.0, 4: 30.0, 5: 30.0, 6: 15.0, 7: 11.0, 8: 13.0}
+    d = write_run(tmp_path / "run", times=times, summary=False)
+    summary = {
+        "status": "finished",
+        "steps": 9,
+        "steps_done": 9,
+        "predicted_iteration_s": 10.0,
+        "iteration_s": [15.0, 11.0, 13.0],
+        "attempts": [{"status": "killed", "steps_done": 6}],
+    }
+    (d / "run_summary.json").write_text(json.dumps(summary))
+    run = load_run(d)
+    assert [it.step for it in run.warm] == [7, 8] and run.measured_median_s == 12.0
+    assert report_main([str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "measured median            12.0000 s  (this attempt's, after warm-up: 2" in out
+    assert "+20.0%" in out
+    # A later attempt killed outright ran after the summary's: its steps are not told apart.
+    (d / ATTEMPT_FILE).write_text(json.dumps({"started": 1.0, "updated": 2.0, "steps_done": 9}))
+    assert [it.step for it in load_run(d).warm] == list(range(1, 9))
