@@ -35,6 +35,7 @@ import contextlib
 import dataclasses
 import difflib
 import enum
+import json
 import math
 import numbers
 import os
@@ -124,6 +125,13 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
             return f"on line {first} (columns {cols[0]} and {cols[1]})"
         return f"on lines {first} and {second}"
 
+    def message(self) -> str:
+        """The one-line problem a file's reader reports: the key, both places, the fix."""
+        return (
+            f"duplicate key {self.key!r} {self.where()}{_DASH}a key may be given once per "
+            "mapping (YAML would silently keep the last); remove one of them"
+        )
+
 
 def _refuse_duplicate_keys(loader: _Loader, node: yaml.MappingNode) -> None:
     # Keys merged in with '<<' are overridden on purpose, and are not this node's own.
@@ -163,6 +171,24 @@ def _node_path(root: yaml.Node | None, target: yaml.Node) -> str | None:
         elif isinstance(node, yaml.SequenceNode):
             stack.extend((v, f"{path}[{i}]") for i, v in reversed(list(enumerate(node.value))))
     return None
+
+
+def load_json(text: str) -> Any:
+    """``json.loads``, but a key given twice in one object is a ``ValueError`` naming it: the
+    json module keeps the last, as plain YAML does."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        for k, v in pairs:
+            if k in d:
+                raise ValueError(
+                    f"duplicate key {k!r} in one object{_DASH}a key may be given once; "
+                    "remove one of them"
+                )
+            d[k] = v
+        return d
+
+    return json.loads(text, object_pairs_hook=unique)
 
 
 def load_yaml(text: str) -> Any:
@@ -376,13 +402,7 @@ def _read_yaml(path: Path) -> Any:
             [f"not UTF-8 text ({byte} at {where}){_DASH}save the file as UTF-8"], source=str(path)
         ) from None
     except DuplicateKeyError as e:
-        raise ConfigError(
-            [
-                f"duplicate key {e.key!r} {e.where()}{_DASH}a key may be given once "
-                "per mapping (YAML would silently keep the last); remove one of them"
-            ],
-            source=str(path),
-        ) from None
+        raise ConfigError([e.message()], source=str(path)) from None
     except yaml.YAMLError as e:
         raise ConfigError([_yaml_problem(e, text)], source=str(path)) from None
     except OSError as e:

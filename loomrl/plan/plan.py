@@ -373,13 +373,16 @@ class Plan:
         what is wrong when it is not one."""
         import yaml
 
+        from loomrl.config import DuplicateKeyError, load_json, load_yaml
         from loomrl.errors import PlanError
 
         p = Path(path)
         fix = "write one with `loomrl plan PROFILE --devices N --save plan.json`"
         try:
             text = p.read_text()
-            d = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+            d = load_json(text) if p.suffix == ".json" else load_yaml(text)
+        except DuplicateKeyError as e:
+            raise PlanError(f"plan file {str(p)!r}: {e.message()}") from None
         except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as e:
             raise PlanError(f"plan file {str(p)!r} cannot be read: {e}; {fix}") from None
         if isinstance(d, dict) and "components" in d and "tree" not in d:

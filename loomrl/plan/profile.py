@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from loomrl.config import finite_number, read_utf8
+from loomrl.config import DuplicateKeyError, finite_number, load_json, load_yaml, read_utf8
 from loomrl.errors import ConfigError
 
 __all__ = [
@@ -551,12 +551,9 @@ def load_profile(
                 [f"profile file {str(path)!r} cannot be read ({e.strerror})"], source=where
             ) from None
         try:
-            if path.suffix == ".json":
-                raw = json.loads(text)
-            else:
-                import yaml
-
-                raw = yaml.safe_load(text)
+            raw = load_json(text) if path.suffix == ".json" else load_yaml(text)
+        except DuplicateKeyError as e:  # a cost given twice: the file's author meant one of them
+            raise ConfigError([e.message()], source=where) from None
         except Exception as e:  # malformed syntax: say where, not a traceback
             raise ConfigError([f"cannot parse {path.name}: {e}"], source=where) from None
     if not isinstance(raw, Mapping):

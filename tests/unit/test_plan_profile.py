@@ -51,6 +51,37 @@ def test_load_dict_yaml_and_json(tmp_path):
     assert load_profile(base(), devices=2).devices == 2
 
 
+def test_a_key_given_twice_in_a_profile_or_plan_file_is_refused_naming_it(tmp_path):
+    import yaml
+
+    from loomrl.errors import PlanError
+    from loomrl.plan import search
+
+    text = yaml.safe_dump(base(), sort_keys=False)
+    y = tmp_path / "p.yaml"
+    y.write_text(text.replace("batch: 8\n", "batch: 8\nbatch: 4\n"))
+    with pytest.raises(ConfigError) as e:
+        load_profile(y)
+    assert e.value.problems == [
+        "duplicate key 'batch' on lines 3 and 4 \u2014 a key may be given once per mapping "
+        "(YAML would silently keep the last); remove one of them"
+    ]
+    j = tmp_path / "p.json"
+    j.write_text(json.dumps(base()).replace('"batch": 8', '"batch": 8, "batch": 4'))
+    with pytest.raises(ConfigError, match="duplicate key 'batch' in one object"):
+        load_profile(j)
+    saved = tmp_path / "plan.json"
+    search(load_profile(base())).save(saved)
+    saved.write_text(saved.read_text().replace("{", '{"micro_batch": 3, ', 1))
+    with pytest.raises(PlanError, match="duplicate key 'micro_batch' in one object"):
+        type(search(load_profile(base()))).load(saved)
+    saved_yaml = tmp_path / "plan.yaml"
+    search(load_profile(base())).save(saved_yaml)
+    saved_yaml.write_text("micro_batch: 3\n" + saved_yaml.read_text())
+    with pytest.raises(PlanError, match="duplicate key 'micro_batch' on lines 1 and"):
+        type(search(load_profile(base()))).load(saved_yaml)
+
+
 def test_all_problems_reported_together_with_did_you_mean():
     raw = base(granularites=[1], granularities=[3, 4])
     raw["components"]["a"]["swich_s"] = 1
