@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import json
 import math
 import numbers
 import warnings
