@@ -55,13 +55,16 @@ def _recipe_module(config: Path | dict, overrides: list[str]) -> Any:
             ],
             source=where,
         )
-    if name not in RECIPES:
+    # recipe: [grpo] (a list) is unhashable: the membership test alone would raise TypeError.
+    if not isinstance(name, str) or name not in RECIPES:
         import difflib
 
-        hint = difflib.get_close_matches(str(name), RECIPES, n=1)
+        word = name[0] if isinstance(name, list) and len(name) == 1 else name
+        hint = difflib.get_close_matches(str(word), RECIPES, n=1)
+        form = "" if isinstance(name, str) else " (a recipe is named by one word: recipe: NAME)"
         raise ConfigError(
             [
-                f"recipe: {name!r} is not a recipe; choose one of {sorted(RECIPES)}"
+                f"recipe: {name!r} is not a recipe{form}; choose one of {sorted(RECIPES)}"
                 + (f" — did you mean {hint[0]!r}?" if hint else "")
             ],
             source=str(config) if not isinstance(config, dict) else None,

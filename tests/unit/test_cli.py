@@ -28,6 +28,12 @@ def _cfg(tmp_path: Path, *extra: str):
         ("", "the file is empty (no keys) — a config names the recipe it runs, recipe: NAME"),
         ("# notes only\n", "the file is empty (no keys)"),
         ("batch: 4\n", "recipe: missing — a config names the recipe it runs"),
+        (
+            "recipe: [grpo]\n",
+            "recipe: ['grpo'] is not a recipe (a recipe is named by one word: recipe: NAME)",
+        ),
+        ("recipe: {a: 1}\n", "recipe: {'a': 1} is not a recipe (a recipe is named by one"),
+        ("recipe: grpx\n", "recipe: 'grpx' is not a recipe; choose one of"),
     ],
 )
 def test_config_mistakes_exit_2_with_a_message(tmp_path, capsys, text, message):
