@@ -20,6 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from loomrl.checkpoint import follow_umask
 from loomrl.errors import ConfigError, LoomError
 
 SMOLLM2_NAME = "smollm2-135m-instruct"
@@ -157,6 +158,7 @@ def convert_smollm2(cache_dir: str | os.PathLike | None = None, force: bool = Fa
             json.dumps({"source": str(gguf), "size": gguf.stat().st_size}, indent=1)
         )
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache may be shared
+        follow_umask(tmp)  # and safetensors writes model.safetensors 0600
         if force and target.exists():
             shutil.rmtree(target)
         try:
@@ -233,7 +235,8 @@ def _save_atomic(model, tokenizer, directory: Path) -> Path:
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
-        os.chmod(tmp, 0o755)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private
+        follow_umask(tmp)  # and safetensors writes model.safetensors 0600
         if directory.exists():
             shutil.rmtree(directory)
         os.rename(tmp, directory)

@@ -333,3 +333,20 @@ def test_follow_umask_gives_files_the_mode_a_new_file_gets(tmp_path, umask):
     modes = {stat.S_IMODE(p.stat().st_mode) for p in tmp_path.rglob("*") if p.is_file()}
     assert modes == {0o666 & ~umask}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors", "sub"]
+
+
+def test_a_model_written_to_the_cache_is_readable_as_the_umask_allows(tmp_path):
+    """A cached model may be shared by a group: safetensors' 0600 must not leak into it."""
+    import stat
+
+    from loomrl.models import tiny_model
+
+    before = os.umask(0o022)
+    try:
+        d = tiny_model(tmp_path / "tiny", hidden=32, layers=1)
+    finally:
+        os.umask(before)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in d.iterdir() if p.is_file()}
+    assert modes["model.safetensors"] == 0o644, modes
+    assert set(modes.values()) == {0o644}
+    assert stat.S_IMODE(d.stat().st_mode) == 0o755
