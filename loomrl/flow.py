@@ -918,12 +918,16 @@ class Flow:
             except Exception as e:  # its broker already gone
                 log.debug("channel %s not closed: %s", ch.name, e)
 
-    def _hop_channels(self, n: int) -> list[Any]:
-        """The ``n`` channels of the chain's hops, made on the first run (or when the chain or
-        the capacity changed) and kept while runs succeed."""
+    def _hop_channels(self, tree: Node, names: list[str]) -> list[Any]:
+        """The channels of the chain's hops, made on the first run (or when the chain, the
+        capacity or which hops stream changed) and kept while runs succeed."""
         from loomrl.channel import Channel
 
-        sizes = [0] + [self.capacity] * (n - 1)  # the driver's hop is unbounded
+        # The driver's hop is unbounded, and so is every hop whose consumer only starts once
+        # its producer has ended (one phase after the other): bounded, the producer would wait
+        # for room forever, holding its devices' lock.
+        streams = _streaming_hops(tree, names)
+        sizes = [0] + [self.capacity if s else 0 for s in streams]
         if [ch.maxsize for ch in self._chans] != sizes:
             _drop_channels(self._chans)
             self._chans_made += 1
@@ -943,7 +947,7 @@ class Flow:
         M = len(items)
         micro = {c: (plan.micro_batch if ctx[c][0] == "stream" else M) for c in names}
         world = {c: self.components[c].group.world_size for c in names}
-        chans = self._hop_channels(len(names))
+        chans = self._hop_channels(plan.tree, names)
         self._limit = self.iteration_limit_s(plan)
         self._deadline = None if self._limit is None else time.monotonic() + self._limit
         self._inflight: dict[str, tuple[Handle, str]] = {}  # stages called, not yet answered
@@ -1133,6 +1137,27 @@ def _contexts(tree: Node) -> dict[str, tuple[str, bool, bool]]:
                 walk(ch, "stream", shared, co)
 
     walk(tree, "phase", False, False)
+    return out
+
+
+def _streaming_hops(tree: Node, names: list[str]) -> list[bool]:
+    """For each hop of the chain ``names`` (stage j -> j + 1): True when its two stages run at
+    the same time under ``tree`` (their closest common node is spatial, or temporal below a
+    spatial node, whose sides alternate per micro-batch); False when the consumer starts only
+    after the producer has ended (a temporal node in phase context)."""
+
+    def common(n: Node, a: str, b: str, context: str) -> tuple[Node, str]:
+        for ch in n.children:
+            comps = ch.components()
+            if a in comps and b in comps:
+                sub = "phase" if n.op == "temporal" and context == "phase" else "stream"
+                return common(ch, a, b, sub)
+        return n, context
+
+    out = []
+    for a, b in zip(names[:-1], names[1:], strict=True):
+        node, context = common(tree, a, b, "phase")
+        out.append(node.op == "spatial" or (node.op == "temporal" and context == "stream"))
     return out
 
 

@@ -176,7 +176,14 @@ class Flaky(Worker):
         return [x + 1 for x in items]
 
 
-def _flaky_chain(cluster, devices: int, batch: int, granularities: list[int], fails: str = "a"):
+def _flaky_chain(
+    cluster,
+    devices: int,
+    batch: int,
+    granularities: list[int],
+    fails: str = "a",
+    capacity: int = 0,
+):
     """A flow a -> b of two Flaky stages, with a profile for it; returns the flow, the group of
     stage ``fails`` (to make it raise) and the profile."""
     spec = {"valid_devices": [1], "time": {"alpha": 0, "per_item": {1: 0.1}}, "memory_gb": {1: 0}}
@@ -190,7 +197,7 @@ def _flaky_chain(cluster, devices: int, batch: int, granularities: list[int], fa
             "edges": [["a", "b"]],
         }
     )
-    flow = Flow(cluster)
+    flow = Flow(cluster, channel_capacity=capacity)
     groups = {"a": flow.group(Flaky, name="a"), "b": flow.group(Flaky, name="b")}
     flow.chain(groups["a"].step, groups["b"].step)
     return flow, groups[fails], prof
@@ -297,6 +304,46 @@ def test_a_micro_batch_or_a_pinned_plan_that_does_not_fit_the_batch_is_refused(
             Path(path).unlink()
     finally:
         flow.shutdown()
+
+
+def test_only_hops_whose_stages_run_at_once_stream():
+    from loomrl.flow import _streaming_hops
+    from loomrl.plan.plan import leaf, spatial, temporal
+
+    a, b, c, d = (leaf(x, 1) for x in "abcd")
+    assert _streaming_hops(temporal(a, b), ["a", "b"]) == [False]
+    assert _streaming_hops(spatial(a, b), ["a", "b"]) == [True]
+    # Below a spatial node, a temporal node's sides alternate per micro-batch: both run.
+    assert _streaming_hops(spatial(temporal(a, b), c), list("abc")) == [True, True]
+    # Two pipelines one after the other: the hop between them waits for the first to end.
+    tree = temporal(spatial(a, b), spatial(c, d))
+    assert _streaming_hops(tree, list("abcd")) == [True, False, True]
+
+
+@pytest.mark.timeout(180)
+def test_a_bounded_flow_under_a_temporal_plan_does_not_wait_for_room_for_ever(cluster):
+    """channel_capacity bounds the hops whose stages run at once. Under a temporal plan the
+    consumer starts once its producer has ended, so that hop must take the whole batch: bounded,
+    the producer waited for room (holding its devices' lock) until the iteration's time limit."""
+    from loomrl.plan.plan import leaf, spatial, temporal
+    from loomrl.plan.search import fixed_plan
+
+    flow, _, prof = _flaky_chain(cluster, devices=2, batch=4, granularities=[1, 4], capacity=1)
+    flow.iteration_timeout_s = 60.0
+    paths = []
+    try:
+        for tree, sizes in (
+            (temporal(leaf("a", 1), leaf("b", 1)), [0, 0]),
+            (spatial(leaf("a", 1), leaf("b", 1)), [0, 1]),
+        ):
+            flow.plan(path := _save(fixed_plan(prof, tree, 1)))
+            paths.append(path)
+            assert flow.run([1, 2, 3, 4]).outputs == [3, 4, 5, 6]
+            assert [ch.maxsize for ch in flow._chans] == sizes
+    finally:
+        flow.shutdown()
+        for path in paths:
+            Path(path).unlink()
 
 
 def test_hop_channels_are_kept_while_runs_succeed_and_remade_after_a_failure(cluster):
