@@ -106,6 +106,21 @@ _Loader.add_implicit_resolver(
 )
 _BOOL_WORDS = {"yes": True, "on": True, "no": False, "off": False}
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+
+
+def _construct_timestamp(loader: _Loader, node: yaml.ScalarNode) -> Any:
+    # PyYAML raises a bare ValueError, with no place, for text that reads as a date but is
+    # none (2024-13-45); a ConstructorError carries the line and column like any syntax error.
+    try:
+        return yaml.SafeLoader.construct_yaml_timestamp(loader, node)
+    except ValueError as e:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"{node.value!r} reads as a date but is not one ({e})", node.start_mark
+        ) from None
+
+
+_Loader.add_constructor(_TIMESTAMP_TAG, _construct_timestamp)
 
 
 class DuplicateKeyError(yaml.constructor.ConstructorError):
@@ -395,18 +410,19 @@ def _read_yaml(path: Path) -> Any:
         raise ConfigError([f"config file not found: {path}"], source=str(path))
     try:
         text = read_utf8(path)
-        data = load_yaml(text)
     except ValueError as e:  # read_utf8's: the file is not UTF-8 text
         where, byte = e.args
         raise ConfigError(
             [f"not UTF-8 text ({byte} at {where}){_DASH}save the file as UTF-8"], source=str(path)
         ) from None
+    except OSError as e:
+        raise ConfigError([f"cannot be read: {e}"], source=str(path)) from None
+    try:
+        data = load_yaml(text)
     except DuplicateKeyError as e:
         raise ConfigError([e.message()], source=str(path)) from None
     except yaml.YAMLError as e:
         raise ConfigError([_yaml_problem(e, text)], source=str(path)) from None
-    except OSError as e:
-        raise ConfigError([f"cannot be read: {e}"], source=str(path)) from None
     return {} if data is None else data
 
 
@@ -430,6 +446,8 @@ def _yaml_problem(e: yaml.YAMLError, text: str) -> str:
         fix = "indent with spaces; YAML does not allow tabs"
     elif "another document" in what:
         fix = "a config is one document: remove the '---' and merge what follows it"
+    elif "reads as a date" in what:
+        fix = "quote the value where it is text, or write a real date (YYYY-MM-DD)"
     elif "constructor for the tag" in what:
         fix = "a config holds plain values (text, numbers, lists, mappings): remove the tag"
     else:

@@ -570,6 +570,22 @@ def test_a_yaml_syntax_error_is_one_line_with_its_place_and_fix(tmp_path, text, 
     assert e.value.source == str(path)
 
 
+def test_text_that_reads_as_a_date_but_is_none_is_a_config_error_with_its_place(tmp_path):
+    # PyYAML raised a bare ValueError for it (month must be in 1..12): a traceback
+    path = tmp_path / "c.yaml"
+    path.write_text("steps: 3\nrun:\n  tag: 2024-13-45\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, path)
+    (problem,) = problems_of(e)
+    assert re.fullmatch(
+        r"not valid YAML at line 3, column 8 \('  tag: 2024-13-45'\): '2024-13-45' reads as a "
+        r"date but is not one \(month must be in 1\.\.12\) — quote the value where it is text.*",
+        problem,
+    ), problem
+    with pytest.raises(ConfigError, match=r"'run.tag=2024-13-45': value '2024-13-45' is not valid"):
+        parse_overrides(["run.tag=2024-13-45"])
+
+
 def test_a_file_that_is_not_utf8_names_the_byte_and_line(tmp_path):
     path = tmp_path / "latin1.yaml"
     path.write_bytes("steps: 3\nmodel: caf\xe9\n".encode("latin-1"))
