@@ -704,6 +704,7 @@ def _patient_interrupts() -> tuple[Any] | None:
 def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
     """Profile a recipe's flow on one iteration's items: fit report, profile file, plan per mode."""
     from loomrl.cluster import Cluster
+    from loomrl.config import atomic_write_text
     from loomrl.flow import Flow
     from loomrl.plan.search import search_all
     from loomrl.profiler import profile_flow
@@ -740,12 +741,7 @@ def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
             rows = raw["components"].get(name, {}).setdefault("samples", [])
             rows.append([n, x, round(secs, 6), round(peak, 4)])
         # Whole or not at all: `run.profile=` of a file cut short by a kill would plan from it.
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(yaml.safe_dump(raw, sort_keys=False, default_flow_style=None))
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        atomic_write_text(path, yaml.safe_dump(raw, sort_keys=False, default_flow_style=None))
         plans = search_all(prof)
         best = plans.get("best")
         if best is not None:
