@@ -273,11 +273,136 @@ def _fast_compare(pred: str, gold: str) -> bool | None:
     return None
 
 
-def _timeout_arg(timeout_s: int) -> int | None:
-    # math-verify's timeout uses SIGALRM, which only the main thread may install;
-    # elsewhere (threaded actors, thread pools) run without it and rely on the
-    # MAX_ANSWER_CHARS bound to keep parsing short.
-    return timeout_s if threading.current_thread() is threading.main_thread() else None
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+class _Checker:
+    """math-verify in a child process, for callers off the main thread.
+
+    math-verify bounds its work with SIGALRM, which only a main thread may install; without it
+    a 13-character answer such as ``10^{10^{10}}`` runs for ever. The child runs each comparison
+    on its own main thread, under math-verify's timeout; should the child still not answer
+    (stuck in C code no signal interrupts), it is killed and the next call starts another.
+    Started on first use and shared by the threads of the process, one call at a time.
+    """
+
+    # Seconds the child may take to start and import math-verify (sympy) before its first answer.
+    START_S = 120.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc = None
+        self._conn = None
+
+    def _start(self) -> None:
+        import os
+        import subprocess
+        import sys
+        from multiprocessing.connection import Connection
+        from pathlib import Path
+
+        # A fresh interpreter (not multiprocessing's spawn, which re-runs the caller's __main__
+        # script, nor fork, which copies locks other threads hold) that can import loomrl.
+        root = str(Path(__file__).resolve().parents[1])
+        paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from loomrl.reward import _checker_main; _checker_main()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+        )
+        # The Connection owns (and closes) its own copy of the descriptor.
+        conn = _Pipe(Connection(os.dup(proc.stdout.fileno()), writable=False), proc.stdin)
+        proc.stdout.close()
+        if not conn.poll(self.START_S):
+            self._proc, self._conn = proc, conn
+            self._stop()
+            raise RuntimeError(
+                f"the math-verify helper process did not start within {self.START_S:.0f} s"
+            )
+        ready = conn.recv()
+        if ready != "ready":  # the import failed in the child: the same error as here
+            self._proc, self._conn = proc, conn
+            self._stop()
+            raise ImportError(ready)
+        self._proc, self._conn = proc, conn
+
+    def _stop(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc.stdin.close()
+            self._conn.reader.close()
+        self._proc = self._conn = None
+
+    def compare(self, pred: str, gold: str, timeout_s: int) -> tuple[bool, str]:
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._stop()
+                self._start()
+            try:
+                self._conn.send((pred, gold, timeout_s))
+                # Parsing and verifying each have timeout_s in the child; one more for the pipe.
+                if self._conn.poll(2 * timeout_s + 1):
+                    return self._conn.recv()
+            except (EOFError, OSError):  # the child died (out of memory, killed)
+                self._stop()
+                return False, "error"
+            self._stop()
+            return False, "timeout"
+
+
+class _Pipe:
+    """Pickled messages over a child's stdout (read) and stdin (written)."""
+
+    def __init__(self, reader, writer) -> None:
+        self.reader, self.writer = reader, writer
+
+    def poll(self, timeout: float) -> bool:
+        return self.reader.poll(timeout)
+
+    def recv(self):
+        return self.reader.recv()
+
+    def send(self, obj) -> None:
+        import pickle
+        import struct
+
+        data = pickle.dumps(obj)
+        # multiprocessing's framing (a 4-byte big-endian length), so Connection can read it.
+        self.writer.write(struct.pack("!i", len(data)) + data)
+        self.writer.flush()
+
+
+def _checker_main() -> None:
+    """The child of ``_Checker``: reads (pred, gold, timeout_s) on stdin, answers on stdout."""
+    import os
+    from multiprocessing.connection import Connection
+
+    # Messages go out on a copy of stdout; whatever a library prints goes to stderr.
+    out = Connection(os.dup(1), readable=False)
+    os.dup2(2, 1)
+    inp = Connection(0, writable=False)
+    try:
+        import math_verify  # noqa: F401  (the import is what the parent waits for)
+    except ImportError as e:
+        out.send(_MISSING_MATH_VERIFY + f" ({e})")
+        return
+    out.send("ready")
+    while True:
+        try:
+            pred, gold, timeout_s = inp.recv()
+        except EOFError:  # the parent is gone
+            return
+        out.send(_math_verify(pred, gold, timeout_s))
+
+
+_checker = _Checker()
+_MISSING_MATH_VERIFY = (
+    "loomrl.reward.score needs the 'math-verify' package for symbolic answers; "
+    "install it with `pip install math-verify`"
+)
 
 
 @lru_cache(maxsize=4096)
@@ -289,15 +414,16 @@ def _parse_boxed(expr: str, timeout: int | None) -> tuple:
 
 
 def _math_verify(pred: str, gold: str, timeout_s: int) -> tuple[bool, str]:
+    """math-verify's verdict, bounded by ``timeout_s``: here on the main thread, else in the
+    child process of ``_Checker``."""
     try:
         from math_verify import verify
         from math_verify.errors import TimeoutException
     except ImportError as e:  # configuration problem, not a model problem: be loud
-        raise ImportError(
-            "loomrl.reward.score needs the 'math-verify' package for symbolic answers; "
-            "install it with `pip install math-verify`"
-        ) from e
-    timeout = _timeout_arg(timeout_s)
+        raise ImportError(_MISSING_MATH_VERIFY) from e
+    if not _on_main_thread():
+        return _checker.compare(pred, gold, timeout_s)
+    timeout = timeout_s
     try:
         gold_parsed = _parse_boxed(gold, timeout)
         pred_parsed = _parse_boxed(pred, timeout)

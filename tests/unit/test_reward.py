@@ -217,6 +217,36 @@ def test_score_works_off_the_main_thread():
     assert out["r"].correct and out["s"].correct
 
 
+def _off_main_thread(fn):
+    out = {}
+
+    def run():
+        out["value"] = fn()
+
+    th = threading.Thread(target=run, daemon=True)  # a hung check must not hold pytest's exit
+    th.start()
+    th.join()
+    return out["value"]
+
+
+@pytest.mark.timeout(120)
+def test_math_verify_off_the_main_thread_is_bounded_by_the_timeout():
+    # SIGALRM cannot be installed off the main thread: there math-verify ran without a limit
+    # and these short answers never finished. A child process bounds them now.
+    for text in ("\\boxed{10^{10^{10}}}", "\\boxed{100!!!!}"):
+        r = _off_main_thread(lambda t=text: score(t, "3", timeout_s=1))
+        assert (r.reward, r.malformed, r.reason) == (0.0, True, "timeout")
+    assert _off_main_thread(lambda: score("\\boxed{x^2+2x+1}", "(x+1)^2")).correct
+
+
+@pytest.mark.timeout(120)
+def test_a_lost_math_verify_child_is_replaced():
+    assert _off_main_thread(lambda: answers_match("\\sqrt{4}", "2.0")) == (True, "correct")
+    reward_mod._checker._proc.kill()
+    reward_mod._checker._proc.wait()
+    assert _off_main_thread(lambda: answers_match("x+x", "2x")) == (True, "correct")
+
+
 # ---------------------------------------------------------------- stats
 
 
