@@ -291,8 +291,18 @@ class Cluster:
         """Start several groups together: every group's processes start before any is waited
         for, so their imports and model loads overlap. All or nothing: when a constructor raises
         or a process cannot start, every group of the call goes and that failure is raised."""
+        import ray
+
         from loomrl.worker import WorkerGroup, wait
 
+        if not ray.is_initialized():
+            # Ray would start a new instance of its own here, whose nodes are not this
+            # inventory's, and the workers would wait for a node that no longer exists.
+            raise PlacementError(
+                "this cluster's Ray is not running: a Cluster that started Ray stops it in "
+                "shutdown(), also for other Cluster objects of this process; start a new one "
+                "with loomrl.Cluster.start()"
+            )
         held: list[_Held] = []
         try:
             for spec in launches:
@@ -334,14 +344,10 @@ class Cluster:
     def _hold(self, spec: GroupLaunch) -> _Held:
         """Check one launch and take what it reserves (cores, CPU counts) before anything starts,
         so the next launch of the same call sees them taken."""
-        from loomrl.worker import Worker
+        from loomrl.worker import check_worker_class
 
         cls, n, num_cpus = spec.cls, spec.n, spec.num_cpus
-        if not (isinstance(cls, type) and issubclass(cls, Worker)):
-            raise TypeError(
-                f"launch() needs a subclass of loomrl.Worker, got {cls!r}; "
-                "declare it as `class MyWorker(loomrl.Worker): ...`"
-            )
+        check_worker_class(cls, spec.args, spec.kwargs)
         if not isinstance(n, int) or n < 1:
             raise PlacementError(f"n={n!r}: the number of workers must be a positive integer")
         mc = getattr(cls, "max_concurrency", 1)

@@ -36,7 +36,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loomrl.errors import ConfigError, PlanError
-from loomrl.worker import Handle, Worker, WorkerGroup, wait
+from loomrl.worker import (
+    Handle,
+    Worker,
+    WorkerGroup,
+    check_worker_class,
+    did_you_mean,
+    public_methods,
+    wait,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -227,8 +235,11 @@ class FlowGroup:
         return self._comp.group
 
     def __getattr__(self, attr: str) -> _Method:
-        if attr.startswith("_") or not callable(getattr(self._comp.cls, attr, None)):
-            raise AttributeError(f"{self._comp.cls.__name__} has no method {attr!r}")
+        cls = self._comp.cls
+        if attr.startswith("_") or not callable(getattr(cls, attr, None)):
+            raise AttributeError(
+                f"{cls.__name__} has no method {attr!r}" + did_you_mean(attr, public_methods(cls))
+            )
         return _Method(self._comp, attr)
 
 
@@ -360,6 +371,8 @@ class Flow:
         single_process: bool | str = False,
         **kwargs: Any,
     ) -> FlowGroup:
+        # Now, not when flow.plan starts the group (after minutes of profiling the others).
+        check_worker_class(cls, args, kwargs)
         name = name or cls.__name__
         if single_process not in (True, False, "cpu"):
             raise ValueError(

@@ -305,6 +305,79 @@ def _hosted_class(cls: type[Worker]) -> type:
     return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})
 
 
+def check_worker_class(cls: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Refuse, before any process starts, a class that is no Worker, constructor arguments its
+    ``__init__`` cannot take, and generator methods (Ray hands back a stream of references
+    for those, not their values)."""
+    import inspect
+
+    if not (isinstance(cls, type) and issubclass(cls, Worker)):
+        raise TypeError(
+            f"a worker group needs a subclass of loomrl.Worker, got {cls!r}; "
+            "declare it as `class MyWorker(loomrl.Worker): ...`"
+        )
+    try:
+        sig = inspect.signature(cls)
+        # Shown without annotations (strings under postponed evaluation): names and defaults.
+        sig = sig.replace(
+            parameters=[p.replace(annotation=p.empty) for p in sig.parameters.values()],
+            return_annotation=sig.empty,
+        )
+    except (TypeError, ValueError):  # no signature to check (a C-level constructor)
+        sig = None
+    if sig is not None:
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(
+                f"{cls.__name__}{sig}: {e}; the arguments given after the worker class are its "
+                "constructor's"
+            ) from None
+    for attr in dir(cls):
+        fn = getattr(cls, attr, None)
+        if not attr.startswith("_") and (
+            inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
+        ):
+            raise TypeError(
+                f"{cls.__name__}.{attr} is a generator (it yields): a worker method's call "
+                "returns one value per rank; return a list instead (`return list(...)`)"
+            )
+
+
+def _unpicklable(args: tuple, kwargs: dict[str, Any]) -> str | None:
+    """Which of ``args`` / ``kwargs`` cannot be pickled, and why (None: each can alone)."""
+    from ray import cloudpickle
+
+    for label, v in [*((f"#{i}", a) for i, a in enumerate(args)), *kwargs.items()]:
+        try:
+            cloudpickle.dumps(v)
+        except Exception as e:
+            return f"argument {label} ({type(v).__name__}) cannot be sent to the worker ({e})"
+    return None
+
+
+def _serialization_error(what: str, cls: type, args: tuple, kwargs: dict, err: Exception) -> str:
+    """One paragraph for Ray's "Could not serialize ..." report (a page of its inspector)."""
+    from ray import cloudpickle
+
+    bad = _unpicklable(args, kwargs)
+    if bad is not None:
+        return (
+            f"{what}: {bad}; pass what it is built from (a path, a config, plain data) and "
+            "build it in the worker"
+        )
+    try:
+        cloudpickle.dumps(cls)
+        why = str(err).splitlines()[0]
+    except Exception as e:
+        why = str(e)
+    return (
+        f"{what}: the class {cls.__qualname__} cannot be sent to the worker processes ({why}): "
+        "a class attribute, or a module-level object its methods use, cannot be pickled; "
+        "create such objects in __init__ instead"
+    )
+
+
 class Handle:
     """The pending result of one group call: one Ray object reference per rank."""
 
@@ -472,6 +545,14 @@ def _get(h: Handle, rank: int, ref: Any) -> Any:
             expected=isinstance(cause, LoomError),
         )
         raise err from (cause if isinstance(cause, BaseException) else None)
+    except rex.UnserializableException as e:
+        # The method raised an exception the driver cannot rebuild (a subclass whose __init__
+        # takes other arguments than its message): its text and traceback still say what.
+        tb = _ANSI.sub("", getattr(e, "_original_stack_trace", "") or str(e)).strip()
+        last = tb.splitlines()[-1] if tb else type(e).__name__
+        raise RemoteError(
+            h.group.name, rank, h.group._hosts.get(rank, "?"), h.method, last, tb
+        ) from None
     except (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError) as e:
         host = h.group._hosts.get(rank, "?")
         text = _ANSI.sub("", str(e)).strip() or type(e).__name__
@@ -491,8 +572,16 @@ class _GroupMethod:
             ranks = [ranks[0]]
         per_rank = _dispatch_args(self._mode, self._name, len(ranks), args, kwargs)
         refs = []
-        for (a, kw), r in zip(per_rank, ranks, strict=True):
-            refs.append(getattr(g._actors[r], self._name).remote(*a, **kw))
+        try:
+            for (a, kw), r in zip(per_rank, ranks, strict=True):
+                refs.append(getattr(g._actors[r], self._name).remote(*a, **kw))
+        except TypeError as e:
+            # Ray's own words name neither the group nor the method (a missing argument), or
+            # fill a page (an argument that cannot be pickled).
+            what = f"{g.name}.{self._name}()"
+            if str(e).startswith("Could not serialize"):
+                raise TypeError(_serialization_error(what, g.cls, args, kwargs, e)) from None
+            raise TypeError(f"{what}: {e}") from None
         return Handle(g, self._name, ranks, refs)
 
     def __repr__(self) -> str:
@@ -608,6 +697,16 @@ class WorkerGroup:
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
                 ).remote(ctx, *args, **kwargs)
                 actors.append(actor)
+        except TypeError as e:
+            for a in actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(a, no_restart=True)
+            if str(e).startswith("Could not serialize"):
+                what = f"starting {name}" + (
+                    f" ({worker_cls.__name__})" if name != worker_cls.__name__ else ""
+                )
+                raise TypeError(_serialization_error(what, worker_cls, args, kwargs, e)) from None
+            raise
         except BaseException:
             for a in actors:  # the ranks made before the one that failed
                 with contextlib.suppress(Exception):
@@ -623,6 +722,16 @@ class WorkerGroup:
         self._hosts = {i["rank"]: i["host"] for i in infos}
         self.infos = infos
         return self
+
+    def __getattr__(self, attr: str) -> Any:
+        # Only reached for names that are not attributes: a misspelt worker method.
+        cls = self.__dict__.get("cls")
+        if attr.startswith("_") or cls is None:
+            raise AttributeError(attr)
+        raise AttributeError(
+            f"{self.__dict__.get('name', cls.__name__)}: {cls.__name__} has no method {attr!r}"
+            + did_you_mean(attr, public_methods(cls))
+        )
 
     # -------------------------------------------------------------- views and control
     @property
@@ -699,6 +808,28 @@ class WorkerGroup:
             WorkerGroup,
             (self.cls, self.name, self._actors, self._devices, self._hosts, self._ranks),
         )
+
+
+def public_methods(cls: type) -> list[str]:
+    """The methods of a worker class that its group exposes."""
+    return [
+        a
+        for a in dir(cls)
+        if not a.startswith("_")
+        and a not in _RESERVED
+        and callable(getattr(cls, a, None))
+        and not isinstance(getattr(cls, a, None), type)
+    ]
+
+
+def did_you_mean(name: str, options: Sequence[str]) -> str:
+    """ "; did you mean 'x'?" for the option closest to ``name``, or a list of them all."""
+    import difflib
+
+    near = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+    if near:
+        return f"; did you mean {near[0]!r}?"
+    return f"; its methods are {sorted(options)}" if options else ""
 
 
 _RESERVED = {"devices_locked", "torch_device"}

@@ -306,6 +306,22 @@ def test_a_micro_batch_or_a_pinned_plan_that_does_not_fit_the_batch_is_refused(
         flow.shutdown()
 
 
+def test_a_group_that_cannot_start_is_refused_when_declared_and_a_misspelt_stage_is_named(
+    cluster,
+):
+    """flow.group checks the class and its constructor's arguments at once, not when flow.plan
+    starts the group (after profiling the others); a misspelt stage suggests the near name."""
+    flow = Flow(cluster)
+    with pytest.raises(TypeError, match="needs a subclass of loomrl.Worker, got <class 'dict'>"):
+        flow.group(dict)
+    with pytest.raises(TypeError, match=r"^Hog\(mb\): missing a required argument: 'mb'"):
+        flow.group(Hog)
+    hog = flow.group(Hog, 8)
+    assert list(flow.components) == ["Hog"]  # the refused ones were not declared
+    with pytest.raises(AttributeError, match=r"Hog has no method 'stpe'; did you mean 'step'\?"):
+        flow.chain(hog.stpe)
+
+
 def test_only_hops_whose_stages_run_at_once_stream():
     from loomrl.flow import _streaming_hops
     from loomrl.plan.plan import leaf, spatial, temporal

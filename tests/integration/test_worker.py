@@ -107,6 +107,100 @@ def test_remote_error_has_context(cluster):
         g.kill()
 
 
+class _CodedError(Exception):
+    """An exception the driver cannot rebuild: its __init__ takes other arguments than the
+    message it passes on (Ray then raised its own UnserializableException, naming no worker)."""
+
+    def __init__(self, code, why):
+        super().__init__(f"code {code}: {why}")
+
+
+class Picky(Worker):
+    def coded(self):
+        raise _CodedError(7, "quota exceeded")
+
+    def scale(self, x, factor=2):
+        return x * factor
+
+
+def test_an_exception_the_driver_cannot_rebuild_still_names_the_worker(cluster):
+    g = cluster.launch(Picky, 1, devices=[0], name="quota")
+    try:
+        with pytest.raises(
+            RemoteError, match=r"quota rank 0 on .+ failed in coded\(\): .*code 7: quota exceeded"
+        ) as ei:
+            wait(g.coded(), timeout=60)
+        assert "raise _CodedError" in ei.value.remote_traceback
+    finally:
+        g.kill()
+
+
+def test_a_misspelt_or_misused_method_is_named_with_the_fix(cluster):
+    import threading
+
+    g = cluster.launch(Picky, 1, devices=[0], name="calc")
+    try:
+        with pytest.raises(
+            AttributeError, match=r"calc: Picky has no method 'scal'; did you mean 'scale'\?"
+        ):
+            g.scal(3)
+        with pytest.raises(AttributeError, match="did you mean 'scale'"):
+            g.on(0).sclae(3)
+        with pytest.raises(TypeError, match=r"^calc.scale\(\): missing a required argument: 'x'"):
+            g.scale()
+        with pytest.raises(
+            TypeError,
+            match=r"^calc.scale\(\): argument factor \(lock\) cannot be sent to the worker",
+        ):
+            g.scale(1, factor=threading.Lock())
+        assert wait(g.scale(3), timeout=60) == [6]  # the group works on
+        assert not hasattr(g, "scal") and not hasattr(g, "_private")
+    finally:
+        g.kill()
+
+
+_MODULE_LOCK = __import__("threading").Lock()
+
+
+class _HoldsALock(Worker):
+    def locked(self):
+        return _MODULE_LOCK.locked()
+
+
+class _Yields(Worker):
+    def items(self):
+        yield 1
+
+
+def test_a_worker_class_or_arguments_that_cannot_work_are_refused_before_any_process_starts(
+    cluster,
+):
+    import threading
+
+    free = {node: list(cores) for node, cores in cluster._free_cores.items()}
+    reserved = dict(cluster._cpu_reserved)
+    with pytest.raises(TypeError, match=r"^Echo\(scale=1\): too many positional arguments"):
+        cluster.launch(Echo, 1, 3, 4, devices=[0], num_cpus=1.0)
+    with pytest.raises(
+        TypeError, match=r"Echo\(scale=1\): got an unexpected keyword argument 'scael'"
+    ):
+        cluster.launch(Echo, 1, devices=[0], scael=2)
+    with pytest.raises(TypeError, match=r"_Yields.items is a generator .*return a list instead"):
+        cluster.launch(_Yields, 1, devices=[0])
+    with pytest.raises(
+        TypeError, match=r"^starting Echo: argument #0 \(lock\) cannot be sent to the worker"
+    ):
+        cluster.launch(Echo, 1, threading.Lock(), devices=[0], num_cpus=1.0)
+    with pytest.raises(
+        TypeError,
+        match=r"^starting held \(_HoldsALock\): the class _HoldsALock cannot be sent .*create "
+        "such objects in __init__",
+    ):
+        cluster.launch(_HoldsALock, 1, devices=[0], name="held")
+    assert {node: list(cores) for node, cores in cluster._free_cores.items()} == free
+    assert cluster._cpu_reserved == reserved
+
+
 def test_killed_worker_is_reported_quickly(cluster):
     import ray
 

@@ -73,3 +73,24 @@ def test_more_cpu_slots_than_cores_warns(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(_take_inventory(2)[0].devices) == 2
+
+
+def test_a_launch_once_ray_has_stopped_says_so_and_starts_no_ray(monkeypatch):
+    """A Cluster whose Ray was stopped (by another Cluster's shutdown in this process): Ray would
+    start an instance of its own, and the workers wait for a node that no longer exists."""
+    import ray
+
+    from loomrl import Worker
+    from loomrl.cluster import Cluster, Device, Node
+    from loomrl.errors import PlacementError
+
+    def no_init(**kwargs):
+        raise AssertionError("Ray was started")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", no_init)
+    node = Node(0, "n0", "127.0.0.1", 2.0, 0.0, (Device(0, 0, 0, "cpu"),))
+    cluster = Cluster([node], owns_ray=False)
+    with pytest.raises(PlacementError, match=r"Ray is not running.*loomrl.Cluster.start\(\)"):
+        cluster.launch(Worker, 1)
+    assert cluster._cpu_reserved == {0: 0.0} and cluster._free_cores == {0: [0, 1]}
