@@ -367,11 +367,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     from loomrl.workers.reasoning import engine_config
 
     # Written beside out_dir under a hidden name and renamed into place once whole: an export
-    # cut short (Ctrl-C, a full disk) leaves no out_dir that loads as a model.
+    # cut short (Ctrl-C, a full disk) leaves no out_dir that loads as a model. An empty out_dir
+    # made for the export in a folder this user cannot write in takes it inside, hidden until
+    # whole, and then its files.
     tmp = out.parent / f".{out.name}.export-{os.getpid()}"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir()
+        try:
+            tmp.mkdir()
+        except PermissionError:
+            if not out.is_dir():
+                raise
+            tmp = out / f".export-{os.getpid()}"
+            tmp.mkdir()
     except OSError as e:
         raise ConfigError(
             [f"out_dir {str(out)!r} cannot be created ({e.strerror or e}); name a writable path"]
@@ -383,9 +391,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         try:
             engine.save_pretrained(tmp)
             follow_umask(tmp)  # model.safetensors comes 0600, the rest 0666 less the umask
-            if out.is_dir():
-                out.rmdir()  # empty (checked above); a file put there since makes this fail
-            tmp.rename(out)
+            if tmp.parent == out:
+                for p in tmp.iterdir():
+                    p.rename(out / p.name)
+            else:
+                if out.is_dir():
+                    out.rmdir()  # empty (checked above); a file put there since makes this fail
+                tmp.rename(out)
         except OSError as e:
             raise ConfigError(
                 [f"out_dir {str(out)!r}: writing the model failed ({e.strerror or e})"]

@@ -418,6 +418,44 @@ def test_an_export_follows_the_umask_and_one_cut_short_leaves_no_model_dir(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]  # no cut nor temp dir
 
 
+def test_an_export_into_an_empty_out_dir_whose_folder_is_not_writable_fills_it(
+    tmp_path, capsys, monkeypatch
+):
+    """An empty out_dir made for the export (in a folder only an admin writes in) takes the
+    model, as it did before exports were written beside out_dir and renamed into place."""
+    import errno
+    import shutil
+    from pathlib import Path
+
+    from loomrl.checkpoint import save_checkpoint
+    from loomrl.engines.hf import HFEngine
+    from loomrl.workers.reasoning import engine_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(TINY, run / "config.yaml")
+    actor = HFEngine(engine_config(_cfg(run).model, trainable=True, seed=0)).state_dict()
+    save_checkpoint(run, 1, {"actor": actor})
+    out = tmp_path / "shared" / "hf"
+    out.mkdir(parents=True)
+    mkdir = Path.mkdir
+
+    def no_write_beside(self, *args, **kwargs):  # root passes permission bits: refuse by hand
+        if self.parent == out.parent and self != out:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", no_write_beside)
+    assert main(["export", str(run), str(out)]) == 0, capsys.readouterr().err
+    names = sorted(p.name for p in out.iterdir())
+    assert "model.safetensors" in names and "config.json" in names
+    assert not [n for n in names if n.startswith(".")]  # no staging folder left
+    assert sorted(p.name for p in out.parent.iterdir()) == ["hf"]
+    # A missing out_dir there is still refused, naming it.
+    assert main(["export", str(run), str(out.parent / "new")]) == 2
+    assert "cannot be created (Permission denied)" in capsys.readouterr().err
+
+
 def test_profile_into_an_output_dir_that_cannot_be_one_exits_2_before_ray(
     tmp_path, capsys, monkeypatch
 ):
