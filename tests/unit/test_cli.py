@@ -422,7 +422,7 @@ def test_an_export_into_an_empty_out_dir_whose_folder_is_not_writable_fills_it(
     tmp_path, capsys, monkeypatch
 ):
     """An empty out_dir made for the export (in a folder only an admin writes in) takes the
-    model, as it did before exports were written beside out_dir and renamed into place."""
+    model, where no hidden copy can be staged beside it."""
     import errno
     import shutil
     from pathlib import Path

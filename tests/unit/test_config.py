@@ -571,7 +571,7 @@ def test_a_yaml_syntax_error_is_one_line_with_its_place_and_fix(tmp_path, text, 
 
 
 def test_text_that_reads_as_a_date_but_is_none_is_a_config_error_with_its_place(tmp_path):
-    # PyYAML raised a bare ValueError for it (month must be in 1..12): a traceback
+    # PyYAML's own error for it is a bare ValueError with no place (month must be in 1..12)
     path = tmp_path / "c.yaml"
     path.write_text("steps: 3\nrun:\n  tag: 2024-13-45\n")
     with pytest.raises(ConfigError) as e:
