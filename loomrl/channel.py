@@ -429,8 +429,25 @@ def _check_key(key: Any, channel: str) -> None:
 
 
 def _check_timeout(timeout: float | None) -> None:
-    if timeout is not None and timeout < 0:
+    import numbers
+
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0:
         raise ValueError(f"timeout={timeout!r} must be None (wait forever) or >= 0 seconds")
+
+
+def _check_weights(weights: list[float], channel: str) -> None:
+    """A weight is an item's share of a get_batch target: a negative one would let a batch
+    take more items than its target allows, and a NaN one would never reach it."""
+    import math
+
+    bad = [w for w in weights if not (math.isfinite(w) and w >= 0)]
+    if bad:
+        raise ValueError(
+            f"channel {channel!r}: item weights must be finite and >= 0 (e.g. token counts), "
+            f"got {bad[0]!r}"
+        )
 
 
 # ----------------------------------------------------------------- public handle
@@ -584,6 +601,7 @@ class Channel:
         weights = [1.0] * len(items) if weights is None else [float(w) for w in weights]
         if len(weights) != len(items):
             raise ValueError(f"put_many got {len(items)} items but {len(weights)} weights")
+        _check_weights(weights, self.name)
         src = src or current_component()
         entries = []
         for item, w in zip(items, weights, strict=True):

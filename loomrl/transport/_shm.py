@@ -209,11 +209,14 @@ def _attach(name: str) -> shared_memory.SharedMemory:
         if seg is None:
             seg = shared_memory.SharedMemory(name=name)
             # Attaching registers the segment with this process's resource tracker, which would
-            # unlink the producer's segment when this process exits: only its creator may.
-            try:
-                resource_tracker.unregister(seg._name, "shared_memory")  # type: ignore[attr-defined]
-            except Exception:
-                pass
+            # unlink the producer's segment when this process exits: only its creator may. A
+            # segment this process made (it takes its own item) stays registered: its pool
+            # unlinks it at exit, and the tracker reports a name it no longer knows.
+            if not name.startswith(f"{PREFIX}{os.getpid()}_"):
+                try:
+                    resource_tracker.unregister(seg._name, "shared_memory")  # type: ignore[attr-defined]
+                except Exception:
+                    pass
             _attached[name] = seg
         return seg
 

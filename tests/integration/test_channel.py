@@ -256,6 +256,41 @@ def test_invalid_arguments(ray_session):
         Channel.create("")
 
 
+def test_bad_weights_and_timeouts_are_refused_and_nothing_is_put(make_channel):
+    """A negative weight let a get_batch take more items than its target; a NaN one never
+    reached it (the batch waited for ever); a timeout of another type failed inside a
+    comparison."""
+    ch = make_channel()
+    for w in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"item weights must be finite and >= 0.*got"):
+            ch.put_many(["a", "b"], weights=[1.0, w])
+    assert ch.qsize() == 0
+    for t in ("1", float("nan"), -1):
+        with pytest.raises(ValueError, match=r"timeout=.* must be None \(wait forever\) or >= 0"):
+            ch.get(timeout=t)
+    ch.put("x", weight=0.0)  # an item that weighs nothing is fine
+    assert ch.get(timeout=5) == "x"
+
+
+def test_a_process_that_takes_its_own_large_item_exits_cleanly(tmp_path):
+    """The driver (or a worker) takes an item it put through a shared-memory slot: at exit the
+    resource tracker printed a KeyError traceback for the slot its pool unlinked."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np\n"
+        "from loomrl.transport._shm import read_buffers, write_buffers\n"
+        "name, spans = write_buffers([np.arange(1 << 18, dtype=np.float64)])\n"
+        "(back,) = read_buffers(name, spans)\n"
+        "assert back.view(np.float64)[-1] == (1 << 18) - 1\n"
+        "del back\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+
+
 def test_large_payloads_via_object_store(make_channel):
     import torch
 
