@@ -366,20 +366,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     from loomrl.engines.hf import HFEngine
     from loomrl.workers.reasoning import engine_config
 
-    # Written beside out_dir under a hidden name and renamed into place once whole: an export
-    # cut short (Ctrl-C, a full disk) leaves no out_dir that loads as a model. An empty out_dir
-    # made for the export in a folder this user cannot write in takes it inside, hidden until
-    # whole, and then its files.
-    tmp = out.parent / f".{out.name}.export-{os.getpid()}"
+    # Written under a hidden name and moved into place once whole: an export cut short (Ctrl-C,
+    # a full disk) leaves no out_dir that loads as a model. A new out_dir is staged beside it and
+    # renamed; an empty folder the user made (".", or one in a folder they cannot write in) is
+    # staged inside and kept, its files moved in.
+    inside = out.is_dir()
+    tmp = (
+        out / f".export-{os.getpid()}"
+        if inside
+        else out.parent / f".{out.name}.export-{os.getpid()}"
+    )
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            tmp.mkdir()
-        except PermissionError:
-            if not out.is_dir():
-                raise
-            tmp = out / f".export-{os.getpid()}"
-            tmp.mkdir()
+        tmp.mkdir()
     except OSError as e:
         raise ConfigError(
             [f"out_dir {str(out)!r} cannot be created ({e.strerror or e}); name a writable path"]
@@ -391,12 +390,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         try:
             engine.save_pretrained(tmp)
             follow_umask(tmp)  # model.safetensors comes 0600, the rest 0666 less the umask
-            if tmp.parent == out:
+            if inside:
                 for p in tmp.iterdir():
                     p.rename(out / p.name)
             else:
-                if out.is_dir():
-                    out.rmdir()  # empty (checked above); a file put there since makes this fail
                 tmp.rename(out)
         except OSError as e:
             raise ConfigError(

@@ -454,6 +454,15 @@ def test_an_export_into_an_empty_out_dir_whose_folder_is_not_writable_fills_it(
     # A missing out_dir there is still refused, naming it.
     assert main(["export", str(run), str(out.parent / "new")]) == 2
     assert "cannot be created (Permission denied)" in capsys.readouterr().err
+    # "." names an empty folder too: the one the user stands in, kept and filled.
+    monkeypatch.undo()
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert main(["export", str(run), "."]) == 0, capsys.readouterr().err
+    assert (here / "model.safetensors").is_file()
+    assert not [p.name for p in here.iterdir() if p.name.startswith(".")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "run", "shared"]
 
 
 def test_profile_into_an_output_dir_that_cannot_be_one_exits_2_before_ray(
