@@ -167,6 +167,12 @@ class DeviceLock:
         """The process's client; ``fresh``: attach anew (by name) instead of reusing the last."""
         import ray
 
+        if not ray.is_initialized():
+            # Ray's own word for it names its state API, not the lock or what starts Ray.
+            raise LoomError(
+                "Ray is not running in this process; start it first with "
+                "loomrl.Cluster.start() (the device lock lives on the Ray cluster)"
+            )
         if cls._instance is None or fresh:
             from loomrl.cluster import _NAMESPACE  # not the caller's: all drivers share it
 

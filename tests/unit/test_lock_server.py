@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from loomrl.lock import _LockServer, _on_head_node
 
 
@@ -32,3 +34,15 @@ def test_the_lock_actor_asks_for_the_head_node_only_where_there_is_one():
     head = {"CPU": 2.0, "node:__internal_head__": 1.0, "node:10.0.0.1": 1.0}
     assert _on_head_node(head) == {"resources": {"node:__internal_head__": 0.001}}
     assert _on_head_node({"CPU": 2.0, "node:10.0.0.1": 1.0}) == {}
+
+
+def test_the_lock_without_ray_says_what_starts_it(monkeypatch):
+    import ray
+
+    from loomrl.errors import LoomError
+    from loomrl.lock import DeviceLock
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(DeviceLock, "_instance", None)
+    with pytest.raises(LoomError, match=r"Ray is not running.*loomrl.Cluster.start\(\)"):
+        DeviceLock.get()
