@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from loomrl.tasks.base import score_checked
 from loomrl.worker import wait
 
 
@@ -123,7 +124,8 @@ def eval_scores(rollout: Any, task: Any, encode: Encoder, cfg: Any) -> list[tupl
     ]
     texts = [t for rank in wait(rollout.evaluate(items)) for t in rank]
     return [
-        (e, 1.0 if task.score(t, e).reward >= 1.0 else 0.0) for t, e in zip(texts, exs, strict=True)
+        (e, 1.0 if score_checked(task, t, e).reward >= 1.0 else 0.0)
+        for t, e in zip(texts, exs, strict=True)
     ]
 
 

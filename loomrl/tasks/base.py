@@ -9,9 +9,11 @@ Tasks know nothing about tokenizers or models; prompts are rendered by
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from loomrl.errors import TrainingError
 from loomrl.reward import RewardResult
 
 
@@ -39,6 +41,45 @@ class Task(Protocol):
     def score(self, response_text: str, example: Example) -> RewardResult:
         """Reward of a model response to ``example``; never raises on model output."""
         ...
+
+
+def score_checked(task: Task, response_text: str, example: Example) -> RewardResult:
+    """``task.score`` held to its contract. Model output is never the scorer's excuse to raise
+    (malformed output is a ``RewardResult`` with ``malformed=True``), so a scorer that raises,
+    or returns anything but a ``RewardResult`` with a finite reward, has a bug: a
+    ``TrainingError`` naming the task, the example and the response, not a bare ``KeyError``
+    from deep in a worker, or a NaN that poisons every advantage of its group."""
+    name = getattr(task, "name", type(task).__name__)
+    where = (
+        f"task {name!r} score() on the example {_excerpt(example.question)} "
+        f"(answer {_excerpt(example.answer)}) and the response {_excerpt(response_text)}"
+    )
+    try:
+        res = task.score(response_text, example)
+    except Exception as e:  # noqa: BLE001 - any exception is the task's bug; say whose
+        raise TrainingError(
+            f"{where} raised {type(e).__name__}: {e} — a scorer returns a RewardResult for any "
+            "response (malformed=True when it has no usable answer); fix the task's score()"
+        ) from e
+    if not isinstance(res, RewardResult):
+        raise TrainingError(
+            f"{where} returned {type(res).__name__} {repr(res)[:80]}, not a RewardResult — "
+            "return loomrl.reward.RewardResult(reward, parsed, malformed, ...)"
+        )
+    if (
+        isinstance(res.reward, bool)
+        or not isinstance(res.reward, (int, float))
+        or not math.isfinite(res.reward)
+    ):
+        raise TrainingError(
+            f"{where} returned reward={res.reward!r} — a reward must be a finite number"
+        )
+    return res
+
+
+def _excerpt(text: Any, limit: int = 80) -> str:
+    text = str(text)
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
 
 
 _SPLIT_SALT = b"loomrl-heldout-v1"

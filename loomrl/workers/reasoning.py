@@ -267,11 +267,12 @@ class RewardWorker(Worker):
 
         from loomrl.algos import grpo_advantages, rloo_advantages
         from loomrl.tasks import Example
+        from loomrl.tasks.base import score_checked
 
         out = []
         for it in items:
             ex = Example(it["question"], it["answer"], it.get("meta", {}))
-            res = [self.task.score(t, ex) for t in it["texts"]]
+            res = [score_checked(self.task, t, ex) for t in it["texts"]]
             r = torch.tensor([x.reward for x in res], dtype=torch.float32)
             if self.algo.advantage == "rloo":
                 adv = rloo_advantages(r, self.group_size)

@@ -478,3 +478,39 @@ def test_load_jsonl_names_the_line_that_is_not_utf8(tmp_path):
     p.write_bytes(b'{"prompt": "a", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n')
     with pytest.raises(DatasetError, match=r"d.jsonl:2: not UTF-8 text \(byte 0xe9\)"):
         load_jsonl(p)
+
+
+def test_a_scorer_that_breaks_its_contract_is_named_with_the_example_and_response():
+    import math
+
+    from loomrl.errors import TrainingError
+    from loomrl.reward import RewardResult
+    from loomrl.tasks import Example
+    from loomrl.tasks.base import score_checked
+
+    class Broken:
+        name = "mine"
+
+        def __init__(self, result):
+            self.result = result
+
+        def score(self, text, example):
+            if self.result is KeyError:
+                return example.meta["numbers"]
+            return self.result
+
+    ex = Example("2+2?", "4")
+    with pytest.raises(TrainingError) as e:
+        score_checked(Broken(KeyError), "x" * 500, ex)
+    msg = str(e.value)
+    assert msg.startswith(
+        "task 'mine' score() on the example '2+2?' (answer '4') and the response 'xxx"
+    )
+    assert "...' raised KeyError: 'numbers' — a scorer returns a RewardResult" in msg
+    assert isinstance(e.value.__cause__, KeyError)
+    with pytest.raises(TrainingError, match=r"returned float 1\.0, not a RewardResult"):
+        score_checked(Broken(1.0), "4", ex)
+    with pytest.raises(TrainingError, match="returned reward=nan — a reward must be a finite"):
+        score_checked(Broken(RewardResult(math.nan, "4", False)), "4", ex)
+    good = RewardResult(1.0, "4", False, True)
+    assert score_checked(Broken(good), "4", ex) is good
