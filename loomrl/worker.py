@@ -17,10 +17,13 @@ This module never imports torch.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import logging
 import os
 import re
 import socket
+import threading
 import time
 import uuid
 import weakref
@@ -302,14 +305,62 @@ def _hosted_class(cls: type[Worker]) -> type:
             # reports only a dead process and its traceback, which a restart would try again).
             self._loom_init_error = e
 
-    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})
+    body: dict[str, Any] = {"__init__": __init__, "__module__": cls.__module__}
+    for attr in dir(cls):
+        # Plain methods only: a staticmethod or classmethod also reads as a function from the
+        # class, but takes no instance.
+        fn = inspect.getattr_static(cls, attr, None)
+        if not attr.startswith("_") and inspect.isfunction(fn) and not _is_async(fn):
+            body[attr] = _returns_values(fn)
+    return type(cls.__name__, (cls,), body)
+
+
+_CALLS = threading.local()  # how deep this thread is in a worker's own public methods
+
+
+# The wrapper below travels to the workers by value (it is made per class); it reaches this
+# thread-local through these module functions, which travel by reference (a threading.local
+# cannot be pickled).
+def _call_depth() -> int:
+    return getattr(_CALLS, "depth", 0)
+
+
+def _set_call_depth(depth: int) -> None:
+    _CALLS.depth = depth
+
+
+def _is_async(fn: Callable) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+
+
+def _returns_values(fn: Callable) -> Callable:
+    """``fn`` refusing to hand a generator back to its caller over Ray, which would send the
+    first item only (and log the rest away): data lost without an error. A method's own calls
+    to the worker's other methods may pass generators between them; only the outermost call,
+    the one Ray made, is checked."""
+
+    @functools.wraps(fn)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        depth = _call_depth()
+        _set_call_depth(depth + 1)
+        try:
+            out = fn(self, *args, **kwargs)
+        finally:
+            _set_call_depth(depth)
+        if depth == 0 and inspect.isgenerator(out):
+            raise TypeError(
+                f"{type(self).__name__}.{fn.__name__}() returned a generator: only its first "
+                "item would reach the caller; return a list instead (`return list(...)`)"
+            )
+        return out
+
+    return method
 
 
 def check_worker_class(cls: Any, args: tuple, kwargs: dict[str, Any]) -> None:
     """Refuse, before any process starts, a class that is no Worker, constructor arguments its
     ``__init__`` cannot take, and generator methods (Ray hands back a stream of references
     for those, not their values)."""
-    import inspect
 
     if not (isinstance(cls, type) and issubclass(cls, Worker)):
         raise TypeError(

@@ -172,6 +172,32 @@ class _Yields(Worker):
         yield 1
 
 
+class _HandsBackGenerators(Worker):
+    def lazy(self, n):
+        return (i for i in range(n))
+
+    def eager(self, n):
+        return list(self.lazy(n))  # generators may pass between a worker's own methods
+
+    @staticmethod
+    def double(x):
+        return 2 * x
+
+
+def test_a_method_returning_a_generator_is_an_error_not_its_first_item(cluster):
+    g = cluster.launch(_HandsBackGenerators, 1, devices=[0], name="gens")
+    try:
+        with pytest.raises(
+            RemoteError,
+            match=r"_HandsBackGenerators\.lazy\(\) returned a generator: only its first item",
+        ):
+            wait(g.lazy(3))
+        assert wait(g.eager(3)) == [[0, 1, 2]]
+        assert wait(g.double(4)) == [8]
+    finally:
+        g.kill()
+
+
 def test_a_worker_class_or_arguments_that_cannot_work_are_refused_before_any_process_starts(
     cluster,
 ):
