@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -66,9 +67,11 @@ def score_checked(task: Task, response_text: str, example: Example) -> RewardRes
             f"{where} returned {type(res).__name__} {repr(res)[:80]}, not a RewardResult — "
             "return loomrl.reward.RewardResult(reward, parsed, malformed, ...)"
         )
+    # numbers.Real, not (int, float): a reward computed with numpy (np.float32, np.int64) is
+    # a number too, and torch.tensor takes it.
     if (
         isinstance(res.reward, bool)
-        or not isinstance(res.reward, (int, float))
+        or not isinstance(res.reward, numbers.Real)
         or not math.isfinite(res.reward)
     ):
         raise TrainingError(

@@ -483,6 +483,8 @@ def test_load_jsonl_names_the_line_that_is_not_utf8(tmp_path):
 def test_a_scorer_that_breaks_its_contract_is_named_with_the_example_and_response():
     import math
 
+    import numpy as np
+
     from loomrl.errors import TrainingError
     from loomrl.reward import RewardResult
     from loomrl.tasks import Example
@@ -514,3 +516,8 @@ def test_a_scorer_that_breaks_its_contract_is_named_with_the_example_and_respons
         score_checked(Broken(RewardResult(math.nan, "4", False)), "4", ex)
     good = RewardResult(1.0, "4", False, True)
     assert score_checked(Broken(good), "4", ex) is good
+    for number in (np.float32(0.5), np.int64(1)):  # numpy's numbers are numbers
+        res = RewardResult(number, "4", False)
+        assert score_checked(Broken(res), "4", ex) is res
+    with pytest.raises(TrainingError, match=r"returned reward=True — a reward must be a finite"):
+        score_checked(Broken(RewardResult(True, "4", False)), "4", ex)
