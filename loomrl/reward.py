@@ -12,6 +12,7 @@ sympy) is loaded on the first comparison that needs it.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 from dataclasses import dataclass, field
@@ -332,7 +333,9 @@ class _Checker:
         if self._proc is not None:
             self._proc.kill()
             self._proc.wait()
-            self._proc.stdin.close()
+            # Closing flushes what a send left in the buffer, into a pipe with no reader now.
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()
             self._conn.reader.close()
         self._proc = self._conn = None
 

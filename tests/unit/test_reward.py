@@ -75,8 +75,8 @@ def test_extract_answer_is_fast_on_adversarial_text():
 
 @pytest.mark.timeout(60)
 def test_a_label_followed_by_a_run_of_blanks_is_scored_in_linear_time():
-    # Degenerate generations repeat whitespace; before, the "Answer:" pattern backtracked over
-    # every split of the run (minutes for a response of MAX_RESPONSE_CHARS).
+    # Degenerate generations repeat whitespace; a pattern that backtracks over every split of
+    # the run takes minutes on a response of MAX_RESPONSE_CHARS.
     for blank in ("\n", " ", "\t"):
         text = "Final answer" + blank * (reward_mod.MAX_RESPONSE_CHARS - 20)
         assert score(text, "1").reason == "no_answer"
@@ -231,8 +231,8 @@ def _off_main_thread(fn):
 
 @pytest.mark.timeout(120)
 def test_math_verify_off_the_main_thread_is_bounded_by_the_timeout():
-    # SIGALRM cannot be installed off the main thread: there math-verify ran without a limit
-    # and these short answers never finished. A child process bounds them now.
+    # SIGALRM cannot be installed off the main thread, and without a limit math-verify never
+    # finishes these short answers: there the child process bounds them.
     for text in ("\\boxed{10^{10^{10}}}", "\\boxed{100!!!!}"):
         r = _off_main_thread(lambda t=text: score(t, "3", timeout_s=1))
         assert (r.reward, r.malformed, r.reason) == (0.0, True, "timeout")
@@ -244,6 +244,19 @@ def test_a_lost_math_verify_child_is_replaced():
     assert _off_main_thread(lambda: answers_match("\\sqrt{4}", "2.0")) == (True, "correct")
     reward_mod._checker._proc.kill()
     reward_mod._checker._proc.wait()
+    assert _off_main_thread(lambda: answers_match("x+x", "2x")) == (True, "correct")
+
+
+@pytest.mark.timeout(120)
+def test_a_math_verify_child_that_dies_as_a_call_starts_is_a_wrong_answer_not_an_error(
+    monkeypatch,
+):
+    assert _off_main_thread(lambda: answers_match("\\sqrt{4}", "2.0")) == (True, "correct")
+    proc = reward_mod._checker._proc
+    proc.kill()
+    proc.wait()
+    monkeypatch.setattr(proc, "poll", lambda: None)  # dead after compare() looked
+    assert _off_main_thread(lambda: reward_mod._checker.compare("1", "1", 5)) == (False, "error")
     assert _off_main_thread(lambda: answers_match("x+x", "2x")) == (True, "correct")
 
 
