@@ -13,6 +13,7 @@ sympy) is loaded on the first comparison that needs it.
 from __future__ import annotations
 
 import contextlib
+import queue
 import re
 import threading
 from dataclasses import dataclass, field
@@ -295,6 +296,7 @@ class _Checker:
         self._lock = threading.Lock()
         self._proc = None
         self._conn = None
+        self._stopped = threading.Event()  # set: the thread that started the child may end
 
     def _start(self) -> None:
         import os
@@ -307,12 +309,36 @@ class _Checker:
         # script, nor fork, which copies locks other threads hold) that can import loomrl.
         root = str(Path(__file__).resolve().parents[1])
         paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-        proc = subprocess.Popen(
-            [sys.executable, "-c", "from loomrl.reward import _checker_main; _checker_main()"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
-        )
+        made: queue.SimpleQueue = queue.SimpleQueue()
+        stopped = threading.Event()
+
+        def spawn() -> None:
+            # The child asks the kernel to kill it when its parent ends (a parent killed while
+            # the child is stuck in C code would otherwise leave it running), and "parent"
+            # there is the thread that started it: this one, which lives until _stop.
+            try:
+                made.put(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-c",
+                            f"from loomrl.reward import _checker_main; _checker_main({os.getpid()})",
+                        ],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+                    )
+                )
+            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+                made.put(e)
+                return
+            stopped.wait()
+
+        threading.Thread(target=spawn, name="loomrl-math-verify", daemon=True).start()
+        proc = made.get()
+        if isinstance(proc, BaseException):
+            raise proc
+        self._stopped = stopped
         # The Connection owns (and closes) its own copy of the descriptor.
         conn = _Pipe(Connection(os.dup(proc.stdout.fileno()), writable=False), proc.stdin)
         proc.stdout.close()
@@ -337,6 +363,7 @@ class _Checker:
             with contextlib.suppress(OSError):
                 self._proc.stdin.close()
             self._conn.reader.close()
+            self._stopped.set()
         self._proc = self._conn = None
 
     def compare(self, pred: str, gold: str, timeout_s: int) -> tuple[bool, str]:
@@ -378,10 +405,12 @@ class _Pipe:
         self.writer.flush()
 
 
-def _checker_main() -> None:
+def _checker_main(parent: int) -> None:
     """The child of ``_Checker``: reads (pred, gold, timeout_s) on stdin, answers on stdout."""
     import os
     from multiprocessing.connection import Connection
+
+    _die_with_parent(parent)
 
     # Messages go out on a copy of stdout; whatever a library prints goes to stderr.
     out = Connection(os.dup(1), readable=False)
@@ -399,6 +428,22 @@ def _checker_main() -> None:
         except EOFError:  # the parent is gone
             return
         out.send(_math_verify(pred, gold, timeout_s))
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this process when the thread that started it ends (Linux; elsewhere the child
+    ends at its next read, once its comparison is done)."""
+    import ctypes
+    import os
+    import signal
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it ended before the request
+        os._exit(0)
 
 
 _checker = _Checker()

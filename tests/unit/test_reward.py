@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -245,6 +246,51 @@ def test_a_lost_math_verify_child_is_replaced():
     reward_mod._checker._proc.kill()
     reward_mod._checker._proc.wait()
     assert _off_main_thread(lambda: answers_match("x+x", "2x")) == (True, "correct")
+
+
+_STUCK_PARENT = """
+import threading, time
+from loomrl import reward
+threading.Thread(target=reward.answers_match, args=("x+x", "2x")).start()  # starts the child
+while reward._checker._conn is None:
+    time.sleep(0.05)
+print(reward._checker._proc.pid, flush=True)
+threading.Thread(target=reward.answers_match, args=("\\\\boxed{10^{10^{10}}}", "3", 60)).start()
+time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_math_verify_child_goes_with_its_parent_even_mid_comparison():
+    import os
+    import signal
+    import subprocess
+    import time
+
+    # The thread that started the child has ended; the child serves the next caller.
+    _off_main_thread(lambda: answers_match("x+x", "2x"))
+    pid = reward_mod._checker._proc.pid
+    assert _off_main_thread(lambda: answers_match("x+x+x", "3x")) == (True, "correct")
+    assert reward_mod._checker._proc.pid == pid
+
+    parent = subprocess.Popen([sys.executable, "-c", _STUCK_PARENT], stdout=subprocess.PIPE)
+    child = int(parent.stdout.readline())
+    time.sleep(1)  # the child is in a comparison that math-verify gives 60 s
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+
+    def running() -> bool:  # a zombie has ended (whoever adopted it may not reap it)
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running()
 
 
 @pytest.mark.timeout(120)
