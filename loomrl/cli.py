@@ -78,6 +78,7 @@ def load_recipe_config(config: str | Path, overrides: list[str]) -> tuple[Any, A
     path = Path(config)
     if not path.exists():
         raise ConfigError([f"config file {str(path)!r} does not exist"])
+    overrides = _normalise_overrides(overrides)  # the short forms, as the command line takes
     mod = _recipe_module(path, overrides)
     short = {k: f"run.{k}" for k in _TOP_LEVEL_RUN_KEYS}
     return mod, load_config(mod.Config, path, overrides, short_keys=short)

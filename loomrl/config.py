@@ -668,7 +668,14 @@ def _unknown_key(
     for rel, _ in leaves:
         dotted = _join(prefix, rel)
         close = difflib.get_close_matches(rel, [*known, *short], n=1, cutoff=0.6)
-        if close and close[0] in short:
+        if rel in short:  # a short form is a command-line spelling; a file nests the key
+            head, _, leaf_key = short[rel].rpartition(".")
+            out.append(
+                f"unknown key {dotted!r}{_DASH}{rel!r} is short for {short[rel]!r} in a "
+                f"command-line override only; in a file write it under {head}: "
+                f"({head}: {{{leaf_key}: ...}})"
+            )
+        elif close and close[0] in short:
             what = f"{close[0]!r} (short for {short[close[0]]!r})"
             out.append(f"unknown key {dotted!r}{_DASH}did you mean {what}?")
         elif close:

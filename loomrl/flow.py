@@ -572,7 +572,8 @@ class Flow:
     def _default_temporal(self, batch: int) -> Plan:
         """Every component on all the devices it may use, one after the other, whole batch at once.
 
-        Needs no costs; its prediction is calibrated from the first iteration's measured timeline.
+        Needs no costs; its prediction is calibrated from the second iteration's measured
+        timeline (the first is warm-up).
         """
         from loomrl.plan.plan import leaf, temporal
         from loomrl.plan.profile import load_profile

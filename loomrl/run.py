@@ -53,7 +53,8 @@ class RunConfig:
     num_gpus: int | None = None  # logical GPUs for the embedded Ray (None: the real ones)
     micro_batch: int | None = None  # pin the micro-batch size (None: the planner chooses)
     # A workload profile file to plan from instead of profiling, or "calibrate" (temporal only:
-    # start from the cost-free default plan and take its costs from the first iteration).
+    # start from the cost-free default plan and take its costs from the second iteration, the
+    # first being warm-up).
     profile: str | None = None
     # Profiling's timed calls may cost this share of each component's part of one iteration
     # (two calls on all its devices are made whatever the budget).
@@ -287,7 +288,7 @@ class Run:
         if _predicts_nothing(self.plan):
             result.predicted_s = None
         if flow is not None and flow.plan_ is not self.plan:
-            # A calibrated plan replaced the cost-free default after the first iteration, or the
+            # A calibrated plan replaced the cost-free default after the second iteration, or the
             # profiled plan's prediction was refreshed from its first warm iterations.
             if flow.plan_.method == "calibrated" and self.plan.method == "calibrate":
                 self.logger.echo(

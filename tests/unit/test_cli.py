@@ -54,6 +54,20 @@ def test_a_typo_of_a_short_override_suggests_it(capsys):
     )
 
 
+def test_a_short_key_written_in_a_file_says_where_it_goes_and_the_api_takes_short_overrides(
+    tmp_path, capsys
+):
+    bad = tmp_path / "short.yaml"
+    bad.write_text("recipe: demo\nsteps: 2\n")
+    assert main(["run", str(bad)]) == 2
+    assert (
+        "unknown key 'steps' — 'steps' is short for 'run.steps' in a command-line override "
+        "only; in a file write it under run: (run: {steps: ...})"
+    ) in capsys.readouterr().err
+    _, cfg = load_recipe_config(ROOT / "examples" / "demo_matmul.yaml", ["steps=2"])
+    assert cfg.run.steps == 2
+
+
 def test_a_directory_as_config_or_output_dir_exits_2(tmp_path, capsys):
     assert main(["run", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
