@@ -19,6 +19,36 @@ ROOT = Path(__file__).resolve().parents[2]
 _RUN_CLI = "import sys; from loomrl.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
+def _sigterm_once(argv: list[str], tmp_path: Path, ready: Any, within_s: float) -> tuple[int, str]:
+    """Run ``loomrl ARGV`` on this session's Ray, send it SIGTERM once ``ready(stderr)`` holds
+    (within ``within_s``), and return its exit status and stderr."""
+    import ray
+
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": ray.get_runtime_context().gcs_address,  # this session's Ray: no new one
+        "RAY_AUTH_MODE": "disabled",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    err_file = tmp_path / "stderr.txt"  # a file: a pipe nobody reads could fill and block it
+    with open(err_file, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _RUN_CLI, *argv], env=env, stdout=subprocess.DEVNULL, stderr=err
+        )
+    try:
+        deadline = time.monotonic() + within_s
+        while not ready(err_file.read_text()):
+            assert proc.poll() is None, err_file.read_text()[-2000:]
+            assert time.monotonic() < deadline, f"not ready for SIGTERM in {within_s} s"
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return code, err_file.read_text()
+
+
 @dataclasses.dataclass
 class Cfg:
     run: Any
@@ -28,34 +58,12 @@ class Cfg:
 @pytest.mark.slow  # about 45 s on 2 cores (the logic: test_cli and test_run_attempts)
 @pytest.mark.timeout(240)
 def test_a_sigterm_ends_the_run_as_interrupted_with_how_to_resume(cluster, tmp_path):
-    import ray
-
     out = tmp_path / "run"
-    env = {
-        **os.environ,
-        "RAY_ADDRESS": ray.get_runtime_context().gcs_address,  # this session's Ray: no new one
-        "RAY_AUTH_MODE": "disabled",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
     argv = ["run", str(ROOT / "examples/tiny_grpo.yaml"), "placement=temporal", "steps=200"]
     argv += ["run.profile=calibrate", "run.checkpoint_every=1", f"output_dir={out}"]
-    err_file = tmp_path / "stderr.txt"  # a file: a pipe nobody reads could fill and block it
-    with open(err_file, "w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _RUN_CLI, *argv], env=env, stdout=subprocess.DEVNULL, stderr=err
-        )
-    try:
-        deadline = time.monotonic() + 180
-        while not list((out / "checkpoints").glob("step-*")):
-            assert proc.poll() is None, err_file.read_text()[-2000:]
-            assert time.monotonic() < deadline, "the run saved no checkpoint in 180 s"
-            time.sleep(0.1)
-        os.kill(proc.pid, signal.SIGTERM)
-        code = proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    err = err_file.read_text()
+    code, err = _sigterm_once(
+        argv, tmp_path, lambda _: bool(list((out / "checkpoints").glob("step-*"))), 180
+    )
     assert code == 143, err[-2000:]
     assert "loomrl run: terminated (SIGTERM); continue from step" in err, err[-2000:]
     assert f"with `loomrl resume {out}`" in err
@@ -99,33 +107,11 @@ _PROFILE_SECONDS = 60  # profiling tiny_grpo takes ~15 s on 2 cores; the SIGTERM
 
 @pytest.mark.timeout(240)  # about 12 s on 2 cores (the logic: test_cli)
 def test_a_sigterm_ends_loomrl_profile_cleanly_with_143_and_no_profile(cluster, tmp_path):
-    import ray
-
     out = tmp_path / "prof"
-    env = {
-        **os.environ,
-        "RAY_ADDRESS": ray.get_runtime_context().gcs_address,  # this session's Ray: no new one
-        "RAY_AUTH_MODE": "disabled",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
     argv = ["profile", str(ROOT / "examples/tiny_grpo.yaml"), f"output_dir={out}"]
-    err_file = tmp_path / "stderr.txt"  # a file: a pipe nobody reads could fill and block it
-    with open(err_file, "w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _RUN_CLI, *argv], env=env, stdout=subprocess.DEVNULL, stderr=err
-        )
-    try:
-        deadline = time.monotonic() + _PROFILE_SECONDS
-        while "loomrl profile: profiling" not in err_file.read_text():
-            assert proc.poll() is None, err_file.read_text()[-2000:]
-            assert time.monotonic() < deadline, "profiling did not start in time"
-            time.sleep(0.1)
-        os.kill(proc.pid, signal.SIGTERM)
-        code = proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    err = err_file.read_text()
+    code, err = _sigterm_once(
+        argv, tmp_path, lambda err: "loomrl profile: profiling" in err, _PROFILE_SECONDS
+    )
     assert code == 143, err[-2000:]
     assert "loomrl profile: terminated (SIGTERM)" in err, err[-2000:]
     assert "SIGTERM received" not in err and "Traceback" not in err, err[-2000:]
