@@ -50,21 +50,24 @@ def score_checked(task: Task, response_text: str, example: Example) -> RewardRes
     or returns anything but a ``RewardResult`` with a finite reward, has a bug: a
     ``TrainingError`` naming the task, the example and the response, not a bare ``KeyError``
     from deep in a worker, or a NaN that poisons every advantage of its group."""
-    name = getattr(task, "name", type(task).__name__)
-    where = (
-        f"task {name!r} score() on the example {_excerpt(example.question)} "
-        f"(answer {_excerpt(example.answer)}) and the response {_excerpt(response_text)}"
-    )
+
+    def where() -> str:  # built for an error only: this runs on every response of a run
+        name = getattr(task, "name", type(task).__name__)
+        return (
+            f"task {name!r} score() on the example {_excerpt(example.question)} "
+            f"(answer {_excerpt(example.answer)}) and the response {_excerpt(response_text)}"
+        )
+
     try:
         res = task.score(response_text, example)
     except Exception as e:  # noqa: BLE001 - any exception is the task's bug; say whose
         raise TrainingError(
-            f"{where} raised {type(e).__name__}: {e} — a scorer returns a RewardResult for any "
+            f"{where()} raised {type(e).__name__}: {e} — a scorer returns a RewardResult for any "
             "response (malformed=True when it has no usable answer); fix the task's score()"
         ) from e
     if not isinstance(res, RewardResult):
         raise TrainingError(
-            f"{where} returned {type(res).__name__} {repr(res)[:80]}, not a RewardResult — "
+            f"{where()} returned {type(res).__name__} {repr(res)[:80]}, not a RewardResult — "
             "return loomrl.reward.RewardResult(reward, parsed, malformed, ...)"
         )
     # numbers.Real, not (int, float): a reward computed with numpy (np.float32, np.int64) is
@@ -75,7 +78,7 @@ def score_checked(task: Task, response_text: str, example: Example) -> RewardRes
         or not math.isfinite(res.reward)
     ):
         raise TrainingError(
-            f"{where} returned reward={res.reward!r} — a reward must be a finite number"
+            f"{where()} returned reward={res.reward!r} — a reward must be a finite number"
         )
     return res
 
