@@ -748,20 +748,15 @@ class WorkerGroup:
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
                 ).remote(ctx, *args, **kwargs)
                 actors.append(actor)
-        except TypeError as e:
-            for a in actors:
+        except BaseException as e:
+            for a in actors:  # the ranks made before the one that failed
                 with contextlib.suppress(Exception):
                     ray.kill(a, no_restart=True)
-            if str(e).startswith("Could not serialize"):
+            if isinstance(e, TypeError) and str(e).startswith("Could not serialize"):
                 what = f"starting {name}" + (
                     f" ({worker_cls.__name__})" if name != worker_cls.__name__ else ""
                 )
                 raise TypeError(_serialization_error(what, worker_cls, args, kwargs, e)) from None
-            raise
-        except BaseException:
-            for a in actors:  # the ranks made before the one that failed
-                with contextlib.suppress(Exception):
-                    ray.kill(a, no_restart=True)
             raise
         group = cls(worker_cls, name, actors, per_rank, hosts)
         return group, Handle(
