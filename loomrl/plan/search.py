@@ -523,7 +523,7 @@ class _DP:
         None if some S has no such plan."""
         if s in self._above_cache:
             return self._above_cache[s]
-        N, K = self.N, self.K
+        N = self.N
         parts: list | None = []
         left = N - np.arange(N + 1)
         for S in self.order:
@@ -542,14 +542,24 @@ class _DP:
                 continue
             calls = np.stack([self._tm[i][left] for i in rest])
             e = [self._te[i] for i in rest]
-            floor = sum(e)
-            share = np.array([floor + K * self._tm[i][N] - e[x] for x, i in enumerate(rest)])
-            share_mem = np.array([self._mm[i] for i in rest])
-            if len(rest) == 1:  # no node left to stand beside the two: see ``_outside``
-                share = np.full(1, np.inf)
+            share, share_mem = self._share(rest, e, sum(e))
             parts.append((best + slack, calls.sum(axis=0), calls.max(axis=0), share, share_mem))
         self._above_cache[s] = parts
         return parts
+
+    def _share(
+        self, rest: list[int], e: list[float], floor: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``_lower_bound`` (b) per node of ``rest`` (the nodes outside a point, ``e`` theirs):
+        what they add at the least when that node shares the point's devices, and its least
+        memory. A co-resident node is in stream context, so under a spatial node with some
+        other node on its far side; with one node in ``rest`` there is none, and the two
+        together would be the root, which is in phase context: no case (b), inf."""
+        share_mem = np.array([self._mm[i] for i in rest])
+        if len(rest) == 1:
+            return np.full(1, np.inf), share_mem
+        top = self.K * np.array([self._tm[i][self.N] for i in rest])
+        return floor + top - np.array(e), share_mem
 
     def _outside(self, s: int):
         """For the nodes outside s (None if there are none), indexed by the devices u s uses:
@@ -568,13 +578,7 @@ class _DP:
         floor = sum(e.values())
         if math.isfinite(floor):
             # (b), per outside node: it must fit in memory beside the point (``_lower_bound``)
-            share = np.array([floor + K * self._tm[i][N] - e[i] for i in rest])
-            share_mem = np.array([self._mm[i] for i in rest])
-            if len(rest) == 1:
-                # A co-resident node is in stream context, so under a spatial node with some
-                # other node on its far side; with one node outside s there is none, and the
-                # two together would be the root, which is in phase context: no case (b).
-                share = np.full(1, np.inf)
+            share, share_mem = self._share(rest, list(e.values()), floor)
             apart = (
                 floor + self.switch + min(min(self._tM[i], K * self._tm[i][N]) - e[i] for i in rest)
             )
