@@ -1005,14 +1005,13 @@ def _next_better(X: _Points, N: int, look: int = 32) -> np.ndarray:
     cached = X.__dict__.get("_next_better")
     if cached is not None and cached[0] == (N, look):
         return cached[1]
-    order = _by_u(X)[0]
+    order, u, _ = _by_u(X)
     rows = [X.F, X.mem]
     if not np.array_equal(X.P, X.F):  # a leaf's are equal
         rows.append(X.P)
     if X.cores.any():
         rows.append(X.cores)
     cols = np.stack(rows)[:, order]
-    u = X.u[order]
     k = len(X)
     found = np.full(k, N + 1, dtype=np.int64)
     span = min(look, k - 1)
