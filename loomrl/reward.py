@@ -342,18 +342,17 @@ class _Checker:
         # The Connection owns (and closes) its own copy of the descriptor.
         conn = _Pipe(Connection(os.dup(proc.stdout.fileno()), writable=False), proc.stdin)
         proc.stdout.close()
+        failed: Exception | None = None
         if not conn.poll(self.START_S):
-            self._proc, self._conn = proc, conn
-            self._stop()
-            raise RuntimeError(
+            failed = RuntimeError(
                 f"the math-verify helper process did not start within {self.START_S:.0f} s"
             )
-        ready = conn.recv()
-        if ready != "ready":  # the import failed in the child: the same error as here
-            self._proc, self._conn = proc, conn
-            self._stop()
-            raise ImportError(ready)
+        elif (ready := conn.recv()) != "ready":  # the import failed in the child: as here
+            failed = ImportError(ready)
         self._proc, self._conn = proc, conn
+        if failed is not None:
+            self._stop()
+            raise failed
 
     def _stop(self) -> None:
         if self._proc is not None:
@@ -454,7 +453,7 @@ _MISSING_MATH_VERIFY = (
 
 
 @lru_cache(maxsize=4096)
-def _parse_boxed(expr: str, timeout: int | None) -> tuple:
+def _parse_boxed(expr: str, timeout: int) -> tuple:
     # Cached: in group sampling the same reference answer is compared G times.
     from math_verify import parse
 
@@ -471,16 +470,15 @@ def _math_verify(pred: str, gold: str, timeout_s: int) -> tuple[bool, str]:
         raise ImportError(_MISSING_MATH_VERIFY) from e
     if not _on_main_thread():
         return _checker.compare(pred, gold, timeout_s)
-    timeout = timeout_s
     try:
-        gold_parsed = _parse_boxed(gold, timeout)
-        pred_parsed = _parse_boxed(pred, timeout)
+        gold_parsed = _parse_boxed(gold, timeout_s)
+        pred_parsed = _parse_boxed(pred, timeout_s)
         if not pred_parsed:
             return False, "unparseable"
         if not gold_parsed:
             return False, "wrong"
         ok = verify(
-            list(gold_parsed), list(pred_parsed), timeout_seconds=timeout, raise_on_error=True
+            list(gold_parsed), list(pred_parsed), timeout_seconds=timeout_s, raise_on_error=True
         )
         return bool(ok), "correct" if ok else "wrong"
     except TimeoutException:  # a BaseException subclass in math-verify
