@@ -103,12 +103,7 @@ def _argument_problems(args: argparse.Namespace) -> list[str]:
     if given and not args.simulate:
         verb, it = ("applies", "it") if len(given) == 1 else ("apply", "them")
         p.append(f"{' and '.join(given)} {verb} to --simulate only; add --simulate or drop {it}")
-    p += simulation_problems(
-        SIGMA if args.sigma is None else args.sigma,
-        ITERATIONS if args.iterations is None else args.iterations,
-        "--sigma",
-        "--iterations",
-    )
+    p += simulation_problems(_sigma(args), _iterations(args), "--sigma", "--iterations")
     if args.channel_capacity is not None and args.channel_capacity < 1:
         p.append(f"--channel-capacity must be >= 1 micro-batch, got {args.channel_capacity}")
     for flag, path, suffixes in (
