@@ -212,7 +212,8 @@ class EpisodeStats:
     )  # only for envs reporting info["is_success"]
     # Per episode (and per success), where it ended: (the env's transitions so far, its global
     # index). Both are the same under every placement, so episodes gathered from several env
-    # workers, or from ring groups a step apart, can be put back in one order (``in_order``).
+    # workers, or from ring groups a step apart, can be put back in one order
+    # (``cycle.merge_episodes``).
     ends: list[tuple[int, int]] = field(default_factory=list)
     success_ends: list[tuple[int, int]] = field(default_factory=list)
 
