@@ -92,8 +92,8 @@ class RunData:
         Of a resumed run, those of the attempt that wrote the summary after its own warm-up:
         earlier attempts ran on workers started anew, maybe on another plan than the one whose
         prediction the summary holds."""
-        mine = self.iterations[-self.attempt_iterations :] if self.attempt_iterations else []
-        mine = mine or self.iterations
+        n = self.attempt_iterations  # reads the run directory: once
+        mine = self.iterations[-n:] if n else self.iterations
         return mine[1:] or mine
 
     @property
