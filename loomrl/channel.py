@@ -29,6 +29,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import math
+import numbers
 import time
 from collections import deque
 from collections.abc import Hashable, Iterable, Iterator, Sequence
@@ -429,8 +431,6 @@ def _check_key(key: Any, channel: str) -> None:
 
 
 def _check_timeout(timeout: float | None) -> None:
-    import numbers
-
     if timeout is None:
         return
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0:
@@ -440,8 +440,6 @@ def _check_timeout(timeout: float | None) -> None:
 def _check_weights(weights: list[float], channel: str) -> None:
     """A weight is an item's share of a get_batch target: a negative one would let a batch
     take more items than its target allows, and a NaN one would never reach it."""
-    import math
-
     bad = [w for w in weights if not (math.isfinite(w) and w >= 0)]
     if bad:
         raise ValueError(
