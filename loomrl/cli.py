@@ -474,7 +474,7 @@ def _main(argv: list[str] | None) -> int:
     sub.add_parser("report", help="predicted vs measured timeline of a run (loomrl report RUN_DIR)")
     args = p.parse_args(argv)
     args.overrides = _normalise_overrides(getattr(args, "overrides", []) or [])
-    from loomrl.run import stop_on_sigterm, terminated
+    from loomrl.run import put_back_sigterm, stop_on_sigterm, terminated
 
     before = stop_on_sigterm()  # also before Ray starts (the run sets it again after)
     try:
@@ -489,8 +489,7 @@ def _main(argv: list[str] | None) -> int:
         say(f"loomrl {args.cmd}: {how}{_resume_hint(args)}", sys.stderr)
         return 128 + (signal.SIGTERM if term else signal.SIGINT)
     finally:
-        if before is not None:
-            signal.signal(signal.SIGTERM, before)
+        put_back_sigterm(before)
 
 
 def brief(e: BaseException) -> str:

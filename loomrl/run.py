@@ -458,8 +458,7 @@ class Run:
                 finally:
                     if before is not None:
                         signal.signal(signal.SIGINT, before[0])
-                    if self._sigterm_before is not None and _on_main_thread():
-                        signal.signal(signal.SIGTERM, self._sigterm_before)
+                    put_back_sigterm(self._sigterm_before)
 
     def _write_failure(self, error: BaseException) -> None:
         """The summary of a run that stopped on ``error``: the finished summary's fields (its
@@ -676,6 +675,13 @@ def stop_on_sigterm() -> Any:
     return before
 
 
+def put_back_sigterm(before: Any) -> None:
+    """Reinstate ``before``, the SIGTERM handler ``signal.getsignal`` gave before a command
+    changed it (None, installed outside Python, and off the main thread: nothing to do)."""
+    if before is not None and _on_main_thread():
+        signal.signal(signal.SIGTERM, before)
+
+
 def _on_main_thread() -> bool:
     import threading
 
@@ -762,5 +768,4 @@ def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
         try:
             cluster.shutdown()
         finally:
-            if sigterm_before is not None and _on_main_thread():
-                signal.signal(signal.SIGTERM, sigterm_before)
+            put_back_sigterm(sigterm_before)
