@@ -406,6 +406,7 @@ def choose_by_trial(
     # where k = 3 then ran 12-16% faster. Rollouts of L and 2L steps run back to back: each
     # shape would record the update's graph again.
     before = _update_policy if lengths == (steps,) else None
+    keep_events = setup_events(run).extend  # every trial cycle's env events: planning's record
     fits = [probe is not None and probe.can_time(p) for _, p in candidates]
     # Candidates the probe's workers can run go first: fresh workers for the others may need
     # the probe's cores.
@@ -439,7 +440,7 @@ def choose_by_trial(
                 cfg.pipelined,
                 handoff=how,
                 timeout_s=cfg.cycle_timeout_s,
-                on_events=setup_events(run).extend,
+                on_events=keep_events,
             )
 
         cycles = {i: on_probe(candidates[i][1]) for i in shared}
@@ -483,16 +484,12 @@ def choose_by_trial(
         _kill_fresh(fresh)  # the next may need its cores
         fresh = None
         try:
-            envs, policy, cyc = start_cycle(
-                run.cluster, cfg, place, on_events=setup_events(run).extend
-            )
+            envs, policy, cyc = start_cycle(run.cluster, cfg, place, on_events=keep_events)
         except PlacementError:  # the node's cores: the probe gives its own back first
             if probe is None or not probe.alive:
                 raise
             probe.kill()
-            envs, policy, cyc = start_cycle(
-                run.cluster, cfg, place, on_events=setup_events(run).extend
-            )
+            envs, policy, cyc = start_cycle(run.cluster, cfg, place, on_events=keep_events)
         ran[i] = cyc.handoff
         try:
             _time_in_turns({i: cyc}, timed, lengths, reps, before=before)
@@ -551,7 +548,7 @@ def choose_by_trial(
                 if probe.alive:  # its cores, for the pick's
                     probe.kill()
                 envs, policy, cyc = start_cycle(
-                    run.cluster, cfg, candidates[pick][1], on_events=setup_events(run).extend
+                    run.cluster, cfg, candidates[pick][1], on_events=keep_events
                 )
                 # The probe's from here: a failure below ends them with it (plan_cycle).
                 _adopt(probe, envs, policy, candidates[pick][1])
