@@ -69,8 +69,8 @@ def extract_answer(text: str) -> str | None:
     if not isinstance(text, str):
         return None
     end = text.rfind(ANSWER_CLOSE)
-    start = text.rfind(ANSWER_OPEN, 0, max(end, 0))
-    if end < 0 or start < 0:
+    start = text.rfind(ANSWER_OPEN, 0, end) if end >= 0 else -1
+    if start < 0:
         return None
     return text[start + len(ANSWER_OPEN) : end].strip()
 
