@@ -73,7 +73,7 @@ class SlotPool:
                 size = HEADER + max(MIN_SLOT, 1 << max(0, nbytes - 1).bit_length())
                 if self.total + size > self.limit or not _room_for(size):
                     return None
-                name = f"{PREFIX}{os.getpid()}_{uuid.uuid4().hex[:10]}"
+                name = _own_prefix() + uuid.uuid4().hex[:10]
                 slot = shared_memory.SharedMemory(name=name, create=True, size=size)
                 self.slots.append(slot)
                 self.total += size
@@ -95,6 +95,11 @@ class SlotPool:
 
 
 PREFIX = "loomrl_"
+
+
+def _own_prefix() -> str:
+    """How the names of the slots this process creates begin (``sweep_orphans`` reads the pid)."""
+    return f"{PREFIX}{os.getpid()}_"
 
 
 def sweep_orphans(directory: str = "/dev/shm") -> int:
@@ -212,7 +217,7 @@ def _attach(name: str) -> shared_memory.SharedMemory:
             # unlink the producer's segment when this process exits: only its creator may. A
             # segment this process made (it takes its own item) stays registered: its pool
             # unlinks it at exit, and the tracker reports a name it no longer knows.
-            if not name.startswith(f"{PREFIX}{os.getpid()}_"):
+            if not name.startswith(_own_prefix()):
                 try:
                     resource_tracker.unregister(seg._name, "shared_memory")  # type: ignore[attr-defined]
                 except Exception:
