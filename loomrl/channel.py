@@ -419,6 +419,11 @@ def _check_name(name: Any) -> None:
         raise ValueError(f"channel name must be a non-empty string, got {name!r}")
 
 
+def _check_maxsize(maxsize: Any) -> None:
+    if not isinstance(maxsize, int) or isinstance(maxsize, bool) or maxsize < 0:
+        raise ValueError(f"maxsize={maxsize!r} must be an int >= 0 (0 means unbounded)")
+
+
 def _check_key(key: Any, channel: str) -> None:
     """A key names one FIFO of the broker's dict: it must be hashable (a tuple, not a list)."""
     try:
@@ -502,8 +507,7 @@ class Channel:
         import ray
 
         _check_name(name)
-        if not isinstance(maxsize, int) or isinstance(maxsize, bool) or maxsize < 0:
-            raise ValueError(f"maxsize={maxsize!r} must be an int >= 0 (0 means unbounded)")
+        _check_maxsize(maxsize)
         _require_ray()
         if _lookup(name) is not None:
             raise _exists(name)
@@ -539,18 +543,34 @@ class Channel:
         return cls(name, broker, info["offload"], info["maxsize"], shm=info["shm"])
 
     @classmethod
-    def get_or_create(cls, name: str, maxsize: int = 0, offload: bool = False) -> Channel:
-        """Attach to channel ``name``, creating it with these settings if it does not exist yet."""
+    def get_or_create(
+        cls, name: str, maxsize: int | None = None, offload: bool | None = None
+    ) -> Channel:
+        """Attach to channel ``name``, creating it with these settings if it does not exist yet.
+
+        Settings left as None take the existing channel's values (or the defaults, 0 and False,
+        when this call creates it). A setting given explicitly that differs from the existing
+        channel's raises ValueError: two parts of a program that disagree on a queue bound would
+        otherwise find out only as a deadlock or an unbounded queue.
+        """
         import ray
 
         _check_name(name)
+        if maxsize is not None:
+            _check_maxsize(maxsize)
         _require_ray()
         broker = (
             _broker_class()
             .options(name=_ACTOR_PREFIX + name, namespace=_NAMESPACE, get_if_exists=True)
-            .remote(name, maxsize, offload)
+            .remote(name, maxsize or 0, bool(offload))
         )
         info = ray.get(broker.info.remote())
+        for key, asked in (("maxsize", maxsize), ("offload", offload)):
+            if asked is not None and asked != info[key]:
+                raise ValueError(
+                    f"channel {name!r} already exists with {key}={info[key]!r}, not {asked!r}; "
+                    f"pass {key}={info[key]!r} (or leave it out) to attach, or choose another name"
+                )
         return cls(name, broker, info["offload"], info["maxsize"], shm=info["shm"])
 
     def close(self) -> None:

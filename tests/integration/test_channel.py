@@ -220,8 +220,17 @@ def test_name_collision_and_connect(make_channel):
     assert other.maxsize == 5
     other.put("via connect")
     assert ch.get() == "via connect"
-    same = Channel.get_or_create(ch.name, maxsize=99)
-    assert same.maxsize == 5  # the existing channel's settings win
+    same = Channel.get_or_create(ch.name)
+    assert same.maxsize == 5  # settings left out take the existing channel's
+    assert Channel.get_or_create(ch.name, maxsize=5).maxsize == 5
+    with pytest.raises(ValueError) as info:
+        Channel.get_or_create(ch.name, maxsize=99)
+    assert str(info.value) == (
+        f"channel '{ch.name}' already exists with maxsize=5, not 99; pass maxsize=5 "
+        "(or leave it out) to attach, or choose another name"
+    )
+    with pytest.raises(ValueError, match="maxsize=-1 must be an int >= 0"):
+        Channel.get_or_create(f"neg-{uuid.uuid4().hex[:6]}", maxsize=-1)
     with pytest.raises(ChannelNotFoundError, match="no channel named 'nope-.*Channel.create"):
         Channel.connect(f"nope-{uuid.uuid4().hex[:6]}")
 
