@@ -38,6 +38,27 @@ def _check_groups(rewards: Tensor, group_size: int, fn: str) -> int:
     return batch // group_size
 
 
+def _as_groups(rewards: Tensor, num_groups: int, group_size: int) -> tuple[Tensor, torch.dtype]:
+    """Rewards as [num_groups, group_size] in float64, and the dtype the result goes back to.
+
+    Finite float32 rewards near the top of the range (3e38) overflow a float32 group sum or
+    mean to inf, so the arithmetic runs in float64 (MPS has none: float32 there).
+    """
+    out = torch.promote_types(rewards.dtype, torch.float32)
+    work = torch.float32 if rewards.device.type == "mps" else torch.float64
+    return rewards.to(work).view(num_groups, group_size), out
+
+
+def _back(advantages: Tensor, dtype: torch.dtype, fn: str) -> Tensor:
+    out = advantages.reshape(-1).to(dtype)
+    if not bool(torch.isfinite(out).all()):
+        raise ValueError(
+            f"{fn}: advantages overflow {dtype} (rewards differ by more than the dtype can "
+            "hold); scale the rewards down, e.g. divide them by their largest magnitude"
+        )
+    return out
+
+
 def grpo_advantages(
     rewards: Tensor, group_size: int, scale_std: bool = True, eps: float = 1e-6
 ) -> Tensor:
@@ -50,7 +71,7 @@ def grpo_advantages(
     NaN, whatever ``eps``; so does any group of size 1.
     """
     num_groups = _check_groups(rewards, group_size, "grpo_advantages")
-    r = rewards.to(torch.promote_types(rewards.dtype, torch.float32)).view(num_groups, group_size)
+    r, dtype = _as_groups(rewards, num_groups, group_size)
     centred = r - r.mean(dim=1, keepdim=True)
     # A group of equal rewards carries no signal. Its mean can still differ from the
     # rewards in the last bit (0.1 * 3 / 3 != 0.1), and dividing that rounding error
@@ -61,7 +82,7 @@ def grpo_advantages(
             raise ValueError(f"grpo_advantages: eps must be >= 0; got {eps}")
         centred = centred / (r.std(dim=1, keepdim=True, unbiased=True) + eps)
     centred = torch.where(flat, torch.zeros_like(centred), centred)
-    return centred.reshape(-1)
+    return _back(centred, dtype, "grpo_advantages")
 
 
 def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
@@ -77,9 +98,9 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
             f"rloo_advantages: group_size must be >= 2 (the baseline is the mean of the "
             f"other responses of the group); got {group_size}"
         )
-    r = rewards.to(torch.promote_types(rewards.dtype, torch.float32)).view(num_groups, group_size)
+    r, dtype = _as_groups(rewards, num_groups, group_size)
     total = r.sum(dim=1, keepdim=True)
-    return ((group_size * r - total) / (group_size - 1)).reshape(-1)
+    return _back((group_size * r - total) / (group_size - 1), dtype, "rloo_advantages")
 
 
 def discounted_returns(token_rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:

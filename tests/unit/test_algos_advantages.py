@@ -98,6 +98,21 @@ def test_grpo_rejects_2d_and_nan():
 # ---------------------------------------------------------------- RLOO
 
 
+def test_group_estimators_on_rewards_near_the_float32_limit():
+    # A float32 group sum of 3e38 + 3.3e38 is inf; the estimators must still be exact.
+    r = torch.tensor([3e38, 3e38, -3e38, 3e38])
+    assert torch.allclose(grpo_advantages(r, 4), torch.tensor([0.5, 0.5, -1.5, 0.5]))
+    assert grpo_advantages(r, 4).dtype == torch.float32
+    big = torch.tensor([3e38, 3.3e38])
+    assert torch.allclose(grpo_advantages(big, 2, scale_std=False), torch.tensor([-1.5e37, 1.5e37]))
+    assert torch.allclose(rloo_advantages(big, 2), torch.tensor([-3e37, 3e37]))
+    # A difference that float32 cannot hold is a clear error, not silent inf.
+    with pytest.raises(ValueError, match="rloo_advantages: advantages overflow torch.float32"):
+        rloo_advantages(torch.tensor([3e38, -3e38]), 2)
+    with pytest.raises(ValueError, match="scale the rewards down"):
+        grpo_advantages(r, 4, scale_std=False)
+
+
 def test_rloo_leave_one_out_baseline():
     # group [1, 0, 0, 0]: A_0 = 1 - mean(0,0,0) = 1; A_j = 0 - mean(1,0,0) = -1/3
     # group [2, 4, 6, 8]: A_0 = 2 - (4+6+8)/3 = 2 - 6 = -4; A_1 = 4 - (2+6+8)/3 = 4 - 16/3 = -4/3
