@@ -144,7 +144,7 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
         """The one-line problem a file's reader reports: the key, both places, the fix."""
         return (
             f"duplicate key {self.key!r} {self.where()}{_DASH}a key may be given once per "
-            "mapping (YAML would silently keep the last); remove one of them"
+            "mapping (YAML and JSON readers would silently keep the last); remove one of them"
         )
 
 
@@ -188,22 +188,39 @@ def _node_path(root: yaml.Node | None, target: yaml.Node) -> str | None:
     return None
 
 
+class _JsonDuplicate(ValueError):
+    pass
+
+
 def load_json(text: str) -> Any:
-    """``json.loads``, but a key given twice in one object is a ``ValueError`` naming it: the
-    json module keeps the last, as plain YAML does."""
+    """``json.loads``, but a key given twice in one object is refused: the json module keeps
+    the last, as plain YAML does. The error is a ``DuplicateKeyError`` with the key's dotted
+    path and both lines, or a ``ValueError`` naming the key where the text is JSON that the
+    YAML reader cannot follow."""
 
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         d: dict[str, Any] = {}
         for k, v in pairs:
             if k in d:
-                raise ValueError(
-                    f"duplicate key {k!r} in one object{_DASH}a key may be given once; "
-                    "remove one of them"
-                )
+                raise _JsonDuplicate(k)
             d[k] = v
         return d
 
-    return json.loads(text, object_pairs_hook=unique)
+    try:
+        return json.loads(text, object_pairs_hook=unique)
+    except _JsonDuplicate as dup:
+        # The json module builds inner objects first and keeps no positions, so it cannot say
+        # where the key sits; JSON is YAML, and the YAML reader can.
+        try:
+            load_yaml(text)
+        except DuplicateKeyError:  # with the dotted path and both lines
+            raise
+        except yaml.YAMLError:
+            pass
+        raise ValueError(
+            f"duplicate key {dup.args[0]!r} in one object{_DASH}a key may be given once; "
+            "remove one of them"
+        ) from None
 
 
 def load_yaml(text: str) -> Any:

@@ -488,7 +488,7 @@ def test_a_key_given_twice_in_a_file_is_refused_with_both_lines(tmp_path):
     assert e.value.source == str(path) and str(path) in str(e.value)
     assert problems_of(e) == [
         "duplicate key 'actor.lr' on lines 3 and 5 — a key may be given once per mapping "
-        "(YAML would silently keep the last); remove one of them"
+        "(YAML and JSON readers would silently keep the last); remove one of them"
     ]
     # A whole section given twice, and a flow mapping on one line.
     path.write_text("actor:\n  lr: 0.1\nsteps: 3\nactor:\n  micro_batch: 2\n")

@@ -64,16 +64,16 @@ def test_a_key_given_twice_in_a_profile_or_plan_file_is_refused_naming_it(tmp_pa
         load_profile(y)
     assert e.value.problems == [
         "duplicate key 'batch' on lines 3 and 4 \u2014 a key may be given once per mapping "
-        "(YAML would silently keep the last); remove one of them"
+        "(YAML and JSON readers would silently keep the last); remove one of them"
     ]
     j = tmp_path / "p.json"
     j.write_text(json.dumps(base()).replace('"batch": 8', '"batch": 8, "batch": 4'))
-    with pytest.raises(ConfigError, match="duplicate key 'batch' in one object"):
+    with pytest.raises(ConfigError, match=r"duplicate key 'batch' on line 1 \(columns 40 and 52\)"):
         load_profile(j)
     saved = tmp_path / "plan.json"
     search(load_profile(base())).save(saved)
     saved.write_text(saved.read_text().replace("{", '{"micro_batch": 3, ', 1))
-    with pytest.raises(PlanError, match="duplicate key 'micro_batch' in one object"):
+    with pytest.raises(PlanError, match="duplicate key 'micro_batch' on lines 1 and 3 \u2014"):
         type(search(load_profile(base()))).load(saved)
     saved_yaml = tmp_path / "plan.yaml"
     search(load_profile(base())).save(saved_yaml)
