@@ -800,3 +800,18 @@ def test_off_and_on_are_words_for_text_settings_and_booleans_for_bool_ones(tmp_p
     assert cfg.run.wandb == "offline" and cfg.run.iteration_timeout_s == 30.0 and cfg.flag
     with pytest.raises(ConfigError, match=r"flag: expected bool \(true or false\), got 'maybe'"):
         load_config(C, path, ["flag=maybe"])
+
+
+def test_load_json_names_a_nested_duplicate_by_its_dotted_path_and_lines():
+    from loomrl.config import DuplicateKeyError, load_json
+
+    text = '{\n  "x": 1,\n  "y": [{"k": 1,\n         "k": 2}],\n  "z": {"a\\/b": {"c": 1, "c": 2}}\n}'
+    with pytest.raises(DuplicateKeyError) as e:
+        load_json(text)
+    assert (e.value.key, e.value.lines) == ("y[0].k", (3, 4))
+    with pytest.raises(DuplicateKeyError) as e:
+        load_json(text.replace('"k": 2', '"j": 2'))
+    assert e.value.key == "z.a/b.c"
+    assert load_json(text.replace('"k": 2', '"j": 2').replace('"c": 2', '"d": 2'))["z"] == {
+        "a/b": {"c": 1, "d": 2}
+    }
