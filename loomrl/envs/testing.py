@@ -13,7 +13,8 @@ class CountingEnv(gym.Env):
     """obs = [episode number, step in episode]; reward 1 per step; terminates after `length` steps.
 
     Raises RuntimeError on the global step numbers listed in `fail_on` (counted per instance,
-    starting at 1), or on every step from `fail_from` on. `reset_budget`, a dict
+    starting at 1), or on every step from `fail_from` on; its resets listed in `fail_reset_on`
+    (counted per instance, starting at 1) raise too. `reset_budget`, a dict
     ``{"left": n}`` shared by every instance given it, lets n resets succeed and fails the rest;
     steps in `bad_obs_on` return an observation of three numbers instead of two; steps in
     `stall_on` sleep for an hour (a simulator that hangs); a step in `die_on` ends the process
@@ -29,12 +30,14 @@ class CountingEnv(gym.Env):
         bad_obs_on: tuple[int, ...] = (),
         stall_on: tuple[int, ...] = (),
         die_on: tuple[int, ...] = (),
+        fail_reset_on: tuple[int, ...] = (),
     ):
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
         self.length, self.fail_on, self.fail_from = length, set(fail_on), fail_from
         self.reset_budget, self.bad_obs_on = reset_budget, set(bad_obs_on)
         self.stall_on, self.die_on = set(stall_on), set(die_on)
+        self.fail_reset_on, self.resets = set(fail_reset_on), 0
         self.episode, self.t, self.total = -1, 0, 0
 
     def reset(self, *, seed=None, options=None):
@@ -42,6 +45,9 @@ class CountingEnv(gym.Env):
             if self.reset_budget["left"] <= 0:
                 raise RuntimeError("reset exploded")
             self.reset_budget["left"] -= 1
+        self.resets += 1
+        if self.resets in self.fail_reset_on:
+            raise RuntimeError(f"reset {self.resets} exploded")
         super().reset(seed=seed)
         self.episode += 1
         self.t = 0

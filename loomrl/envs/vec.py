@@ -744,6 +744,7 @@ class VecEnv:
         # reset frames come back in the same read-back.
         seen = self._observe_later([x[1] for x in stepped], [x[2] for x in stepped])
         ended = []
+        unreset = []  # (k, i, error) of envs whose episode ended and whose reset then raised
         for k, i, _, info in stepped:
             slot = self._slots[i]
             if term[k] or trunc[k]:
@@ -754,7 +755,10 @@ class VecEnv:
                 if "is_success" in info:
                     self._stats.successes.append(float(info["is_success"]))
                     self._stats.success_ends.append(end)
-                ended.append((k, i, self._reset_env(i, slot)))
+                try:
+                    ended.append((k, i, self._reset_env(i, slot)))
+                except Exception as e:  # the step was real; the next episode needs a simulator
+                    unreset.append((k, i, e))
         starts = self._observe_later([x[1] for x in ended], [x[2] for x in ended], second=True)
         for (k, i, _, _), next_obs in zip(stepped, seen(), strict=True):
             final[k] = next_obs
@@ -762,6 +766,11 @@ class VecEnv:
                 self._slots[i].obs = obs[k] = next_obs
         for (k, i, _), first in zip(ended, starts(), strict=True):
             self._slots[i].obs = obs[k] = first
+        for k, i, e in unreset:  # after the read-backs: a new simulator draws its own frame
+            slot = self._slots[i]
+            too_many = self._record_failure(i, slot, e, "reset after its episode ended") or too_many
+            self._remake(i, slot, f"reset after its episode ended failed: {e!r}")
+            obs[k] = slot.obs
         result = StepResult(np.stack(obs), np.stack(final), rew, term, trunc, failed)
         if too_many is not None:
             too_many.step_result = result
@@ -815,10 +824,13 @@ class VecEnv:
         return a
 
     # -- failures -----------------------------------------------------------------------------
-    def _record_failure(self, i: int, slot: _Slot, e: BaseException) -> EnvFailureError | None:
-        """Record env i's failure; the error to raise (after the step) when there were too many."""
+    def _record_failure(
+        self, i: int, slot: _Slot, e: BaseException, when: str = ""
+    ) -> EnvFailureError | None:
+        """Record env i's failure (``when``: where, if not in its step); the error to raise
+        (after the step) when there were too many."""
         gi = self.index_offset + i
-        msg = f"{type(e).__name__}: {e}"
+        msg = f"{when + ': ' if when else ''}{type(e).__name__}: {e}"
         self.events.append(EnvEvent("env_error", gi, self.vec_steps, slot.episode_length, msg))
         self._failures.append(self.vec_steps)
         while self._failures and self._failures[0] <= self.vec_steps - self.cfg.failure_window:
@@ -870,15 +882,13 @@ class VecEnv:
             self._reset_slot(i, slot)
             return
         except Exception as e:
-            self.events.append(
-                EnvEvent(
-                    "env_recreated",
-                    self.index_offset + i,
-                    self.vec_steps,
-                    0,
-                    f"reset failed: {e!r}",
-                )
-            )
+            self._remake(i, slot, f"reset failed: {e!r}")
+
+    def _remake(self, i: int, slot: _Slot, why: str) -> None:
+        """Replace env i's simulator, whose reset raised (``why``), by a new one that starts a
+        new episode with the old one's RNG; record it as an ``env_recreated`` event."""
+        slot.episode_return, slot.episode_length = 0.0, 0
+        self.events.append(EnvEvent("env_recreated", self.index_offset + i, self.vec_steps, 0, why))
         rng = slot.env.unwrapped.np_random.bit_generator.state
         if self._tiles is not None:
             self._tiles.forget(slot.env)

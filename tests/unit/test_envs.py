@@ -548,3 +548,26 @@ def test_an_env_config_built_in_python_with_values_of_the_wrong_type_is_a_config
         "pixels='no': must be True or False, got str",
     ]
     EnvConfig(PENDULUM, num_envs=np.int64(4), max_episode_steps=None, pixels=np.bool_(False))
+
+
+def test_an_env_whose_reset_fails_after_its_episode_ended_is_made_again_and_recorded():
+    # Episodes of 2 steps; each simulator's third reset raises (the one after its second
+    # episode). The step that ended the episode is real; the env gets a new simulator.
+    env = make("loomrl-test/Counting-v0", num_envs=2, env_kwargs={"length": 2, "fail_reset_on": (3,)})
+    env.reset()
+    a = np.zeros((2, 1), np.float32)
+    results = [env.step(a) for _ in range(5)]
+    ended = results[3]  # the second episode's last step: its reset raised
+    assert ended.terminated.all() and not ended.failed.any()
+    np.testing.assert_array_equal(ended.final_obs, [[1, 2], [1, 2]])
+    np.testing.assert_array_equal(ended.obs, [[1, 0], [1, 0]])  # a new simulator's episode
+    assert [(e.kind, e.env_index) for e in env.events] == [
+        ("env_error", 0),
+        ("env_recreated", 0),
+        ("env_error", 1),
+        ("env_recreated", 1),
+    ]
+    assert "reset after its episode ended" in env.events[0].message
+    assert "reset 3 exploded" in env.events[0].message
+    assert env.pop_episode_stats().returns == [2.0] * 4  # both envs' episodes, and on it goes
+    np.testing.assert_array_equal(results[4].obs, [[1, 1], [1, 1]])
