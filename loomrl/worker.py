@@ -23,11 +23,11 @@ import logging
 import os
 import re
 import socket
-import threading
 import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loomrl.errors import (
@@ -315,18 +315,35 @@ def _hosted_class(cls: type[Worker]) -> type:
     return type(cls.__name__, (cls,), body)
 
 
-_CALLS = threading.local()  # how deep this thread is in a worker's own public methods
+# The wrapper below travels to the workers by value (it is made per class); it reaches the
+# check through this module function, which travels by reference.
+def _handed_to_dispatch() -> bool:
+    """Whether the worker method whose wrapper called this was called by Ray or by loomrl's
+    own dispatch (the stage loop, the profiler), which send its value on, rather than by the
+    user's code (another method, a thread of its own), which may take a generator."""
+    import sys
+
+    ray_dir, tracing_dir = _ray_dirs()
+    frame = sys._getframe(2)  # 0: here, 1: the wrapper, 2: its caller
+    # Ray wraps every actor method in a tracing shim, so calls from the worker's own methods
+    # pass through Ray's code too; look past it.
+    while frame is not None and frame.f_code.co_filename.startswith(tracing_dir):
+        frame = frame.f_back
+    if frame is None:
+        return True
+    caller = frame.f_code.co_filename
+    return caller.startswith(ray_dir) or caller in _DISPATCH_FILES
 
 
-# The wrapper below travels to the workers by value (it is made per class); it reaches this
-# thread-local through these module functions, which travel by reference (a threading.local
-# cannot be pickled).
-def _call_depth() -> int:
-    return getattr(_CALLS, "depth", 0)
+_DISPATCH_FILES = (__file__, str(Path(__file__).with_name("flow.py")))
 
 
-def _set_call_depth(depth: int) -> None:
-    _CALLS.depth = depth
+@functools.lru_cache(maxsize=1)
+def _ray_dirs() -> tuple[str, str]:
+    import ray
+
+    root = Path(ray.__file__).parent
+    return str(root) + os.sep, str(root / "util" / "tracing") + os.sep
 
 
 def _is_async(fn: Callable) -> bool:
@@ -334,20 +351,14 @@ def _is_async(fn: Callable) -> bool:
 
 
 def _returns_values(fn: Callable) -> Callable:
-    """``fn`` refusing to hand a generator back to its caller over Ray, which would send the
-    first item only (and log the rest away): data lost without an error. A method's own calls
-    to the worker's other methods may pass generators between them; only the outermost call,
-    the one Ray made, is checked."""
+    """``fn`` refusing to hand a generator to Ray, which would send the caller the first item
+    only (and log the rest away): data lost without an error. The worker's own code (its other
+    methods, threads it starts) may still take generators from it."""
 
     @functools.wraps(fn)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        depth = _call_depth()
-        _set_call_depth(depth + 1)
-        try:
-            out = fn(self, *args, **kwargs)
-        finally:
-            _set_call_depth(depth)
-        if depth == 0 and inspect.isgenerator(out):
+        out = fn(self, *args, **kwargs)
+        if inspect.isgenerator(out) and _handed_to_dispatch():
             raise TypeError(
                 f"{type(self).__name__}.{fn.__name__}() returned a generator: only its first "
                 "item would reach the caller; return a list instead (`return list(...)`)"

@@ -183,6 +183,14 @@ class _HandsBackGenerators(Worker):
     def double(x):
         return 2 * x
 
+    def in_thread(self, n):
+        # The worker's own thread may take a generator from a public method.
+        box = []
+        t = __import__("threading").Thread(target=lambda: box.append(list(self.lazy(n))))
+        t.start()
+        t.join()
+        return box
+
 
 def test_a_method_returning_a_generator_is_an_error_not_its_first_item(cluster):
     g = cluster.launch(_HandsBackGenerators, 1, devices=[0], name="gens")
@@ -194,6 +202,7 @@ def test_a_method_returning_a_generator_is_an_error_not_its_first_item(cluster):
             wait(g.lazy(3))
         assert wait(g.eager(3)) == [[0, 1, 2]]
         assert wait(g.double(4)) == [8]
+        assert wait(g.in_thread(2)) == [[[0, 1]]]
     finally:
         g.kill()
 
