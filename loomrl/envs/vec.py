@@ -185,7 +185,8 @@ class StepResult:
     final_obs[n, *obs_shape]  observation this step reached, before any reset
     reward[n] float32         summed over frame_skip
     terminated[n], truncated[n], failed[n] bool
-        failed: the simulator raised; the step counts as truncated with reward 0 and
+        failed: the simulator raised, or returned a NaN or infinite reward or (state)
+        observation; the step counts as truncated with reward 0 and
         final_obs = the observation before the step.
     """
 
@@ -784,6 +785,12 @@ class VecEnv:
             total += float(r)
             if te or tr:
                 break
+        # A NaN or inf would poison the observation normaliser and the reward scaler for the
+        # rest of the run (and the policy's next action): a failure of this step, as a raise is.
+        if not np.isfinite(total):
+            raise NonFiniteStep(f"the step returned a reward of {total}")
+        if not self.cfg.pixels and not _all_finite(raw):
+            raise NonFiniteStep("the step returned an observation holding NaN or inf")
         return raw, total, bool(te), bool(tr), info
 
     def _check_actions(self, actions: Any, n: int) -> np.ndarray:
@@ -928,6 +935,20 @@ class VecEnv:
     def pop_events(self) -> list[EnvEvent]:
         events, self.events = self.events, []
         return events
+
+
+class NonFiniteStep(ArithmeticError):
+    """A simulator step gave a NaN or infinite reward or observation (counted as a failure)."""
+
+
+def _all_finite(raw: Any) -> bool:
+    """Whether every number of a raw observation (an array, or a dict / tuple of them) is finite."""
+    if isinstance(raw, dict):
+        return all(_all_finite(v) for v in raw.values())
+    if isinstance(raw, (tuple, list)):
+        return all(_all_finite(v) for v in raw)
+    a = np.asarray(raw)
+    return not np.issubdtype(a.dtype, np.inexact) or bool(np.isfinite(a).all())
 
 
 def _show_kwargs(kwargs: dict[str, Any]) -> str:

@@ -571,3 +571,34 @@ def test_an_env_whose_reset_fails_after_its_episode_ended_is_made_again_and_reco
     assert "reset 3 exploded" in env.events[0].message
     assert env.pop_episode_stats().returns == [2.0] * 4  # both envs' episodes, and on it goes
     np.testing.assert_array_equal(results[4].obs, [[1, 1], [1, 1]])
+
+
+class _NonFinite(loomrl.envs.testing.CountingEnv):
+    """Counting, with a NaN observation on its 2nd step and an infinite reward on its 4th."""
+
+    def step(self, action):
+        obs, r, te, tr, info = super().step(action)
+        if self.total == 2:
+            obs = obs * np.nan
+        if self.total == 4:
+            r = float("inf")
+        return obs, r, te, tr, info
+
+
+def test_a_nan_observation_or_infinite_reward_is_a_recorded_failure_not_data():
+    # Passed on, one NaN would make the observation normaliser's mean NaN for good, and the
+    # policy's next actions NaN (reported as the policy's fault).
+    if "loomrl-test/NonFinite-v0" not in gym.registry:
+        gym.register(id="loomrl-test/NonFinite-v0", entry_point=_NonFinite)
+    env = make("loomrl-test/NonFinite-v0", num_envs=2, env_kwargs={"length": 10})
+    env.reset()
+    results = [env.step(np.zeros((2, 1), np.float32)) for _ in range(5)]
+    for r in results:
+        assert np.isfinite(r.obs).all() and np.isfinite(r.final_obs).all()
+        assert np.isfinite(r.reward).all()
+    assert results[1].failed.all() and results[3].failed.all()
+    assert not results[0].failed.any() and not results[2].failed.any()
+    np.testing.assert_array_equal(results[1].obs, [[1, 0], [1, 0]])  # reset, a new episode
+    messages = [e.message for e in env.events]
+    assert len(messages) == 4 and "observation holding NaN" in messages[0]
+    assert "reward of inf" in messages[2]
