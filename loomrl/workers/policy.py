@@ -277,11 +277,19 @@ class PolicyWorker(Worker):
         got = (tuple(a.shape), tuple(logp.shape), tuple(v.shape))
         want = ((n, *self.action_shape), (n,), (n,))
         if got == want:
-            if a.is_floating_point() and not bool(a.isfinite().all()):
+            # Log-probs and values too: a NaN there makes the update's advantages and ratios
+            # NaN, and every weight with them (then blamed on the actions of the next rollout).
+            bad = [
+                k
+                for k, x in (("actions", a), ("log-probs", logp), ("values", v))
+                if x.is_floating_point() and not bool(x.isfinite().all())
+            ]
+            if bad:
                 raise ConfigError(
                     [
-                        f"policy={self.spec!r}: act() returned NaN or infinite actions (a "
-                        "diverged update? lower ppo.lr or check the policy's outputs)"
+                        f"policy={self.spec!r}: act() returned NaN or infinite "
+                        f"{' and '.join(bad)} (a diverged update? lower ppo.lr or check the "
+                        "policy's outputs)"
                     ]
                 )
             return

@@ -623,6 +623,14 @@ def numpy_out(observation_space, action_space, seed=0):
 
 def nan_actions(observation_space, action_space, seed=0):
     return _Off(observation_space.shape[0], action_space, seed, lambda a, l, v: (a * float("nan"), l, v))
+
+
+def nan_values(observation_space, action_space, seed=0):
+    return _Off(observation_space.shape[0], action_space, seed, lambda a, l, v: (a, l, v * float("nan")))
+
+
+def inf_logp(observation_space, action_space, seed=0):
+    return _Off(observation_space.shape[0], action_space, seed, lambda a, l, v: (a, l - float("inf"), v))
 """
 
 
@@ -656,6 +664,8 @@ def test_a_user_policy_returning_misshapen_outputs_is_named_with_the_shapes(tmp_
         ("bad_policies:two_values", r"three torch tensors, got tuple of 2 values"),
         ("bad_policies:numpy_out", r"three torch tensors, got \(ndarray, Tensor, Tensor\)"),
         ("bad_policies:nan_actions", r"NaN or infinite actions"),
+        ("bad_policies:nan_values", r"NaN or infinite values"),
+        ("bad_policies:inf_logp", r"NaN or infinite log-probs"),
     ]:
         pol = PolicyWorker(obs, act, 3, ppo, 0, policy=spec)
         pol.begin(2)
