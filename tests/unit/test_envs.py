@@ -553,7 +553,9 @@ def test_an_env_config_built_in_python_with_values_of_the_wrong_type_is_a_config
 def test_an_env_whose_reset_fails_after_its_episode_ended_is_made_again_and_recorded():
     # Episodes of 2 steps; each simulator's third reset raises (the one after its second
     # episode). The step that ended the episode is real; the env gets a new simulator.
-    env = make("loomrl-test/Counting-v0", num_envs=2, env_kwargs={"length": 2, "fail_reset_on": (3,)})
+    env = make(
+        "loomrl-test/Counting-v0", num_envs=2, env_kwargs={"length": 2, "fail_reset_on": (3,)}
+    )
     env.reset()
     a = np.zeros((2, 1), np.float32)
     results = [env.step(a) for _ in range(5)]
