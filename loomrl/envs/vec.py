@@ -678,7 +678,7 @@ class VecEnv:
         envs, gids = [slots[n].env for n in tiled], [self.index_offset + ids[n] for n in tiled]
         keys = tiles.draw(envs, gids, second) if tiled else []
         for n in sorted(set(range(len(ids))) - set(tiled)):  # drawn, read back by themselves
-            frames[n] = _gym_frame(slots[n].env)
+            frames[n] = self._rgb(_gym_frame(slots[n].env), ids[n])
             self.render_reads += 1
         self._count_reads()  # a draw reads back first where a cell is taken
         self.render_s += time.perf_counter() - t
@@ -694,6 +694,29 @@ class VecEnv:
             return out
 
         return finish
+
+    def _rgb(self, frame: Any, i: int) -> np.ndarray:
+        """``frame``, env i's ``render()``, as an RGB image [H, W, 3] (an alpha channel
+        dropped); a ``ConfigError`` naming env.pixels where it is none (an env that does not
+        draw rgb_array frames returns None, or text)."""
+        a = frame if isinstance(frame, np.ndarray) else None
+        if a is not None and a.ndim == 3 and a.shape[2] in (3, 4) and min(a.shape[:2]) > 0:
+            return a[:, :, :3]
+        got = (
+            f"an array of shape {list(a.shape)} ({a.dtype})"
+            if a is not None
+            else "None"
+            if frame is None
+            else f"a {type(frame).__name__} ({str(frame)[:80]!r})"
+        )
+        raise ConfigError(
+            [
+                f"env.pixels=true: {self.cfg.env_id} env {self.index_offset + i}'s render() "
+                f"returned {got}, not an RGB frame [H, W, 3]: the env does not draw "
+                "rgb_array frames; use state observations (env.pixels=false) or an env that "
+                "renders"
+            ]
+        )
 
     def _count_reads(self) -> None:
         """Add the one-pass renderer's read-backs since the last count to ``render_reads``."""

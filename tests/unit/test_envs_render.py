@@ -382,3 +382,58 @@ def test_renderer_checks_frame_size_and_assets_and_shares_cells_across_passes():
     tiles.close()  # a second close is harmless
     for e in (*envs, other_size, cheetah):
         e.close()
+
+
+class _Drawn(gym.Env):
+    """An env whose render() returns ``frame(self)``: None (it draws nothing), or RGBA."""
+
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, frame, render_mode=None):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.frame, self.render_mode = frame, render_mode
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+    def render(self):
+        return self.frame()
+
+
+def test_pixels_on_an_env_that_draws_no_rgb_frame_are_a_config_error_naming_env_pixels():
+    from loomrl.errors import ConfigError
+
+    if "loomrl-test/Drawn-v0" not in gym.registry:
+        gym.register(id="loomrl-test/Drawn-v0", entry_point=_Drawn)
+    env = VecEnv(
+        EnvConfig(
+            "loomrl-test/Drawn-v0",
+            num_envs=1,
+            pixels=True,
+            image_size=16,
+            env_kwargs={"frame": lambda: None},
+        )
+    )
+    with pytest.raises(
+        ConfigError, match=r"env.pixels=true: .* render\(\) returned None, not an RGB"
+    ):
+        env.reset()
+    rgba = np.zeros((32, 32, 4), np.uint8)
+    rgba[..., 0], rgba[..., 3] = 200, 255
+    env = VecEnv(
+        EnvConfig(
+            "loomrl-test/Drawn-v0",
+            num_envs=1,
+            pixels=True,
+            image_size=16,
+            env_kwargs={"frame": lambda: rgba},
+        )
+    )
+    obs = env.reset()  # an alpha channel is dropped: the [3, H, W] the space declares
+    assert obs.shape == (1, *env.single_observation_space.shape) == (1, 3, 16, 16)
+    assert (obs[0, 0] == 200).all() and (obs[0, 1:] == 0).all()
