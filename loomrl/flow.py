@@ -301,7 +301,17 @@ def _drop_channels(box: list, wait: bool = True) -> None:
 
 
 class Flow:
-    """The macro program: components, their data flow, the plan, and one-iteration execution."""
+    """The macro program: components, their data flow, the plan, and one-iteration execution.
+
+    ``channel_capacity`` (0: unbounded) bounds the items one micro-batch of one consumer rank
+    may hold on a hop whose two stages run at once; a producer that fills it waits for its
+    consumer. Hops whose consumer starts only after its producer ended stay unbounded (bounded,
+    the producer would wait for ever). ``offload``: ``auto`` offloads time-shared stages only
+    when their devices cannot hold them all; ``always`` or ``never``. ``iteration_timeout_s``:
+    seconds one iteration may take before it raises ``IterationTimeout`` naming the stages
+    still running, ``auto`` (10x the longer of the plan's prediction and the slowest iteration
+    so far, at least 30 minutes) or ``off``.
+    """
 
     def __init__(
         self,
