@@ -527,10 +527,15 @@ class VecEnv:
 
     def _resume(self, i: int, slot: _Slot, rng_state: dict) -> None:
         """Start a new episode in a fresh simulator whose RNG continues from ``rng_state``."""
+        slot.obs = self._observe(i, self._resume_raw(i, slot, rng_state))
+
+    def _resume_raw(self, i: int, slot: _Slot, rng_state: dict) -> Any:
+        """``_resume`` up to the new episode's raw observation, which it returns."""
         slot.env.reset(seed=self.cfg.seed + self.index_offset + i)  # initialise, then
         slot.env.unwrapped.np_random = _generator_from_state(rng_state)
-        slot.obs = self._observe(i, slot.env.reset()[0])
+        raw = slot.env.reset()[0]
         slot.episode_return, slot.episode_length = 0.0, 0
+        return raw
 
     @property
     def render_path(self) -> str | None:
@@ -610,6 +615,7 @@ class VecEnv:
         """Start a new episode in every env; the first reset of env i uses seed + i."""
         self._require_loaded("reset")
         raws = []
+        too_many: EnvFailureError | None = None
         for i, slot in enumerate(self._slots):
             first = not slot.seeded
             try:
@@ -617,10 +623,14 @@ class VecEnv:
             except Exception as e:
                 if first and self.cfg.env_kwargs:
                     raise self._kwargs_fault(i, "first reset", e) from e
-                raise
+                # As a reset after a failed step: recorded, and a new simulator in its place.
+                too_many = self._record_failure(i, slot, e, "reset") or too_many
+                raws.append(self._reset_new_simulator(i, slot, f"reset failed: {e!r}"))
         seen = self._observe_many(list(range(self.num_envs)), raws)  # one read-back of pixels
         for slot, obs in zip(self._slots, seen, strict=True):
             slot.obs = obs
+        if too_many is not None:
+            raise too_many
         return self.obs  # type: ignore[return-value]
 
     def _reset_slot(self, i: int, slot: _Slot) -> None:
@@ -914,12 +924,28 @@ class VecEnv:
         except Exception as e:
             self._remake(i, slot, f"reset failed: {e!r}")
 
-    def _remake(self, i: int, slot: _Slot, why: str) -> None:
-        """Replace env i's simulator, whose reset raised (``why``), by a new one that starts a
-        new episode with the old one's RNG; record it as an ``env_recreated`` event."""
-        slot.episode_return, slot.episode_length = 0.0, 0
+    def _reset_new_simulator(self, i: int, slot: _Slot, why: str) -> Any:
+        """Replace env i's simulator, whose reset raised (``why``), by a new one and start its
+        episode: with seed + i where the old one never started one, else with the old one's RNG
+        continued. Recorded as an ``env_recreated`` event; returns the raw observation."""
         self.events.append(EnvEvent("env_recreated", self.index_offset + i, self.vec_steps, 0, why))
-        rng = slot.env.unwrapped.np_random.bit_generator.state
+        rng = slot.env.unwrapped.np_random.bit_generator.state if slot.seeded else None
+        self._new_simulator(i, slot)
+        try:
+            if self._tiles is not None:  # a fresh env: its first frame sets its camera either way
+                self._check_tile(i, slot)
+            return self._reset_env(i, slot) if rng is None else self._resume_raw(i, slot, rng)
+        except Exception as e:
+            self._give_up(
+                i, f"the new simulator made for it failed to reset too ({type(e).__name__}: {e})", e
+            )
+
+    def _remake(self, i: int, slot: _Slot, why: str) -> None:
+        """``_reset_new_simulator``, observing the new episode."""
+        slot.obs = self._observe(i, self._reset_new_simulator(i, slot, why))
+
+    def _new_simulator(self, i: int, slot: _Slot) -> None:
+        """Close env i's simulator and make a new one in its place (or give up, saying why)."""
         if self._tiles is not None:
             self._tiles.forget(slot.env)
         try:
@@ -932,14 +958,6 @@ class VecEnv:
             slot.env = self._make()
         except Exception as e:
             self._give_up(i, f"a new simulator could not be made ({type(e).__name__}: {e})", e)
-        try:
-            if self._tiles is not None:  # a fresh env: its first frame sets its camera either way
-                self._check_tile(i, slot)
-            self._resume(i, slot, rng)
-        except Exception as e:
-            self._give_up(
-                i, f"the new simulator made for it failed to reset too ({type(e).__name__}: {e})", e
-            )
 
     def _give_up(self, i: int, what: str, cause: BaseException) -> NoReturn:
         """Mark this VecEnv broken after env i could not be recovered, and raise saying why."""

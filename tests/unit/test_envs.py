@@ -604,3 +604,34 @@ def test_a_nan_observation_or_infinite_reward_is_a_recorded_failure_not_data():
     messages = [e.message for e in env.events]
     assert len(messages) == 4 and "observation holding NaN" in messages[0]
     assert "reward of inf" in messages[2]
+
+
+class _FirstResetFails(loomrl.envs.testing.CountingEnv):
+    """Counting, whose first simulator made (since ``made`` was set to 0) fails every reset."""
+
+    made = 0
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        type(self).made += 1
+        self.bad = type(self).made == 1
+
+    def reset(self, *, seed=None, options=None):
+        if self.bad:
+            raise RuntimeError("reset exploded")
+        return super().reset(seed=seed, options=options)
+
+
+def test_an_env_whose_first_reset_fails_is_made_again_with_its_seed_and_recorded():
+    # A flaky first reset, without env_kwargs (with them it is a ConfigError naming them).
+    if "loomrl-test/FirstResetFails-v0" not in gym.registry:
+        gym.register(id="loomrl-test/FirstResetFails-v0", entry_point=_FirstResetFails)
+    _FirstResetFails.made = 0
+    env = VecEnv(EnvConfig("loomrl-test/FirstResetFails-v0", num_envs=2, seed=5))
+    obs = env.reset()
+    np.testing.assert_array_equal(obs, [[0, 0], [0, 0]])
+    assert [(e.kind, e.env_index) for e in env.events] == [("env_error", 0), ("env_recreated", 0)]
+    assert "reset: RuntimeError: reset exploded" in env.events[0].message
+    # the new simulator started from seed + 0, as the first would have
+    assert env._slots[0].env.unwrapped.np_random_seed == 5
+    assert env.step(np.zeros((2, 1), np.float32)).obs.tolist() == [[0, 1], [0, 1]]
