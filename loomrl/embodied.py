@@ -705,6 +705,16 @@ def _train_ppo(
     groups: int,
     log: Any,
 ) -> TrainResult:
+    bad = []
+    if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+        bad.append(
+            f"total_steps={total_steps!r}: must be a whole number >= 1 (transitions to train on; "
+            f"updates of ppo.rollout_steps={ppo_cfg.rollout_steps} each, at least one)"
+        )
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        bad.append(f"window={window!r}: must be a whole number >= 1 (episodes in mean_return)")
+    if bad:
+        raise ConfigError(bad, source="train_ppo")
     torch.manual_seed(ppo_cfg.seed)
     env = VecEnv(env_cfg)
     if ppo_cfg.rollout_steps % env.num_envs:

@@ -342,3 +342,17 @@ def test_a_policy_whose_evaluate_returns_columns_is_a_config_error_naming_evalua
     assert (
         "evaluate() on 32 observations" in msg and f"{what} of shape [32, 1], expected [32]" in msg
     )
+
+
+@pytest.mark.parametrize("total_steps", [0, -100, 2.5])
+def test_train_ppo_refuses_no_steps_and_a_window_of_none_before_any_env_starts(total_steps):
+    # It trained one whole update (ppo.rollout_steps transitions) for 0 or negative steps, and
+    # with window=0 its mean return was the mean of no episodes (a target never reached).
+    from loomrl.embodied import train_ppo
+
+    env = EnvConfig("InvertedPendulum-v5", num_envs=2)
+    ppo = PPOConfig(rollout_steps=64, num_minibatches=2, epochs=1)
+    with pytest.raises(ConfigError, match=r"total_steps=.*must be a whole number >= 1"):
+        train_ppo(env, ppo, total_steps)
+    with pytest.raises(ConfigError, match=r"window=0: must be a whole number >= 1"):
+        train_ppo(env, ppo, 64, window=0, target_return=0.0)
