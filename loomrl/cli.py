@@ -453,22 +453,66 @@ def _main(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(prog="loomrl", description="Flexible RL: one workflow, any plan.")
     p.add_argument("--version", action="version", version=f"loomrl {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="run a recipe config: loomrl run CONFIG [key=value ...]")
-    r.add_argument("config")
-    r.add_argument("overrides", nargs="*", default=[], help="key=value overrides, e.g. run.steps=5")
+    from loomrl.run import FIXED_ON_RESUME
+
+    short = " ".join(f"{k}=" for k in _TOP_LEVEL_RUN_KEYS)
+    overrides_help = (
+        f"key=value overrides (YAML values), e.g. run.steps=5; run.* keys also as {short}"
+    )
+    r = sub.add_parser(
+        "run",
+        help="run a recipe config: loomrl run CONFIG [key=value ...]",
+        description="Run a recipe config (its recipe: key picks the recipe) into run.output_dir: "
+        "config.yaml, metrics.jsonl, TensorBoard events, plan.json, timeline.jsonl and "
+        "run_summary.json (checkpoints/ and plots/ where the recipe keeps them). Ctrl-C or "
+        "SIGTERM stops it (status 130 or 143) and names the command that resumes it.",
+    )
+    r.add_argument("config", metavar="CONFIG", help="a recipe config, e.g. examples/tiny_grpo.yaml")
+    r.add_argument("overrides", nargs="*", default=[], metavar="key=value", help=overrides_help)
     r.set_defaults(fn=cmd_run)
-    pr = sub.add_parser("profile", help="profile a config's components and plan them")
-    pr.add_argument("config")
-    pr.add_argument("overrides", nargs="*", default=[])
+    pr = sub.add_parser(
+        "profile",
+        help="profile a config's components and plan them",
+        description="Profile a config's components on its own workers, write profile.yaml to "
+        "run.output_dir, print the best plan of each mode and the run.profile= command that "
+        "plans from it. Ctrl-C or SIGTERM stops it (status 130 or 143).",
+    )
+    pr.add_argument(
+        "config", metavar="CONFIG", help="a recipe config, e.g. examples/tiny_grpo.yaml"
+    )
+    pr.add_argument("overrides", nargs="*", default=[], metavar="key=value", help=overrides_help)
     pr.set_defaults(fn=cmd_profile)
-    rs = sub.add_parser("resume", help="continue a run from its last complete checkpoint")
-    rs.add_argument("run_dir")
-    rs.add_argument("overrides", nargs="*", default=[])
+    rs = sub.add_parser(
+        "resume",
+        help="continue a run from its last complete checkpoint",
+        description="Continue the run in RUN_DIR from its last complete checkpoint, with its "
+        "config.yaml; its step records are cut back to that checkpoint. A run that reached "
+        "run.steps is left unchanged: pass run.steps=N to train on.",
+    )
+    rs.add_argument("run_dir", metavar="RUN_DIR", help="the output_dir of a `loomrl run`")
+    rs.add_argument(
+        "overrides",
+        nargs="*",
+        default=[],
+        metavar="key=value",
+        help=f"{overrides_help}; not run.output_dir, nor {', '.join(FIXED_ON_RESUME)}",
+    )
     rs.set_defaults(fn=cmd_resume)
-    ex = sub.add_parser("export", help="write a run's trained model as a Hugging Face directory")
-    ex.add_argument("run_dir")
-    ex.add_argument("out_dir")
-    ex.add_argument("--step", type=int, default=None, help="a checkpoint's step (default: last)")
+    ex = sub.add_parser(
+        "export",
+        help="write a run's trained model as a Hugging Face directory",
+        description="Write a run's trained actor (its last complete checkpoint, or --step N) as "
+        "a Hugging Face model directory, usable as model.path.",
+    )
+    ex.add_argument(
+        "run_dir", metavar="RUN_DIR", help="the output_dir of a `loomrl run` that saved checkpoints"
+    )
+    ex.add_argument(
+        "out_dir", metavar="OUT_DIR", help="a new (or empty) directory to write the model into"
+    )
+    ex.add_argument(
+        "--step", type=int, default=None, metavar="N", help="a checkpoint's step (default: last)"
+    )
     ex.set_defaults(fn=cmd_export)
     sub.add_parser("plan", help="plan a workload profile (loomrl plan PROFILE --devices N)")
     sub.add_parser("report", help="predicted vs measured timeline of a run (loomrl report RUN_DIR)")

@@ -688,10 +688,13 @@ def _parser() -> argparse.ArgumentParser:
         "--step",
         type=int,
         default=None,
+        metavar="N",
         help="iteration to draw, counted from 0 as in timeline.jsonl (metrics.jsonl's step N "
         "follows iteration N-1; default: the median-time one after warm-up)",
     )
-    p.add_argument("--out", default=None, help="where to write the files (default: RUN_DIR)")
+    p.add_argument(
+        "--out", default=None, metavar="DIR", help="where to write the files (default: RUN_DIR)"
+    )
     return p
 
 

@@ -1,0 +1,109 @@
+"""What the README says of the command line and of its measured results, checked against the
+commands' own --help and the result files it names (no Ray)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from loomrl.cli import _TOP_LEVEL_RUN_KEYS, main
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+RESULTS = (ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8")
+COMMANDS = ("run", "plan", "report", "resume", "profile", "export")
+
+
+def _commands_table() -> dict[str, tuple[str, str]]:
+    """subcommand -> (its usage after the name, what the row says it does), from the README's
+    commands table."""
+    section = README.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        m = re.match(r"\| `loomrl (\w+)(.*?)` \| (.*) \|$", line)
+        if m:
+            rows[m.group(1)] = (m.group(2).replace("\\|", "|"), m.group(3))
+    return rows
+
+
+def _help(capsys, *argv: str) -> str:
+    """``loomrl ARGV --help`` on one line (argparse wraps it at the terminal's width)."""
+    try:
+        code = main([*argv, "--help"])
+    except SystemExit as e:
+        code = e.code
+    assert code in (0, None)
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_the_commands_table_has_every_subcommand_and_the_top_help_lists_them(capsys):
+    assert sorted(_commands_table()) == sorted(COMMANDS)
+    top = _help(capsys)
+    for name in COMMANDS:
+        assert name in top
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_each_subcommand_takes_the_flags_and_arguments_its_row_shows(capsys, cmd):
+    usage, _ = _commands_table()[cmd]
+    shown = _help(capsys, cmd)
+    for flag in re.findall(r"--[a-z][a-z-]*", usage):
+        assert flag in shown, f"loomrl {cmd} --help lacks {flag}, which the README shows"
+    # the arguments outside brackets (CONFIG, RUN_DIR, ...), in its usage line
+    line = shown.split(" options:")[0].lower()
+    for word in re.findall(r"(?<![\[\w-])([A-Z][A-Z_]+)\b(?![^\[]*\])", usage):
+        assert word.lower() in line, f"loomrl {cmd} --help: no {word} in its usage"
+    if "[key=value ...]" in usage:
+        assert "[key=value ...]" in shown
+
+
+@pytest.mark.parametrize("cmd", ["run", "report", "resume", "profile", "export"])
+def test_each_subcommands_help_names_the_files_and_settings_its_row_names(capsys, cmd):
+    """(`plan` is described by its own parser, loomrl.plan.cli.)"""
+    _, what = _commands_table()[cmd]
+    shown = _help(capsys, cmd)
+    named = re.findall(r"`([\w./]+\.(?:png|json|yaml)|run\.[a-z_]+=?|model\.path)`", what)
+    for name in named:
+        assert name in shown, f"loomrl {cmd} --help does not name {name}, as the README does"
+    if cmd == "run":  # the short overrides of run.* keys
+        short = re.findall(r"\b([a-z_]+)=(?=[ `])", what.split("short overrides", 1)[1])
+        assert short == list(_TOP_LEVEL_RUN_KEYS)
+        for key in short:
+            assert f"{key}=" in shown
+
+
+def _expand(path: str) -> list[str]:
+    """``a/{b,c}_*.json`` -> ``["a/b_*.json", "a/c_*.json"]``."""
+    m = re.search(r"\{([^{}]*)\}", path)
+    if m is None:
+        return [path]
+    return [
+        x
+        for part in m.group(1).split(",")
+        for x in _expand(path[: m.start()] + part + path[m.end() :])
+    ]
+
+
+def test_every_file_the_docs_name_exists():
+    """Paths, globs (``*``, ``{a,b}``) and name prefixes (``embodied_modes_cpu2_run``) alike."""
+    named = re.findall(
+        r"(?:docs/results|examples|scripts|benchmarks)/[\w./*{},-]+", README + RESULTS
+    )
+    missing = []
+    for path in sorted(set(named)):
+        path = path.rstrip(".,")
+        if not any(list(ROOT.glob(p)) or list(ROOT.glob(p + "*")) for p in _expand(path)):
+            missing.append(path)
+    assert not missing
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "examples").glob("*.yaml")) + sorted((ROOT / "examples").glob("*/*.yaml")),
+)
+def test_the_first_line_of_each_example_is_the_command_that_runs_it(path):
+    first = path.read_text(encoding="utf-8").splitlines()[0]
+    verb = "plan" if path.parent.name == "profiles" else "run"
+    assert f"loomrl {verb} {path.relative_to(ROOT)}" in first
