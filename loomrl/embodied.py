@@ -201,6 +201,11 @@ def collect(
     observation seen: stats that changed between groups would make the result depend on the
     grouping. Episode statistics are popped from the envs into ``buffer.episodes``.
     """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(
+            [f"steps={steps!r}: a rollout needs a whole number of steps >= 1 of every env"],
+            source="collect",
+        )
     parts = _split_groups(env, groups)
     n_total = sum(len(range(v.num_envs)[s]) for v, s in parts)
     per_row = _accepts_generators(policy)

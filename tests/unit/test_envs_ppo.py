@@ -158,6 +158,14 @@ def test_collect_rejects_bad_groups():
         collect(env, MLPActorCritic(4, env.single_action_space), 2, groups=3)
 
 
+@pytest.mark.parametrize("steps", [0, -1])
+def test_collect_rejects_a_rollout_of_no_steps(steps):
+    # It failed in torch.stack ("expects a non-empty TensorList"), saying nothing of steps.
+    env = VecEnv(EnvConfig("InvertedPendulum-v5", num_envs=2))
+    with pytest.raises(ConfigError, match=rf"steps={steps}: a rollout needs"):
+        collect(env, MLPActorCritic(4, env.single_action_space), steps)
+
+
 def test_reset_observations_are_not_transitions():
     env = VecEnv(EnvConfig("loomrl-test/Counting-v0", num_envs=2, env_kwargs={"length": 3}))
     buf = collect(env, MLPActorCritic(2, env.single_action_space), 6)
