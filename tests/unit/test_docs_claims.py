@@ -3,6 +3,7 @@ commands' own --help and the result files it names (no Ray)."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -107,3 +108,15 @@ def test_the_first_line_of_each_example_is_the_command_that_runs_it(path):
     first = path.read_text(encoding="utf-8").splitlines()[0]
     verb = "plan" if path.parent.name == "profiles" else "run"
     assert f"loomrl {verb} {path.relative_to(ROOT)}" in first
+
+
+def test_the_main_jobs_row_says_what_its_run_summary_holds():
+    s = json.loads((ROOT / "docs/results/grpo_smollm2_run_summary.json").read_text())
+    row = next(line for line in README.splitlines() if line.startswith("| GRPO on SmolLM2"))
+    minutes = s["wall_s"] / 60
+    assert f"({s['steps']} steps, {minutes:.1f} min)" in row
+    assert (
+        f"{s['measured_iteration_s']:.1f} s per step measured against "
+        f"{s['predicted_iteration_s']:.1f} s predicted"
+    ) in row
+    assert f"{s['steps']} steps,\n  {minutes:.1f} min wall" in RESULTS
