@@ -4,7 +4,8 @@ A checkpoint is a directory ``<run_dir>/checkpoints/step-000120/`` holding one f
 state entry and a ``manifest.json`` that lists every file with its size and sha256:
 
     meta.json        entries that are plain JSON (counters, config, data-loader position)
-    model.pt         every other entry, through torch.save (state dicts, optimizer, RNG)
+    <name>.pt        each other entry, through torch.save (the recipes' actor.pt: weights and
+                     optimizer; rng.pt: the RNG states)
     manifest.json    {"format": 1, "step": 120, "time": ..., "entries": {...}, "files": {...}}
 
 It is written under a hidden temporary name (``.tmp-step-000120-<pid>``), each file is
