@@ -234,10 +234,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if done:
         say(f"loomrl run: {done}")
         return 0
-    summary = run_with_restarts(mod, cfg)
+    _finished(cfg, run_with_restarts(mod, cfg))
+    return 0
+
+
+def _finished(cfg: Any, summary: dict) -> None:
+    """What ``loomrl run`` and ``loomrl resume`` print of a run that finished."""
     say(f"run finished: {cfg.run.output_dir}/run_summary.json")
     _print_summary(summary)
-    return 0
 
 
 def run_with_restarts(mod: Any, cfg: Any) -> dict:
@@ -324,8 +328,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if done:
         say(f"loomrl resume: {done}")
         return 0
-    summary = run_with_restarts(mod, cfg)
-    _print_summary(summary)
+    _finished(cfg, run_with_restarts(mod, cfg))
     return 0
 
 

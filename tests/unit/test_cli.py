@@ -138,6 +138,20 @@ def test_resume_cuts_records_back_and_a_finished_run_is_left_alone(tmp_path, cap
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+def test_a_resumed_run_that_finishes_says_where_its_summary_is_as_a_run_does(
+    monkeypatch, tmp_path, capsys
+):
+    import loomrl.cli as cli
+    from loomrl.checkpoint import save_checkpoint
+
+    monkeypatch.setattr(cli, "run_with_restarts", lambda mod, cfg: {"steps": cfg.run.steps})
+    (tmp_path / "config.yaml").write_text(TINY.read_text())
+    save_checkpoint(tmp_path, 2, {"step": 2})
+    assert main(["resume", str(tmp_path), "steps=4"]) == 0
+    out = capsys.readouterr().out
+    assert f"run finished: {tmp_path}/run_summary.json\n  steps: 4\n" in out
+
+
 def test_export_to_a_file_exits_2(tmp_path, capsys):
     from loomrl.checkpoint import save_checkpoint
 
