@@ -120,3 +120,10 @@ def test_the_main_jobs_row_says_what_its_run_summary_holds():
         f"{s['predicted_iteration_s']:.1f} s predicted"
     ) in row
     assert f"{s['steps']} steps,\n  {minutes:.1f} min wall" in RESULTS
+
+
+def test_the_records_a_resume_cuts_back_are_those_the_readme_names():
+    from loomrl.runlog import _STEP_RECORDS
+
+    said = " ".join(README.split("`loomrl resume` cuts", 1)[1].split(" back to", 1)[0].split())
+    assert set(re.findall(r"`([\w.]+)`", said)) == set(_STEP_RECORDS)
