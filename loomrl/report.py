@@ -12,10 +12,11 @@ Reads the files ``loomrl run`` leaves in its run directory:
 
 and writes ``timeline_measured_vs_predicted.png`` (predicted panel over measured panel on one time
 axis), ``trace.json`` (Chrome / Perfetto trace of every recorded iteration, end to end) and prints
-a table of predicted vs measured times. A run of ``profile=calibrate`` that stopped before its
-second iteration calibrated the plan has no prediction: the table says "not known" and the
-figure's predicted panel is empty, where the cost-free plan's 0 s would read as one. Imports
-neither torch nor Ray; matplotlib only to draw.
+a table of predicted vs measured times. A run of ``profile=calibrate`` whose attempt ended
+(finished with ``steps=1``, stopped, or resumed for one step) before its second iteration
+calibrated the plan has no prediction: the table says "not known" and the figure's predicted
+panel is empty, where the cost-free plan's 0 s would read as one. Imports neither torch nor Ray;
+matplotlib only to draw.
 """
 
 from __future__ import annotations
@@ -418,8 +419,8 @@ def _of_attempt(run: RunData) -> str:
 
 
 NOT_CALIBRATED = (
-    "not known: profile=calibrate, and the run stopped before its second iteration "
-    "calibrated the plan"
+    "not known: profile=calibrate takes the plan's costs from an attempt's second iteration, "
+    "and this attempt ended before it"
 )
 
 

@@ -437,6 +437,11 @@ def test_an_uncalibrated_plan_reports_no_prediction_rather_than_0_s(tmp_path, ca
     # Killed outright: no summary at all, and still no 0 s.
     (d / "run_summary.json").unlink()
     assert load_run(d).predicted_s is None
+    # A run that finished (or a resume that ran) one iteration did not stop early either.
+    (d / "run_summary.json").write_text(json.dumps({"status": "finished", "steps_done": 1}))
+    assert report_main([str(d)]) == 0
+    said = capsys.readouterr().out.splitlines()[1]
+    assert "not known" in said and "stopped" not in said
     # A calibrated plan (its method no longer "calibrate") reports its prediction.
     write_run(tmp_path / "done", plan=dataclasses.replace(plan, method="calibrated"))
     assert load_run(tmp_path / "done").predicted_s == 0.0
