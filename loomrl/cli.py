@@ -206,6 +206,7 @@ def _resumable_at(args: argparse.Namespace, cfg: Any) -> None:
     resume."""
     if hasattr(cfg, "resume"):
         args.resume_dir, args.checkpoint_every = cfg.run.output_dir, cfg.run.checkpoint_every
+        args.steps = cfg.run.steps
 
 
 def _resume_hint(args: argparse.Namespace) -> str:
@@ -219,12 +220,30 @@ def _resume_hint(args: argparse.Namespace) -> str:
         saved = list_checkpoints(out)
     except Exception:
         return ""
+    cut = _checkpoint_cut_short(args, saved[-1][0] if saved else 0)
     if saved:
-        return f"; continue from step {saved[-1][0]} with `loomrl resume {out}`"
+        return f"; continue from step {saved[-1][0]} with `loomrl resume {out}`" + cut
     how = " (set run.checkpoint_every=N to save one every N steps)"
     return "; no checkpoint was saved, so this run cannot be resumed" + (
-        how if not getattr(args, "checkpoint_every", 0) else ""
+        cut or (how if not getattr(args, "checkpoint_every", 0) else "")
     )
+
+
+def _checkpoint_cut_short(args: argparse.Namespace, last: int) -> str:
+    """Said when the interrupt came while the checkpoint of the run's last step was written
+    (a save of a large model takes many seconds; it is dropped whole, never left half)."""
+    from loomrl.run import _number, _read_json
+
+    summary = _read_json(Path(args.resume_dir) / "run_summary.json") or {}
+    done = _number(summary.get("steps_done"))
+    every = getattr(args, "checkpoint_every", 0) or 0
+    if done is None or summary.get("status") != "interrupted":
+        return ""
+    done = int(done)
+    due = done if done == getattr(args, "steps", None) else (done // every * every if every else 0)
+    if due != done or due <= last:
+        return ""
+    return f" (the interrupt came while the checkpoint of step {due} was written: it was dropped)"
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -186,6 +186,44 @@ def test_an_interrupt_exits_130_with_how_to_resume(monkeypatch, capsys, tmp_path
     assert "interrupted" in err and "resume" not in err
 
 
+def test_an_interrupt_while_a_checkpoint_is_written_says_that_one_was_dropped(
+    monkeypatch, capsys, tmp_path
+):
+    import loomrl.cli as cli
+    from loomrl.checkpoint import save_checkpoint
+
+    def interrupted_after(done, saved=()):
+        def run(mod, cfg):
+            for step in saved:
+                save_checkpoint(cfg.run.output_dir, step, {"step": step})
+            summary = {"status": "interrupted", "steps_done": done}
+            (Path(cfg.run.output_dir) / "run_summary.json").write_text(json.dumps(summary))
+            raise KeyboardInterrupt
+
+        return run
+
+    args = ["run", str(TINY), f"output_dir={tmp_path}", "run.checkpoint_every=2", "steps=5"]
+    monkeypatch.setattr(cli, "run_with_restarts", interrupted_after(2))
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert (
+        "no checkpoint was saved, so this run cannot be resumed (the interrupt came while " in err
+    )
+    assert "the checkpoint of step 2 was written: it was dropped)" in err
+    monkeypatch.setattr(cli, "run_with_restarts", interrupted_after(4, saved=[2]))
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert f"continue from step 2 with `loomrl resume {tmp_path}` (the interrupt came" in err
+    assert "checkpoint of step 4 was written" in err
+    for done, saved in ((3, [2]), (5 - 1, [2, 4])):  # mid-iteration: nothing was being written
+        monkeypatch.setattr(cli, "run_with_restarts", interrupted_after(done, saved))
+        assert main(args) == 130
+        assert "dropped" not in capsys.readouterr().err
+    monkeypatch.setattr(cli, "run_with_restarts", interrupted_after(5, [4]))  # the last save
+    assert main(args) == 130
+    assert "checkpoint of step 5 was written" in capsys.readouterr().err
+
+
 def test_a_new_run_keeps_in_place_the_plan_file_it_reads(tmp_path):
     from loomrl.plan import load_profile, search
 
