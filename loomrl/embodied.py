@@ -425,8 +425,22 @@ def compute_advantages(
     return gae(r, buffer.values, buffer.dones.float(), buffer.last_value, gamma, lam)
 
 
-UPDATE_STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac", "grad_norm")
+UPDATE_STATS = (
+    "policy_loss",
+    "value_loss",
+    "entropy",
+    "approx_kl",
+    "clip_frac",
+    "grad_norm",
+    "skipped",
+)
 _KL = UPDATE_STATS.index("approx_kl")
+_GN = UPDATE_STATS.index("grad_norm")
+_SKIP = UPDATE_STATS.index("skipped")
+# A minibatch step whose gradient norm is not finite is skipped (weights and Adam's moments
+# kept); this many in a row, across updates, end training: the run has diverged rather than
+# met one bad minibatch.
+MAX_NONFINITE_STEPS = 3
 
 
 def ppo_step(
@@ -456,9 +470,25 @@ def ppo_step(
     optimizer.zero_grad()
     loss.backward()
     gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
-    optimizer.step()
-    parts = (pg, vl, entropy, st["approx_kl"], st["clip_frac"], gn)
+    bad = ~torch.isfinite(gn)
+    _step_unless(optimizer, bad)
+    parts = (pg, vl, entropy, st["approx_kl"], st["clip_frac"], gn, bad)
     return torch.stack([x.detach().float().reshape(()) for x in parts])
+
+
+def _step_unless(optimizer: torch.optim.Optimizer, bad: Tensor) -> None:
+    """The optimizer's step, unless ``bad`` (a bool tensor) is set: then weights, moments and
+    step count stay as they were. A fused optimizer takes the flag on the device, as it does
+    from a gradient scaler, so that the step neither waits for the device nor stops a CUDA
+    graph from recording it; any other reads it (on the host: no wait)."""
+    if any(g.get("fused") for g in optimizer.param_groups):
+        optimizer.found_inf = bad.float()  # type: ignore[attr-defined]
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf  # type: ignore[attr-defined]
+    elif not bool(bad):
+        optimizer.step()
 
 
 def _check_evaluated(n: int, logp: Any, ent: Any, v: Any) -> None:
@@ -602,14 +632,18 @@ def ppo_update(
     rewards: Tensor | None = None,
     generator: torch.Generator | None = None,
     step: Callable[[dict[str, Tensor]], Tensor] | None = None,
+    nonfinite_before: int = 0,
 ) -> dict[str, float]:
     """``cfg.epochs`` passes of clipped PPO over the buffer in ``cfg.num_minibatches`` minibatches.
 
     ``rewards`` [T, N] replaces ``buffer.rewards`` (e.g. scaled rewards). ``generator`` drives
     the minibatch shuffle. ``step`` runs one minibatch (default ``ppo_step`` with ``policy`` and
     ``optimizer``; e.g. a ``GraphedPPOStep`` on them). Returns mean losses, approx_kl,
-    clip_frac, explained_variance, grad_norm and the number of epochs run (fewer when
-    ``target_kl`` stops early).
+    clip_frac, explained_variance, grad_norm (of the steps taken), the number of epochs run
+    (fewer when ``target_kl`` stops early), ``skipped`` (minibatch steps whose gradient norm was
+    not finite, not applied) and ``nonfinite_in_a_row`` (such steps at the end, counting the
+    ``nonfinite_before`` that ended the previous update). ``MAX_NONFINITE_STEPS`` in a row raise
+    ``TrainingError``.
     """
     adv, ret = compute_advantages(buffer, cfg.gamma, cfg.gae_lambda, rewards)
     T, N = buffer.num_steps, buffer.num_envs
@@ -643,12 +677,43 @@ def ppo_update(
         if cfg.target_kl is not None:
             if float(torch.stack(rows[first:])[:, _KL].mean()) > cfg.target_kl:
                 break
-    means = torch.stack(rows).mean(0).tolist()
+    table = torch.stack(rows)
+    means = table.mean(0).tolist()
     stats = dict(zip(UPDATE_STATS, means, strict=True))
+    skipped = table[:, _SKIP].tolist()
+    if any(skipped):  # the steps taken's norm: a skipped one's is NaN or inf
+        taken = table[:, _GN][table[:, _SKIP] == 0]
+        stats["grad_norm"] = float(taken.mean()) if len(taken) else float("nan")
+    stats["skipped"] = float(sum(skipped))
+    stats["nonfinite_in_a_row"] = float(nonfinite_streak(nonfinite_before, skipped, table))
     var_r, var_err = torch.stack([data["ret"].var(), (data["ret"] - old_v).var()]).tolist()
     stats["explained_variance"] = float("nan") if var_r == 0 else 1.0 - var_err / var_r
     stats["epochs"] = float(epochs_run)
     return stats
+
+
+def nonfinite_streak(before: int, skipped: Sequence[float], table: Tensor | None = None) -> int:
+    """Skipped steps in a row at the end of ``skipped`` (1.0 per skipped step, in order), after
+    ``before`` at the end of the previous update. ``MAX_NONFINITE_STEPS`` in a row anywhere is a
+    ``TrainingError`` (``table``: the update's stats rows, for the losses it names)."""
+    run = before
+    for i, s in enumerate(skipped):
+        run = run + 1 if s else 0
+        if run >= MAX_NONFINITE_STEPS:
+            from loomrl.errors import TrainingError
+
+            losses = (
+                ""
+                if table is None
+                else f" (policy loss {table[i, 0]:.4g}, value loss {table[i, 1]:.4g})"
+            )
+            raise TrainingError(
+                f"{run} PPO steps in a row had a non-finite gradient norm{losses} and were "
+                f"skipped ({MAX_NONFINITE_STEPS} end training): it has diverged. The weights are "
+                "those of the last finite step. Lower ppo.lr or ppo.max_grad_norm, or check the "
+                "rewards and observations for NaN or huge values"
+            )
+    return run
 
 
 # ---------------------------------------------------------------------------------------------
@@ -746,6 +811,7 @@ def _train_ppo(
         else None
     )
     shuffle = torch.Generator().manual_seed(ppo_cfg.seed)
+    nonfinite = 0  # minibatch steps skipped in a row for a non-finite gradient
     num_updates = max(total_steps // ppo_cfg.rollout_steps, 1)
     recent: deque[float] = deque(maxlen=window)
     curve: list[dict[str, float]] = []
@@ -759,7 +825,16 @@ def _train_ppo(
         if scaler is not None:
             scaler.update(buf.rewards.numpy(), buf.dones.numpy())
             rewards = scaler.scale(buf.rewards)
-        stats = ppo_update(policy, optimizer, buf, ppo_cfg, rewards=rewards, generator=shuffle)
+        stats = ppo_update(
+            policy,
+            optimizer,
+            buf,
+            ppo_cfg,
+            rewards=rewards,
+            generator=shuffle,
+            nonfinite_before=nonfinite,
+        )
+        nonfinite = int(stats["nonfinite_in_a_row"])
         steps += T * env.num_envs
         recent.extend(buf.episodes.returns)
         elapsed = time.perf_counter() - t_start

@@ -199,6 +199,7 @@ class PolicyWorker(Worker):
         self.busy_s = 0.0
         self.calls = 0
         self.updates = 0
+        self.nonfinite_in_a_row = 0  # PPO steps skipped for a non-finite gradient, at the end
 
     # -- helpers ----------------------------------------------------------------------------------
     def _trainer(self, net: Any) -> tuple[Any, Any]:
@@ -711,7 +712,9 @@ class PolicyWorker(Worker):
             rewards=rewards,
             generator=self.shuffle,
             step=self.train_step,
+            nonfinite_before=self.nonfinite_in_a_row,
         )
+        self.nonfinite_in_a_row = int(stats["nonfinite_in_a_row"])
         self.updates += 1
         if self.device != "cpu":
             torch.cuda.synchronize()

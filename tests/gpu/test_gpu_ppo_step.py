@@ -129,3 +129,30 @@ def test_a_recorded_step_at_learning_rate_zero_moves_no_weight():
     set_lr(opt, ppo.lr)
     ppo_update(net, opt, buf, ppo, generator=gen, step=step)
     assert any(not torch.equal(a, b) for a, b in zip(before, _params(net), strict=True))
+
+
+def test_a_recorded_step_with_a_non_finite_gradient_moves_no_weight():
+    """The recorded step skips a minibatch whose gradient norm is not finite on the device
+    (the fused Adam's found_inf), as the eager step does, and takes the next finite one."""
+    ppo = PPOConfig(rollout_steps=256, epochs=1, num_minibatches=4)
+    net = make_policy(SPACES["mlp"], BOX, seed=0).cuda()
+    opt = _trainer(net, ppo)
+    step = GraphedPPOStep(net, opt, ppo)
+    buf = _buffer(SPACES["mlp"], 32, 8, seed=0)
+    ppo_update(net, opt, buf, ppo, step=step)  # warm-up steps, then recorded
+    assert step.captures == 1
+    before = _params(net)
+    moments = {k: v.clone() for k, v in opt.state[next(net.parameters())].items()}
+    bad = _buffer(SPACES["mlp"], 32, 8, seed=1)
+    bad.obs[:, :, 0] = float("inf")
+    from loomrl.errors import TrainingError
+
+    with pytest.raises(TrainingError, match="PPO steps in a row had a non-finite gradient"):
+        ppo_update(net, opt, bad, ppo, step=step)  # four skipped steps: the run would stop
+    assert step.captures == 1  # replayed, not recorded again
+    for a, b in zip(before, _params(net), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for k, v in moments.items():
+        torch.testing.assert_close(v, opt.state[next(net.parameters())][k], rtol=0, atol=0)
+    ppo_update(net, opt, buf, ppo, step=step)
+    assert any(not torch.equal(a, b) for a, b in zip(before, _params(net), strict=True))

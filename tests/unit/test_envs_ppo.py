@@ -364,3 +364,89 @@ def test_train_ppo_refuses_no_steps_and_a_window_of_none_before_any_env_starts(t
         train_ppo(env, ppo, total_steps)
     with pytest.raises(ConfigError, match=r"window=0: must be a whole number >= 1"):
         train_ppo(env, ppo, 64, window=0, target_return=0.0)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_step_with_a_non_finite_gradient_keeps_weights_and_adam_state(fused):
+    torch.manual_seed(0)
+    net = nn.Linear(3, 2)
+    opt = torch.optim.Adam(net.parameters(), lr=0.1, fused=fused)
+    cfg = PPOConfig()
+
+    class Wrapped(nn.Module):  # evaluate(): log-probs, entropies and values of one row each
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def evaluate(self, obs, actions):
+            out = self.net(obs)
+            return out[:, 0], torch.zeros(len(obs)), out[:, 1]
+
+    policy = Wrapped()
+    mb = {
+        "obs": torch.randn(4, 3),
+        "actions": torch.zeros(4, 1),
+        "old_logp": torch.zeros(4),
+        "adv": torch.randn(4),
+        "ret": torch.randn(4),
+        "old_v": torch.zeros(4),
+    }
+    row = ppo_step(policy, opt, cfg, mb)  # a finite step: applied, Adam's state made
+    assert row[UPDATE_STATS.index("skipped")] == 0
+    before = [p.detach().clone() for p in net.parameters()]
+    state = {k: v.clone() for k, v in opt.state[net.weight].items()}
+    mb["obs"][1, 0] = float("inf")
+    row = ppo_step(policy, opt, cfg, mb)
+    assert row[UPDATE_STATS.index("skipped")] == 1
+    assert not torch.isfinite(row[UPDATE_STATS.index("grad_norm")])
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
+    assert all(torch.equal(state[k], opt.state[net.weight][k]) for k in state)
+    mb["obs"][1, 0] = 0.5
+    ppo_step(policy, opt, cfg, mb)  # finite again: applied
+    assert not torch.equal(before[0], net.weight)
+    assert opt.state[net.weight]["step"] == state["step"] + 1
+
+
+def test_nonfinite_streak_counts_across_updates_and_stops_at_the_limit():
+    from loomrl.embodied import MAX_NONFINITE_STEPS, nonfinite_streak
+    from loomrl.errors import TrainingError
+
+    assert MAX_NONFINITE_STEPS == 3
+    assert nonfinite_streak(0, [0, 1, 0, 1, 1]) == 2
+    assert nonfinite_streak(2, [0, 0]) == 0
+    assert nonfinite_streak(1, []) == 1
+    with pytest.raises(TrainingError, match=r"^3 PPO steps in a row had a non-finite gradient"):
+        nonfinite_streak(2, [1, 0])
+    with pytest.raises(TrainingError, match="Lower ppo.lr"):
+        nonfinite_streak(0, [1, 1, 1, 0])
+
+
+def test_ppo_update_skips_non_finite_steps_and_reports_them():
+    env = VecEnv(EnvConfig("InvertedPendulum-v5", num_envs=4, seed=0))
+    cfg = PPOConfig(rollout_steps=64, epochs=1, num_minibatches=4)
+    buf = collect(env, MLPActorCritic(4, env.single_action_space, seed=1), 16)
+    policy = MLPActorCritic(4, env.single_action_space, seed=0)
+    opt = torch.optim.Adam(policy.parameters(), lr=3e-4, eps=1e-5)
+    calls = []
+    every = [False]
+
+    def step(mb):  # every other minibatch (or every one) meets an infinite observation
+        if len(calls) % 2 or every[0]:
+            mb = {**mb, "obs": mb["obs"].clone()}
+            mb["obs"][0, 0] = float("inf")
+        calls.append(1)
+        return ppo_step(policy, opt, cfg, mb)
+
+    stats = ppo_update(policy, opt, buf, cfg, step=step, nonfinite_before=2)
+    assert stats["skipped"] == 2 and stats["nonfinite_in_a_row"] == 1
+    assert np.isfinite(stats["grad_norm"])
+    assert all(torch.isfinite(p).all() for p in policy.parameters())
+    from loomrl.errors import TrainingError
+
+    kept = [p.detach().clone() for p in policy.parameters()]
+    every[0], calls[:] = True, []
+    # The streak of one left by the previous update: this update's second skip is the third.
+    with pytest.raises(TrainingError, match="^3 PPO steps in a row"):
+        ppo_update(policy, opt, buf, cfg, step=step, nonfinite_before=1)
+    assert len(calls) == 4  # the update ran its steps; none of them was applied
+    assert all(torch.equal(a, b) for a, b in zip(kept, policy.parameters(), strict=True))
