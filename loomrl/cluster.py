@@ -88,6 +88,9 @@ class Node:
     memory_bytes: float = 0.0  # what Ray lets tasks on this node use (its "memory" resource)
 
 
+DEFAULT_LAUNCH_TIMEOUT_S = 1800.0
+
+
 class Cluster:
     """Handle on a running Ray instance plus loomrl's device inventory. Create with ``Cluster.start``."""
 
@@ -98,6 +101,9 @@ class Cluster:
         self._groups: list[WorkerGroup] = []
         self._cpu_reserved: dict[int, float] = {n.index: 0.0 for n in nodes}
         self.pin_cores = pin_cores
+        # Seconds a launch waits for its workers' constructors (None: for ever). Generous, as a
+        # first model load may download or convert weights; what it catches is a hang.
+        self.launch_timeout_s: float | None = DEFAULT_LAUNCH_TIMEOUT_S
         # Positions in a node's core list (a worker maps them onto its affinity mask).
         self._free_cores: dict[int, list[int]] = {
             n.index: list(range(int(n.num_cpus))) for n in nodes
@@ -293,7 +299,7 @@ class Cluster:
         or a process cannot start, every group of the call goes and that failure is raised."""
         import ray
 
-        from loomrl.worker import WorkerGroup, wait
+        from loomrl.worker import WorkerGroup
 
         if not ray.is_initialized():
             # Ray would start a new instance of its own here, whose nodes are not this
@@ -327,7 +333,7 @@ class Cluster:
                 )
                 group._on_kill = h.release  # a killed group gives its cores back
                 started.append((group, ready))
-            infos = wait(*(r for _, r in started)) if started else []
+            infos = self._wait_started(started)
         except BaseException:
             # The ranks that did start go too (the cluster gives their cores to the next launch).
             for group, _ in started:
@@ -340,6 +346,34 @@ class Cluster:
         groups = [g._ready(i) for (g, _), i in zip(started, infos, strict=True)]
         self._groups.extend(groups)
         return groups
+
+    def _wait_started(self, started: list[tuple[WorkerGroup, Any]]) -> list[Any]:
+        """Every started rank's constructor result; ``LaunchTimeout`` naming the ranks still in
+        their constructors once ``launch_timeout_s`` has passed (the caller kills the groups)."""
+        from loomrl.errors import LaunchTimeout
+        from loomrl.worker import wait
+
+        if not started:
+            return []
+        try:
+            return wait(*(r for _, r in started), timeout=self.launch_timeout_s)
+        except TimeoutError:
+            import ray
+
+            stuck = []
+            for group, handle in started:
+                _, pending = ray.wait(list(handle.refs), num_returns=len(handle.refs), timeout=0)
+                ranks = [
+                    r for r, ref in zip(handle.ranks, handle.refs, strict=True) if ref in pending
+                ]
+                if ranks:
+                    stuck.append(f"{group.name} (ranks {ranks})")
+            raise LaunchTimeout(
+                f"{', '.join(stuck)}: the worker constructor did not return within "
+                f"{self.launch_timeout_s:g} s (Cluster.launch_timeout_s); it hangs (a simulator "
+                "or model load that never ends) or needs longer: find the hang, or raise "
+                "run.launch_timeout_s"
+            ) from None
 
     def _hold(self, spec: GroupLaunch) -> _Held:
         """Check one launch and take what it reserves (cores, CPU counts) before anything starts,

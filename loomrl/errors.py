@@ -76,6 +76,11 @@ class IterationTimeout(LoomError, TimeoutError):
     plan predicted)."""
 
 
+class LaunchTimeout(LoomError, TimeoutError):
+    """Worker constructors did not all return within the cluster's ``launch_timeout_s``: one
+    hangs (a simulator or model load that never ends)."""
+
+
 class ChannelClosed(LoomError):
     """get/put on a channel that was closed (and, for get, drained)."""
 

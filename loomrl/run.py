@@ -89,6 +89,9 @@ class RunConfig:
     # slowest iteration so far, and at least 30 minutes).
     # (Any: checked by validate, whose message lists what the key takes.)
     iteration_timeout_s: Any = "auto"
+    # How long starting the workers may take (their constructors: model loads, simulators)
+    # before the run stops with an error naming the ones still starting; null: no limit.
+    launch_timeout_s: float | None = 1800.0
 
     def validate(self) -> list[str]:
         p = []
@@ -101,6 +104,12 @@ class RunConfig:
             p.extend(e.problems)
         if self.steps < 1:
             p.append(f"steps: must be >= 1, got {self.steps}")
+        t = self.launch_timeout_s
+        if t is not None and not (math.isfinite(t) and t > 0):
+            p.append(
+                f"launch_timeout_s: {t} is not a number of seconds > 0; give one, or null for "
+                "no limit"
+            )
         k = self.kill_worker_at_step
         if k is not None and not 0 <= k < self.steps:
             p.append(
@@ -211,6 +220,7 @@ class Run:
             log_to_driver=False,
             pin_cores=run_cfg.pin_cores,
         )
+        self.cluster.launch_timeout_s = run_cfg.launch_timeout_s
         # ray.init made SIGTERM dump a native stack and sys.exit(15): the run would stop as
         # "failed". It stops as on Ctrl-C instead (workers stopped, summary, resume command).
         stop_on_sigterm()
@@ -725,6 +735,7 @@ def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
         log_to_driver=False,
         pin_cores=cfg.run.pin_cores,
     )
+    cluster.launch_timeout_s = cfg.run.launch_timeout_s
     # As in Run: ray.init made SIGTERM dump a native stack and abort; it stops the profile as
     # Ctrl-C does instead (workers stopped, exit 143, no profile file written).
     stop_on_sigterm()

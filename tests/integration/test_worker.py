@@ -464,6 +464,36 @@ def test_launch_many_starts_groups_together_and_fails_whole(cluster, tmp_path):
     assert cluster._cpu_reserved == reserved
 
 
+def test_a_constructor_that_hangs_is_a_launch_timeout_naming_it_not_a_hang(cluster, tmp_path):
+    from loomrl.cluster import GroupLaunch
+    from loomrl.errors import LaunchTimeout
+
+    free = {node: list(cores) for node, cores in cluster._free_cores.items()}
+    pid_file = tmp_path / "hung.pid"
+    before, cluster.launch_timeout_s = cluster.launch_timeout_s, 4.0
+    try:
+        with pytest.raises(LaunchTimeout) as e:
+            cluster.launch_many(
+                [
+                    GroupLaunch(Slow, 1, (0.0,), devices=[0], name="quick"),
+                    GroupLaunch(Slow, 2, (600.0, False, str(pid_file)), devices=[1], name="hung"),
+                ]
+            )
+    finally:
+        cluster.launch_timeout_s = before
+    assert str(e.value).startswith(
+        "hung (ranks [0, 1]): the worker constructor did not return within 4 s "
+        "(Cluster.launch_timeout_s)"
+    )
+    assert "raise run.launch_timeout_s" in str(e.value)
+    pid = int(pid_file.read_text())
+    deadline = time.time() + 10
+    while time.time() < deadline and _alive(pid):
+        time.sleep(0.1)
+    assert not _alive(pid), "the hung worker was left running"
+    assert {node: list(cores) for node, cores in cluster._free_cores.items()} == free
+
+
 def test_a_config_error_in_a_constructor_reaches_the_driver_as_itself(cluster):
     """A user's mistake found while a worker starts is a ConfigError at launch, not a dead
     process (which the CLI's restarts would try again); the cores it took are given back."""

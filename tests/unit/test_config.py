@@ -802,6 +802,17 @@ def test_off_and_on_are_words_for_text_settings_and_booleans_for_bool_ones(tmp_p
         load_config(C, path, ["flag=maybe"])
 
 
+def test_launch_timeout_takes_seconds_or_null(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("run:\n  launch_timeout_s: 60\n")
+    assert load_config(WithRun, path).run.launch_timeout_s == 60.0
+    assert load_config(WithRun, path, ["run.launch_timeout_s=null"]).run.launch_timeout_s is None
+    assert load_config(WithRun, None).run.launch_timeout_s == 1800.0
+    for bad in ("0", "-5", ".inf"):
+        with pytest.raises(ConfigError, match=r"launch_timeout_s: .* is not a number of seconds > 0"):
+            load_config(WithRun, path, [f"run.launch_timeout_s={bad}"])
+
+
 def test_load_json_names_a_nested_duplicate_by_its_dotted_path_and_lines():
     from loomrl.config import DuplicateKeyError, load_json
 
