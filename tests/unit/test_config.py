@@ -809,14 +809,18 @@ def test_launch_timeout_takes_seconds_or_null(tmp_path):
     assert load_config(WithRun, path, ["run.launch_timeout_s=null"]).run.launch_timeout_s is None
     assert load_config(WithRun, None).run.launch_timeout_s == 1800.0
     for bad in ("0", "-5", ".inf"):
-        with pytest.raises(ConfigError, match=r"launch_timeout_s: .* is not a number of seconds > 0"):
+        with pytest.raises(
+            ConfigError, match=r"launch_timeout_s: .* is not a number of seconds > 0"
+        ):
             load_config(WithRun, path, [f"run.launch_timeout_s={bad}"])
 
 
 def test_load_json_names_a_nested_duplicate_by_its_dotted_path_and_lines():
     from loomrl.config import DuplicateKeyError, load_json
 
-    text = '{\n  "x": 1,\n  "y": [{"k": 1,\n         "k": 2}],\n  "z": {"a\\/b": {"c": 1, "c": 2}}\n}'
+    text = (
+        '{\n  "x": 1,\n  "y": [{"k": 1,\n         "k": 2}],\n  "z": {"a\\/b": {"c": 1, "c": 2}}\n}'
+    )
     with pytest.raises(DuplicateKeyError) as e:
         load_json(text)
     assert (e.value.key, e.value.lines) == ("y[0].k", (3, 4))
