@@ -26,6 +26,7 @@ plan predicts nothing until its second iteration has run; ``predicted_iteration_
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -34,6 +35,7 @@ import signal
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -716,6 +718,36 @@ def _patient_interrupts() -> tuple[Any] | None:
 
     signal.signal(signal.SIGINT, on_interrupt)
     return (before,)
+
+
+@contextlib.contextmanager
+def finish_first(what: str) -> Iterator[None]:
+    """Ctrl-C or SIGTERM while ``what`` runs (a checkpoint being written) waits for it to end,
+    then acts as it would have; a second Ctrl-C leaves at once. A large model's save takes
+    tens of seconds, and an interrupt in them would drop the checkpoint of a finished step."""
+    signals = (signal.SIGINT, signal.SIGTERM)
+    before = {s: signal.getsignal(s) for s in signals} if _on_main_thread() else {}
+    if not before or any(h is None for h in before.values()):  # nothing that could be put back
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        if held and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if not held:
+            say(f"loomrl: finishing {what} first; Ctrl-C again to leave now without it", sys.stderr)
+        held.append(signum)
+
+    for s in signals:
+        signal.signal(s, hold)
+    try:
+        yield
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+    if held:
+        signal.raise_signal(held[0])  # now handled as it would have been
 
 
 def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
