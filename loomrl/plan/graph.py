@@ -12,7 +12,29 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-__all__ = ["GraphNode", "WorkGraph", "strongly_connected", "undeclared_cycles"]
+from loomrl.errors import PlanError
+
+__all__ = [
+    "MAX_CUT_PAIRS",
+    "MAX_GRAPH_NODES",
+    "GraphNode",
+    "GraphTooLarge",
+    "WorkGraph",
+    "check_search_size",
+    "search_size_problem",
+    "strongly_connected",
+    "undeclared_cycles",
+]
+
+# The search keeps a sub-graph as a bitmask of its nodes in numpy's int64: 63 nodes at most.
+MAX_GRAPH_NODES = 63
+# The exact search tries every cut of every sub-graph it reaches. PLANNER.md: enumerating them is
+# exponential, "fine for the <= 12 components of real RL"; 3^12 bounds the (sub-graph, cut) pairs
+# of every graph of 12 nodes, edges or none. Past it the search runs for half an hour and more
+# (10 components without edges, 59,049 pairs, took 73 s; 13 have 1.6 million, 20 have 3.5
+# billion), so a larger graph must be ordered enough by its edges to stay under it (a chain of
+# 63 nodes has 41,664).
+MAX_CUT_PAIRS = 3**12
 
 
 def strongly_connected(names: Sequence[str], edges: Iterable[tuple[str, str]]) -> list[set[str]]:
@@ -53,6 +75,85 @@ def undeclared_cycles(
     """Strongly connected components of size > 1 that are not exactly a declared cycle."""
     declared = [set(c.members) for c in cycles]
     return [s for s in strongly_connected(names, list(edges)) if len(s) > 1 and s not in declared]
+
+
+class GraphTooLarge(PlanError):
+    """The workflow graph is past what the exact search can take (``search_size_problem``)."""
+
+
+def check_search_size(profile) -> None:
+    """Raise ``GraphTooLarge`` when the search cannot take ``profile``'s graph."""
+    problem = search_size_problem(list(profile.components), profile.edges, profile.cycles)
+    if problem is not None:
+        raise GraphTooLarge(problem)
+
+
+def search_size_problem(component_names: Sequence[str], edges, cycles=()) -> str | None:
+    """Why the exact search cannot take this workflow graph (None: it can): more than
+    ``MAX_GRAPH_NODES`` nodes, or more than ``MAX_CUT_PAIRS`` (sub-graph, cut) pairs to try.
+    Graphs of at most 12 nodes always pass, at no cost; a larger one costs at most about a
+    second to count (its pairs counted up to the limit)."""
+    nodes = len(component_names) - len(cycles)  # a declared 2-cycle is one node
+    if nodes > MAX_GRAPH_NODES:
+        return (
+            f"the workflow graph has {nodes:,} nodes (components, a declared cycle counting as "
+            f"one), more than the planner's {MAX_GRAPH_NODES} (its search keeps sub-graphs as "
+            "64-bit masks); merge components, or plan parts of the workflow apart"
+        )
+    if 3**nodes <= MAX_CUT_PAIRS:
+        return None
+    graph = WorkGraph(component_names, edges, cycles)
+    if graph.is_chain or _cut_pairs(graph, MAX_CUT_PAIRS) <= MAX_CUT_PAIRS:
+        return None
+    n_edges = len(graph.edges)
+    return (
+        f"the workflow graph's {nodes} nodes and {n_edges} edge(s) between them can be cut in "
+        f"more than {MAX_CUT_PAIRS:,} ways (no graph of 12 nodes or fewer has as many), and the "
+        "exact search tries every one: it would run for half an hour or far longer; add the "
+        "data-flow edges the graph lacks (components that run one after another), or merge "
+        "components"
+    )
+
+
+def _cuts_up_to(graph: WorkGraph, s: int, limit: int) -> list[int]:
+    """Upstream sides of the cuts of sub-graph ``s`` (its down-closed subsets but the empty one
+    and ``s``), at most ``limit + 1`` of them. Depth first over s's nodes in topological order:
+    a node may join once every predecessor of it in ``s`` has; no subset that is not
+    down-closed is ever made (``WorkGraph.cuts`` tests all 2^|s| of them)."""
+    members = graph.members(s)
+    pred = [graph.pred[i] & s for i in members]
+    out: list[int] = []
+    stack = [(0, 0)]
+    while stack:
+        k, a = stack.pop()
+        if k == len(members):
+            if a and a != s:
+                out.append(a)
+                if len(out) > limit:
+                    break
+            continue
+        stack.append((k + 1, a))
+        if pred[k] & ~a == 0:
+            stack.append((k + 1, a | 1 << members[k]))
+    return out
+
+
+def _cut_pairs(graph: WorkGraph, limit: int) -> int:
+    """The (sub-graph, cut) pairs the search tries, counted up to ``limit + 1``: every cut of
+    every sub-graph that cuts from the whole graph reach."""
+    seen, todo, total = {graph.full}, [graph.full], 0
+    while todo:
+        s = todo.pop()
+        cuts = _cuts_up_to(graph, s, limit - total)
+        total += len(cuts)
+        if total > limit:
+            return total
+        for a in cuts:
+            for x in (a, s & ~a):
+                if x not in seen:
+                    seen.add(x)
+                    todo.append(x)
+    return total
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,9 @@ the fit's ``alpha`` where no ``per_item`` is given (the two are fitted together)
 A component's name may not contain ``<->``: plans name a declared cycle's node ``a<->b``.
 Costs (seconds, GB) are at most ``MAX_MAGNITUDE`` (1e100; a call on the whole batch too) and a
 cycle's steps at most ``MAX_STEPS`` (100,000): the search adds and multiplies them, and values
-near float's limit overflow to inf.
+near float's limit overflow to inf. The batch is at most ``MAX_BATCH`` (10**12) items: micro-batch
+sizes and ring groups are its divisors, found by trial division.
+A component's name is visible text on one line (not empty, no line break or control character).
 Every number must be finite (YAML's ``.nan`` and ``.inf`` are refused, and so are ``true`` and
 ``false``, which Python would take for 1 and 0); device counts, as list entries or as keys
 of ``per_item``, ``memory_gb`` and ``cpu_cores``, are whole numbers of at most
@@ -41,6 +43,7 @@ import difflib
 import functools
 import math
 import numbers
+import unicodedata
 import warnings
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +57,7 @@ from loomrl.config import DuplicateKeyError, finite_number, load_json, load_yaml
 from loomrl.errors import ConfigError
 
 __all__ = [
+    "MAX_BATCH",
     "MAX_DEVICES",
     "ComponentProfile",
     "CycleSpec",
@@ -84,6 +88,11 @@ MAX_MAGNITUDE = 1e100
 # (10**6 steps took 6 s per plan), and an agent's turns or an environment's steps per iteration
 # are far fewer.
 MAX_STEPS = 100_000
+
+# The most work items a batch may hold. Micro-batch sizes and a cycle's ring groups are divisors
+# of it, found by trial division up to its square root: 10**6 trials here, and a batch of 10**18
+# took minutes. No iteration of RL comes near a trillion items.
+MAX_BATCH = 10**12
 
 # A fit whose samples stray this far from it on average (relative) is said to be poor.
 POOR_FIT = 0.25
@@ -512,11 +521,34 @@ def _count_map(
     return out
 
 
+def _int_text(n: int) -> str:
+    """A whole number as a message shows it: with thousands separators, or, past 15 digits,
+    by its length (a 300-digit number says nothing more digit by digit)."""
+    return f"{n:,}" if abs(n) < 10**15 else f"a number of {len(str(abs(n)))} digits"
+
+
 def _positive_int(raw: Any, key: str, problems: list[str]) -> int | None:
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
         problems.append(f"{key} must be a positive integer, got {raw!r}")
         return None
     return raw
+
+
+def parse_error_text(e: Exception) -> str:
+    """A YAML or JSON syntax error as one line with its position: the YAML reader's own text
+    spans several lines (the offending line, a caret under it, "<unicode string>")."""
+    import yaml
+
+    if isinstance(e, yaml.MarkedYAMLError):
+
+        def at(mark) -> str:
+            return f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+
+        text = f"{e.problem or 'malformed YAML'}{at(e.problem_mark)}"
+        if e.context:
+            text += f" ({e.context}{at(e.context_mark)})"
+        return text
+    return " ".join(x.strip() for x in str(e).splitlines() if x.strip())
 
 
 def load_profile(
@@ -554,7 +586,9 @@ def load_profile(
         except DuplicateKeyError as e:  # a cost given twice: the file's author meant one of them
             raise ConfigError([e.message()], source=where) from None
         except Exception as e:  # malformed syntax: say where, not a traceback
-            raise ConfigError([f"cannot parse {path.name}: {e}"], source=where) from None
+            raise ConfigError(
+                [f"cannot parse {path.name}: {parse_error_text(e)}"], source=where
+            ) from None
     if not isinstance(raw, Mapping):
         raise ConfigError(
             [f"the profile must be a mapping, got {type(raw).__name__}"], source=where
@@ -594,6 +628,13 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
     )
     _huge(mem_cap, "device_memory_gb", problems, " GB")
     batch_ok = "batch" in raw and _positive_int(raw["batch"], "batch", problems) is not None
+    if batch_ok and raw["batch"] > MAX_BATCH:
+        problems.append(
+            f"batch must be at most {MAX_BATCH:,} work items per iteration (micro-batch sizes "
+            f"and ring groups are its divisors, which the planner lists), got "
+            f"{_int_text(raw['batch'])}"
+        )
+        batch_ok = False
     batch = int(raw["batch"]) if batch_ok else 1
     grans = raw.get("granularities", [batch])
     if not isinstance(grans, Sequence) or isinstance(grans, str) or not grans:
@@ -640,6 +681,19 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
     components: dict[str, ComponentProfile] = {}
     reports: list[FitReport] = []
     for name, craw in comps_raw.items():
+        if (
+            name is None
+            or isinstance(name, bool)
+            or not str(name).strip()
+            or any(unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") for ch in str(name))
+        ):
+            # plans, messages and the tree print the name on a line of its own: an empty one
+            # reads as nothing, a line break or control character breaks the line
+            problems.append(
+                f"components: name {name!r} is not a usable component name; name each "
+                "component with visible text on one line (such as 'rollout')"
+            )
+            continue
         if CYCLE_JOIN in str(name):
             # a plan names a declared 2-cycle a <-> b as one node 'a<->b'; a component so named
             # would be taken for that node (or for one that does not exist)
@@ -706,7 +760,7 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
         declared.update(str(v) for v in members)  # a cycle refused for its values is still one
         steps = _positive_int(c.get("steps"), f"cycles[{i}].steps", problems)
         if steps is not None and steps > MAX_STEPS:
-            got = f"{steps:,}" if steps < 10**15 else f"a number of {len(str(steps))} digits"
+            got = _int_text(steps)
             problems.append(
                 f"cycles[{i}].steps must be at most {MAX_STEPS:,} (the planner steps through "
                 f"each of a cycle's steps when it predicts a timeline), got {got}"

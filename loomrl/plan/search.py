@@ -44,7 +44,7 @@ from loomrl.plan.cost import (
     node_options,
     switch_total,
 )
-from loomrl.plan.graph import WorkGraph
+from loomrl.plan.graph import WorkGraph, check_search_size
 from loomrl.plan.plan import Node, Plan, layout, mode_of
 from loomrl.plan.profile import ComponentProfile, WorkloadProfile
 
@@ -1141,10 +1141,53 @@ def _diagnose(profile: WorkloadProfile, devices: int, mode: str) -> str:
             )
         return (
             f"no hybrid plan fits on {devices} devices: a hybrid plan runs some components side "
-            f"by side, on devices of their own (memory {cap:g} GB, cores {ccap:g}); give more "
+            f"by side, on devices of their own ({_limits(cap, ccap)}); give more "
             "devices, or take the best plan"
         )
-    return f"no {mode} plan fits on {devices} devices (memory {cap:g} GB, cores {ccap:g})"
+    if mode == "temporal":
+        for nd in g.nodes:
+            if nd.is_cycle and (why := _no_colocated_cycle(profile, nd.name, devices)):
+                return f"no all-temporal plan fits: {why}"
+    return f"no {mode} plan fits on {devices} devices ({_limits(cap, ccap)})"
+
+
+def _limits(cap: float, ccap: float) -> str:
+    cores = "no CPU core limit" if math.isinf(ccap) else f"{ccap:g} CPU cores"
+    return f"{cap:g} GB of memory per device, {cores}"
+
+
+def _no_colocated_cycle(profile: WorkloadProfile, name: str, devices: int) -> str | None:
+    """Why the 2-cycle ``name`` cannot run co-located on ``devices`` (None: it can), which an
+    all-temporal plan needs: one device count valid for both members, on which both stay
+    resident (their memory adds) and the cores of the busier fit."""
+    cyc = next(c for c in profile.cycles if c.name == name)
+    a, b = cyc.members
+    ca, cb = profile.components[a], profile.components[b]
+    cap, ccap = profile.device_memory_gb, profile.cpu_core_budget
+    common = sorted(v for v in set(ca.valid_devices) & set(cb.valid_devices) if 1 <= v <= devices)
+    head = f"cycle {name!r} must run co-located (both members on the same devices)"
+    if not common:
+        return (
+            f"{head}, on one device count valid for both of at most {devices}, but {a!r} allows "
+            f"{list(ca.valid_devices)} and {b!r} allows {list(cb.valid_devices)}"
+        )
+    mem = {v: ca.memory_gb[v] + cb.memory_gb[v] for v in common}
+    fits = [v for v in common if mem[v] <= cap + EPS]
+    if not fits:
+        v = min(common, key=lambda x: (mem[x], x))
+        return (
+            f"{head}, where both stay resident: on {v} device(s), the leanest count valid for "
+            f"both, they need {ca.memory_gb[v]:g} + {cb.memory_gb[v]:g} = {mem[v]:g} GB per "
+            f"device, but device_memory_gb is {cap:g}"
+        )
+    cores = {v: max(ca.cores(v), cb.cores(v)) for v in fits}
+    if all(c > ccap + EPS for c in cores.values()):
+        v = min(fits, key=lambda x: (cores[x], x))
+        return (
+            f"{head}: on {v} device(s) its members need {cores[v]:g} CPU cores, but "
+            f"cpu_cores_per_node*nodes is {ccap:g}"
+        )
+    return None
 
 
 def _no_cycle_layout(profile: WorkloadProfile, name: str, devices: int) -> str:
@@ -1345,6 +1388,7 @@ def search_all(
     """
     n = int(devices or profile.devices)
     prof = profile if n == profile.devices else profile.with_devices(n)
+    check_search_size(prof)
     t0 = time.perf_counter()
     best = _run_all(prof, n, progress)
     dp = best.pop("_dp")  # type: ignore[arg-type]
@@ -1392,6 +1436,7 @@ def exhaustive(profile: WorkloadProfile, devices: int | None = None, mode: str =
         raise PlanError(f"mode must be one of {sorted(_MODE_KINDS)}, got {mode!r}")
     n = int(devices or profile.devices)
     prof = profile if n == profile.devices else profile.with_devices(n)
+    check_search_size(prof)
     t0 = time.perf_counter()
     best, to_node = _exhaustive_all(prof, n)
     search_s = time.perf_counter() - t0
@@ -1408,6 +1453,7 @@ def exhaustive_times(
     infeasible. Seconds as a plan's ``predicted_s`` states them, iteration_overhead_s included."""
     n = int(devices or profile.devices)
     prof = profile if n == profile.devices else profile.with_devices(n)
+    check_search_size(prof)
     best, _ = _exhaustive_all(prof, n)
     return {k: (v[0] + prof.iteration_overhead_s if v else None) for k, v in best.items()}
 
