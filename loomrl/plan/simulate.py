@@ -29,7 +29,10 @@ __all__ = [
     "MAX_ITERATIONS",
     "MAX_SIGMA",
     "MAX_TIMELINE",
+    "TIMELINE_CALLS",
     "SimResult",
+    "SimulationTooLong",
+    "calls_per_iteration",
     "coarsen",
     "predicted_timeline",
     "simulate",
@@ -45,6 +48,11 @@ MAX_SIGMA = 5.0
 # 12 inches wide shows no more, and every returned plan carries its timeline (10**5 ring groups
 # of a 2-cycle made 400,000 intervals, 71 MB of JSON).
 MAX_TIMELINE = 10_000
+
+# The most calls ``predicted_timeline`` plays out one by one (0.5 s or so): past it, an iteration
+# is drawn in closed form (``_Coarse``). 10**7 micro-batches took 100 s and 6 GB per plan, and a
+# ring of 10**6 groups 11 s; every returned plan carries its timeline.
+TIMELINE_CALLS = 200_000
 
 # The most iterations simulated in one call: their times are all kept, and the p95 of 100,000
 # is already within a fraction of a percent.
@@ -68,9 +76,23 @@ class SimResult:
         return float(np.percentile(self.times, 95))
 
 
+class SimulationTooLong(ValueError):
+    """A simulation would play out more calls than its ``max_calls``."""
+
+
 class _Sim:
-    def __init__(self, profile: WorkloadProfile, m: int, rng, sigma: float, capacity: int | None):
+    def __init__(
+        self,
+        profile: WorkloadProfile,
+        m: int,
+        rng,
+        sigma: float,
+        capacity: int | None,
+        budget: int | None = None,
+    ):
         self.prof = profile
+        # calls played out so far, and the most allowed (None: any number)
+        self.spent, self.budget = 0, budget
         self.m = m
         self.K = profile.batch // m
         self.rng = rng
@@ -116,10 +138,17 @@ class _Sim:
         comp = self.prof.components[node.component]  # type: ignore[index]
         return self.draw((id(node), j), comp.time(node.used or node.n, items))
 
+    def spend(self, calls: int) -> None:
+        """Count ``calls`` played out; past the budget, stop with ``SimulationTooLong``."""
+        self.spent += calls
+        if self.budget is not None and self.spent > self.budget:
+            raise SimulationTooLong(f"more than {self.budget:,} calls")
+
     # -- a cycle node as one call: run its steps (and ring groups) event by event
     def cycle_run(self, node: Node, items: int, j: int, t0: float, record: bool) -> float:
         spec = _cycle_spec(node)
         cyc = next(c for c in self.prof.cycles if c.name == node.component)
+        self.spend(2 * cyc.steps * (spec[3] if spec[0] == "split" else 1))
         a, b = (self.prof.components[x] for x in cyc.members)
         devs = node.member_devices()
         ra, rb = (_rng(devs[x]) for x in cyc.members)
@@ -175,6 +204,8 @@ class _Sim:
     # -- stream context: arrivals -> departures (one entry per micro-batch)
     def stream(self, node: Node, arr: list[float], record: bool) -> list[float]:
         if node.op in ("leaf", "cycle"):
+            if node.op == "leaf":
+                self.spend(len(arr))
             out, free = [], -math.inf
             for j, a in enumerate(arr):
                 start = max(a, free)
@@ -280,6 +311,117 @@ class _Sim:
         return max(self.stream(node, [t0] * self.K, True))
 
 
+class _Coarse:
+    """One deterministic iteration in closed form, for ``predicted_timeline`` past
+    ``TIMELINE_CALLS`` calls: each leaf's (or cycle member's) calls under a node as one span
+    that keeps their busy seconds and ends where the last of them ends.
+
+    In stream context, micro-batch j reaches a node at a + j r (all at t0 at a spatial root).
+    A leaf taking d a call starts j at a + j max(r, d) and passes it on d later; a co-resident
+    temporal node of latency F and interval P passes j on at a + F + j max(r, P): the form is
+    kept, so the K-th micro-batch's times follow from the first's. A cycle's ring ends come
+    from ``cost.ring_ends``.
+    """
+
+    def __init__(self, profile: WorkloadProfile, m: int):
+        self.prof = profile
+        self.m = m
+        self.K = profile.batch // m
+        self.spans: list[list] = []
+
+    def add(self, comp: str, devs: tuple[int, int], end: float, busy: float, j: int) -> None:
+        self.spans.append([comp, devs, end - busy, end, j, "run"])
+
+    def cycle_parts(self, node: Node, items: int) -> tuple[float, list[tuple]]:
+        """One call of a cycle node on ``items``: its seconds, and per member (name, devices,
+        busy seconds, when its last call ends from the call's start)."""
+        from loomrl.plan.cost import ring_ends
+
+        cyc = next(c for c in self.prof.cycles if c.name == node.component)
+        a, b = (self.prof.components[x] for x in cyc.members)
+        spec = _cycle_spec(node)
+        if spec[0] == "coloc" or spec[3] == 1:  # the two sides alternate, as _Sim plays them
+            na, nb = spec[1], spec[1] if spec[0] == "coloc" else spec[2]
+            ta, tb, k = a.time(na, items), b.time(nb, items), 1
+        else:
+            _, na, nb, k = spec
+            c = cyc.overlap_slowdown
+            ta, tb = c * a.time(na, items / k), c * b.time(nb, items / k)
+        end_a, end_b = ring_ends(ta, tb, cyc.steps, k, cyc.hop_s, cyc.last_b)
+        total = end_b if cyc.last_b and end_b is not None else end_a
+        devs = node.member_devices()
+        parts = [(a.name, _rng(devs[a.name]), cyc.steps * k * ta, end_a)]
+        if end_b is not None:
+            calls_b = cyc.steps if cyc.last_b else cyc.steps - 1
+            parts.append((b.name, _rng(devs[b.name]), calls_b * k * tb, end_b))
+        return total, parts
+
+    def single(self, node: Node, items: int) -> float:
+        if node.op == "leaf":
+            comp = self.prof.components[node.component]  # type: ignore[index]
+            return comp.time(node.used or node.n, items)
+        return self.cycle_parts(node, items)[0]
+
+    def record(self, node: Node, start: float, items: int, calls: int, j: int) -> None:
+        """Spans of ``calls`` calls of a leaf or cycle on ``items``, the last one at ``start``."""
+        if node.op == "leaf":
+            d = self.single(node, items)
+            self.add(node.component, _leaf_range(node), start + d, calls * d, j)  # type: ignore[arg-type]
+            return
+        _, parts = self.cycle_parts(node, items)
+        for name, devs, busy, end in parts:
+            self.add(name, devs, start + end, calls * busy, j)
+
+    def fp(self, node: Node) -> tuple[float, float]:
+        if node.op in ("leaf", "cycle"):
+            d = self.single(node, self.m)
+            return d, d
+        (fa, pa), (fb, pb) = self.fp(node.children[0]), self.fp(node.children[1])
+        if node.op == "spatial":
+            return fa + fb, max(pa, pb)
+        return fa + fb, pa + pb
+
+    def stream(self, node: Node, a: float, r: float) -> tuple[float, float]:
+        """Micro-batch j arrives at a + j r; returns when it leaves, as (a', r')."""
+        K, j = self.K, (0 if self.K == 1 else -1)
+        if node.op in ("leaf", "cycle"):
+            d = self.single(node, self.m)
+            rate = max(r, d)
+            self.record(node, a + (K - 1) * rate, self.m, K, j)
+            return a + d, rate
+        if node.op == "spatial":
+            return self.stream(node.children[1], *self.stream(node.children[0], a, r))
+        f, p = self.fp(node)  # co-resident: its leaves back to back, ending as j leaves
+        rate = max(r, p)
+        end = a + f + (K - 1) * rate
+        for x in reversed(node.leaves()):
+            d = self.single(x, self.m)
+            self.record(x, end - d, self.m, K, j)
+            end -= d
+        return a + f, rate
+
+    def phase(self, node: Node, t0: float, root: bool) -> float:
+        if root and node.op == "temporal":
+            t = t0
+            for block in _temporal_spine(node):
+                for x in block.leaves():
+                    for comp in x.members if x.op == "cycle" else (x.component,):
+                        sw = self.prof.components[comp].switch_s
+                        if sw > 0:
+                            devs = x.member_devices()[comp]
+                            self.spans.append([comp, _rng(devs), t, t + sw, -1, "switch"])
+                            t += sw
+                t = self.phase(block, t, False)
+            return t
+        if node.op in ("leaf", "cycle"):
+            self.record(node, t0, self.prof.batch, 1, 0 if node.op == "leaf" else -1)
+            return t0 + self.single(node, self.prof.batch)
+        if node.op == "temporal":
+            return self.phase(node.children[1], self.phase(node.children[0], t0, False), False)
+        a, r = self.stream(node, t0, 0.0)
+        return a + (self.K - 1) * r  # the last micro-batch leaves last
+
+
 def _temporal_spine(node: Node) -> list[Node]:
     if node.op != "temporal":
         return [node]
@@ -310,11 +452,16 @@ def simulate(
     iterations: int = 1,
     channel_capacity: int | None = None,
     seed: int | None = 0,
+    max_calls: int | None = None,
 ) -> SimResult:
     """Simulate ``iterations`` iterations of a plan (or a laid-out, resolved tree).
 
     sigma: log-normal spread of every call's duration (0: deterministic).
     channel_capacity: micro-batches a spatial channel holds (None: unbounded).
+    max_calls: the most calls to play out over all iterations (None: no limit); past it,
+    ``SimulationTooLong``. A bounded channel replays its upstream side until the back-pressure
+    settles, up to once per micro-batch: with capacity 1, 1,000 micro-batches through three
+    components played out 10**9 calls.
     """
     problems = simulation_problems(sigma, iterations)
     if problems:
@@ -324,9 +471,12 @@ def simulate(
     rng = np.random.default_rng(seed)
     times = []
     sim = None
+    spent = 0
     for _ in range(iterations):
-        sim = _Sim(profile, m, rng, sigma, channel_capacity)
+        left = None if max_calls is None else max_calls - spent
+        sim = _Sim(profile, m, rng, sigma, channel_capacity, left)
         times.append(sim.phase(tree, 0.0, root=True) + profile.iteration_overhead_s)
+        spent += sim.spent
     analytic = evaluate(tree, profile, m).predicted_s
     return SimResult(tuple(times), analytic, tuple(sim.intervals))  # type: ignore[union-attr]
 
@@ -353,6 +503,33 @@ def simulation_problems(
     return out
 
 
+def calls_per_iteration(tree: Node, profile: WorkloadProfile, micro_batch: int) -> int:
+    """The calls one simulated iteration of ``tree`` plays out: a leaf's one per micro-batch
+    in stream context (K = batch / micro_batch of them), a cycle's steps x groups of each
+    member per call. A whole number, however large (batch 10**12 at micro-batch 1)."""
+    K = profile.batch // micro_batch
+    steps = {c.name: c.steps for c in profile.cycles}
+
+    def one(node: Node) -> int:
+        if node.op == "leaf":
+            return 1
+        return 2 * steps[node.component] * (node.groups if node.split else 1)  # type: ignore[index]
+
+    def stream(node: Node) -> int:
+        if node.op in ("leaf", "cycle"):
+            return one(node)
+        return stream(node.children[0]) + stream(node.children[1])
+
+    def phase(node: Node) -> int:
+        if node.op in ("leaf", "cycle"):
+            return one(node)
+        if node.op == "temporal":
+            return phase(node.children[0]) + phase(node.children[1])
+        return K * stream(node)
+
+    return phase(tree)
+
+
 def predicted_timeline(
     tree: Node, profile: WorkloadProfile, micro_batch: int, limit: int | None = None
 ) -> list[Interval]:
@@ -360,9 +537,13 @@ def predicted_timeline(
 
     Back-to-back calls of one micro-batch are one interval. At most ``limit`` intervals
     (default ``MAX_TIMELINE``) are kept: beyond it, ``coarsen`` joins each row's consecutive
-    intervals into as few as fit, keeping every row's busy seconds and its last end.
+    intervals into as few as fit, keeping every row's busy seconds and its last end. An
+    iteration of more than ``TIMELINE_CALLS`` calls is not played out call by call: each
+    leaf's or cycle member's calls under one node are one interval, with the same busy
+    seconds and last end (``_Coarse``).
     """
-    sim = _Sim(profile, micro_batch, None, 0.0, None)
+    big = calls_per_iteration(tree, profile, micro_batch) > TIMELINE_CALLS
+    sim = _Coarse(profile, micro_batch) if big else _Sim(profile, micro_batch, None, 0.0, None)
     sim.phase(tree, 0.0, root=True)
     out = coarsen(sim.spans, MAX_TIMELINE if limit is None else limit)
     return sorted(out, key=lambda i: (i.start, i.devices, i.component))
