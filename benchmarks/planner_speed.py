@@ -20,12 +20,16 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from loomrl.plan import load_profile, search_all
+# The checkout's loomrl, found without an install (python benchmarks/planner_speed.py puts only
+# benchmarks/ on the path).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from loomrl.plan import load_profile, search_all  # noqa: E402
 
 
 def chain3(devices: int, every_count: bool = False, jitter: float = 0.0, seed: int = 0, flat=False):

@@ -22,7 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
+ROOT = Path(__file__).resolve().parents[1]
+# The checkout's loomrl, found without an install (python scripts/plan_exactness.py puts only
+# scripts/ on the path), and the tests' random profiles.
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "unit")]
 from _plan_random import random_profile  # noqa: E402
 
 from loomrl.errors import PlanError  # noqa: E402

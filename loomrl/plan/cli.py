@@ -1,10 +1,11 @@
 """``loomrl plan PROFILE --devices N``: print the best plan and how each pure mode compares.
 
 Exit status 0 on success, 2 when an argument or the profile is malformed, the device count is
-past the planner's limit (``MAX_DEVICES``), the search runs out of memory, no plan fits, or an
-output file (--save, --timeline) cannot be written (the message names the key, the flag or the
-component and the constraint; no traceback); 141 when stdout's reader left (``| head``). The
-folders of an output file that do not exist yet are made when it is written.
+past the planner's limit (``MAX_DEVICES``), the workflow graph is past what the search can take
+(``graph.search_size_problem``), the search runs out of memory, no plan fits, or an output file
+(--save, --timeline) cannot be written (one line on stderr, "loomrl plan: ...", that names the
+key, the flag or the component and the constraint; no traceback); 141 when stdout's reader left
+(``| head``). The folders of an output file that do not exist yet are made when it is written.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from loomrl.errors import ConfigError, PlanError
+from loomrl.plan.graph import GraphTooLarge, check_search_size
 from loomrl.plan.profile import MAX_DEVICES
 from loomrl.plan.simulate import MAX_ITERATIONS, MAX_SIGMA, simulation_problems
 from loomrl.runlog import quiet_closed_stdout
@@ -27,10 +29,22 @@ from loomrl.runlog import quiet_closed_stdout
 __all__ = ["build_parser", "plan_main"]
 
 SIGMA, ITERATIONS = 0.3, 200  # --simulate's spread and iterations when not given
+# The most calls --simulate plays out (about a microsecond each, so some ten seconds): a plan of
+# 10**6 micro-batches, or a bounded channel replaying its upstream side once per micro-batch,
+# would otherwise run for hours.
+SIM_CALLS = 10_000_000
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument mistake reads as one line, as the command's other errors do (argparse's
+    default prints the whole usage first); --help still shows it."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def build_parser(prog: str = "loomrl plan") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog=prog,
         description="Find the fastest temporal / spatial / hybrid plan for a workload profile.",
     )
@@ -157,7 +171,7 @@ def _unwritable(path: Path) -> str | None:
 
 
 class _OutputError(Exception):
-    """An output file (--save, --timeline) could not be written."""
+    """An output file (--save, --timeline) could not be written, or --simulate cannot run."""
 
 
 @contextlib.contextmanager
@@ -181,6 +195,7 @@ def _image_suffixes() -> tuple[str, ...]:
 
 
 def plan_main(argv: list[str] | None = None) -> int:
+    _tolerant_stdout()
     args = build_parser().parse_args(argv)
     problems = _argument_problems(args)
     if problems:
@@ -192,9 +207,14 @@ def plan_main(argv: list[str] | None = None) -> int:
             warnings.showwarning = _show_warning
             warnings.simplefilter("default")  # each distinct warning once per call
             return _run(args)
-    except (ConfigError, PlanError) as e:
-        kind = "invalid profile" if isinstance(e, ConfigError) else "no plan fits"
-        print(f"loomrl plan: {kind}: {e}", file=sys.stderr)
+    except ConfigError as e:
+        print(f"loomrl plan: {_profile_problems(e)}", file=sys.stderr)
+        return 2
+    except GraphTooLarge as e:
+        print(f"loomrl plan: graph too large to search: {_one_line(str(e))}", file=sys.stderr)
+        return 2
+    except PlanError as e:
+        print(f"loomrl plan: no plan fits: {_one_line(str(e))}", file=sys.stderr)
         return 2
     except _OutputError as e:
         print(f"loomrl plan: {e}", file=sys.stderr)
@@ -217,8 +237,30 @@ def plan_main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _tolerant_stdout() -> None:
+    """Let a name the terminal's encoding lacks (a component called 'ロールアウト' under
+    PYTHONIOENCODING=ascii) print as a backslash escape, not end the command in a traceback;
+    stderr does so already."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        with contextlib.suppress(Exception):  # a stream that cannot change its error handler
+            reconfigure(errors="backslashreplace")
+
+
+def _one_line(text: str) -> str:
+    """``text`` on one line: its lines stripped and joined by a space (a parser's message may
+    show the offending line with a caret under it)."""
+    return " ".join(x.strip() for x in text.splitlines() if x.strip())
+
+
+def _profile_problems(e: ConfigError) -> str:
+    """A profile's problems as one line: where, then each problem, joined by '; '."""
+    where = f" {e.source}" if e.source else ""
+    return f"invalid profile{where}: " + "; ".join(_one_line(p) for p in e.problems)
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"loomrl plan: warning: {message}", file=sys.stderr)
+    print(f"loomrl plan: warning: {_one_line(str(message))}", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -249,6 +291,7 @@ def _run(args: argparse.Namespace) -> int:
     from loomrl.plan.search import MODES, exhaustive, search_all
 
     profile = load_profile(args.profile, devices=args.devices)
+    check_search_size(profile)  # before --exhaustive's warning: neither search can take it
     if args.exhaustive:
         if len(profile.components) > 4 or profile.devices > 12:
             # Brute force over every tree, split and m grows exponentially: it is a reference
@@ -279,15 +322,7 @@ def _run(args: argparse.Namespace) -> int:
         raise PlanError(_diagnose(profile, profile.devices, args.mode))
     sim = None
     if args.simulate:
-        from loomrl.plan.simulate import simulate
-
-        sim = simulate(
-            plan,
-            profile,
-            sigma=_sigma(args),
-            iterations=_iterations(args),
-            channel_capacity=args.channel_capacity,
-        )
+        sim = _simulate(args, plan, profile)
     if args.timeline:
         from loomrl.plan.timeline import draw_timeline
 
@@ -333,6 +368,43 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     print(_human(args, profile, plan, sim, plans))
     return 0
+
+
+def _simulate(args: argparse.Namespace, plan, profile):
+    """--simulate's run, or an ``_OutputError`` saying why it would take too long."""
+    from loomrl.plan.simulate import SimulationTooLong, calls_per_iteration, simulate
+
+    iterations = _iterations(args)
+    per = calls_per_iteration(plan.tree, profile, plan.micro_batch)
+    if per * iterations > SIM_CALLS:
+        fewer = (
+            f"lower --iterations to {SIM_CALLS // per:,} or fewer"
+            if per <= SIM_CALLS
+            else "one iteration alone is too many (drop --simulate: the plan's predicted time "
+            "comes from the closed form)"
+        )
+        raise _OutputError(
+            f"--simulate: {iterations:,} iteration(s) of this plan would play out "
+            f"{per * iterations:,} calls ({per:,} each: micro-batches times the components "
+            f"they pass, a cycle's steps times its groups), more than the {SIM_CALLS:,} it "
+            f"simulates; {fewer}"
+        )
+    try:
+        return simulate(
+            plan,
+            profile,
+            sigma=_sigma(args),
+            iterations=iterations,
+            channel_capacity=args.channel_capacity,
+            max_calls=SIM_CALLS,
+        )
+    except SimulationTooLong:
+        raise _OutputError(
+            f"--simulate: channels of --channel-capacity {args.channel_capacity} replay their "
+            f"upstream side until the back-pressure settles, which passed {SIM_CALLS:,} calls "
+            f"over {iterations:,} iteration(s) of {plan.num_micro_batches:,} micro-batches; "
+            "raise --channel-capacity or lower --iterations"
+        ) from None
 
 
 def _human(args, profile, plan, sim, plans=None) -> str:

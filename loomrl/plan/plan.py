@@ -348,11 +348,11 @@ class Plan:
         """Write JSON (``.json``) or YAML (anything else)."""
         p = Path(path)
         if p.suffix == ".json":
-            p.write_text(self.to_json())
+            p.write_text(self.to_json(), encoding="utf-8")
         else:
             import yaml
 
-            p.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+            p.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False), encoding="utf-8")
 
     def device_problems(self, devices: int) -> list[str]:
         """Why this plan cannot run on a cluster of ``devices`` devices (empty: it can)."""
@@ -379,12 +379,16 @@ class Plan:
         p = Path(path)
         fix = "write one with `loomrl plan PROFILE --devices N --save plan.json`"
         try:
-            text = p.read_text()
+            text = p.read_text(encoding="utf-8")
             d = load_json(text) if p.suffix == ".json" else load_yaml(text)
         except DuplicateKeyError as e:
             raise PlanError(f"plan file {str(p)!r}: {e.message()}") from None
         except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as e:
-            raise PlanError(f"plan file {str(p)!r} cannot be read: {e}; {fix}") from None
+            from loomrl.plan.profile import parse_error_text
+
+            raise PlanError(
+                f"plan file {str(p)!r} cannot be read: {parse_error_text(e)}; {fix}"
+            ) from None
         if isinstance(d, dict) and "components" in d and "tree" not in d:
             raise PlanError(
                 f"plan file {str(p)!r} is a workload profile, not a plan: plan from it with "
