@@ -148,11 +148,15 @@ def _make_output_dir(cfg: Any) -> Path:
     return out
 
 
-def prepare_run_dir(cfg: Any) -> str | None:
+def prepare_run_dir(cfg: Any, restart: bool = False) -> str | None:
     """Ready ``run.output_dir`` for a run: a new run sets an earlier run's records there aside
     (``runlog.set_aside_records``); a resumed one (``resume: true``) cuts the step records back
     to the checkpoint it resumes from. Returns why there is nothing to run (a resume of a run
-    that already reached ``run.steps``, left untouched), else None."""
+    that already reached ``run.steps``, left untouched), else None.
+
+    ``restart``: the automatic restart after a dead worker (``run_with_restarts``), for which a
+    run that died before its first complete checkpoint begins again at step 0 (its rows all
+    dropped) instead of being refused as a resume with nothing to resume from."""
     from loomrl.runlog import config_text, set_aside_records, trim_records
 
     out = _make_output_dir(cfg)
@@ -178,6 +182,17 @@ def prepare_run_dir(cfg: Any) -> str | None:
     from loomrl.checkpoint import latest_checkpoint, list_checkpoints
 
     path = latest_checkpoint(out)
+    if path is None and restart:
+        # Nothing saved yet: the attempt that died kept no step; its rows (step 0's opening
+        # evaluation included, which the restart logs again) go with it.
+        dropped = trim_records(out, -1)
+        say(
+            f"loomrl: no complete checkpoint in {out} yet: restarting at step 0"
+            + ("; rows of the failed attempt dropped: " if dropped else "")
+            + ", ".join(f"{n} of {k}" for k, n in dropped.items()),
+            sys.stderr,
+        )
+        return None
     if path is None:
         raise ConfigError(
             [
@@ -292,7 +307,8 @@ def run_with_restarts(mod: Any, cfg: Any) -> dict:
             )
             if hasattr(cfg, "resume"):
                 cfg = dataclasses.replace(cfg, resume=True)
-                prepare_run_dir(cfg)  # rows written after the last checkpoint go
+                # rows written after the last checkpoint go (all of them if none was saved)
+                prepare_run_dir(cfg, restart=True)
 
 
 def _run_dir_config(run_dir: Path) -> Path:

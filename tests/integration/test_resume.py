@@ -100,6 +100,27 @@ def test_dead_worker_restarts_from_checkpoint(cluster, straight, tmp_path):
     assert (aside / "step-000010").is_dir()
 
 
+def test_a_worker_dead_before_the_first_checkpoint_restarts_at_step_0(cluster, straight, tmp_path):
+    """A rollout worker killed at step 1, before the step-2 checkpoint: the restart begins again
+    at step 0 (not refused as a resume with nothing to resume from) and ends with the
+    uninterrupted run's parameters."""
+    from loomrl.cli import _normalise_overrides, load_recipe_config, run_with_restarts
+
+    out = tmp_path / "early"
+    over = [*COMMON, "steps=4", "run.checkpoint_every=2", f"output_dir={out}"]
+    mod, cfg = load_recipe_config(
+        ROOT / "examples/tiny_grpo.yaml",
+        _normalise_overrides([*over, "run.max_restarts=1", "run.kill_worker_at_step=1"]),
+    )
+    run_with_restarts(mod, cfg)
+    a = json.loads((straight / "run_summary.json").read_text())
+    b = json.loads((out / "run_summary.json").read_text())
+    assert b["restarts"] == 1 and b["status"] == "finished"
+    assert a["param_sha256"] == b["param_sha256"]
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3, 4]  # the failed attempt's rows went: each step once
+
+
 _RUN_CLI = "import sys; from loomrl.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
