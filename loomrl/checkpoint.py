@@ -332,14 +332,28 @@ def verify_checkpoint(path: str | os.PathLike) -> list[str]:
     ]
     if absent:
         return [f"{MANIFEST} lacks {', '.join(absent)}"]
-    files = manifest["files"]
+    files, entries = manifest["files"], manifest["entries"]
     if manifest.get("format") != FORMAT_VERSION:
         return [
             f"{MANIFEST} has format {manifest.get('format')!r}, this loomrl reads {FORMAT_VERSION}"
         ]
+    # A manifest edited or written by something else must not crash the search for the last
+    # good checkpoint: a shape it does not have is a reason to skip it, like a bad checksum.
+    if not isinstance(files, dict) or not all(isinstance(i, dict) for i in files.values()):
+        return [f"{MANIFEST}: 'files' is not a mapping of file name to its bytes and sha256"]
+    if not isinstance(entries, dict) or not all(isinstance(f, str) for f in entries.values()):
+        return [f"{MANIFEST}: 'entries' is not a mapping of entry name to file name"]
     problems = []
+    for entry, name in sorted(entries.items()):
+        if name not in files:  # load_checkpoint would read it unchecked, whatever it holds
+            problems.append(
+                f"entry {entry!r} is stored in {name}, which {MANIFEST} lists no checksum for"
+            )
     for name, info in sorted(files.items()):
         f = path / name
+        if Path(name).name != name:
+            problems.append(f"{name} is not a file of the checkpoint directory")
+            continue
         if not f.is_file():
             problems.append(f"{name} is missing")
             continue

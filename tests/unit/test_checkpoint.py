@@ -185,6 +185,39 @@ def test_truncated_and_missing_files_are_detected(tmp_path):
     assert latest_checkpoint(tmp_path) is None
 
 
+def _edit_manifest(p: Path, edit) -> None:
+    m = json.loads((p / "manifest.json").read_text())
+    edit(m)
+    (p / "manifest.json").write_text(json.dumps(m))
+
+
+def test_an_entry_without_a_checksum_or_a_malformed_manifest_is_skipped_not_loaded(tmp_path):
+    good = save_checkpoint(tmp_path, 1, {"w": torch.ones(3), "step": 1})
+    bad = save_checkpoint(tmp_path, 2, {"w": torch.zeros(3), "step": 2})
+    # The manifest lost w.pt's line, and w.pt was cut short: nothing vouches for it.
+    _edit_manifest(bad, lambda m: m["files"].pop("w.pt"))
+    (bad / "w.pt").write_bytes((bad / "w.pt").read_bytes()[:20])
+    assert verify_checkpoint(bad) == [
+        "entry 'w' is stored in w.pt, which manifest.json lists no checksum for"
+    ]
+    assert latest_checkpoint(tmp_path) == good
+    with pytest.raises(CheckpointError, match="entry 'w' is stored in w.pt"):
+        load_checkpoint(bad)
+    for files, said in [
+        ([], "'files' is not a mapping"),
+        ({"w.pt": "abc"}, "'files' is not a mapping"),
+    ]:
+        _edit_manifest(bad, lambda m, f=files: m.update(files=f))
+        assert said in verify_checkpoint(bad)[0]
+        assert latest_checkpoint(tmp_path) == good
+    _edit_manifest(bad, lambda m: m.update(files={}, entries=["w"]))
+    assert "'entries' is not a mapping" in verify_checkpoint(bad)[0]
+    outside = {"../x.pt": {"bytes": 1, "sha256": "0"}}
+    _edit_manifest(bad, lambda m: m.update(files=outside, entries={}))
+    assert verify_checkpoint(bad) == ["../x.pt is not a file of the checkpoint directory"]
+    assert latest_checkpoint(tmp_path) == good
+
+
 def test_stale_temp_dirs_of_dead_writers_are_cleaned(tmp_path):
     root = tmp_path / "checkpoints"
     root.mkdir()
