@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -291,13 +291,9 @@ class _Sim:
         if root and node.op == "temporal":
             t = t0
             for block in _temporal_spine(node):
-                for x in block.leaves():
-                    for comp in x.members if x.op == "cycle" else (x.component,):
-                        sw = self.prof.components[comp].switch_s
-                        if sw > 0:
-                            devs = x.member_devices()[comp]
-                            self.record(comp, _rng(devs), t, t + sw, -1, "switch")
-                            t += sw
+                for comp, devs, sw in _switches(self.prof, block):
+                    self.record(comp, devs, t, t + sw, -1, "switch")
+                    t += sw
                 t = self.phase(block, t, False)
             return t
         if node.op == "leaf":
@@ -404,13 +400,9 @@ class _Coarse:
         if root and node.op == "temporal":
             t = t0
             for block in _temporal_spine(node):
-                for x in block.leaves():
-                    for comp in x.members if x.op == "cycle" else (x.component,):
-                        sw = self.prof.components[comp].switch_s
-                        if sw > 0:
-                            devs = x.member_devices()[comp]
-                            self.spans.append([comp, _rng(devs), t, t + sw, -1, "switch"])
-                            t += sw
+                for comp, devs, sw in _switches(self.prof, block):
+                    self.spans.append([comp, devs, t, t + sw, -1, "switch"])
+                    t += sw
                 t = self.phase(block, t, False)
             return t
         if node.op in ("leaf", "cycle"):
@@ -420,6 +412,18 @@ class _Coarse:
             return self.phase(node.children[1], self.phase(node.children[0], t0, False), False)
         a, r = self.stream(node, t0, 0.0)
         return a + (self.K - 1) * r  # the last micro-batch leaves last
+
+
+def _switches(
+    profile: WorkloadProfile, block: Node
+) -> Iterator[tuple[str, tuple[int, int], float]]:
+    """(component, devices, seconds) of each switch a temporal block pays before its phase,
+    in its leaves' order (a cycle's members in turn)."""
+    for x in block.leaves():
+        for comp in x.members if x.op == "cycle" else (x.component,):
+            sw = profile.components[comp].switch_s
+            if sw > 0:
+                yield comp, _rng(x.member_devices()[comp]), sw
 
 
 def _temporal_spine(node: Node) -> list[Node]:
