@@ -129,6 +129,15 @@ class RunConfig:
                     Plan.load(self.placement)
                 except PlanError as e:
                     p.append(f"placement: {e}")
+                if self.adapt:
+                    # A plan file is run as it is (no profile is read beside it): the run would
+                    # record drift it could never act on, and say nothing.
+                    p.append(
+                        f"adapt: true needs a profile to refresh and re-plan from, but "
+                        f"placement={self.placement!r} is a plan file, which runs as it is; set "
+                        "run.adapt=false to keep that plan, or placement=auto with "
+                        "run.profile=FILE to adapt"
+                    )
         if self.wandb not in ("off", "offline", "online"):
             p.append(f"wandb: expected 'off', 'offline' or 'online', got {self.wandb!r}")
         elif self.wandb != "off":

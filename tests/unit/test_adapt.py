@@ -219,3 +219,19 @@ def test_adapt_config_reports_every_problem():
         "adapt_min_gain: must be >= 0, got -1",
         "adapt_max_replans: must be >= 0, got -1",
     ]
+
+
+def test_adapt_with_a_plan_file_is_refused_not_silently_off(tmp_path):
+    from loomrl.run import RunConfig
+
+    prof = load_profile(PROFILE)
+    path = tmp_path / "plan.json"
+    fixed_plan(prof, spatial(leaf("a", 1), leaf("b", 1)), 2).save(path)
+    assert RunConfig(placement=str(path)).validate() == []
+    (problem,) = RunConfig(placement=str(path), adapt=True).validate()
+    assert problem.startswith(
+        f"adapt: true needs a profile to refresh and re-plan from, but "
+        f"placement='{path}' is a plan file"
+    )
+    assert "run.adapt=false" in problem
+    assert RunConfig(placement="auto", adapt=True).validate() == []
