@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,13 +34,16 @@ __all__ = [
     "DriftDetector",
     "call_overheads",
     "component_factors",
+    "detection_lag",
     "iteration_overhead",
     "median_by_key",
     "measured_switch_s",
+    "oscillations",
     "phase_overheads",
     "plan_key",
     "refresh_from_runs",
     "refresh_profile",
+    "throughput_lost",
     "worth_switching",
 ]
 
@@ -294,3 +298,41 @@ def worth_switching(
     remaining iterations exceeds the redeploy stall."""
     gain = current_s - candidate_s
     return gain > min_gain * current_s and gain * max(0, iterations_left) > stall_s
+
+
+# ------------------------------------------------------------------ what adaptation cost
+# The paper never measured its adaptation; these say how well ours did, from a run's record.
+
+
+def detection_lag(event_steps: Sequence[int], onset: int, first_judged: int = 1) -> int | None:
+    """Iterations from the first affected one that adaptation judges to its first decision
+    (an event of ``Flow.adapt``, re-plan or not), both counted: ``window`` when it notices at
+    once. The affected ones start at ``onset``, or at ``first_judged`` when that is later (the
+    first iteration of fresh workers is their warm-up, never judged). Events before that
+    (false alarms) are no detection; None when no event came after it."""
+    first = max(onset, first_judged)
+    after = [s for s in event_steps if s >= first]
+    return min(after) - first + 1 if after else None
+
+
+def oscillations(plan_keys: Sequence[str]) -> int:
+    """How often the plan changed back to one that ran before (``plan_key`` per iteration, in
+    order): A A B B A counts 1, A B A B counts 2, A B C counts 0."""
+    seen: set[str] = set()
+    count, prev = 0, None
+    for k in plan_keys:
+        if k != prev and k in seen:
+            count += 1
+        seen.add(k)
+        prev = k
+    return count
+
+
+def throughput_lost(times: Sequence[float], reference_s: float, start: int = 0) -> float:
+    """The share of time the iterations from ``start`` on took beyond ``reference_s`` each (the
+    steady iteration of the plan that was best from the start): 0.25 when they took 25% longer,
+    negative when faster. 0 without iterations from ``start`` on."""
+    if reference_s <= 0:
+        raise ValueError(f"reference_s={reference_s}: must be > 0 seconds per iteration")
+    tail = list(times[start:])
+    return sum(tail) / (reference_s * len(tail)) - 1.0 if tail else 0.0

@@ -254,6 +254,11 @@ class Run:
         self.iter_times: list[float] = []
         self.plan_start = 0  # first iteration of the current plan (it changes on a re-plan)
         self.replans = 0
+        # What adaptation did and cost this attempt (the summary's "adapt"): the plan each
+        # iteration ran (its plan_key), the decisions taken, the seconds the redeploys stalled.
+        self.adapt_plans: list[str] = []
+        self.adapt_decisions = 0
+        self.redeploy_stall_s = 0.0
         self.planning_s: float | None = None  # profiling + search + launch, when a flow planned
         self.profiling: dict[str, Any] | None = None  # loomrl.profiler.ProfileRun.summary()
         self.plan: Any = None
@@ -341,6 +346,9 @@ class Run:
                 + "\n"
             )
         if self.rc.adapt and flow is not None:
+            from loomrl.adapt import plan_key
+
+            self.adapt_plans.append(plan_key(flow.plan_))
             self._adapt(step, result, flow)
 
     def _adapt(self, step: int, result: Any, flow: Any) -> None:
@@ -348,6 +356,8 @@ class Run:
         if ev is None:
             return
         ev = {"step": step, **ev}
+        self.adapt_decisions += 1
+        self.redeploy_stall_s += ev.get("stall_s", 0.0)
         with open(self.dir / "adapt.jsonl", "a") as f:
             f.write(json.dumps(ev, default=str) + "\n")
         errs = ", ".join(f"{100 * e:+.0f}%" for e in ev["errors"])
@@ -452,6 +462,7 @@ class Run:
             "measured_iteration_s": self.measured_iteration_s(),
             "iteration_s": self.iter_times,
             "replans": self.replans,
+            "adapt": self._adapt_record(),
             "planning_s": self.planning_s,
             "profiling": self.profiling,
             "wall_s": wall,
@@ -460,6 +471,21 @@ class Run:
             "attempts": self.attempts,
             "restarts": count_lines(self.dir / "restarts.jsonl"),
             "fixed_on_resume": self.fixed,
+        }
+
+    def _adapt_record(self) -> dict[str, Any] | None:
+        """What run-time adaptation did this attempt (None without ``run.adapt``): its decisions
+        (each an adapt.jsonl row), re-plans, returns to a plan that ran before, and the seconds
+        its redeploys stalled the run."""
+        if not self.rc.adapt:
+            return None
+        from loomrl.adapt import oscillations
+
+        return {
+            "decisions": self.adapt_decisions,
+            "replans": self.replans,
+            "oscillations": oscillations(self.adapt_plans),
+            "redeploy_stall_s": self.redeploy_stall_s,
         }
 
     def close(self) -> None:

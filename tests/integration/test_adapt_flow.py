@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from loomrl import Worker, wait
 from loomrl.adapt import AdaptConfig, refresh_profile
 from loomrl.flow import Flow
@@ -152,6 +154,12 @@ def test_run_adapt_writes_events_and_counts_replans(cluster, tmp_path):
     assert events and events[0]["step"] == 2
     s = json.loads((out / "run_summary.json").read_text())
     assert s["replans"] == sum(e["action"] == "replan" for e in events)
+    # What adaptation did and cost, in the summary: as many decisions as adapt.jsonl rows, and
+    # the redeploys' stall as their rows say (4 iterations leave no room to return to a plan).
+    a = s["adapt"]
+    assert a["decisions"] == len(events) and a["replans"] == s["replans"]
+    assert a["oscillations"] == 0
+    assert a["redeploy_stall_s"] == pytest.approx(sum(e.get("stall_s", 0.0) for e in events))
     assert s["planning_s"] > 0  # searching and starting the workers took time, and it is said
     # The summary's prediction is the refreshed one, not the stale profile's.
     assert s["predicted_iteration_s"] == json.loads((out / "plan.json").read_text())["predicted_s"]

@@ -9,12 +9,15 @@ from loomrl.adapt import (
     DriftDetector,
     call_overheads,
     component_factors,
+    detection_lag,
     iteration_overhead,
     measured_switch_s,
+    oscillations,
     phase_overheads,
     plan_key,
     refresh_from_runs,
     refresh_profile,
+    throughput_lost,
     worth_switching,
 )
 from loomrl.plan import load_profile
@@ -235,3 +238,47 @@ def test_adapt_with_a_plan_file_is_refused_not_silently_off(tmp_path):
     )
     assert "run.adapt=false" in problem
     assert RunConfig(placement="auto", adapt=True).validate() == []
+
+
+def _events(errors: list[float], threshold: float = 0.15, window: int = 3) -> list[int]:
+    """The iterations at which a detector fed ``errors`` (relative, predicted 1 s) decides,
+    starting over after each decision as ``Flow.adapt`` does."""
+    d, out = DriftDetector(threshold, window), []
+    for step, e in enumerate(errors):
+        if d.observe(1.0, 1.0 + e):
+            out.append(step)
+            d.reset()
+    return out
+
+
+def test_temporary_drift_is_never_acted_on_and_persistent_drift_after_one_window():
+    blip = [0.0, 0.3, 0.3, 0.0, 0.3, 0.3, -0.3, -0.3, 0.3, 0.0]  # never 3 alike in a row
+    assert _events(blip) == []
+    lasting = [0.0] * 5 + [0.5] * 8  # drift from step 5 on, for good
+    assert _events(lasting) == [7, 10]  # once per full window until the profile catches up
+    assert detection_lag(_events(lasting), onset=5) == 3  # the window, counted inclusively
+    assert detection_lag(_events(lasting, window=5), onset=5) == 5
+    assert detection_lag([2, 9], onset=5) == 5  # a false alarm before onset is no detection
+    assert detection_lag([2], onset=5) is None
+    # A stale plan from the start: iteration 0 (fresh workers' warm-up) is never judged, so the
+    # detector sees iterations 1, 2, 3 and decides at 3.
+    judged = [1 + s for s in _events([0.5] * 3)]
+    assert judged == [3] and detection_lag(judged, onset=0) == 3
+
+
+def test_oscillations_count_returns_to_a_plan_that_ran_before():
+    assert oscillations([]) == 0
+    assert oscillations(list("AAABBBCC")) == 0
+    assert oscillations(list("AABBAA")) == 1
+    assert oscillations(list("ABABAB")) == 4
+    assert oscillations(list("ABCA")) == 1
+
+
+def test_throughput_lost_is_the_extra_share_over_the_reference_speed():
+    times = [9.0, 2.0, 2.0, 1.0, 1.0]  # warm-up, two slow iterations, then the best plan's speed
+    assert throughput_lost(times, reference_s=1.0, start=1) == pytest.approx(6 / 4 - 1)
+    assert throughput_lost(times, reference_s=1.0, start=3) == pytest.approx(0.0)
+    assert throughput_lost(times, reference_s=2.0, start=3) == pytest.approx(-0.5)
+    assert throughput_lost(times, reference_s=1.0, start=5) == 0.0
+    with pytest.raises(ValueError, match="reference_s=0"):
+        throughput_lost(times, reference_s=0.0)
