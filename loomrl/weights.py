@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -470,7 +471,7 @@ class WeightSync:
     ):
         if path not in PATHS:
             raise ValueError(f"path={path!r}: use one of {list(PATHS)}")
-        if bucket_mb <= 0:
+        if not bucket_mb > 0:  # NaN too
             raise ValueError(f"bucket_mb={bucket_mb}: must be positive")
         self.source, self.sinks = source, sinks
         self.bucket_mb, self.path, self.timeout = bucket_mb, path, timeout
@@ -570,7 +571,15 @@ def _layout(params: dict[str, Any], want: Any, bucket_mb: float) -> list[list[Sl
         dt = want.get(n) if isinstance(want, dict) else want
         dt = dt or _dtype_name(p.dtype)
         specs.append((n, tuple(p.shape), dt, p.numel() * getattr(torch, dt).itemsize))
-    return plan_buckets(specs, int(bucket_mb * 2**20))
+    return plan_buckets(specs, _bucket_bytes(bucket_mb))
+
+
+def _bucket_bytes(bucket_mb: float) -> int:
+    """``bucket_mb`` in bytes. Any size > 0 is a valid setting: one under a byte leaves each
+    tensor a bucket of its own, an infinite one puts them all in one bucket."""
+    if bucket_mb * 2**20 >= sys.maxsize:
+        return sys.maxsize
+    return max(1, int(bucket_mb * 2**20))
 
 
 def _pack_params(params: dict[str, Any], bucket: list[Slot], flat: Any) -> None:

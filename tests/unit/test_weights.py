@@ -118,3 +118,18 @@ def test_run_config_checks_weight_sync_and_offload_settings():
     )
     assert "weight_bucket_mb: must be > 0, got 0" in p
     assert RunConfig().validate() == []
+
+
+def test_any_positive_bucket_size_lays_the_weights_out():
+    """A run's weight_bucket_mb passes validation for any size > 0: one under a byte gives each
+    tensor its own bucket, one larger than the model (or infinite) puts them all in one."""
+    from loomrl.weights import WeightSync, _layout
+
+    params = {"a": torch.ones(3), "b": torch.ones(2, 2), "c": torch.ones(1)}
+    tiny = _layout(params, None, 1e-9)
+    assert [[s.name for s in b] for b in tiny] == [["a"], ["b"], ["c"]]
+    for huge in (1e6, float("inf")):
+        assert [[s.name for s in b] for b in _layout(params, "bfloat16", huge)] == [["a", "b", "c"]]
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match="bucket_mb=.*must be positive"):
+            WeightSync(None, bucket_mb=bad)
