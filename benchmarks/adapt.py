@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from loomrl import Cluster
-    from loomrl.adapt import refresh_profile
+    from loomrl.adapt import detection_lag, oscillations, refresh_profile, throughput_lost
     from loomrl.flow import Flow
     from loomrl.plan.search import search_all
     from loomrl.profiler import profile_flow
@@ -133,18 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     post = {k: sum(v["times"][first:]) for k, v in out.items()}
     events = out["adaptive"]["events"]
     replans = [e for e in events if e["action"] == "replan"]
-    # Iterations judged from onset to the decision (iteration 0 of fresh workers is not judged).
-    lag = (replans[0]["step"] - first + 1) if replans else None
+    # Iterations judged from onset to the first decision, re-plan or not (iteration 0 of fresh
+    # workers is not judged); a decision before onset is a false alarm, not the detection.
+    lag = detection_lag([e["step"] for e in events], onset=d, first_judged=1)
     stall = replans[0]["stall_s"] if replans else 0.0
-    seen, osc, prev = set(), 0, None
-    for k in out["adaptive"]["plans"]:
-        if k != prev and k in seen:
-            osc += 1
-        seen.add(k)
-        prev = k
-    # The oracle's steady speed after onset (its first iteration is warm-up).
-    oracle_post = statistics.median(out["oracle"]["times"][first:]) * (args.steps - first)
-    lost = post["adaptive"] / oracle_post - 1.0
+    osc = oscillations(out["adaptive"]["plans"])
+    # Against the oracle's steady speed after onset (its first iteration is warm-up).
+    lost = throughput_lost(
+        out["adaptive"]["times"], statistics.median(out["oracle"]["times"][first:]), first
+    )
     print(
         f"demo on {args.devices} devices, batch {args.batch}, {args.steps} steps, scenario "
         f"{args.scenario} (onset step {d}); load average at start {load[0]:.1f}"
