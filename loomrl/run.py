@@ -232,6 +232,14 @@ class Run:
             pin_cores=run_cfg.pin_cores,
         )
         self.cluster.launch_timeout_s = run_cfg.launch_timeout_s
+        from loomrl.weights import cluster_problem
+
+        wrong = cluster_problem(run_cfg.weight_path, self.cluster.has_cuda)
+        if wrong is not None:  # before any worker starts or model loads
+            from loomrl.errors import ConfigError
+
+            self.cluster.shutdown()
+            raise ConfigError([wrong])
         # ray.init made SIGTERM dump a native stack and sys.exit(15): the run would stop as
         # "failed". It stops as on Ctrl-C instead (workers stopped, summary, resume command).
         stop_on_sigterm()

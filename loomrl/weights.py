@@ -137,6 +137,18 @@ def route(source: dict, sink: dict, force: str = "auto") -> Path:
     return Path(force)
 
 
+def cluster_problem(path: str, has_cuda: bool) -> str | None:
+    """Why the forced route ``path`` cannot carry any push on a cluster without CUDA GPUs
+    (None when it may): said as the run starts, not at its first push, after the model loads
+    and the profiling that can take minutes."""
+    if path in ("nccl", "cuda_ipc") and not has_cuda:
+        return (
+            f"run.weight_path: {path!r} moves weights between CUDA GPUs, and this cluster has "
+            "none; set run.weight_path=auto (or 'shared_memory' / 'gloo')"
+        )
+    return None
+
+
 def _engine_endpoint(engine: Any) -> dict:
     """Where this worker's engine is: node, pid, physical GPU, whether its weights sit on the GPU
     now, their version, and their dtypes (what a receiver wants to be sent)."""
@@ -638,6 +650,7 @@ __all__ = [
     "WeightSource",
     "WeightSync",
     "bucket_nbytes",
+    "cluster_problem",
     "pack",
     "plan_buckets",
     "route",

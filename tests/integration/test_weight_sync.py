@@ -144,6 +144,26 @@ def test_forced_routes_that_cannot_work_are_refused_before_anything_moves(pair):
         WeightSync(trainer, users, path="fast")
 
 
+@pytest.mark.parametrize("path", ["nccl", "cuda_ipc"])
+def test_a_gpu_route_on_a_cluster_without_cuda_is_refused_before_any_worker_starts(
+    cluster, tmp_path, path
+):
+    from loomrl.errors import ConfigError
+    from loomrl.run import Run, RunConfig
+
+    if cluster.has_cuda:
+        pytest.skip("this cluster has CUDA GPUs: the route may work")
+    before = len(cluster._groups)
+    rc = RunConfig(output_dir=str(tmp_path), weight_path=path, progress=False, tensorboard=False)
+    with pytest.raises(ConfigError, match=f"run.weight_path: '{path}' moves weights between CUDA"):
+        Run(None, rc)
+    assert len(cluster._groups) == before and not (tmp_path / "config.yaml").exists()
+    # The session's Ray is still up: Run did not own it.
+    import ray
+
+    assert ray.is_initialized()
+
+
 class DyingUser(User):
     def apply_weights(self, named):
         os._exit(1)  # the receiver's process dies in the middle of a push

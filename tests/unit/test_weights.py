@@ -133,3 +133,15 @@ def test_any_positive_bucket_size_lays_the_weights_out():
     for bad in (0, -1, float("nan")):
         with pytest.raises(ValueError, match="bucket_mb=.*must be positive"):
             WeightSync(None, bucket_mb=bad)
+
+
+def test_gpu_routes_are_refused_on_a_cluster_without_cuda():
+    from loomrl.weights import cluster_problem
+
+    for path in ("nccl", "cuda_ipc"):
+        said = cluster_problem(path, has_cuda=False)
+        assert said is not None and said.startswith(f"run.weight_path: {path!r} moves weights")
+        assert "set run.weight_path=auto" in said
+        assert cluster_problem(path, has_cuda=True) is None
+    for path in ("auto", "shared_memory", "gloo"):
+        assert cluster_problem(path, has_cuda=False) is None
