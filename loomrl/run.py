@@ -234,8 +234,10 @@ class Run:
         self.cluster.launch_timeout_s = run_cfg.launch_timeout_s
         from loomrl.weights import cluster_problem
 
-        wrong = cluster_problem(run_cfg.weight_path, self.cluster.has_cuda)
-        if wrong is not None:  # before any worker starts or model loads
+        # has_cuda asks the machine for its GPUs: only for the routes that need them.
+        gpu_route = run_cfg.weight_path in ("nccl", "cuda_ipc")
+        wrong = gpu_route and cluster_problem(run_cfg.weight_path, self.cluster.has_cuda)
+        if wrong:  # before any worker starts or model loads
             from loomrl.errors import ConfigError
 
             self.cluster.shutdown()
