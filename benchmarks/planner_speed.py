@@ -1,4 +1,5 @@
-"""Planner search time: 3-component chain at 8..4,096 devices, 6-component PPO graph at 1,024.
+"""Planner search time: 3-component chain at 8..4,096 devices, 6-component PPO graph at 1,024,
+a chain with an env <-> policy cycle at 256..4,096.
 
     python benchmarks/planner_speed.py --out planner_speed.json
 
@@ -7,7 +8,9 @@ micro-batch sizes. The ``chain3_all`` rows repeat the chain with every count
 1..N valid (the dense case: RLinf's search considers every count); ``chain3_irr``
 the same with each count's cost off the smooth curve by up to 30% (three seeds); ``chain3_flat``
 with costs that hardly change with the count (a fixed cost beside a small per-item one); ``ppo6_x8``
-and ``ppo6_all`` the PPO graph with every multiple of 8 and every count valid.
+and ``ppo6_all`` the PPO graph with every multiple of 8 and every count valid; ``cycle_all`` an
+env <-> policy cycle (4 steps, ring groups of any size) feeding an actor, every count 1..N valid
+for all three (O(N^2 K) splits of the cycle for every micro-batch size).
 Each case is timed over --repeat runs (the table shows the best) of the
 dynamic programme (``search_s``) and of the whole ``search_all`` call (which
 also lays out, costs and simulates the four returned plans). The last line
@@ -79,6 +82,35 @@ def chain3(devices: int, every_count: bool = False, jitter: float = 0.0, seed: i
             "granularities": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
             "components": comps,
             "edges": [["rollout", "inference"], ["inference", "actor"]],
+        }
+    )
+
+
+def cycle_all(devices: int):
+    """env <-> policy for 4 steps, then the actor trains on the batch; every count valid."""
+    valid = list(range(1, devices + 1))
+
+    def comp(alpha: float, scale: float, mem: float, switch: float) -> dict:
+        return {
+            "valid_devices": valid,
+            "time": {"alpha": alpha, "per_item": {d: scale * d**-0.9 for d in valid}},
+            "memory_gb": {d: 10 + mem / d for d in valid},
+            "switch_s": switch,
+        }
+
+    return load_profile(
+        {
+            "devices": devices,
+            "device_memory_gb": 80,
+            "batch": 512,
+            "granularities": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+            "components": {
+                "env": comp(0.05, 20.0, 100, 1.0),
+                "policy": comp(0.2, 100.0, 300, 3.0),
+                "actor": comp(0.3, 200.0, 400, 4.0),
+            },
+            "edges": [["env", "policy"], ["policy", "env"], ["policy", "actor"]],
+            "cycles": [{"members": ["env", "policy"], "steps": 4}],
         }
     )
 
@@ -177,6 +209,8 @@ def main() -> None:
     rows.append({"case": "ppo6_x8", "devices": 256, **measure(ppo6(256, x8), args.repeat)})
     every = list(range(1, 65))
     rows.append({"case": "ppo6_all", "devices": 64, **measure(ppo6(64, every), args.repeat)})
+    for n in (256, 1024, 4096):  # a cycle whose members allow every count
+        rows.append({"case": "cycle_all", "devices": n, **measure(cycle_all(n), args.repeat)})
     print(
         f"{'case':<11} {'devices':>7} {'dp_s':>9} {'search_all_s':>12}  {'mode':<8} {'m':>5} {'predicted_s':>12}"
     )
@@ -192,6 +226,11 @@ def main() -> None:
     }
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
+    # the whole search_all call: listing a cycle's splits cost both the search and the costing
+    cyc = {r["devices"]: r["search_all_s"] for r in rows if r["case"] == "cycle_all"}
+    print(
+        f"dense cycle (search_all): 256: {cyc[256]:.4f} 1024: {cyc[1024]:.4f} 4096: {cyc[4096]:.4f}"
+    )
     # worst of the repeats, so the lines are upper bounds
     d = {r["devices"]: r["search_s_max"] for r in rows if r["case"] == "chain3_all"}
     print(f"every count valid: max_1024_s: {d[1024]:.4f} max_4096_s: {d[4096]:.4f}")

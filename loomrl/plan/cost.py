@@ -181,15 +181,20 @@ def cycle_options(
     slowdown: float = 1.0,
     hop: float = 0.0,
     last_b: bool = True,
+    only: tuple | None = None,
 ) -> list[Option]:
     """Co-located on a common valid count, or split over n_a + n_b <= n in k ring groups, for
     each k in ``groups`` (divisors of items: ``CycleSpec.group_counts``).
 
     A member with 0 among its valid counts may run on host cores beside the other's devices
     (n_a = 0 or n_b = 0); its memory is host memory and counts against no device.
+
+    ``only``: ("coloc",) for the co-located options alone, ("split", n_a, n_b, k) for that
+    split alone (if it is one), so that costing one tree does not list O(N^2 K) options.
     """
     out: list[Option] = []
-    for v in a.valid_devices:
+    coloc = only is None or only[0] == "coloc"
+    for v in a.valid_devices if coloc else ():
         if 1 <= v <= n and v in b.memory_gb:
             spec = ("coloc", v)
             out.append(
@@ -203,12 +208,17 @@ def cycle_options(
                     spec,
                 )
             )
-    for na in a.valid_devices:
+    split = only is None or only[0] == "split"
+    for na in a.valid_devices if split else ():
+        if only is not None and na != only[1]:
+            continue
         for nb in b.valid_devices:
-            if na + nb > n or na + nb == 0:
+            if na + nb > n or na + nb == 0 or (only is not None and nb != only[2]):
                 continue
             mem = max(a.memory_gb[na] if na else 0.0, b.memory_gb[nb] if nb else 0.0)
             for k in groups:
+                if only is not None and k != only[3]:
+                    continue
                 spec = ("split", na, nb, k)
                 cores = max(a.cores(na), b.cores(nb)) if k == 1 else a.cores(na) + b.cores(nb)
                 out.append(
@@ -225,18 +235,24 @@ def cycle_options(
 
 
 def node_options(
-    profile: WorkloadProfile, name: str, n: int, items: int, any_groups: bool = False
+    profile: WorkloadProfile,
+    name: str,
+    n: int,
+    items: int,
+    any_groups: bool = False,
+    only: tuple | None = None,
 ) -> list[Option]:
     """Options of a graph node (a component, or a cycle named 'a<->b') on n devices. A cycle's
     ring-group counts are those its ``min_group`` allows, or every divisor with ``any_groups``
-    (a tree that names its k is costed as asked)."""
+    (a tree that names its k is costed as asked). ``only``: a cycle's layout alone
+    (``cycle_options``)."""
     if name in profile.components:
         return leaf_options(profile.components[name], n, items)
     cyc = _cycle_by_name(profile, name)
     a, b = (profile.components[x] for x in cyc.members)
     groups = cyc.group_counts(items, limited=not any_groups)
     return cycle_options(
-        a, b, cyc.steps, n, items, groups, cyc.overlap_slowdown, cyc.hop_s, cyc.last_b
+        a, b, cyc.steps, n, items, groups, cyc.overlap_slowdown, cyc.hop_s, cyc.last_b, only
     )
 
 
@@ -289,7 +305,8 @@ def _fixed_options(profile: WorkloadProfile, node: Node, items: int) -> list[Opt
     if node.op == "leaf":
         comp = profile.components[node.component]  # type: ignore[index]
         return leaf_options(comp, node.n, items, only=node.used)
-    opts = node_options(profile, node.component, node.n, items, any_groups=True)  # type: ignore[arg-type]
+    only = ("coloc",) if node.split is None else ("split", *node.split, node.groups)
+    opts = node_options(profile, node.component, node.n, items, any_groups=True, only=only)  # type: ignore[arg-type]
     if node.split is None:
         opts = [o for o in opts if o.spec[0] == "coloc"]
         if node.used is not None:

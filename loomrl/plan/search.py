@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from loomrl.errors import PlanError
+from loomrl.plan._cycles import CycleSpace, digest_options
 from loomrl.plan.cost import (
     EPS,
     KIND_S,
@@ -157,6 +158,42 @@ def _pareto_idx(pts: _Points) -> np.ndarray:
     return order[front]
 
 
+def _front_by_u(pts: _Points, N: int) -> np.ndarray | None:
+    """``_pareto_idx(pts)`` for a large set of leaf points without cores (P = F, cores 0, u <=
+    N): None for any other set. In ``_pareto_idx``'s order, a point is dominated exactly when
+    an earlier point of its kind has no more memory on no more devices (it is no slower, being
+    earlier), so one array of the least memory per device budget, over the points kept so far,
+    answers for each point at once; only points that pass it are compared pairwise, within
+    their chunk. O(k log k + (k / c) N) where ``_pareto_idx`` compares each point with the
+    front (seconds for the 10^5 options a dense cycle can pass its bounds with)."""
+    k = len(pts)
+    if k <= _BLOCK or pts.cores.any() or not np.array_equal(pts.P, pts.F):
+        return None
+    order = np.lexsort((pts.u, pts.mem, pts.F, pts.kind))  # ``_pareto_idx``'s order
+    kd, mem, u = pts.kind[order], pts.mem[order], pts.u[order]
+    cuts = [0, *(np.flatnonzero(kd[1:] != kd[:-1]) + 1), k]
+    kept: list[np.ndarray] = []
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+        least = np.full(N + 1, np.inf)  # least memory of a kept point on <= u devices
+        for c0 in range(lo, hi, _FRONT_CHUNK):
+            pos = np.arange(c0, min(c0 + _FRONT_CHUNK, hi))
+            pos = pos[least[u[pos]] > mem[pos]]
+            if pos.size > 1:  # and by an earlier point of the chunk that passed too
+                dom = (mem[pos][None, :] <= mem[pos][:, None]) & (
+                    u[pos][None, :] <= u[pos][:, None]
+                )
+                dom &= np.tri(pos.size, k=-1, dtype=bool)  # [i, j]: j before i
+                pos = pos[~dom.any(axis=1)]
+            if pos.size:
+                np.minimum.at(least, u[pos], mem[pos])
+                np.minimum.accumulate(least, out=least)
+                kept.append(pos)
+    return order[np.concatenate(kept)] if kept else order[:0]
+
+
+_FRONT_CHUNK = 1024
+
+
 def _certain(X: np.ndarray, kind: np.ndarray) -> np.ndarray:
     """Per point of a lexicographically ordered set (rows X [d][k], kind first): whether no
     earlier point can dominate it, being below every earlier point of its kind in some row
@@ -252,6 +289,9 @@ class _DP:
         # saves
         self._refine = len(self.graph) > _REFINE_ABOVE
         self._coord_cache: dict[int, list[list[int]]] = {}
+        # A cycle's options per (node, items, on the scout's grid), searched as blocks of
+        # counts (``CycleSpace``): listing every split took minutes at 1,024 devices.
+        self._spaces: dict[tuple[int, int, bool], CycleSpace] = {}
         # Leaf / cycle options in phase context (M items) do not depend on m.
         self._phase_all = {i: self._node_opts(i, profile.batch) for i in range(len(self.graph))}
         self.phase_opts = self._phase_all
@@ -260,6 +300,8 @@ class _DP:
     def _node_opts(self, i: int, items: int) -> _OptSet:
         """Node i's options on items, those that fit memory, cores and N (and the scout's grid)."""
         key = (i, items)
+        if self.graph.nodes[i].name not in self.profile.components:
+            return self._cycle_opts(i, items)
         opts = self._fitting.get(key)
         if opts is None:
             name = self.graph.nodes[i].name
@@ -286,11 +328,67 @@ class _DP:
             opts = self._on_grid[key]
         return opts
 
+    def _cycle_space(self, i: int, items: int) -> CycleSpace:
+        """Cycle node i's fitting options on ``items`` items (on the scout's grid, if any)."""
+        key = (i, items, self.grid is not None)
+        space = self._spaces.get(key)
+        if space is None:
+            name = self.graph.nodes[i].name
+            cyc = next(c for c in self.profile.cycles if c.name == name)
+            a, b = (self.profile.components[x] for x in cyc.members)
+            allow = self.grid[i] if self.grid is not None else (None, None)
+            space = CycleSpace(
+                a,
+                b,
+                cyc.steps,
+                items,
+                cyc.group_counts(items),
+                cyc.overlap_slowdown,
+                cyc.hop_s,
+                cyc.last_b,
+                self.N,
+                self.cap,
+                self.core_cap,
+                allow[0],
+                allow[1],
+            )
+            self._spaces[key] = space
+        return space
+
+    def _cycle_opts(self, i: int, items: int) -> _OptSet:
+        """What the search takes of cycle node i's options over all of them (the fastest per
+        device budget, the leanest, the first of the fastest, every co-located one), in
+        ``node_options``' order; the stream points themselves come from ``_cycle_stream``."""
+        cache = self._on_grid if self.grid is not None else self._fitting
+        opts = cache.get((i, items))
+        if opts is None:
+            space = self._cycle_space(i, items)
+            opts = cache[(i, items)] = _OptSet.cycle(space, *space.summary())
+        return opts
+
+    def _cycle_stream(self, i: int, m: int, s: int) -> _OptSet:
+        """Cycle node i's options at m items that ``_keep`` passes (and every co-located one,
+        which ``_bounded`` tests as before): ``_keep`` is monotone in F, P, u and memory, so
+        blocks of options whose least values fail it hold none that passes."""
+        space = self._cycle_space(i, m)
+
+        def test(F, u, mem):
+            return self._keep(s, F, F, u, mem, np.full(len(F), KIND_S, dtype=np.int64))
+
+        return _OptSet.cycle(space, *space.passing(test))
+
+    def _size(self, i: int) -> int:
+        """How many options of node i fit (M items, no grid)."""
+        if self.graph.nodes[i].name in self.profile.components:
+            return len(self._phase_all[i])
+        return self._spaces[(i, self.profile.batch, False)].count()
+
     def use_grid(self, grid: dict[int, list[frozenset[int]]] | None) -> None:
         """Restrict each node's options to the device counts in ``grid`` (None: lift it)."""
         self.grid = None
         self.phase_opts = self._phase_all
         self._on_grid = {}
+        self._spaces = {k: v for k, v in self._spaces.items() if not k[2]}
         self._phase_best = {}
         if grid is not None:
             self.grid = grid
@@ -314,6 +412,8 @@ class _DP:
 
     def _coords(self, i: int) -> list[list[int]]:
         """The device counts node i's options name, per position (n', or n_a and n_b)."""
+        if i not in self._coord_cache and self.graph.nodes[i].name not in self.profile.components:
+            self._coord_cache[i] = self._spaces[(i, self.profile.batch, False)].coords()
         if i not in self._coord_cache:
             col = self._phase_all[i].counts
             self._coord_cache[i] = [
@@ -374,7 +474,7 @@ class _DP:
 
     def dense(self) -> bool:
         """Whether some node has so many options that the exact pass benefits from a scout."""
-        return any(len(o) > _DENSE_OPTIONS for o in self._phase_all.values())
+        return any(self._size(i) > _DENSE_OPTIONS for i in self._phase_all)
 
     def _lower_bounds(self, m: int) -> None:
         """Per node, the fastest feasible call on at most n devices (n = 0..N), at m and M items.
@@ -628,7 +728,10 @@ class _DP:
             src: list = [None] * 4
             if s & (s - 1) == 0:  # a single graph node
                 i = s.bit_length() - 1
-                opts = self._node_opts(i, m)
+                if g.nodes[i].is_cycle:
+                    opts = self._cycle_stream(i, m, s)
+                else:
+                    opts = self._node_opts(i, m)
                 leaf_opts[s] = opts
                 if len(opts):
                     pts = _Points(
@@ -643,7 +746,10 @@ class _DP:
                         np.arange(len(opts), dtype=np.int64),
                         np.zeros(len(opts), dtype=np.int64),
                     )
-                    stream[s] = self._prune(self._bounded(pts, s))
+                    pts = self._bounded(pts, s)
+                    # A cycle's options are many and rarely have cores: the front by devices
+                    front = _front_by_u(pts, self.N) if g.nodes[i].is_cycle else None
+                    stream[s] = self._prune(pts, front)
                 else:
                     stream[s] = _empty()
                 spat[s] = _empty()
@@ -834,8 +940,10 @@ class _DP:
         # The windows are disjoint, so each pair comes once: sorting the keys is the order.
         return np.divmod(np.sort(ia * nB + ib), nB)
 
-    def _prune(self, pts: _Points) -> _Points:
-        pts = _prune(pts)
+    def _prune(self, pts: _Points, front: np.ndarray | None = None) -> _Points:
+        """The Pareto set of ``pts`` (``front``: its indices, when already known), thinned on
+        heuristic passes."""
+        pts = _prune(pts) if front is None else pts.take(front)
         if self.truncate and len(pts) > self.truncate:
             # Heuristic pass only: keep a few promising points per kind, spread over the device
             # counts (the fastest alone all use the most devices, and no two of them fit side
@@ -944,6 +1052,36 @@ class _OptSet:
 
         counts = np.stack([valid, np.full(k, -1, dtype=np.int64)], axis=1)
         return cls(time, mem, cores, valid, np.zeros(k, dtype=np.int64), counts, make)
+
+    @classmethod
+    def cycle(cls, space: CycleSpace, ia, ib, kk) -> _OptSet:
+        """A cycle's co-located options and the split options at these positions of
+        ``space``, in ``node_options``' order (co-located first)."""
+        coloc = space.coloc
+        F, mem, cores, u = space.values(ia, ib, kk)
+        nc = len(coloc)
+
+        def make(j: int) -> Option:
+            if j < nc:
+                return coloc[j]
+            j -= nc
+            return space.option(int(ia[j]), int(ib[j]), int(kk[j]))
+
+        counts = np.concatenate(
+            [
+                np.array([[o.used, -1] for o in coloc], dtype=np.int64).reshape(nc, 2),
+                np.stack([space.a.count[ia], space.b.count[ib]], axis=1).reshape(len(ia), 2),
+            ]
+        )
+        return cls(
+            np.r_[[o.time for o in coloc], F],
+            np.r_[[o.mem for o in coloc], mem],
+            np.r_[[o.cores for o in coloc], cores],
+            np.r_[np.array([o.used for o in coloc], dtype=np.int64), u],
+            np.r_[np.full(nc, KIND_T, dtype=np.int64), np.full(len(ia), KIND_S, dtype=np.int64)],
+            counts,
+            make,
+        )
 
     def __len__(self) -> int:
         return len(self.time)
@@ -1076,7 +1214,7 @@ def _diagnose(profile: WorkloadProfile, devices: int, mode: str) -> str:
     g = WorkGraph.from_profile(profile)
     cap, ccap = profile.device_memory_gb, profile.cpu_core_budget
     for nd in g.nodes:
-        opts = node_options(profile, nd.name, devices, profile.batch)
+        opts = _diagnosis_options(profile, nd.name, devices)
         what = f"cycle {nd.name!r}" if nd.is_cycle else f"component {nd.name!r}"
         if not opts and nd.is_cycle:
             return _no_cycle_layout(profile, nd.name, devices)
@@ -1109,11 +1247,7 @@ def _diagnose(profile: WorkloadProfile, devices: int, mode: str) -> str:
     if mode == "spatial":
         need_dev, need_cores = {}, {}
         for nd in g.nodes:
-            opts = [
-                o
-                for o in node_options(profile, nd.name, devices, profile.batch)
-                if o.mem <= cap + EPS
-            ]
+            opts = [o for o in _diagnosis_options(profile, nd.name, devices) if o.mem <= cap + EPS]
             # A cycle laid out side by side is split: each member on devices of its own.
             split = [o for o in opts if o.kind & KIND_S] if nd.is_cycle else opts
             need_dev[nd.name] = min((o.used for o in split), default=0)
@@ -1149,6 +1283,26 @@ def _diagnose(profile: WorkloadProfile, devices: int, mode: str) -> str:
             if nd.is_cycle and (why := _no_colocated_cycle(profile, nd.name, devices)):
                 return f"no all-temporal plan fits: {why}"
     return f"no {mode} plan fits on {devices} devices ({_limits(cap, ccap)})"
+
+
+def _diagnosis_options(profile: WorkloadProfile, name: str, devices: int) -> list[Option]:
+    """A node's options on ``devices`` (M items), or for a cycle those that give ``_diagnose``
+    the same answers (``digest_options``): listing every split took minutes at 1,024."""
+    if name in profile.components:
+        return node_options(profile, name, devices, profile.batch)
+    cyc = next(c for c in profile.cycles if c.name == name)
+    a, b = (profile.components[x] for x in cyc.members)
+    return digest_options(
+        a,
+        b,
+        cyc.steps,
+        devices,
+        profile.batch,
+        cyc.overlap_slowdown,
+        cyc.hop_s,
+        cyc.last_b,
+        profile.device_memory_gb + EPS,
+    )
 
 
 def _limits(cap: float, ccap: float) -> str:
@@ -1263,7 +1417,7 @@ def _scout(dp: _DP, grans: list[int]) -> tuple[np.ndarray, list[int]]:
     if len(dp.graph) > 3:
         # more points per state where nodes have many device counts: the exact pass then
         # starts from bounds close enough to the optimum to drop most of its points
-        many = any(len(o) > _MANY_OPTIONS for o in dp._phase_all.values())
+        many = any(dp._size(i) > _MANY_OPTIONS for i in dp._phase_all)
         dp.truncate = _HEURISTIC_POINTS_MANY if many else _HEURISTIC_POINTS
     else:
         dp.truncate = None
