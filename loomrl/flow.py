@@ -353,6 +353,7 @@ class Flow:
         self._deadline: float | None = None  # time.monotonic() by which it must end
         self._profiled: dict[str, list[int]] | None = None  # groups the profiler left running
         self.profile_run: Any = None  # the last profiling's record (loomrl.profiler.ProfileRun)
+        self._asked: tuple[str, int | None] = ("auto", None)  # flow.plan's placement, micro_batch
         # The chosen plan's relative standard error from profiling only a few items
         # (loomrl.profiler.sampling_se); None when the plan was not searched on a fresh profile.
         self.prediction_se: float | None = None
@@ -523,6 +524,8 @@ class Flow:
                 "(loomrl profile CONFIG)"
             )
         self.profile_ = profile
+        # Adaptation re-plans within what was asked: the same mode, the same fixed micro-batch.
+        self._asked = (str(placement), micro_batch)
         if micro_batch is not None:
             _check_micro_batch(micro_batch, profile.batch)
             profile = _with_granularities(profile, [micro_batch])
@@ -782,7 +785,7 @@ class Flow:
             refresh_from_runs,
             worth_switching,
         )
-        from loomrl.plan.search import fixed_plan, search_all
+        from loomrl.plan.search import fixed_plan
 
         cfg = config or AdaptConfig()
         plan = self.plan_
@@ -809,7 +812,7 @@ class Flow:
         calibrated = plan.method in ("calibrate", "calibrated")
         method = "calibrated" if calibrated else "refreshed"
         current = fixed_plan(prof, plan.tree, plan.micro_batch, method=method)
-        best = current if calibrated else search_all(prof)["best"]
+        best = current if calibrated else self._best_as_asked(prof) or current
         bkey = plan_key(best)
         tried = self._measured.get(bkey)
         slower_before = bool(tried) and min(tried) >= min(self._measured[key])
@@ -825,18 +828,25 @@ class Flow:
         old_assign, new_assign = plan.assignment(), best.assignment()
         moving = sum(old_assign.get(c) != d for c, d in new_assign.items())
         event["stall_estimate_s"] = self._group_launch_s if moving else 0.0
-        if (
-            bkey != key
-            and self.replans < cfg.max_replans
-            and not slower_before
-            and worth_switching(
-                current.predicted_s,
-                best.predicted_s,
-                event["stall_estimate_s"],
-                iterations_left,
-                cfg.min_gain,
+        worth = worth_switching(
+            current.predicted_s,
+            best.predicted_s,
+            event["stall_estimate_s"],
+            iterations_left,
+            cfg.min_gain,
+        )
+        if bkey == key:
+            event["kept_because"] = "the current plan is still the best"
+        elif self.replans >= cfg.max_replans:
+            event["kept_because"] = f"max_replans ({cfg.max_replans}) reached"
+        elif slower_before:
+            event["kept_because"] = "the best plan ran slower than this one before"
+        elif not worth:
+            event["kept_because"] = (
+                f"the gain does not pay for the redeploy over {iterations_left} iteration(s) "
+                f"left (or is under min_gain {cfg.min_gain:g})"
             )
-        ):
+        if "kept_because" not in event:
             t = time.time()
             self._launch(best, keep=old_assign)
             self.replans += 1
@@ -856,6 +866,16 @@ class Flow:
         event["decide_s"] = time.time() - t0 - event.get("stall_s", 0.0)
         self.adapt_events.append(event)
         return event
+
+    def _best_as_asked(self, profile: Any) -> Plan | None:
+        """The best plan for ``profile`` in the mode and micro-batch ``plan`` was asked for
+        (None: none in that mode fits)."""
+        from loomrl.plan.search import search_all
+
+        placement, micro_batch = self._asked
+        if micro_batch is not None:
+            profile = _with_granularities(profile, [micro_batch])
+        return search_all(profile)["best" if placement == "auto" else placement]
 
     def shutdown(self) -> None:
         _drop_channels(self._chans)

@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 SMALL = DemoConfig(size=64, encode_reps=2, transform_reps=3, reduce_reps=1, resident_mb=8)
 
 
-def _steps(cluster, profile, adapt: bool, steps: int = 4):
+def _steps(cluster, profile, adapt: bool, steps: int = 4, plans=None, **plan_kw):
     flow = Flow(cluster)
     build(flow, SMALL)
-    flow.plan("auto", profile=profile)
+    flow.plan(plan_kw.pop("placement", "auto"), profile=profile, **plan_kw)
     outs, events = [], []
     try:
         for step in range(steps):
@@ -33,6 +33,8 @@ def _steps(cluster, profile, adapt: bool, steps: int = 4):
                 ev = flow.adapt(res, steps - step - 1, AdaptConfig(window=2))
                 if ev is not None:
                     events.append((step, ev, res.measured_s))
+                if plans is not None:
+                    plans.append(flow.plan_)
     finally:
         flow.shutdown()
     return outs, events
@@ -52,6 +54,25 @@ def test_a_stale_profile_is_detected_and_refreshed_outputs_unchanged(cluster):
     assert ev["factors"]["encode"] > 100 * ev["factors"]["transform"]
     assert abs(ev["refreshed_s"] - measured) < abs(ev["predicted_s"] - measured)
     assert ev["action"] in ("replan", "recalibrate")
+
+
+def test_adaptation_re_plans_within_the_mode_and_micro_batch_asked_for(cluster):
+    """Planned from the stale profile, then refreshed: the best plan overall is a hybrid at
+    micro-batch 4, but a run that asked for spatial plans (or for micro-batch 8) keeps to it."""
+    prof = load_profile(ROOT / "examples/profiles/demo_matmul.yaml")
+    stale = refresh_profile(prof, {"encode": 0.01, "transform": 100.0})
+    for kw, check in (
+        ({"placement": "spatial"}, lambda p: p.mode == "spatial"),
+        ({"micro_batch": 8}, lambda p: p.micro_batch == 8),
+    ):
+        plans: list = []
+        _, events = _steps(cluster, stale, adapt=True, steps=5, plans=plans, **kw)
+        assert events, kw
+        assert all(check(p) for p in plans), (kw, [(p.mode, p.micro_batch) for p in plans])
+        for _, ev, _ in events:
+            assert (ev["action"] == "replan") != ("kept_because" in ev), ev
+            if "placement" in kw:
+                assert ev["best_mode"] == "spatial", ev
 
 
 class Counter(Worker):
