@@ -159,6 +159,9 @@ class _Side:
         return len(self.pos)
 
 
+_TABLE_OPTIONS = 1 << 15
+
+
 class CycleSpace:
     """The options of the 2-cycle ``a <-> b`` on ``items`` items and at most ``n`` devices
     (``cost.cycle_options``), restricted to those that fit ``cap`` GB per device and
@@ -190,6 +193,12 @@ class CycleSpace:
         self.a = _Side(a, allow_a, n, items, groups, slowdown, self.levels)
         self.b = _Side(b, allow_b, n, items, groups, slowdown, self.levels)
         self._stride = len(b.valid_devices) * len(groups)
+        # A ring that ends on a is played out call by call: on a small space, every option's
+        # time once, looked up after
+        self._times = None
+        if not last_b and len(self.a) * len(self.b) * len(groups) <= _TABLE_OPTIONS:
+            kk, ia, ib = np.indices((len(groups), len(self.a), len(self.b)))
+            self._times = self._ring(ia, ib, kk)
         self.coloc = [
             o
             for o in _coloc(a, b, steps, n, items, hop, last_b, allow_a)
@@ -202,11 +211,15 @@ class CycleSpace:
         """(time, mem, cores, used) of options given by positions into each side and k."""
         A, B = self.a, self.b
         k = self.groups[kk]
-        F = ring_times(A.time[kk, ia], B.time[kk, ib], k, self.steps, self.hop, self.last_b)
+        F = self._ring(ia, ib, kk) if self._times is None else self._times[kk, ia, ib]
         mem = np.maximum(A.mem[ia], B.mem[ib])
         ca, cb = A.cores[ia], B.cores[ib]
         cores = np.where(k == 1, np.maximum(ca, cb), ca + cb)
         return F, mem, cores, A.count[ia] + B.count[ib]
+
+    def _ring(self, ia, ib, kk) -> np.ndarray:
+        A, B, k = self.a, self.b, self.groups[kk]
+        return ring_times(A.time[kk, ia], B.time[kk, ib], k, self.steps, self.hop, self.last_b)
 
     def key(self, ia, ib, kk) -> np.ndarray:
         """Each option's place in ``cycle_options``' list (among split options)."""
@@ -224,6 +237,8 @@ class CycleSpace:
         ta, tb = A.t_min[lv][kk, ja], B.t_min[lv][kk, jb]
         if lv and not self.last_b:  # a bound is enough for a block; single options exact
             F = _ends_on_a_floor(ta, tb, k, self.steps, self.hop)
+        elif not lv and self._times is not None:
+            F = self._times[kk, ja, jb]
         else:
             F = ring_times(ta, tb, k, self.steps, self.hop, self.last_b)
         mem = np.maximum(A.m_min[lv][ja], B.m_min[lv][jb])
