@@ -200,6 +200,22 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _verified_sha256(path: Path) -> str:
+    """The file's sha256 as a check read it, read once per process while it stays the same
+    file: a resume checks its checkpoint where it picks it, then where it restores and loads it
+    (a language model's actor state is gigabytes). A save's own hash is never reused here, so
+    what a check vouches for it has read."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _HASHED:
+        _HASHED[key] = _sha256(path)
+    return _HASHED[key]
+
+
+_HASHED: dict[tuple, str] = {}  # (path, inode, bytes, mtime) -> sha256
+_TOLD: set[tuple[str, str]] = set()  # (checkpoint, why it was skipped) already logged
+
+
 def _fsync_dir(path: Path) -> None:
     # Makes the directory entries (new files, a rename) durable, not only the file contents.
     fd = os.open(path, os.O_RDONLY)
@@ -360,7 +376,7 @@ def verify_checkpoint(path: str | os.PathLike) -> list[str]:
         size = f.stat().st_size
         if size != info.get("bytes"):
             problems.append(f"{name} has {size} bytes, the manifest says {info.get('bytes')}")
-        elif _sha256(f) != info.get("sha256"):
+        elif _verified_sha256(f) != info.get("sha256"):
             problems.append(f"{name} does not match its sha256 in the manifest")
     return problems
 
@@ -379,7 +395,10 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
         problems = verify_checkpoint(p)
         if not problems:
             return p
-        log.warning("skipping checkpoint %s: %s", p, "; ".join(problems))
+        why = "; ".join(problems)
+        if (str(p), why) not in _TOLD:  # a resume looks twice: say it once
+            _TOLD.add((str(p), why))
+            log.warning("skipping checkpoint %s: %s", p, why)
     return None
 
 

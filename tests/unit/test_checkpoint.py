@@ -383,3 +383,29 @@ def test_a_model_written_to_the_cache_is_readable_as_the_umask_allows(tmp_path):
     assert modes["model.safetensors"] == 0o644, modes
     assert set(modes.values()) == {0o644}
     assert stat.S_IMODE(d.stat().st_mode) == 0o755
+
+
+def test_a_resume_reads_each_file_once_and_says_a_skip_once(tmp_path, caplog, monkeypatch):
+    import loomrl.checkpoint as ck
+
+    good = save_checkpoint(tmp_path, 1, {"a": torch.ones(4)})
+    bad = save_checkpoint(tmp_path, 2, {"a": torch.zeros(4)})
+    data = bytearray((bad / "a.pt").read_bytes())
+    data[-3] ^= 0xFF
+    (bad / "a.pt").write_bytes(bytes(data))
+    reads = []
+    real = ck._sha256
+    monkeypatch.setattr(ck, "_sha256", lambda p: reads.append(p.parent.name) or real(p))
+    with caplog.at_level(logging.WARNING, logger="loomrl.checkpoint"):
+        # Where a resume picks its checkpoint, where it restores, and where it loads it.
+        assert latest_checkpoint(tmp_path) == good
+        assert latest_checkpoint(tmp_path) == good
+        assert load_checkpoint(good)["a"].sum() == 4
+    assert sorted(reads) == ["step-000001", "step-000002"]
+    assert caplog.text.count("skipping checkpoint") == 1
+    # A file changed since it was read (its modification time moves) is read again.
+    f = good / "a.pt"
+    before = f.stat().st_mtime_ns
+    f.write_bytes(b"x" + f.read_bytes()[1:])
+    os.utime(f, ns=(before + 10**9, before + 10**9))  # past a coarse clock's tick, for sure
+    assert latest_checkpoint(tmp_path) is None
