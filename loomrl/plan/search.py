@@ -159,39 +159,57 @@ def _pareto_idx(pts: _Points) -> np.ndarray:
 
 
 def _front_by_u(pts: _Points, N: int) -> np.ndarray | None:
-    """``_pareto_idx(pts)`` for a large set of leaf points without cores (P = F, cores 0, u <=
-    N): None for any other set. In ``_pareto_idx``'s order, a point is dominated exactly when
-    an earlier point of its kind has no more memory on no more devices (it is no slower, being
-    earlier), so one array of the least memory per device budget, over the points kept so far,
-    answers for each point at once; only points that pass it are compared pairwise, within
-    their chunk. O(k log k + (k / c) N) where ``_pareto_idx`` compares each point with the
-    front (seconds for the 10^5 options a dense cycle can pass its bounds with)."""
+    """``_pareto_idx(pts)`` for a large set of leaf points (P = F, u <= N); None for any other
+    set, or one too costly for this way.
+
+    In ``_pareto_idx``'s order a point is dominated exactly when an earlier point of its kind
+    has no more memory and no more cores on no more devices (being earlier, it is no slower).
+    So a table of the least memory of the points kept so far, per device budget and cores
+    budget, answers for each point at once; only the points that pass it are compared
+    pairwise, within their chunk. O(k log k + (k / c) N C) for C distinct core counts, where
+    ``_pareto_idx`` compares each point with the front: seconds for the 10^5 options a dense
+    cycle can pass its bounds with."""
     k = len(pts)
-    if k <= _BLOCK or pts.cores.any() or not np.array_equal(pts.P, pts.F):
+    if k <= _BLOCK or not np.array_equal(pts.P, pts.F):
         return None
-    order = np.lexsort((pts.u, pts.mem, pts.F, pts.kind))  # ``_pareto_idx``'s order
+    levels = np.unique(pts.cores)
+    cells = (N + 1) * len(levels)
+    if cells * -(-k // _FRONT_CHUNK) > _FRONT_WORK:
+        return None
+    order = np.lexsort((pts.u, pts.cores, pts.mem, pts.F, pts.kind))  # ``_pareto_idx``'s order
     kd, mem, u = pts.kind[order], pts.mem[order], pts.u[order]
+    cores = pts.cores[order]
+    rank = np.searchsorted(levels, cores)
     cuts = [0, *(np.flatnonzero(kd[1:] != kd[:-1]) + 1), k]
     kept: list[np.ndarray] = []
     for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
-        least = np.full(N + 1, np.inf)  # least memory of a kept point on <= u devices
-        for c0 in range(lo, hi, _FRONT_CHUNK):
-            pos = np.arange(c0, min(c0 + _FRONT_CHUNK, hi))
-            pos = pos[least[u[pos]] > mem[pos]]
-            if pos.size > 1:  # and by an earlier point of the chunk that passed too
-                dom = (mem[pos][None, :] <= mem[pos][:, None]) & (
-                    u[pos][None, :] <= u[pos][:, None]
-                )
+        # the least memory of a kept point on <= u devices with <= cores (by rank)
+        least = np.full((N + 1, len(levels)), np.inf)
+        c0, size = lo, _FRONT_CHUNK
+        while c0 < hi:
+            pos = np.arange(c0, min(c0 + size, hi))
+            c0 += size
+            pos = pos[least[u[pos], rank[pos]] > mem[pos]]
+            # few pass once the table fills: then larger chunks, fewer table updates
+            size = min(size * 2, _FRONT_CHUNK * 8) if pos.size * 8 <= size else _FRONT_CHUNK
+            if pos.size > 1:  # nor by an earlier point of the chunk that passed too
+                m, uu, c = mem[pos], u[pos], cores[pos]
+                dom = (m[None, :] <= m[:, None]) & (uu[None, :] <= uu[:, None])
+                dom &= c[None, :] <= c[:, None]
                 dom &= np.tri(pos.size, k=-1, dtype=bool)  # [i, j]: j before i
                 pos = pos[~dom.any(axis=1)]
             if pos.size:
-                np.minimum.at(least, u[pos], mem[pos])
-                np.minimum.accumulate(least, out=least)
+                np.minimum.at(least, (u[pos], rank[pos]), mem[pos])
+                # only cells at or past the least budgets just added can change
+                part = least[u[pos].min() :, rank[pos].min() :]
+                np.minimum.accumulate(part, axis=0, out=part)
+                np.minimum.accumulate(part, axis=1, out=part)
                 kept.append(pos)
     return order[np.concatenate(kept)] if kept else order[:0]
 
 
 _FRONT_CHUNK = 1024
+_FRONT_WORK = 1 << 28  # table cells updated in all, past which _pareto_idx is cheaper
 
 
 def _certain(X: np.ndarray, kind: np.ndarray) -> np.ndarray:
@@ -747,7 +765,7 @@ class _DP:
                         np.zeros(len(opts), dtype=np.int64),
                     )
                     pts = self._bounded(pts, s)
-                    # A cycle's options are many and rarely have cores: the front by devices
+                    # A cycle's options can be 10^5 after the bounds: the front by device budget
                     front = _front_by_u(pts, self.N) if g.nodes[i].is_cycle else None
                     stream[s] = self._prune(pts, front)
                 else:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import numpy as np
@@ -138,3 +139,31 @@ def test_ring_ending_on_a_played_out_for_arrays_and_bounded_below():
         want = [ring_span(x, y, steps, k, hop, last_b=False) for x, y in zip(ta, tb, strict=True)]
         assert got.tolist() == want
         assert (_ends_on_a_floor(ta, tb, np.full(20, k), steps, hop) <= got).all()
+
+
+def test_front_by_device_budget_is_the_pareto_front_in_its_order():
+    """``_front_by_u`` (a cycle's many stream points) against ``_pareto_idx``: the same
+    indices in the same order, ties and duplicates included, with and without cores."""
+    search = importlib.import_module("loomrl.plan.search")  # the module, not the function
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        k, n = int(rng.integers(129, 5000)), int(rng.integers(1, 300))
+        F = rng.integers(0, int(rng.integers(2, 60)), k).astype(float)
+        mem = rng.integers(0, int(rng.integers(2, 40)), k).astype(float)
+        cores = rng.integers(0, int(rng.integers(1, 30)), k).astype(float)
+        if seed % 2:
+            cores[:] = 0.0
+        zero = np.zeros(k, dtype=np.int64)
+        pts = search._Points(
+            F,
+            F,
+            mem,
+            cores,
+            rng.integers(0, n + 1, k),
+            rng.choice([1, 2], k),
+            zero,
+            zero,
+            np.arange(k),
+            zero,
+        )
+        assert search._front_by_u(pts, n).tolist() == search._pareto_idx(pts).tolist(), seed
