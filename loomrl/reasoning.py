@@ -170,6 +170,28 @@ def fresh_start(run: Any) -> int:
     return 0
 
 
+def opening_metrics(run: Any, start: int, steps: int, measure: Any) -> dict[str, Any]:
+    """The metrics a run starts from (``measure()`` evaluates them). A fresh run measures and
+    logs them, the curve's first point; a resumed one logged its checkpoint's step already and
+    starts from none. A restart after the last checkpoint has no step left to run: its summary
+    takes the row it logged for that step, not a second row of it (measured and logged only
+    where that row is missing)."""
+    if not opening_eval(start, steps):
+        return {}
+    if start > 0:
+        from loomrl.runlog import _RESERVED, read_metrics
+
+        try:
+            rows = [r for r in read_metrics(run.dir) if r.get("step") == start]
+        except FileNotFoundError:
+            rows = []
+        if rows:
+            return {k: v for k, v in rows[-1].items() if k not in _RESERVED}
+    metrics = measure()
+    run.logger.log(start, metrics)
+    return metrics
+
+
 def opening_eval(start: int, steps: int) -> bool:
     """Whether a run evaluates before its first step: a fresh one does (the curve's first
     point), a resumed one not, as its checkpoint's step was logged already, unless it has no

@@ -187,7 +187,7 @@ def main(cfg: Config) -> dict:
         Encoder,
         fresh_start,
         metrics_of,
-        opening_eval,
+        opening_metrics,
         restore,
         save,
         weight_sync,
@@ -209,11 +209,15 @@ def main(cfg: Config) -> dict:
         start = restore(run, g) if cfg.resume else fresh_start(run)
         sync = weight_sync(g["actor"], g["rollout"], cfg=cfg.run)
         sync()
-        metrics: dict[str, Any] = {}
-        if opening_eval(start, cfg.run.steps):
-            metrics = evaluate_by_hops(g["rollout"], task, encode, cfg)
-            metrics.update(tool_step(run, g["rollout"], start, "eval/"))
-            run.logger.log(start, metrics)
+        metrics = opening_metrics(
+            run,
+            start,
+            cfg.run.steps,
+            lambda: {
+                **evaluate_by_hops(g["rollout"], task, encode, cfg),
+                **tool_step(run, g["rollout"], start, "eval/"),
+            },
+        )
         for step in range(start, cfg.run.steps):
             run.maybe_inject_failure(step, g["rollout"].group)
             try:

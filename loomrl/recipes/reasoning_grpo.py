@@ -77,7 +77,7 @@ def main(cfg: Config) -> dict:
         evaluate,
         fresh_start,
         metrics_of,
-        opening_eval,
+        opening_metrics,
         restore,
         save,
         weight_sync,
@@ -96,10 +96,12 @@ def main(cfg: Config) -> dict:
         start = restore(run, g) if cfg.resume else fresh_start(run)
         sync = weight_sync(g["actor"], g["rollout"], cfg=cfg.run)
         sync()
-        metrics: dict[str, Any] = {}
-        if opening_eval(start, cfg.run.steps):
-            metrics["eval_accuracy"] = evaluate(g["rollout"], task, encode, cfg)
-            run.logger.log(start, metrics)
+        metrics = opening_metrics(
+            run,
+            start,
+            cfg.run.steps,
+            lambda: {"eval_accuracy": evaluate(g["rollout"], task, encode, cfg)},
+        )
         for step in range(start, cfg.run.steps):
             run.maybe_inject_failure(step, g["rollout"].group)
             result = flow.run(prompts(task, encode, step, cfg.batch))

@@ -110,7 +110,7 @@ def main(cfg: Config) -> dict:
         evaluate,
         fresh_start,
         metrics_of,
-        opening_eval,
+        opening_metrics,
         weight_sync,
     )
     from loomrl.tasks import make_task
@@ -129,10 +129,12 @@ def main(cfg: Config) -> dict:
         ]
         for sync in syncs:
             sync()
-        metrics: dict[str, Any] = {}
-        if opening_eval(start, cfg.run.steps):
-            metrics["eval_accuracy"] = evaluate(g["rollout"], task, encode, cfg)
-            run.logger.log(start, metrics)
+        metrics = opening_metrics(
+            run,
+            start,
+            cfg.run.steps,
+            lambda: {"eval_accuracy": evaluate(g["rollout"], task, encode, cfg)},
+        )
         for step in range(start, cfg.run.steps):
             run.maybe_inject_failure(step, g["rollout"].group)
             result = flow.run(prompts(task, encode, step, cfg.batch))

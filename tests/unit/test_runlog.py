@@ -320,3 +320,31 @@ def test_a_lock_file_that_cannot_be_made_is_a_config_error(tmp_path):
 
     with pytest.raises(ConfigError, match=r"gone: cannot hold its lock file .*give another"):
         lock_run_dir(tmp_path / "gone")
+
+
+def test_a_restart_with_no_step_left_takes_its_logged_row_and_logs_no_second_one(tmp_path):
+    from types import SimpleNamespace
+
+    from loomrl.reasoning import opening_metrics
+    from loomrl.runlog import read_metrics
+
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return {"eval_accuracy": 0.25}
+
+    with RunLogger(tmp_path, use_tensorboard=False, progress=False) as rl:
+        run = SimpleNamespace(dir=tmp_path, logger=rl)
+        assert opening_metrics(run, 0, 2, measure) == {"eval_accuracy": 0.25}  # fresh: logged
+        rl.log(1, {"loss": 1.0})
+        rl.log(2, {"loss": 0.5, "eval_accuracy": 0.75})
+        assert opening_metrics(run, 1, 2, measure) == {}  # a resume with steps left: nothing
+        # A restart after the last checkpoint: step 2's row stands, once.
+        assert opening_metrics(run, 2, 2, measure) == {"loss": 0.5, "eval_accuracy": 0.75}
+    assert len(calls) == 1
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2]
+    with RunLogger(tmp_path / "other", use_tensorboard=False, progress=False) as rl:
+        run = SimpleNamespace(dir=tmp_path / "other", logger=rl)
+        assert opening_metrics(run, 3, 3, measure) == {"eval_accuracy": 0.25}  # no row: measured
+    assert len(calls) == 2
