@@ -1,8 +1,8 @@
 """A 2-cycle node's split options searched as blocks of device counts, never listed one by one.
 
 A cycle a <-> b split over n_a + n_b devices in k ring groups has one option per (n_a, n_b, k):
-O(N^2 K) of them when both members allow every count, which took the planner most of a minute
-and gigabytes at 1,024 devices to list and price. The search needs few of them: per device
+O(N^2 K) of them when both members allow every count, which took the planner minutes and
+gigabytes at 1,024 devices to list and price. The search needs few of them: per device
 budget the fastest (``CycleSpace.summary``: what bounds the other nodes), the leanest, the first
 of the fastest overall, and the options that pass its bound test (``CycleSpace.passing``).
 
@@ -12,7 +12,8 @@ where rounding is monotone), its memory the maximum, its cores the sum or the ma
 sides', its devices their sum. So over a block of options (a range of a's counts by a range of
 b's, one k) the values built from each side's least call time, memory, cores and count are a
 lower bound of every option in the block, field by field, and a test that is monotone in those
-fields rules the whole block out at once. Blocks halve until they are single options, whose
+fields rules the whole block out at once. (A ring that ends on a is priced by playing it out,
+O(steps k) a time; a block takes a closed-form floor of it instead, ``_ends_on_a_floor``.) Blocks halve until they are single options, whose
 values are exact: the options found are exactly those the test passes, in the order
 ``cost.cycle_options`` lists them. Co-located options (one per common count) are few and are
 listed as ``cycle_options`` lists them.
@@ -31,7 +32,7 @@ from loomrl.plan.profile import ComponentProfile
 
 __all__ = ["CycleSpace", "digest_options", "ring_times"]
 
-# (F, u, mem, kind) lower bounds of blocks -> whether some option there may pass
+# (time, devices, memory) lower bounds of blocks -> whether some option there may pass
 BlockTest = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 

@@ -22,7 +22,11 @@ that can pass that test (``_DP._pairs``). With every count of 1..4,096 valid the
 and pairs would otherwise grow with the square of the count. Points that could only end in
 a hybrid plan are held to that plan's needs (``_DP._hybrid``): two other nodes sharing
 devices that fit one device's memory together, or, in a phase part, a plan of that part's
-sub-graph as fast as the scout's. Never imports torch.
+sub-graph as fast as the scout's.
+
+A 2-cycle node has O(N^2 K) split options when its members allow many counts: they are never
+listed, but searched as blocks of counts (``loomrl.plan._cycles``) for those the search takes,
+the same options and floats in the same order as the full list would give. Never imports torch.
 """
 
 from __future__ import annotations
@@ -564,6 +568,9 @@ class _DP:
 
     def _keep(self, s: int, F, P, u, mem, kind) -> np.ndarray:
         """Which stream points of s can still be part of the best spatial or hybrid plan.
+
+        Monotone: a point that passes passes with any lower F, P, u or memory (of its kind).
+        ``_cycle_stream`` tests whole blocks of a cycle's options by their least values on it.
 
         A point with temporal placement in it ends in a hybrid plan. One without ends in an
         all-spatial plan (every outside node beside it) or, if there are outside nodes, in a
