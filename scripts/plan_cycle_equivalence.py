@@ -6,9 +6,10 @@ Loads ``loomrl/plan/search.py`` and ``loomrl/plan/cost.py`` as they were at ``--
 ``git show``, into a temporary directory) and runs both planners' ``search_all`` on ``--count``
 random profiles with a cycle: members with dense and sparse valid counts (some on host cores,
 count 0), memory caps that bind, CPU core limits, hop_s, overlap_slowdown, cycles that end on
-their first member, min_group, other components upstream and downstream, up to ``--max-devices``
-devices. Every mode's plan must be the same (predicted_s, micro_batch, the tree and the rest of
-the plan's JSON but search_s), and where no plan fits, the same error message. The default base
+their first member, min_group, other components upstream and downstream, sometimes a second
+cycle, up to ``--max-devices`` devices. Every mode's plan must be the same (predicted_s,
+micro_batch, the tree and the rest of the plan's JSON but search_s), and where no plan fits,
+the same error message. The default base
 is the last commit before cycle options were searched as blocks of counts
 (``loomrl.plan._cycles``). The last line reads ``differences: <n> of <checked>`` and the exit
 status is 1 when n > 0.
@@ -127,6 +128,15 @@ def random_profile(rng, max_devices: int):
         cyc["ends_with"] = "env"
     if rng.random() < 0.3:
         cyc["min_group"] = int(rng.integers(1, batch + 1))
+    cycles = [cyc]
+    if rng.random() < 0.15:  # a second cycle downstream (agent <-> tool)
+        for name in ("agent", "tool"):
+            comps[name] = _component(rng, n, rng.random() < 0.5, rng.random() < 0.1, ties)
+        edges += [["policy", "agent"], ["agent", "tool"], ["tool", "agent"]]
+        second: dict = {"members": ["agent", "tool"], "steps": int(rng.integers(1, 4))}
+        if rng.random() < 0.4:
+            second["ends_with"] = "agent"
+        cycles.append(second)
     raw = {
         "devices": n,
         "device_memory_gb": round(float(rng.uniform(15, 90)), 1),
@@ -134,7 +144,7 @@ def random_profile(rng, max_devices: int):
         "granularities": grans,
         "components": comps,
         "edges": edges,
-        "cycles": [cyc],
+        "cycles": cycles,
     }
     if rng.random() < 0.3:
         for c in comps.values():
