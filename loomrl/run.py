@@ -770,9 +770,16 @@ def finish_first(what: str) -> Iterator[None]:
     """Ctrl-C or SIGTERM while ``what`` runs (a checkpoint being written) waits for it to end,
     then acts as it would have; a second Ctrl-C leaves at once. A large model's save takes
     tens of seconds, and an interrupt in them would drop the checkpoint of a finished step."""
-    signals = (signal.SIGINT, signal.SIGTERM)
-    before = {s: signal.getsignal(s) for s in signals} if _on_main_thread() else {}
-    if not before or any(h is None for h in before.values()):  # nothing that could be put back
+    before = (
+        {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        if _on_main_thread()
+        else {}
+    )
+    if any(h is None for h in before.values()):  # installed outside Python: cannot be put back
+        before = {}
+    # A signal the process ignores (a job started in the background ignores SIGINT) stays so.
+    before = {s: h for s, h in before.items() if h is not signal.SIG_IGN}
+    if not before:
         yield
         return
     held: list[int] = []
@@ -784,7 +791,7 @@ def finish_first(what: str) -> Iterator[None]:
             say(f"loomrl: finishing {what} first; Ctrl-C again to leave now without it", sys.stderr)
         held.append(signum)
 
-    for s in signals:
+    for s in before:
         signal.signal(s, hold)
     try:
         yield

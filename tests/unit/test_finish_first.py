@@ -10,6 +10,14 @@ import pytest
 from loomrl.run import finish_first
 
 
+@pytest.fixture(autouse=True)
+def _python_sigint():
+    # Python's own Ctrl-C handler, whatever started the tests (a background job ignores SIGINT).
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def _interrupt(sig: int = signal.SIGINT) -> None:
     os.kill(os.getpid(), sig)
 
@@ -52,3 +60,14 @@ def test_nothing_happens_without_an_interrupt():
     with finish_first("the save"):
         pass
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_ignored_ctrl_c_stays_ignored():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    done = []
+    with finish_first("the save"):
+        _interrupt()
+        _interrupt()
+        done.append("saved")
+    assert done == ["saved"]
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
