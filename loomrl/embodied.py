@@ -678,15 +678,17 @@ def ppo_update(
             if float(torch.stack(rows[first:])[:, _KL].mean()) > cfg.target_kl:
                 break
     table = torch.stack(rows)
-    means = table.mean(0).tolist()
-    stats = dict(zip(UPDATE_STATS, means, strict=True))
-    skipped = table[:, _SKIP].tolist()
+    k = len(UPDATE_STATS)
+    # One read from the device for the means, each step's skip flag and the return variances.
+    spread = torch.stack([data["ret"].var(), (data["ret"] - old_v).var()])
+    read = torch.cat([table.mean(0), table[:, _SKIP], spread.to(table.dtype)]).tolist()
+    stats = dict(zip(UPDATE_STATS, read[:k], strict=True))
+    skipped, (var_r, var_err) = read[k:-2], read[-2:]
     if any(skipped):  # the steps taken's norm: a skipped one's is NaN or inf
         taken = table[:, _GN][table[:, _SKIP] == 0]
         stats["grad_norm"] = float(taken.mean()) if len(taken) else float("nan")
     stats["skipped"] = float(sum(skipped))
     stats["nonfinite_in_a_row"] = float(nonfinite_streak(nonfinite_before, skipped, table))
-    var_r, var_err = torch.stack([data["ret"].var(), (data["ret"] - old_v).var()]).tolist()
     stats["explained_variance"] = float("nan") if var_r == 0 else 1.0 - var_err / var_r
     stats["epochs"] = float(epochs_run)
     return stats
