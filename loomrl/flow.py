@@ -457,7 +457,6 @@ class Flow:
         """
         from loomrl.plan.plan import Plan as PlanCls
         from loomrl.plan.profile import load_profile
-        from loomrl.plan.search import search_all
 
         if not self.stages:
             raise ValueError("declare the data flow with flow.chain(...) before flow.plan()")
@@ -528,9 +527,7 @@ class Flow:
         self._asked = (str(placement), micro_batch)
         if micro_batch is not None:
             _check_micro_batch(micro_batch, profile.batch)
-            profile = _with_granularities(profile, [micro_batch])
-        result = search_all(profile)
-        chosen = result["best" if placement == "auto" else str(placement)]
+        chosen, profile = self._best_as_asked(profile)
         if chosen is None:
             from loomrl.plan.search import search
 
@@ -812,7 +809,7 @@ class Flow:
         calibrated = plan.method in ("calibrate", "calibrated")
         method = "calibrated" if calibrated else "refreshed"
         current = fixed_plan(prof, plan.tree, plan.micro_batch, method=method)
-        best = current if calibrated else self._best_as_asked(prof) or current
+        best = current if calibrated else self._best_as_asked(prof)[0] or current
         bkey = plan_key(best)
         tried = self._measured.get(bkey)
         slower_before = bool(tried) and min(tried) >= min(self._measured[key])
@@ -867,15 +864,16 @@ class Flow:
         self.adapt_events.append(event)
         return event
 
-    def _best_as_asked(self, profile: Any) -> Plan | None:
+    def _best_as_asked(self, profile: Any) -> tuple[Plan | None, Any]:
         """The best plan for ``profile`` in the mode and micro-batch ``plan`` was asked for
-        (None: none in that mode fits)."""
+        (None: none in that mode fits), and the profile searched (its granularities cut to
+        that micro-batch)."""
         from loomrl.plan.search import search_all
 
         placement, micro_batch = self._asked
         if micro_batch is not None:
             profile = _with_granularities(profile, [micro_batch])
-        return search_all(profile)["best" if placement == "auto" else placement]
+        return search_all(profile)["best" if placement == "auto" else placement], profile
 
     def shutdown(self) -> None:
         _drop_channels(self._chans)
