@@ -16,6 +16,10 @@ The pieces are pure functions over profiles, plans and measured timelines (teste
    when it is predicted at least ``min_gain`` faster and the gain over the remaining iterations
    repays the redeploy stall; a plan already measured slower is never returned to (no
    oscillation), and at most ``max_replans`` redeploys happen in a run.
+4. ``costs_moved``: whether "measured slower" still holds. A drift is either the plan's
+   prediction being wrong (its measured times are steady) or the machine's costs changing (the
+   plan's own measured times moved): after the latter, times measured before it describe
+   another machine, and only times measured since count.
 
 This module never imports torch or Ray.
 """
@@ -32,6 +36,7 @@ from typing import Any
 __all__ = [
     "AdaptConfig",
     "DriftDetector",
+    "costs_moved",
     "call_overheads",
     "component_factors",
     "detection_lag",
@@ -285,6 +290,17 @@ def refresh_from_runs(
 def plan_key(plan: Any) -> str:
     """Identity of a plan's layout: tree and micro-batch size (not its prediction)."""
     return json.dumps([plan.tree.to_dict(), plan.micro_batch], sort_keys=True)
+
+
+def costs_moved(earlier: Sequence[float], recent: Sequence[float], threshold: float) -> bool:
+    """Whether one plan's ``recent`` iteration times left its ``earlier`` ones (both measured
+    under that plan) by more than ``threshold`` relative, median against median: the machine's
+    costs changed, not only the prediction. False when either is empty (a plan that has just
+    started has nothing of its own to compare with)."""
+    if not earlier or not recent:
+        return False
+    before = statistics.median(earlier)
+    return before > 0 and abs(statistics.median(recent) / before - 1.0) > threshold
 
 
 def worth_switching(

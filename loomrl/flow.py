@@ -768,16 +768,24 @@ class Flow:
 
     # ------------------------------------------------------------------ adaptation
     def adapt(
-        self, result: FlowResult, iterations_left: int, config: Any = None
+        self,
+        result: FlowResult,
+        iterations_left: int,
+        config: Any = None,
+        replans_before: int = 0,
     ) -> dict[str, Any] | None:
         """Between iterations: on persistent drift from the prediction, refresh the profile from
         ``result``'s records, re-plan, and redeploy when it pays (``loomrl.adapt``).
 
-        Returns the event (also appended to ``adapt_events``), or None when nothing drifted.
+        ``replans_before``: redeploys earlier attempts of the run made (a restart starts a new
+        Flow), counted against ``max_replans``, which is per run. Returns the event (also
+        appended to ``adapt_events``), or None when nothing drifted. The event says why the plan
+        was kept (``kept_because``) or changed (``changed_because``).
         """
         from loomrl.adapt import (
             AdaptConfig,
             DriftDetector,
+            costs_moved,
             plan_key,
             refresh_from_runs,
             worth_switching,
@@ -803,6 +811,16 @@ class Flow:
             return None
         t0 = time.time()
         errors = list(self._detector.errors)
+        # The plan did not change within the window: its last len(_recent) times are the window.
+        mine = self._measured[key]
+        n_recent = len(self._recent)
+        drifted = costs_moved(mine[:-n_recent], mine[-n_recent:], cfg.threshold)
+        set_aside = set(self._measured) if drifted else set()
+        if drifted:
+            # This plan's own times moved: the machine's costs changed, not only the prediction.
+            # Times measured before (of any plan) describe the old costs: a plan that ran slower
+            # then may be faster now, and the reverse. Only the window's times still count.
+            self._measured = {key: mine[-n_recent:]}
         # The window's iterations together: one iteration's items may be unusually light or heavy.
         factors, prof = refresh_from_runs(self.profile_, plan.assignment(), self._recent)
         # A calibrated profile knows one device count per component: recalibrate, never move.
@@ -812,7 +830,8 @@ class Flow:
         best = current if calibrated else self._best_as_asked(prof)[0] or current
         bkey = plan_key(best)
         tried = self._measured.get(bkey)
-        slower_before = bool(tried) and min(tried) >= min(self._measured[key])
+        ran_s = min(self._measured[key])
+        slower_before = bool(tried) and min(tried) >= ran_s
         event: dict[str, Any] = {
             "errors": errors,
             "factors": factors,
@@ -821,6 +840,13 @@ class Flow:
             "best_s": best.predicted_s,
             "best_mode": best.mode,
             "action": "recalibrate",
+            # Whether this plan's own measured times moved (then times measured before, of every
+            # plan, were set aside), and the measured times the "never return to a slower plan"
+            # rule compared: the fastest of each plan since the costs last moved (None: the best
+            # plan has not run since).
+            "costs_drifted": drifted,
+            "measured_s": ran_s,
+            "best_measured_s": min(tried) if tried and bkey != key else None,
         }
         old_assign, new_assign = plan.assignment(), best.assignment()
         moving = sum(old_assign.get(c) != d for c, d in new_assign.items())
@@ -832,18 +858,34 @@ class Flow:
             iterations_left,
             cfg.min_gain,
         )
+        replans = replans_before + self.replans
         if bkey == key:
             event["kept_because"] = "the current plan is still the best"
-        elif self.replans >= cfg.max_replans:
-            event["kept_because"] = f"max_replans ({cfg.max_replans}) reached"
+        elif replans >= cfg.max_replans:
+            event["kept_because"] = f"max_replans ({cfg.max_replans}) reached" + (
+                f" ({replans_before} in earlier attempts of the run)" if replans_before else ""
+            )
         elif slower_before:
-            event["kept_because"] = "the best plan ran slower than this one before"
+            event["kept_because"] = (
+                f"the best plan ran slower than this one before ({min(tried):.3f}s against "
+                f"{ran_s:.3f}s measured, since the costs last moved)"
+            )
         elif not worth:
             event["kept_because"] = (
                 f"the gain does not pay for the redeploy over {iterations_left} iteration(s) "
                 f"left (or is under min_gain {cfg.min_gain:g})"
             )
         if "kept_because" not in event:
+            why = (
+                f"predicted {best.predicted_s:.3f}s against {current.predicted_s:.3f}s for the "
+                f"current plan (refreshed), which pays for the redeploy over {iterations_left} "
+                "iteration(s) left"
+            )
+            if tried:
+                why += f"; it ran {min(tried):.3f}s against this plan's {ran_s:.3f}s measured"
+            elif bkey in set_aside:
+                why += "; the times it ran before the costs moved no longer count"
+            event["changed_because"] = why
             t = time.time()
             self._launch(best, keep=old_assign)
             self.replans += 1

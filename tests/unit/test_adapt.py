@@ -9,6 +9,7 @@ from loomrl.adapt import (
     DriftDetector,
     call_overheads,
     component_factors,
+    costs_moved,
     detection_lag,
     iteration_overhead,
     measured_switch_s,
@@ -222,6 +223,14 @@ def test_adapt_config_reports_every_problem():
         "adapt_min_gain: must be >= 0, got -1",
         "adapt_max_replans: must be >= 0, got -1",
     ]
+
+
+def test_costs_moved_when_a_plans_own_times_leave_its_earlier_ones():
+    assert not costs_moved([], [2.0, 2.0], 0.15)  # a plan just started: nothing to compare
+    assert not costs_moved([1.0, 1.0], [], 0.15)
+    assert not costs_moved([1.0, 1.1, 0.9], [1.1, 1.1], 0.15)  # noise around the same time
+    assert costs_moved([1.0, 1.0, 5.0], [1.2, 1.2], 0.15)  # medians: one stall is no move
+    assert costs_moved([1.0, 1.0], [0.8, 0.8], 0.15)  # faster counts too
 
 
 def test_adapt_with_a_plan_file_is_refused_not_silently_off(tmp_path):
