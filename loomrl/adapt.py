@@ -20,13 +20,17 @@ The pieces are pure functions over profiles, plans and measured timelines (teste
    prediction being wrong (its measured times are steady) or the machine's costs changing (the
    plan's own measured times moved): after the latter, times measured before it describe
    another machine, and only times measured since count.
+5. ``adapt_totals``: what adaptation did over a whole run, all attempts, from its
+   ``adapt.jsonl`` rows (a restart starts a new process, which knows only its own decisions).
 
 This module never imports torch or Ray.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
@@ -36,6 +40,7 @@ from typing import Any
 __all__ = [
     "AdaptConfig",
     "DriftDetector",
+    "adapt_totals",
     "costs_moved",
     "call_overheads",
     "component_factors",
@@ -45,6 +50,7 @@ __all__ = [
     "measured_switch_s",
     "oscillations",
     "phase_overheads",
+    "plan_id",
     "plan_key",
     "refresh_from_runs",
     "refresh_profile",
@@ -292,6 +298,11 @@ def plan_key(plan: Any) -> str:
     return json.dumps([plan.tree.to_dict(), plan.micro_batch], sort_keys=True)
 
 
+def plan_id(plan: Any) -> str:
+    """``plan_key`` in 12 hex digits: short enough for every adapt.jsonl row to name its plans."""
+    return hashlib.sha256(plan_key(plan).encode()).hexdigest()[:12]
+
+
 def costs_moved(earlier: Sequence[float], recent: Sequence[float], threshold: float) -> bool:
     """Whether one plan's ``recent`` iteration times left its ``earlier`` ones (both measured
     under that plan) by more than ``threshold`` relative, median against median: the machine's
@@ -352,3 +363,46 @@ def throughput_lost(times: Sequence[float], reference_s: float, start: int = 0) 
         raise ValueError(f"reference_s={reference_s}: must be > 0 seconds per iteration")
     tail = list(times[start:])
     return sum(tail) / (reference_s * len(tail)) - 1.0 if tail else 0.0
+
+
+def adapt_totals(rows: Sequence[dict[str, Any]], attempts: int = 1) -> dict[str, Any]:
+    """What adaptation did over a whole run from its ``adapt.jsonl`` rows (in order, every
+    attempt's; ``attempts``: how many the run had): ``decisions`` (rows), ``replans``,
+    ``oscillations`` (re-plans to a plan that had run earlier in the same attempt: a restart
+    starts again from the configured plan, which is not adaptation returning to it) and
+    ``redeploy_stall_s``; and ``per_attempt``, the same for each attempt, in order. A row names
+    its attempt (``attempt``, from 0; rows without one count for the first) and, for
+    oscillations, the plan it judged (``plan_from``) and the one after it (``plan_to``)."""
+    n = max(1, attempts, *(_attempt(r) + 1 for r in rows))
+    per = [
+        {"attempt": i, "decisions": 0, "replans": 0, "oscillations": 0, "redeploy_stall_s": 0.0}
+        for i in range(n)
+    ]
+    seen: list[set[str]] = [set() for _ in range(n)]
+    for r in rows:
+        i = _attempt(r)
+        a = per[i]
+        a["decisions"] += 1
+        if r.get("plan_from"):
+            seen[i].add(r["plan_from"])
+        if r.get("action") == "replan":
+            a["replans"] += 1
+            stall = r.get("stall_s")
+            if isinstance(stall, (int, float)) and math.isfinite(stall):
+                a["redeploy_stall_s"] += float(stall)
+            to = r.get("plan_to")
+            if to and to in seen[i]:
+                a["oscillations"] += 1
+            if to:
+                seen[i].add(to)
+    total: dict[str, Any] = {
+        k: sum(a[k] for a in per)
+        for k in ("decisions", "replans", "oscillations", "redeploy_stall_s")
+    }
+    total["per_attempt"] = per
+    return total
+
+
+def _attempt(row: dict[str, Any]) -> int:
+    a = row.get("attempt")
+    return a if isinstance(a, int) and not isinstance(a, bool) and a >= 0 else 0

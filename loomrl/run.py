@@ -5,7 +5,8 @@ the cluster, opens the logger, applies the plan, records each iteration's measur
 the prediction, and writes ``run_summary.json`` with the fields tools outside loomrl read:
 ``plan`` (mode and assignment), ``steps``, ``param_sha256``, ``predicted_iteration_s``,
 ``measured_iteration_s`` (median after warm-up) and ``metrics`` (the last logged values), with
-``status`` ``"finished"``. ``wall_s`` and ``iteration_s`` cover this attempt; a resumed run (by
+``status`` ``"finished"``. ``wall_s`` and ``iteration_s`` cover this attempt (``replans`` and
+``adapt`` the whole run, as adapt.jsonl keeps it, with ``adapt.per_attempt``); a resumed run (by
 ``loomrl resume`` or a restart after a dead worker) lists its earlier ``attempts`` (status,
 error, steps done, wall time, median iteration) and sums every attempt's wall time in
 ``wall_s_total``; one killed outright, with no summary written, is listed with ``status``
@@ -77,7 +78,7 @@ class RunConfig:
     adapt: bool = False
     adapt_threshold: float = 0.15
     adapt_window: int = 3
-    adapt_max_replans: int = 3
+    adapt_max_replans: int = 3  # per run: a restart's re-plans count with the earlier ones
     # Trainer -> rollout weight sync (loomrl.weights): bucket size, and the route ("auto" picks
     # CUDA IPC / shared memory / NCCL / Gloo per receiving rank; naming one forces it).
     weight_bucket_mb: float = 256
@@ -263,12 +264,10 @@ class Run:
         )
         self.iter_times: list[float] = []
         self.plan_start = 0  # first iteration of the current plan (it changes on a re-plan)
-        self.replans = 0
-        # What adaptation did and cost this attempt (the summary's "adapt"): the plan each
-        # iteration ran (its plan_key), the decisions taken, the seconds the redeploys stalled.
-        self.adapt_plans: list[str] = []
-        self.adapt_decisions = 0
-        self.redeploy_stall_s = 0.0
+        self.replans = 0  # this attempt's re-plans (the summary's count the whole run's)
+        # adapt.jsonl's rows of this attempt; the summary's "adapt" counts them with those of
+        # the earlier attempts (read below) that a restart or resume kept.
+        self.adapt_rows: list[dict[str, Any]] = []
         self.planning_s: float | None = None  # profiling + search + launch, when a flow planned
         self.profiling: dict[str, Any] | None = None  # loomrl.profiler.ProfileRun.summary()
         self.plan: Any = None
@@ -279,6 +278,9 @@ class Run:
         # A resume (by hand, or the CLI's restart after a dead worker) continues a run whose
         # earlier attempts' timing the summary keeps beside this attempt's own.
         self.attempts = earlier_attempts(self.dir) if resuming else []
+        # A resume or restart cut adapt.jsonl back to its checkpoint already (prepare_run_dir):
+        # what is left are the earlier attempts' decisions for the steps this one keeps.
+        self.adapt_rows_before = read_rows(self.dir / "adapt.jsonl") if resuming else []
         self.fixed = fixed_on_resume(cfg)  # what a resume of this run must keep
         self._mark_attempt()
 
@@ -356,18 +358,29 @@ class Run:
                 + "\n"
             )
         if self.rc.adapt and flow is not None:
-            from loomrl.adapt import plan_key
-
-            self.adapt_plans.append(plan_key(flow.plan_))
             self._adapt(step, result, flow)
 
     def _adapt(self, step: int, result: Any, flow: Any) -> None:
-        ev = flow.adapt(result, self.rc.steps - step - 1, self.rc.adapt_config())
+        from loomrl.adapt import adapt_totals, plan_id
+
+        judged = flow.plan_
+        # max_replans is per run: a restart's Flow starts counting at 0, the run does not.
+        before = adapt_totals(self.adapt_rows_before)["replans"]
+        ev = flow.adapt(
+            result, self.rc.steps - step - 1, self.rc.adapt_config(), replans_before=before
+        )
         if ev is None:
             return
-        ev = {"step": step, **ev}
-        self.adapt_decisions += 1
-        self.redeploy_stall_s += ev.get("stall_s", 0.0)
+        # Which attempt decided, and the plan it judged and the one that runs next: the summary
+        # counts the whole run's decisions and returns to a plan from these rows.
+        ev = {
+            "step": step,
+            "attempt": len(self.attempts),
+            "plan_from": plan_id(judged),
+            "plan_to": plan_id(flow.plan_),
+            **ev,
+        }
+        self.adapt_rows.append(ev)
         with open(self.dir / "adapt.jsonl", "a") as f:
             f.write(json.dumps(ev, default=str) + "\n")
         errs = ", ".join(f"{100 * e:+.0f}%" for e in ev["errors"])
@@ -458,6 +471,7 @@ class Run:
         """What the summary of a finished or a failed run says of its plan and timing."""
         plan = self.plan
         wall = time.time() - self.t_start
+        adapt = self._adapt_record()
         return {
             "plan": {
                 "mode": getattr(plan, "mode", None),
@@ -471,8 +485,8 @@ class Run:
             "planned_iteration_s": self.planned_s,
             "measured_iteration_s": self.measured_iteration_s(),
             "iteration_s": self.iter_times,
-            "replans": self.replans,
-            "adapt": self._adapt_record(),
+            "replans": adapt["replans"] if adapt else 0,  # the whole run's, as "adapt" counts
+            "adapt": adapt,
             "planning_s": self.planning_s,
             "profiling": self.profiling,
             "wall_s": wall,
@@ -484,19 +498,16 @@ class Run:
         }
 
     def _adapt_record(self) -> dict[str, Any] | None:
-        """What run-time adaptation did this attempt (None without ``run.adapt``): its decisions
-        (each an adapt.jsonl row), re-plans, returns to a plan that ran before, and the seconds
-        its redeploys stalled the run."""
-        if not self.rc.adapt:
+        """What run-time adaptation did over the whole run, every attempt (None without
+        ``run.adapt`` and no adapt.jsonl row): its decisions (adapt.jsonl's rows), re-plans,
+        returns to a plan that ran before, the seconds its redeploys stalled the run, and the
+        same per attempt (``per_attempt``; ``loomrl.adapt.adapt_totals``)."""
+        rows = [*self.adapt_rows_before, *self.adapt_rows]
+        if not self.rc.adapt and not rows:
             return None
-        from loomrl.adapt import oscillations
+        from loomrl.adapt import adapt_totals
 
-        return {
-            "decisions": self.adapt_decisions,
-            "replans": self.replans,
-            "oscillations": oscillations(self.adapt_plans),
-            "redeploy_stall_s": self.redeploy_stall_s,
-        }
+        return adapt_totals(rows, attempts=len(self.attempts) + 1)
 
     def close(self) -> None:
         # Recipes call this in ``finally``: an exception on its way out is the run's failure.
@@ -663,6 +674,24 @@ def _summary_attempts(prev: dict[str, Any] | None) -> list[dict[str, Any]]:
     last = {k: prev.get(k) for k in ("status", "error", "wall_s", "measured_iteration_s")}
     last["steps_done"] = prev.get("steps_done", prev.get("steps"))
     return [*out, last]
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The objects of a JSON-lines record (``[]`` when it does not exist); a line cut short by
+    a killed attempt, or not an object, is skipped."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -7,6 +7,7 @@ import pytest
 from loomrl.adapt import (
     AdaptConfig,
     DriftDetector,
+    adapt_totals,
     call_overheads,
     component_factors,
     costs_moved,
@@ -231,6 +232,45 @@ def test_costs_moved_when_a_plans_own_times_leave_its_earlier_ones():
     assert not costs_moved([1.0, 1.1, 0.9], [1.1, 1.1], 0.15)  # noise around the same time
     assert costs_moved([1.0, 1.0, 5.0], [1.2, 1.2], 0.15)  # medians: one stall is no move
     assert costs_moved([1.0, 1.0], [0.8, 0.8], 0.15)  # faster counts too
+
+
+def _row(attempt, action, plan_from, plan_to, stall=0.0):
+    return {
+        "attempt": attempt,
+        "action": action,
+        "plan_from": plan_from,
+        "plan_to": plan_to,
+        **({"stall_s": stall} if action == "replan" else {}),
+    }
+
+
+def test_adapt_totals_count_every_attempt_and_returns_within_one():
+    rows = [
+        _row(0, "replan", "A", "B", 1.0),
+        _row(0, "recalibrate", "B", "B"),
+        _row(0, "replan", "B", "A", 2.0),  # back to A: a return
+        # attempt 1 left no row; attempt 2 starts on A again (the restart, not a return)
+        _row(2, "replan", "A", "B", 0.5),
+    ]
+    t = adapt_totals(rows, attempts=3)
+    assert {k: t[k] for k in ("decisions", "replans", "oscillations")} == {
+        "decisions": 4,
+        "replans": 3,
+        "oscillations": 1,
+    }
+    assert t["redeploy_stall_s"] == pytest.approx(3.5)
+    assert [(a["attempt"], a["decisions"], a["replans"]) for a in t["per_attempt"]] == [
+        (0, 3, 2),
+        (1, 0, 0),
+        (2, 1, 1),
+    ]
+    # The same as oscillations() over the plan each iteration ran, within an attempt.
+    assert t["per_attempt"][0]["oscillations"] == oscillations(list("AABBA"))
+    # Rows of an earlier version name no attempt or plans: counted in the first, never returns.
+    old = adapt_totals([{"action": "replan", "stall_s": 1.0}, {"action": "recalibrate"}])
+    assert (old["decisions"], old["replans"], old["oscillations"]) == (2, 1, 0)
+    assert len(old["per_attempt"]) == 1
+    assert adapt_totals([], attempts=2)["per_attempt"][1]["decisions"] == 0
 
 
 def test_adapt_with_a_plan_file_is_refused_not_silently_off(tmp_path):
