@@ -67,15 +67,30 @@ class AdaptConfig:
     max_replans: int = 3  # redeploys per run
 
     def problems(self, prefix: str = "") -> list[str]:
+        """Every invalid field, each naming the key (``prefix`` + field), its value and the fix."""
         p = []
-        if not self.threshold > 0:
-            p.append(f"{prefix}threshold: must be > 0, got {self.threshold}")
-        if self.window < 1:
-            p.append(f"{prefix}window: must be >= 1 iteration, got {self.window}")
-        if self.min_gain < 0:
-            p.append(f"{prefix}min_gain: must be >= 0, got {self.min_gain}")
-        if self.max_replans < 0:
-            p.append(f"{prefix}max_replans: must be >= 0, got {self.max_replans}")
+        # not (x > 0) also refuses nan; an infinite threshold or gain is never crossed, which
+        # would turn adaptation off without a word.
+        if not (self.threshold > 0 and math.isfinite(self.threshold)):
+            p.append(
+                f"{prefix}threshold: must be a finite share > 0 of the predicted iteration time "
+                f"(0.15: 15% off the prediction counts as drift), got {self.threshold}"
+            )
+        if not self.window >= 1:
+            p.append(
+                f"{prefix}window: must be >= 1 iteration (how many in a row must miss the "
+                f"prediction; 3 is the default), got {self.window}"
+            )
+        if not (self.min_gain >= 0 and math.isfinite(self.min_gain)):
+            p.append(
+                f"{prefix}min_gain: must be a finite share >= 0 (0.05: a new plan must be "
+                f"predicted 5% faster), got {self.min_gain}"
+            )
+        if not self.max_replans >= 0:
+            p.append(
+                f"{prefix}max_replans: must be >= 0 redeploys per run (0: refresh the prediction "
+                f"but never move), got {self.max_replans}"
+            )
         return p
 
 

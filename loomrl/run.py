@@ -79,6 +79,7 @@ class RunConfig:
     adapt_threshold: float = 0.15
     adapt_window: int = 3
     adapt_max_replans: int = 3  # per run: a restart's re-plans count with the earlier ones
+    adapt_min_gain: float = 0.05  # a new plan must be predicted this share faster to move to it
     # Trainer -> rollout weight sync (loomrl.weights): bucket size, and the route ("auto" picks
     # CUDA IPC / shared memory / NCCL / Gloo per receiving rank; naming one forces it).
     weight_bucket_mb: float = 256
@@ -211,6 +212,7 @@ class RunConfig:
             threshold=self.adapt_threshold,
             window=self.adapt_window,
             max_replans=self.adapt_max_replans,
+            min_gain=self.adapt_min_gain,
         )
 
 

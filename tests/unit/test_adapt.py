@@ -219,11 +219,27 @@ def test_plan_key_ignores_the_prediction():
 def test_adapt_config_reports_every_problem():
     p = AdaptConfig(threshold=0, window=0, min_gain=-1, max_replans=-1).problems("adapt_")
     assert p == [
-        "adapt_threshold: must be > 0, got 0",
-        "adapt_window: must be >= 1 iteration, got 0",
-        "adapt_min_gain: must be >= 0, got -1",
-        "adapt_max_replans: must be >= 0, got -1",
+        "adapt_threshold: must be a finite share > 0 of the predicted iteration time (0.15: 15% "
+        "off the prediction counts as drift), got 0",
+        "adapt_window: must be >= 1 iteration (how many in a row must miss the prediction; 3 is "
+        "the default), got 0",
+        "adapt_min_gain: must be a finite share >= 0 (0.05: a new plan must be predicted 5% "
+        "faster), got -1",
+        "adapt_max_replans: must be >= 0 redeploys per run (0: refresh the prediction but never "
+        "move), got -1",
     ]
+    # Never crossed, an infinite threshold or gain would turn adaptation off without a word.
+    p = AdaptConfig(threshold=float("inf"), min_gain=float("nan")).problems("run.adapt_")
+    assert [x.split(":")[0] for x in p] == ["run.adapt_threshold", "run.adapt_min_gain"]
+    assert "got inf" in p[0] and "got nan" in p[1]
+
+
+def test_adapt_settings_are_run_keys_refused_with_the_key_the_value_and_the_fix():
+    from loomrl.run import RunConfig
+
+    rc = RunConfig(adapt=True, adapt_threshold=float("inf"), adapt_min_gain=-0.1)
+    assert [x.split(":")[0] for x in rc.validate()] == ["adapt_threshold", "adapt_min_gain"]
+    assert RunConfig(adapt_min_gain=0.2).adapt_config().min_gain == 0.2
 
 
 def test_costs_moved_when_a_plans_own_times_leave_its_earlier_ones():
