@@ -733,13 +733,17 @@ class Flow:
         names: list[str] = []
         launches: list[GroupLaunch] = []
         states: dict[str, Any] = {}
+        # Moving state between groups happens between iterations, outside any iteration's time
+        # limit: it gets one of its own, as long, so that a worker hung in save_state or
+        # load_state stops the run with the component named instead of holding it for ever.
+        limit = self.iteration_limit_s(self.plan_ or plan)
         for name, devs in plan.assignment().items():
             comp = self.components[name]
             if keep is not None and comp.group is not None and keep.get(name) == devs:
                 continue
             if comp.group is not None:
                 if keep is not None and carry_state and hasattr(comp.cls, "save_state"):
-                    states[name] = wait(comp.group._call("save_state"))[0]
+                    states[name] = _wait_moving(comp.group._call("save_state"), name, limit)[0]
                 comp.group.kill()
                 comp.group = None
             names.append(name)
@@ -759,7 +763,7 @@ class Flow:
             self.components[name].group = group
         for name, state in states.items():
             if hasattr(self.components[name].cls, "load_state"):
-                wait(self.components[name].group.load_state(state))
+                _wait_moving(self.components[name].group.load_state(state), name, limit)
         if names:
             self._fresh = True  # new workers: their first iteration pays first-call costs
             # adapt() prices a redeploy with it: groups start together, so moving one group
@@ -1167,6 +1171,23 @@ class Flow:
         th.join()
         if errors:
             raise errors[0]
+
+
+def _wait_moving(h: Any, component: str, limit: float | None) -> list[Any]:
+    """``wait`` on a ``save_state`` / ``load_state`` call of a group that a redeploy moves;
+    ``IterationTimeout`` naming it after ``limit`` seconds (None: no limit)."""
+    try:
+        return wait(h, timeout=limit)
+    except TimeoutError:
+        from loomrl.errors import IterationTimeout
+
+        raise IterationTimeout(
+            f"redeploy: {component}.{h.method}() still running after {limit:g} s (the state "
+            "moves to the group that replaces it; the limit is an iteration's, "
+            "iteration_timeout_s): it hangs, or its state is far slower to move than an "
+            "iteration. Raise run.iteration_timeout_s, set it to 'off', or run.adapt=false "
+            "to keep the plan"
+        ) from None
 
 
 def check_iteration_timeout(value: Any, key: str = "iteration_timeout_s") -> float | str:

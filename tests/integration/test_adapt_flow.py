@@ -4,6 +4,7 @@ changing outputs; a redeploy carries worker state and keeps groups that do not m
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -99,28 +100,31 @@ class Sink(Worker):
         return items
 
 
-def test_redeploy_carries_state_and_keeps_groups_in_place(cluster):
-    prof = load_profile(
-        {
-            "devices": 2,
-            "device_memory_gb": 8,
-            "batch": 4,
-            "granularities": [2, 4],
-            "components": {
-                "a": {
-                    "valid_devices": [1, 2],
-                    "time": {"alpha": 0, "per_item": {1: 0.01, 2: 0.005}},
-                    "memory_gb": {1: 0.1, 2: 0.1},
-                },
-                "b": {
-                    "valid_devices": [1],
-                    "time": {"alpha": 0, "per_item": {1: 0.01}},
-                    "memory_gb": {1: 0.1},
-                },
+TWO = load_profile(
+    {
+        "devices": 2,
+        "device_memory_gb": 8,
+        "batch": 4,
+        "granularities": [2, 4],
+        "components": {
+            "a": {
+                "valid_devices": [1, 2],
+                "time": {"alpha": 0, "per_item": {1: 0.01, 2: 0.005}},
+                "memory_gb": {1: 0.1, 2: 0.1},
             },
-            "edges": [["a", "b"]],
-        }
-    )
+            "b": {
+                "valid_devices": [1],
+                "time": {"alpha": 0, "per_item": {1: 0.01}},
+                "memory_gb": {1: 0.1},
+            },
+        },
+        "edges": [["a", "b"]],
+    }
+)
+
+
+def test_redeploy_carries_state_and_keeps_groups_in_place(cluster):
+    prof = TWO
     flow = Flow(cluster)
     a = flow.group(Counter, name="a")
     b = flow.group(Sink, name="b")
@@ -140,6 +144,30 @@ def test_redeploy_carries_state_and_keeps_groups_in_place(cluster):
         assert b.group.actors[0] is not b_actor  # b moved from device 1 to device 0
         flow.plan_ = moved
         assert flow.run([5, 6, 7, 8]).outputs == [5, 6, 7, 8]
+    finally:
+        flow.shutdown()
+
+
+class Stuck(Counter):
+    def save_state(self):
+        time.sleep(60)  # a hang, as far as a 1 s limit goes
+        return super().save_state()
+
+
+@pytest.mark.slow
+def test_a_redeploy_whose_state_never_comes_stops_naming_the_component(cluster):
+    from loomrl.errors import IterationTimeout
+
+    flow = Flow(cluster, iteration_timeout_s=1)
+    a = flow.group(Stuck, name="a")
+    b = flow.group(Sink, name="b")
+    flow.chain(a.add, b.sink)
+    first = fixed_plan(TWO, spatial(leaf("a", 1), leaf("b", 1)), 2)
+    moved = fixed_plan(TWO, temporal(leaf("a", 2), leaf("b", 2, used=1)), 4)
+    try:
+        flow.apply(first)
+        with pytest.raises(IterationTimeout, match=r"redeploy: a\.save_state\(\) still running"):
+            flow._launch(moved, keep=first.assignment())
     finally:
         flow.shutdown()
 
