@@ -849,8 +849,8 @@ class Flow:
             # rule compared: the fastest of each plan since the costs last moved (None: the best
             # plan has not run since).
             "costs_drifted": drifted,
-            "measured_s": ran_s,
-            "best_measured_s": min(tried) if tried and bkey != key else None,
+            "plan_ran_s": ran_s,
+            "best_ran_s": min(tried) if tried and bkey != key else None,
         }
         old_assign, new_assign = plan.assignment(), best.assignment()
         moving = sum(old_assign.get(c) != d for c, d in new_assign.items())
