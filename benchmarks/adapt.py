@@ -159,7 +159,13 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"event step {e['step']}: {e['action']} errors "
             f"{[round(x, 3) for x in e['errors']]} predicted {e['predicted_s']:.3f} "
-            f"refreshed {e['refreshed_s']:.3f} best {e['best_s']:.3f} ({e['best_mode']})"
+            f"refreshed {e['refreshed_s']:.3f} best {e['best_s']:.3f} ({e['best_mode']}); "
+            f"costs drifted: {e['costs_drifted']}; "
+            + (
+                f"kept: {e['kept_because']}"
+                if "kept_because" in e
+                else f"changed: {e['changed_because']}"
+            )
         )
     if args.out:
         Path(args.out).write_text(

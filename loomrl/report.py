@@ -662,15 +662,21 @@ def format_adaptation(run_dir: Path) -> str | None:
         try:
             ev = json.loads(raw)
             errs = ", ".join(f"{100 * e:+.0f}%" for e in ev["errors"])
-            head = f"  step {ev['step']}: off the prediction by {errs}; "
+            # attempt 0 is the run's first; a restart's rows say which attempt decided
+            again = f" (attempt {ev['attempt'] + 1})" if ev.get("attempt") else ""
+            head = f"  step {ev['step']}{again}: off the prediction by {errs}; "
             if ev["action"] == "replan":
+                why = f": {ev['changed_because']}" if ev.get("changed_because") else ""
                 lines.append(
                     head + f"re-planned to {ev['mode']} {ev['assignment']} micro-batch "
                     f"{ev['micro_batch']} (predicted {ev['best_s']:.4f} s vs {ev['refreshed_s']:.4f}"
-                    f" s), redeploy {ev['stall_s']:.2f} s"
+                    f" s), redeploy {ev['stall_s']:.2f} s{why}"
                 )
             else:
-                lines.append(head + f"profile refreshed, plan kept (now {ev['refreshed_s']:.4f} s)")
+                why = f": {ev['kept_because']}" if ev.get("kept_because") else ""
+                lines.append(
+                    head + f"profile refreshed, plan kept (now {ev['refreshed_s']:.4f} s){why}"
+                )
         except (ValueError, KeyError, TypeError):
             lines.append("  (an unreadable line in adapt.jsonl was skipped)")
     if not lines:

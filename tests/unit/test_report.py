@@ -386,6 +386,14 @@ def test_report_lists_adaptation_events(tmp_path, capsys):
     events = [
         {"step": 3, "errors": [0.2, 0.3, 0.25], "action": "recalibrate", "refreshed_s": 12.0},
         {
+            "step": 5,
+            "attempt": 1,
+            "errors": [0.2, 0.3],
+            "action": "recalibrate",
+            "refreshed_s": 12.0,
+            "kept_because": "max_replans (3) reached",
+        },
+        {
             "step": 7,
             "errors": [-0.5, -0.4, -0.45],
             "action": "replan",
@@ -395,14 +403,18 @@ def test_report_lists_adaptation_events(tmp_path, capsys):
             "best_s": 6.0,
             "refreshed_s": 9.0,
             "stall_s": 1.5,
+            "changed_because": "predicted 6.000s against 9.000s",
         },
     ]
     (d / "adapt.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n{broken")
     assert report_main([str(d)]) == 0
     out = capsys.readouterr().out
-    assert "run-time adaptation (3 event(s)" in out
+    assert "run-time adaptation (4 event(s)" in out
     assert "step 3: off the prediction by +20%, +30%, +25%; profile refreshed" in out
     assert "step 7:" in out and "re-planned to hybrid" in out and "redeploy 1.50 s" in out
+    # why it kept or changed the plan, and which attempt of a restarted run decided
+    assert "step 5 (attempt 2): off" in out and "plan kept (now 12.0000 s): max_replans" in out
+    assert "redeploy 1.50 s: predicted 6.000s against 9.000s" in out
     assert "unreadable line" in out
 
 
