@@ -22,6 +22,10 @@ The pieces are pure functions over profiles, plans and measured timelines (teste
    another machine, and only times measured since count.
 5. ``adapt_totals``: what adaptation did over a whole run, all attempts, from its
    ``adapt.jsonl`` rows (a restart starts a new process, which knows only its own decisions).
+6. ``adapted_record`` / ``read_adapted`` / ``carry_problems``: the plan and refreshed profile
+   adaptation last settled on, kept in the run directory (``ADAPTED_FILE``) so that a restart
+   or ``loomrl resume`` starts from them instead of detecting the same drift again, and why
+   they cannot run as they are on the resumed run's cluster or settings.
 
 This module never imports torch or Ray.
 """
@@ -38,9 +42,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 __all__ = [
+    "ADAPTED_FILE",
     "AdaptConfig",
+    "Adapted",
     "DriftDetector",
     "adapt_totals",
+    "adapted_record",
+    "carry_problems",
     "costs_moved",
     "call_overheads",
     "component_factors",
@@ -52,6 +60,7 @@ __all__ = [
     "phase_overheads",
     "plan_id",
     "plan_key",
+    "read_adapted",
     "refresh_from_runs",
     "refresh_profile",
     "throughput_lost",
@@ -421,3 +430,111 @@ def adapt_totals(rows: Sequence[dict[str, Any]], attempts: int = 1) -> dict[str,
 def _attempt(row: dict[str, Any]) -> int:
     a = row.get("attempt")
     return a if isinstance(a, int) and not isinstance(a, bool) and a >= 0 else 0
+
+
+# ------------------------------------------------------------------ across attempts
+# A restart (a dead worker) or ``loomrl resume`` starts a new Flow; without this record it would
+# plan again from the profile of the run's start and pay ``window`` slow iterations to find the
+# same drift. Machine costs do not roll back with a checkpoint: the latest record counts, also
+# one written after the checkpoint the run resumes from.
+
+ADAPTED_FILE = "adapted.json"  # in the run directory; rewritten whole after every adapt event
+
+
+@dataclass(frozen=True)
+class Adapted:
+    """What adaptation last settled on in a run: the plan running after its last event, the
+    refreshed profile it was judged with, and where (step, attempt) and under which settings
+    (``placement``, ``micro_batch``: the re-plans kept to them) it was decided."""
+
+    plan: Any
+    profile: Any
+    step: int
+    attempt: int
+    placement: str
+    micro_batch: int | None
+
+
+def adapted_record(
+    plan: Any, profile: Any, step: int, attempt: int, placement: str, micro_batch: int | None
+) -> dict[str, Any]:
+    """The JSON object of ``ADAPTED_FILE`` (what ``read_adapted`` reads back)."""
+    return {
+        "step": step,
+        "attempt": attempt,
+        "placement": placement,
+        "micro_batch": micro_batch,
+        "plan_id": plan_id(plan),
+        "plan": plan.to_dict(),
+        "profile": profile.to_dict(),
+    }
+
+
+def read_adapted(path: Any) -> Adapted:
+    """``ADAPTED_FILE`` read back; ``PlanError`` naming the file and what is wrong with it when
+    it cannot be (missing, cut short, edited by hand into something else)."""
+    from pathlib import Path
+
+    from loomrl.errors import ConfigError, PlanError
+    from loomrl.plan.plan import Plan
+    from loomrl.plan.profile import load_profile
+
+    p = Path(path)
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise PlanError(f"{p} cannot be read ({e.strerror or e})") from None
+    except ValueError as e:  # UnicodeDecodeError included
+        raise PlanError(f"{p} is not JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise PlanError(f"{p} is not a JSON object (got {type(d).__name__})")
+    missing = [k for k in ("step", "attempt", "placement", "plan", "profile") if k not in d]
+    if missing:
+        raise PlanError(f"{p} lacks {missing}")
+    step, attempt, mb = d["step"], d["attempt"], d.get("micro_batch")
+    for key, v in (("step", step), ("attempt", attempt), ("micro_batch", mb)):
+        if (v is not None or key != "micro_batch") and (
+            isinstance(v, bool) or not isinstance(v, int) or v < 0
+        ):
+            raise PlanError(f"{p}: {key} is {v!r}, not a whole number >= 0")
+    if not isinstance(d["placement"], str):
+        raise PlanError(f"{p}: placement is {d['placement']!r}, not a string")
+    try:
+        profile = load_profile(d["profile"])
+    except ConfigError as e:
+        raise PlanError(f"{p}: its profile is not valid: {'; '.join(e.problems)}") from None
+    try:
+        plan = Plan.from_dict(d["plan"])
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+        raise PlanError(f"{p}: its plan is not valid: {what}") from None
+    return Adapted(plan, profile, step, attempt, d["placement"], mb)
+
+
+def carry_problems(
+    adapted: Adapted,
+    placement: str,
+    micro_batch: int | None,
+    devices: int,
+    memory_gb: float | None,
+) -> list[str]:
+    """Why ``adapted.plan`` cannot run as it is now (empty: it can): the run asks for another
+    mode or micro-batch than it was adapted under, the cluster has another device count than
+    its profile planned for, or its peak memory exceeds ``memory_gb`` per device (None: not
+    checked). Each of these leaves the refreshed profile good to plan again from."""
+    a, p = adapted, []
+    if placement != a.placement:
+        p.append(f"run.placement is {placement!r} now, the plan was adapted under {a.placement!r}")
+    if micro_batch != a.micro_batch:
+        said = ["null" if m is None else m for m in (micro_batch, a.micro_batch)]
+        p.append(f"run.micro_batch is {said[0]} now, the plan was adapted under {said[1]}")
+    if devices != a.profile.devices:
+        p.append(
+            f"this cluster has {devices} device(s), the plan was adapted on {a.profile.devices}"
+        )
+    if memory_gb is not None and a.plan.memory_gb > memory_gb:
+        p.append(
+            f"the plan's peak memory is {a.plan.memory_gb:.1f} GB per device, a device here "
+            f"has {memory_gb:.1f} GB"
+        )
+    return p

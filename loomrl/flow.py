@@ -507,21 +507,7 @@ class Flow:
             profiled = True
         elif not hasattr(profile, "components"):
             profile = load_profile(profile)
-        missing = [
-            s.component.name for s in self.stages if s.component.name not in profile.components
-        ]
-        if missing:  # a profile of another workflow (another recipe's run)
-            raise PlanError(
-                f"the profile has no costs for component(s) {missing} of this workflow (it "
-                f"covers {sorted(profile.components)}): profile this workflow (loomrl profile "
-                "CONFIG), or drop run.profile to measure it"
-            )
-        if want and profile.batch != want:
-            raise PlanError(
-                f"the profile is for batch={profile.batch} items per iteration but this run has "
-                f"{want}: set the run's batch to {profile.batch}, or profile this batch size "
-                "(loomrl profile CONFIG)"
-            )
+        self._check_profile(profile, want)
         self.profile_ = profile
         # Adaptation re-plans within what was asked: the same mode, the same fixed micro-batch.
         self._asked = (str(placement), micro_batch)
@@ -544,6 +530,54 @@ class Flow:
         self.plan_ = chosen
         self._refresh_pending, self._refresh_seen = profiled, []
         return chosen
+
+    def _check_profile(self, profile: Any, want: int | None) -> None:
+        """PlanError when ``profile`` is not of this workflow or not of ``want`` items per
+        iteration (None: not checked)."""
+        missing = [
+            s.component.name for s in self.stages if s.component.name not in profile.components
+        ]
+        if missing:  # a profile of another workflow (another recipe's run)
+            raise PlanError(
+                f"the profile has no costs for component(s) {missing} of this workflow (it "
+                f"covers {sorted(profile.components)}): profile this workflow (loomrl profile "
+                "CONFIG), or drop run.profile to measure it"
+            )
+        if want and profile.batch != want:
+            raise PlanError(
+                f"the profile is for batch={profile.batch} items per iteration but this run has "
+                f"{want}: set the run's batch to {profile.batch}, or profile this batch size "
+                "(loomrl profile CONFIG)"
+            )
+
+    def resume_plan(
+        self,
+        plan: Plan,
+        profile: Any,
+        placement: str | Path = "auto",
+        *,
+        batch: int | None = None,
+        micro_batch: int | None = None,
+    ) -> Plan:
+        """Start on ``plan`` with ``profile``, the plan and refreshed profile adaptation settled
+        on in an earlier attempt of the run (``loomrl.adapt.read_adapted``), and adapt on from
+        there within ``placement`` and ``micro_batch``, as ``plan`` would. PlanError, before
+        any worker starts, when they are not of this workflow, its ``batch`` or this cluster.
+
+        The profile was refreshed from whole iterations already: the plan's prediction is not
+        refreshed again from its first warm iterations, as a plan searched on a profile that
+        timed a few items is."""
+        if not self.stages:
+            raise ValueError("declare the data flow with flow.chain(...) before flow.resume_plan()")
+        self._check_profile(profile, batch)
+        self._check_pinned(plan, batch=batch, micro_batch=micro_batch)
+        self.profile_ = profile
+        self._asked = (str(placement), micro_batch)
+        self.prediction_se = None
+        self._launch_planned(plan)
+        self.plan_ = plan
+        self._refresh_pending, self._refresh_seen = False, []
+        return plan
 
     def adopt_profiled(self, assignment: dict[str, list[int]]) -> None:
         """The profiler left these groups running, warm and in their initial state: the next plan

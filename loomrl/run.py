@@ -10,7 +10,10 @@ the prediction, and writes ``run_summary.json`` with the fields tools outside lo
 ``loomrl resume`` or a restart after a dead worker) lists its earlier ``attempts`` (status,
 error, steps done, wall time, median iteration) and sums every attempt's wall time in
 ``wall_s_total``; one killed outright, with no summary written, is listed with ``status``
-``"killed"`` (from ``.attempt.json``, which a running attempt keeps). Both record
+``"killed"`` (from ``.attempt.json``, which a running attempt keeps). A resumed run that adapted
+before starts on the plan and refreshed profile its adaptation last settled on (``adapted.json``,
+``loomrl.adapt.read_adapted``), planned again from that profile where the plan cannot run as it
+is, and says which in ``adapt_start`` (null when the run had not adapted). Both record
 ``fixed_on_resume``, the config's values of the keys its checkpoints depend on
 (``FIXED_ON_RESUME``), which ``loomrl resume`` checks config.yaml against. A run that stops on an
 error, Ctrl-C or SIGTERM writes one too, with ``status`` ``"failed"`` or ``"interrupted"`` (and
@@ -283,6 +286,10 @@ class Run:
         # A resume or restart cut adapt.jsonl back to its checkpoint already (prepare_run_dir):
         # what is left are the earlier attempts' decisions for the steps this one keeps.
         self.adapt_rows_before = read_rows(self.dir / "adapt.jsonl") if resuming else []
+        self.resuming = resuming
+        # How this attempt's plan relates to what adaptation settled on before (apply_plan):
+        # None when the run had not adapted (or is not resumed).
+        self.adapt_start: dict[str, Any] | None = None
         self.fixed = fixed_on_resume(cfg)  # what a resume of this run must keep
         self._mark_attempt()
 
@@ -304,9 +311,11 @@ class Run:
         kw.setdefault("notify", self.logger.echo)
         flow.iteration_timeout_s = self.rc.iteration_timeout_s  # checked by the flow
         flow.profile_run = None
-        self.plan = flow.plan(
-            self.rc.placement, sample=sample, micro_batch=self.rc.micro_batch, **kw
-        )
+        self.plan = self._adapted_start(flow, sample) if self.resuming else None
+        if self.plan is None:
+            self.plan = flow.plan(
+                self.rc.placement, sample=sample, micro_batch=self.rc.micro_batch, **kw
+            )
         took = time.time() - t
         self.planning_s = took
         self._save_plan(flow)
@@ -319,6 +328,103 @@ class Run:
             self.profiling = pr.summary(self.plan.predicted_s, se)
             self.logger.echo(f"profiling: {pr.describe(self.plan.predicted_s, se or 0.0)}")
         return self.plan
+
+    def _adapted_start(self, flow: Any, sample: list[Any]) -> Any:
+        """A resumed run (a restart after a dead worker, or ``loomrl resume``) that adapted
+        before starts on the plan and refreshed profile adaptation last settled on
+        (``ADAPTED_FILE``), not on those of its start: it would run ``adapt_window`` slow
+        iterations to find the same drift again. Where that plan cannot run as it is (another
+        device count, mode or micro-batch), it plans again from the refreshed profile. Returns
+        the plan, or None to plan as at the start: the run did not adapt, ``run.adapt`` is off
+        (the placement asked for runs as it is), or the record is missing or cannot be used.
+        Each case but the first is said and kept in the summary's ``adapt_start``."""
+        from loomrl.adapt import ADAPTED_FILE, carry_problems, plan_id, read_adapted
+        from loomrl.errors import ConfigError, PlanError
+
+        path = self.dir / ADAPTED_FILE
+        rc = self.rc
+        as_at_start = f"placement={rc.placement}" + (
+            f" with run.profile={rc.profile}" if rc.profile else " on a new profile"
+        )
+        if not path.exists():
+            if self.adapt_rows_before:
+                self._adapt_start(
+                    "configured",
+                    f"adapt: {path} is missing, though earlier attempts adapted "
+                    f"({len(self.adapt_rows_before)} decision(s) in adapt.jsonl): planning as at "
+                    f"the start ({as_at_start})",
+                )
+            return None
+        try:
+            a = read_adapted(path)
+        except PlanError as e:
+            self._adapt_start(
+                "configured",
+                f"adapt: the adapted plan cannot be used: {e}; planning as at the start "
+                f"({as_at_start}); delete {path} to start so without this line",
+            )
+            return None
+        where = f"the plan adapted at step {a.step} (attempt {a.attempt}, plan {plan_id(a.plan)})"
+        if not rc.adapt:
+            self._adapt_start(
+                "configured",
+                f"adapt: run.adapt is false: {where} is not taken up; running {as_at_start}",
+                a,
+            )
+            return None
+        want = len(sample)
+        memory = flow.cluster.device_memory_gb if flow.cluster.has_cuda else None
+        devices = flow.cluster.num_devices
+        moved = carry_problems(a, rc.placement, rc.micro_batch, devices, memory)
+        try:
+            if not moved:
+                plan = flow.resume_plan(
+                    a.plan, a.profile, rc.placement, batch=want, micro_batch=rc.micro_batch
+                )
+                self._adapt_start(
+                    "adapted",
+                    f"adapt: resuming on {where}, with the profile it refreshed: {plan.mode} "
+                    f"{plan.assignment()}, {plan.predicted_s:.3f}s per iteration predicted",
+                    a,
+                )
+                return plan
+            prof = a.profile.with_devices(devices)
+            if memory is not None:
+                prof = dataclasses.replace(prof, device_memory_gb=memory)
+            plan = flow.plan(rc.placement, sample=sample, profile=prof, micro_batch=rc.micro_batch)
+        except (PlanError, ConfigError) as e:
+            self._adapt_start(
+                "configured",
+                f"adapt: {where} cannot be resumed ({'; '.join(moved) or e}): "
+                + (f"no plan from its refreshed profile ({e}); " if moved else "")
+                + f"planning as at the start ({as_at_start})",
+                a,
+            )
+            return None
+        self._adapt_start(
+            "replanned",
+            f"adapt: {where} cannot run as it is ({'; '.join(moved)}): planned again from the "
+            f"profile it refreshed: {plan.mode} {plan.assignment()}, {plan.predicted_s:.3f}s "
+            "per iteration predicted",
+            a,
+        )
+        return plan
+
+    def _adapt_start(self, start: str, said: str, adapted: Any = None) -> None:
+        """Say how this attempt's plan relates to the one adaptation settled on before, and keep
+        it for the summary (``adapt_start``): ``start`` is ``adapted`` (that plan),
+        ``replanned`` (planned again from its refreshed profile) or ``configured`` (as at the
+        run's start)."""
+        from loomrl.adapt import plan_id
+
+        self.adapt_start = {
+            "start": start,
+            "adapted_step": adapted.step if adapted is not None else None,
+            "adapted_attempt": adapted.attempt if adapted is not None else None,
+            "adapted_plan_id": plan_id(adapted.plan) if adapted is not None else None,
+            "said": said,
+        }
+        self.logger.echo(said)
 
     def record(self, step: int, result: Any, flow: Any = None) -> None:
         """Keep an iteration's measured time and timeline (for the summary and ``loomrl report``).
@@ -385,6 +491,7 @@ class Run:
         self.adapt_rows.append(ev)
         with open(self.dir / "adapt.jsonl", "a") as f:
             f.write(json.dumps(ev, default=str) + "\n")
+        self._keep_adapted(step, flow)
         errs = ", ".join(f"{100 * e:+.0f}%" for e in ev["errors"])
         if ev["action"] == "replan":
             self.plan_start = len(self.iter_times)
@@ -400,6 +507,25 @@ class Run:
                 f"plan kept (predicted {ev['refreshed_s']:.3f}s, best other {ev['best_s']:.3f}s)"
             )
         self._save_plan(flow)
+
+    def _keep_adapted(self, step: int, flow: Any) -> None:
+        """Write ``ADAPTED_FILE``, what a restart or resume of this run starts from: whole or
+        not at all (a kill while it is written leaves the one before)."""
+        from loomrl.adapt import ADAPTED_FILE, adapted_record
+        from loomrl.config import atomic_write_text
+
+        rec = adapted_record(
+            flow.plan_,
+            flow.profile_,
+            step,
+            len(self.attempts),
+            self.rc.placement,
+            self.rc.micro_batch,
+        )
+        try:
+            atomic_write_text(self.dir / ADAPTED_FILE, json.dumps(rec, default=str) + "\n")
+        except OSError as e:  # the run goes on; only a restart would plan as at the start
+            self.logger.echo(f"adapt: {ADAPTED_FILE} not written ({e}): a restart plans anew")
 
     def _save_plan(self, flow: Any) -> None:
         """The flow's current plan (and profile) become the run's, on disk too."""
@@ -489,6 +615,7 @@ class Run:
             "iteration_s": self.iter_times,
             "replans": adapt["replans"] if adapt else 0,  # the whole run's, as "adapt" counts
             "adapt": adapt,
+            "adapt_start": self.adapt_start,
             "planning_s": self.planning_s,
             "profiling": self.profiling,
             "wall_s": wall,

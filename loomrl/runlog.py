@@ -439,6 +439,7 @@ RUN_RECORDS = (
     "plan.json",
     "profile.json",
     "adapt.jsonl",
+    "adapted.json",
     "restarts.jsonl",
     "trials.json",
     "cycle_costs.json",

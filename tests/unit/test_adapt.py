@@ -347,3 +347,39 @@ def test_throughput_lost_is_the_extra_share_over_the_reference_speed():
     assert throughput_lost(times, reference_s=1.0, start=5) == 0.0
     with pytest.raises(ValueError, match="reference_s=0"):
         throughput_lost(times, reference_s=0.0)
+
+
+def test_the_adapted_record_reads_back_and_says_why_it_cannot_run_as_it_is(tmp_path):
+    import json
+
+    from loomrl.adapt import adapted_record, carry_problems, plan_id, read_adapted
+    from loomrl.errors import PlanError
+    from loomrl.plan.search import search_all
+
+    prof = refresh_profile(load_profile(PROFILE), {"b": 0.2})
+    plan = search_all(prof)["best"]
+    path = tmp_path / "adapted.json"
+    path.write_text(json.dumps(adapted_record(plan, prof, 7, 1, "auto", None)))
+    a = read_adapted(path)
+    assert (a.step, a.attempt, a.placement, a.micro_batch) == (7, 1, "auto", None)
+    assert plan_id(a.plan) == plan_id(plan) and a.profile.components == prof.components
+    assert carry_problems(a, "auto", None, 2, None) == []
+    assert carry_problems(a, "hybrid", 2, 4, plan.memory_gb / 2) == [
+        "run.placement is 'hybrid' now, the plan was adapted under 'auto'",
+        "run.micro_batch is 2 now, the plan was adapted under null",
+        "this cluster has 4 device(s), the plan was adapted on 2",
+        f"the plan's peak memory is {plan.memory_gb:.1f} GB per device, a device here has "
+        f"{plan.memory_gb / 2:.1f} GB",
+    ]
+    raw = json.loads(path.read_text())
+    raw["profile"]["components"]["a"]["time"]["per_item"] = {"1": -1}
+    path.write_text(json.dumps(raw))
+    with pytest.raises(PlanError, match="adapted.json: its profile is not valid: .*per_item"):
+        read_adapted(path)
+    raw = json.loads(path.read_text())
+    raw["step"] = "seven"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(PlanError, match="adapted.json: step is 'seven', not a whole number"):
+        read_adapted(path)
+    with pytest.raises(PlanError, match="nothing.json cannot be read"):
+        read_adapted(tmp_path / "nothing.json")
