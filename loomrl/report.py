@@ -653,12 +653,13 @@ def draw_measured_vs_predicted(
 
 
 def format_adaptation(run_dir: Path) -> str | None:
-    """Run-time adaptation events of the run (``adapt.jsonl``), one line each; None if none."""
+    """Run-time adaptation events of the run (``adapt.jsonl``), one line each, and which plan
+    the last attempt of a resumed run that had adapted started on (the summary's
+    ``adapt_start``); None if neither."""
     path = Path(run_dir) / "adapt.jsonl"
-    if not path.exists():
-        return None
+    start = _adapt_start(Path(run_dir))
     lines = []
-    for raw in path.read_text().splitlines():
+    for raw in path.read_text().splitlines() if path.exists() else []:
         try:
             ev = json.loads(raw)
             errs = ", ".join(f"{100 * e:+.0f}%" for e in ev["errors"])
@@ -679,9 +680,22 @@ def format_adaptation(run_dir: Path) -> str | None:
                 )
         except (ValueError, KeyError, TypeError):
             lines.append("  (an unreadable line in adapt.jsonl was skipped)")
-    if not lines:
+    if not lines and start is None:
         return None
-    return f"run-time adaptation ({len(lines)} event(s), adapt.jsonl):\n" + "\n".join(lines)
+    head = f"run-time adaptation ({len(lines)} event(s), adapt.jsonl):"
+    if start is not None:  # a restart's plan: not an event of adapt.jsonl, so not counted
+        lines.append(f"  the last attempt started: {start}")
+    return head + "\n" + "\n".join(lines)
+
+
+def _adapt_start(run_dir: Path) -> str | None:
+    """What the summary's ``adapt_start`` said (the plan a resumed run that had adapted started
+    on), without its ``adapt:`` tag; None where there is no such line."""
+    try:
+        said = json.loads((run_dir / "run_summary.json").read_text())["adapt_start"]["said"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return said.removeprefix("adapt: ") if isinstance(said, str) else None
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -416,6 +416,19 @@ def test_report_lists_adaptation_events(tmp_path, capsys):
     assert "step 5 (attempt 2): off" in out and "plan kept (now 12.0000 s): max_replans" in out
     assert "redeploy 1.50 s: predicted 6.000s against 9.000s" in out
     assert "unreadable line" in out
+    assert "the last attempt started" not in out  # the summary has no adapt_start
+
+
+def test_report_says_which_plan_a_restart_of_an_adapted_run_started_on(tmp_path, capsys):
+    d = write_run(tmp_path / "run")
+    s = json.loads((d / "run_summary.json").read_text())
+    said = "adapt: resuming on the plan adapted at step 4 (attempt 0, plan 3e7029afc6c6)"
+    s["adapt_start"] = {"start": "adapted", "adapted_step": 4, "said": said}
+    (d / "run_summary.json").write_text(json.dumps(s))
+    assert report_main([str(d)]) == 0  # no adapt.jsonl: a restart at step 0 dropped its rows
+    out = capsys.readouterr().out
+    assert "run-time adaptation (0 event(s), adapt.jsonl):" in out
+    assert "  the last attempt started: resuming on the plan adapted at step 4 (attempt 0" in out
 
 
 def test_a_summary_that_is_not_an_object_is_ignored_with_a_warning(tmp_path, caplog):
