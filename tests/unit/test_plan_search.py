@@ -724,3 +724,38 @@ def test_scout_grid_keeps_exactly_the_options_on_it():
             assert specs(got) == specs(opts, np.flatnonzero(ok)), (seed, i)
         dp.use_grid(None)
         assert all(dp._node_opts(i, prof.batch) is summary[i] for i in every)
+
+
+def test_pairs_are_made_and_tested_in_chunks_with_the_same_plans(monkeypatch):
+    """A pairing of two point sets lists and tests its pairs a chunk at a time (the pairs of a
+    dense 5-node graph at 512 devices took 5 GB listed at once), and the plans come out the
+    same as with every pairing in one chunk: the same points, in the same order."""
+
+    def plans() -> dict:
+        out = search_all(_ppo_graph(16, 80.0, 1))
+        return {k: p.to_dict() | {"search_s": 0} for k, p in out.items() if p is not None}
+
+    with monkeypatch.context() as mp:
+        mp.setattr(search_mod, "_PAIR_CHUNK", 1 << 62, raising=False)
+        want = plans()
+    chunk, made, tested = 64, [], []
+    pairs, keep = search_mod._DP._pairs, search_mod._DP._keep
+
+    def spy_pairs(self, A, B, s, spatial):
+        sizes = [ia.size for ia, _ in pairs(self, A, B, s, spatial)]
+        # a chunk holds whole rows of pairs: one may hold a single row of more
+        made.append((sum(sizes), max(sizes, default=0), max(chunk, len(A), len(B))))
+        yield from pairs(self, A, B, s, spatial)
+
+    def spy_keep(self, s, F, *rest):
+        tested.append(len(F))
+        return keep(self, s, F, *rest)
+
+    monkeypatch.setattr(search_mod, "_PAIR_CHUNK", chunk, raising=False)
+    monkeypatch.setattr(search_mod._DP, "_pairs", spy_pairs)
+    monkeypatch.setattr(search_mod._DP, "_keep", spy_keep)
+    got = plans()
+    assert max(total for total, _, _ in made) > 8 * chunk  # pairings of many chunks
+    assert all(largest <= most for _, largest, most in made)
+    assert max(tested) <= max(most for _, _, most in made)
+    assert got == want
