@@ -444,8 +444,9 @@ ADAPTED_FILE = "adapted.json"  # in the run directory; rewritten whole after eve
 @dataclass(frozen=True)
 class Adapted:
     """What adaptation last settled on in a run: the plan running after its last event, the
-    refreshed profile it was judged with, and where (step, attempt) and under which settings
-    (``placement``, ``micro_batch``: the re-plans kept to them) it was decided."""
+    refreshed profile it was judged with, and where (step, attempt, on a cluster of
+    ``devices``) and under which settings (``placement``, ``micro_batch``: the re-plans kept to
+    them) it was decided."""
 
     plan: Any
     profile: Any
@@ -453,17 +454,26 @@ class Adapted:
     attempt: int
     placement: str
     micro_batch: int | None
+    devices: int
 
 
 def adapted_record(
-    plan: Any, profile: Any, step: int, attempt: int, placement: str, micro_batch: int | None
+    plan: Any,
+    profile: Any,
+    step: int,
+    attempt: int,
+    placement: str,
+    micro_batch: int | None,
+    devices: int,
 ) -> dict[str, Any]:
-    """The JSON object of ``ADAPTED_FILE`` (what ``read_adapted`` reads back)."""
+    """The JSON object of ``ADAPTED_FILE`` (what ``read_adapted`` reads back); ``devices``: the
+    cluster's, which may differ from the profile's (a profile file made for another one)."""
     return {
         "step": step,
         "attempt": attempt,
         "placement": placement,
         "micro_batch": micro_batch,
+        "devices": devices,
         "plan_id": plan_id(plan),
         "plan": plan.to_dict(),
         "profile": profile.to_dict(),
@@ -488,11 +498,12 @@ def read_adapted(path: Any) -> Adapted:
         raise PlanError(f"{p} is not JSON ({e})") from None
     if not isinstance(d, dict):
         raise PlanError(f"{p} is not a JSON object (got {type(d).__name__})")
-    missing = [k for k in ("step", "attempt", "placement", "plan", "profile") if k not in d]
+    keys = ("step", "attempt", "placement", "devices", "plan", "profile")
+    missing = [k for k in keys if k not in d]
     if missing:
         raise PlanError(f"{p} lacks {missing}")
-    step, attempt, mb = d["step"], d["attempt"], d.get("micro_batch")
-    for key, v in (("step", step), ("attempt", attempt), ("micro_batch", mb)):
+    step, attempt, mb, devices = d["step"], d["attempt"], d.get("micro_batch"), d["devices"]
+    for key, v in (("step", step), ("attempt", attempt), ("micro_batch", mb), ("devices", devices)):
         if (v is not None or key != "micro_batch") and (
             isinstance(v, bool) or not isinstance(v, int) or v < 0
         ):
@@ -508,7 +519,7 @@ def read_adapted(path: Any) -> Adapted:
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
         raise PlanError(f"{p}: its plan is not valid: {what}") from None
-    return Adapted(plan, profile, step, attempt, d["placement"], mb)
+    return Adapted(plan, profile, step, attempt, d["placement"], mb, devices)
 
 
 def carry_problems(
@@ -520,7 +531,7 @@ def carry_problems(
 ) -> list[str]:
     """Why ``adapted.plan`` cannot run as it is now (empty: it can): the run asks for another
     mode or micro-batch than it was adapted under, the cluster has another device count than
-    its profile planned for, or its peak memory exceeds ``memory_gb`` per device (None: not
+    the one it was adapted on, or its peak memory exceeds ``memory_gb`` per device (None: not
     checked). Each of these leaves the refreshed profile good to plan again from."""
     a, p = adapted, []
     if placement != a.placement:
@@ -528,10 +539,8 @@ def carry_problems(
     if micro_batch != a.micro_batch:
         said = ["null" if m is None else m for m in (micro_batch, a.micro_batch)]
         p.append(f"run.micro_batch is {said[0]} now, the plan was adapted under {said[1]}")
-    if devices != a.profile.devices:
-        p.append(
-            f"this cluster has {devices} device(s), the plan was adapted on {a.profile.devices}"
-        )
+    if devices != a.devices:
+        p.append(f"this cluster has {devices} device(s), the plan was adapted on {a.devices}")
     if memory_gb is not None and a.plan.memory_gb > memory_gb:
         p.append(
             f"the plan's peak memory is {a.plan.memory_gb:.1f} GB per device, a device here "

@@ -521,6 +521,7 @@ class Run:
             len(self.attempts),
             self.rc.placement,
             self.rc.micro_batch,
+            self.cluster.num_devices,
         )
         try:
             atomic_write_text(self.dir / ADAPTED_FILE, json.dumps(rec, default=str) + "\n")

@@ -187,3 +187,41 @@ def test_an_attempt_killed_outright_is_listed_when_the_run_resumes(cluster, tmp_
     assert s["status"] == "finished" and s["steps_done"] == done + 1
     assert s["wall_s_total"] == pytest.approx(s["wall_s"] + killed["wall_s"])
     assert not mark_file.exists()  # a summary written: no attempt left unfinished
+
+
+@pytest.mark.slow  # about a minute on 2 cores: a run that adapts, loses a worker and restarts
+def test_a_restart_after_adapting_starts_on_the_adapted_plan(cluster, tmp_path):
+    """The profile says the actor costs 100x what it does: the run adapts at step 2, its worker
+    dies at step 5, and the restart from the step-4 checkpoint starts on the adapted plan and
+    prediction, not on the profile's, which would miss by as much as before."""
+    from loomrl.adapt import refresh_profile
+    from loomrl.cli import _normalise_overrides, load_recipe_config, run_with_restarts
+    from loomrl.plan import load_profile
+
+    stale = refresh_profile(load_profile(ROOT / "examples/profiles/tiny_grpo.yaml"), {"actor": 100})
+    prof = tmp_path / "stale.json"
+    prof.write_text(json.dumps(stale.to_dict()))
+    out = tmp_path / "run"
+    over = [
+        "seed=1",
+        "steps=6",
+        f"output_dir={out}",
+        f"run.profile={prof}",
+        "run.adapt=true",
+        "run.adapt_window=2",
+        "run.checkpoint_every=2",
+        "run.max_restarts=1",
+        "run.kill_worker_at_step=5",
+    ]
+    mod, cfg = load_recipe_config(ROOT / "examples/tiny_grpo.yaml", _normalise_overrides(over))
+    s = run_with_restarts(mod, cfg)
+    rows = [json.loads(x) for x in (out / "adapt.jsonl").read_text().splitlines()]
+    assert rows[0]["step"] == 2 and rows[0]["attempt"] == 0
+    adapted = json.loads((out / "adapted.json").read_text())
+    assert adapted["attempt"] == 0 and s["restarts"] == 1
+    assert s["adapt_start"]["start"] == "adapted"
+    assert s["adapt_start"]["adapted_step"] == adapted["step"]
+    timeline = [json.loads(x) for x in (out / "timeline.jsonl").read_text().splitlines()]
+    restart = next(r for r in timeline if r["step"] == 4)  # the restart's first iteration
+    assert restart["predicted_s"] == pytest.approx(adapted["plan"]["predicted_s"])
+    assert adapted["plan"]["predicted_s"] < timeline[0]["predicted_s"] / 10  # the stale one

@@ -359,9 +359,9 @@ def test_the_adapted_record_reads_back_and_says_why_it_cannot_run_as_it_is(tmp_p
     prof = refresh_profile(load_profile(PROFILE), {"b": 0.2})
     plan = search_all(prof)["best"]
     path = tmp_path / "adapted.json"
-    path.write_text(json.dumps(adapted_record(plan, prof, 7, 1, "auto", None)))
+    path.write_text(json.dumps(adapted_record(plan, prof, 7, 1, "auto", None, 2)))
     a = read_adapted(path)
-    assert (a.step, a.attempt, a.placement, a.micro_batch) == (7, 1, "auto", None)
+    assert (a.step, a.attempt, a.placement, a.micro_batch, a.devices) == (7, 1, "auto", None, 2)
     assert plan_id(a.plan) == plan_id(plan) and a.profile.components == prof.components
     assert carry_problems(a, "auto", None, 2, None) == []
     assert carry_problems(a, "hybrid", 2, 4, plan.memory_gb / 2) == [

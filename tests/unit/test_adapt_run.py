@@ -229,6 +229,22 @@ def test_a_resume_on_another_device_count_plans_again_from_the_refreshed_profile
     assert second.adapt_start["start"] == "replanned"
 
 
+def test_a_profile_of_another_device_count_than_the_cluster_is_no_reason_to_plan_again(
+    start, profile_file
+):
+    """run.profile plans for 2 devices on a cluster of 3 from the start: a resume on the same
+    cluster keeps the adapted plan (only a cluster other than the one it adapted on moves it)."""
+    first = start(profile=profile_file)
+    first.cluster = _Cluster(3)
+    flow = _declared(devices=3)
+    first.apply_plan(flow, SAMPLE)
+    _steps(first, flow, CHEAP_B, range(3))
+    assert flow.plan_.mode == "temporal"
+    second = start(resume=True, profile=profile_file)
+    second.apply_plan(_declared(devices=3), SAMPLE)
+    assert second.adapt_start["start"] == "adapted" and second.plan.mode == "temporal"
+
+
 def test_a_resume_in_another_mode_plans_again_from_the_refreshed_profile(start, profile_file):
     _adapted_first(start, profile_file)
     second = start(resume=True, profile=profile_file, placement="spatial")
@@ -266,7 +282,7 @@ def test_no_plan_from_the_refreshed_profile_falls_back_to_the_start_and_says_so(
     [
         ('{"step": 1, "attempt": 0, "plac', "is not JSON"),  # cut short
         ("[1, 2]", "is not a JSON object (got list)"),
-        ('{"step": 1, "attempt": 0, "placement": "auto", "plan": {}}', "lacks ['profile']"),
+        ('{"step": 1, "attempt": 0, "placement": "auto", "plan": {}}', "lacks ['devices', 'profile']"),
     ],
 )
 def test_a_corrupt_adapted_record_falls_back_to_the_start_and_says_why(
