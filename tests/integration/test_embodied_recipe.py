@@ -45,11 +45,36 @@ def _costs(env_s: float = 1e-3, pol_s: float = 1e-3) -> dict:
     }
 
 
-def test_cli_runs_two_iterations_and_writes_the_summary(cluster, tmp_path):
+@pytest.fixture(scope="module")
+def auto_run(cluster, tmp_path_factory):
+    """One CLI run with placement=auto and a wide trial margin, read by the tests of the CLI run
+    and of the trials (measuring and trying plans is most of a run's time): its directory and
+    what it said on stderr."""
+    import contextlib
+    import io
+
     from loomrl.cli import main as cli
 
-    out = tmp_path / "run"
-    assert cli(["run", str(EXAMPLE), *TINY, f"run.output_dir={out}"]) == 0
+    out = tmp_path_factory.mktemp("auto") / "run"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = cli(
+            [
+                "run",
+                str(EXAMPLE),
+                *TINY,
+                "run.placement=auto",
+                "auto_trial_steps=4",
+                "auto_trial_margin=1000",
+                f"run.output_dir={out}",
+            ]
+        )
+    assert rc == 0, err.getvalue()
+    return out, err.getvalue()
+
+
+def test_cli_runs_two_iterations_and_writes_the_summary(auto_run):
+    out, _ = auto_run
     s = json.loads((out / "run_summary.json").read_text())
     assert s["status"] == "finished" and s["steps"] == s["steps_done"] == 2
     assert len(s["iteration_s"]) == 2
@@ -209,27 +234,11 @@ def test_pinned_plan_file_with_too_many_env_cores_is_refused(cluster, tmp_path):
     assert code == 2
 
 
-def test_auto_times_close_candidates_and_runs_the_fastest(cluster, tmp_path, capsys):
+def test_auto_times_close_candidates_and_runs_the_fastest(auto_run):
     """With a wide margin both the co-located and the split plan are timed on real rollouts; the
     run uses the one measured fastest, and says so in trials.json."""
-    from loomrl.config import load_config
-    from loomrl.recipes.embodied_ppo import Config, main
-
-    out = tmp_path / "auto"
-    cfg = load_config(
-        Config,
-        EXAMPLE,
-        [
-            *TINY,
-            "run.steps=1",
-            "run.placement=auto",
-            "auto_trial_steps=4",
-            "auto_trial_margin=1000",
-            f"run.output_dir={out}",
-        ],
-    )
-    s = main(cfg)
-    said = capsys.readouterr().err  # what it is doing before the plan, and in order
+    out, said = auto_run  # what it said is what it did before the plan, in order
+    s = json.loads((out / "run_summary.json").read_text())
     assert (
         said.index("measuring env and policy costs") < said.index("trial: ") < said.index("plan:")
     )
