@@ -508,6 +508,17 @@ class Flow:
         elif not hasattr(profile, "components"):
             profile = load_profile(profile)
         self._check_profile(profile, want)
+        have = self.cluster.num_devices
+        if profile.devices > have:
+            # A profile measured on a bigger machine still holds each component's costs per
+            # device count: plan on the devices this cluster has, not on ids it lacks.
+            log.warning(
+                "the profile is for %d devices and this cluster has %d: planning on %d",
+                profile.devices,
+                have,
+                have,
+            )
+            profile = profile.with_devices(have)
         self.profile_ = profile
         # Adaptation re-plans within what was asked: the same mode, the same fixed micro-batch.
         self._asked = (str(placement), micro_batch)

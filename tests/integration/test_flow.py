@@ -543,3 +543,17 @@ def test_a_profile_of_another_workflow_is_refused_naming_what_it_lacks(cluster, 
     with pytest.raises(PlanError, match=r"no costs for component\(s\) \['critic'\]"):
         flow.plan("auto", profile=demo_profile)
     assert all(c.group is None for c in flow.components.values())  # nothing was started
+
+
+def test_a_profile_for_more_devices_than_the_cluster_plans_on_the_cluster(cluster, demo_profile):
+    # A profile measured on a bigger machine still holds each component's costs per count: the
+    # plan uses this cluster's devices, not ids it does not have.
+    flow = Flow(cluster, offload="always")
+    build(flow, SMALL)
+    try:
+        plan = flow.plan("auto", profile=demo_profile.with_devices(2 * cluster.num_devices))
+        assert not plan.device_problems(cluster.num_devices)
+        assert flow.profile_.devices == cluster.num_devices
+        assert flow.run(make_items(0, 8))
+    finally:
+        flow.shutdown()
