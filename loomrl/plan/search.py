@@ -18,7 +18,8 @@ with a few points per state; on nodes with many valid device counts on a few spr
 counts, then zooming in on those its plans use). Their times bound the exact pass, which
 drops every stream point whose lower bound (``_DP._lower_bound``: its own F + (K-1) P plus
 the least the nodes outside it can add) exceeds them, and makes only the pairs of points
-that can pass that test (``_DP._pairs``). With every count of 1..4,096 valid the points
+that can pass that test (``_DP._pairs``), a chunk at a time, so that memory follows the
+chunk and not the pairs. With every count of 1..4,096 valid the points
 and pairs would otherwise grow with the square of the count. Points that could only end in
 a hybrid plan are held to that plan's needs (``_DP._hybrid``): two other nodes sharing
 devices that fit one device's memory together, or, in a phase part, a plan of that part's
@@ -130,6 +131,12 @@ def _pareto_idx(pts: _Points) -> np.ndarray:
     order = np.lexsort(tuple(reversed(rows)) + (pts.kind,))
     X = np.stack(rows)[:, order]
     kd = pts.kind[order]
+    if k > _TABLE_ABOVE and len(rows) == 4:  # F, P and memory (or memory and cores), u
+        # Points an earlier one surely dominates leave first: the pairwise test below costs
+        # k times the front, and of the 10^5 points a dense graph's pairings pass, most go.
+        # They are dominated, so the front, and its order, are the same without them.
+        left = np.flatnonzero(~_dominated_early(X, kd))
+        order, X, kd, k = order[left], X[:, left], kd[left], left.size
     cert = _certain(X, kd)
     front = np.zeros(0, dtype=np.int64)
     lo, size = 0, _BLOCK
@@ -214,6 +221,43 @@ def _front_by_u(pts: _Points, N: int) -> np.ndarray | None:
 
 _FRONT_CHUNK = 1024
 _FRONT_WORK = 1 << 28  # table cells updated in all, past which _pareto_idx is cheaper
+
+
+def _dominated_early(X: np.ndarray, kind: np.ndarray) -> np.ndarray:
+    """Per point of a lexicographically ordered set (rows X: F, two more, u last; kind first):
+    whether some point of its kind in an earlier chunk of ``_TABLE_CHUNK`` is below it in
+    every row, found by tables. Such a point is earlier, so no slower (F), and dominates it.
+    True only for dominated points; a dominated point may be missed.
+
+    Two tables per kind, indexed by u and by the bucket of one of the middle rows (P and
+    memory, say; of ``_TABLE_BUCKETS``, split at its quantiles): the least of the other over
+    the points seen so far on at most u devices and in a lower bucket, so with strictly less of
+    the first.
+    O(k + (k / c) N B) for N the largest u, B buckets and chunks of c, where a pairwise test
+    costs k times the front."""
+    k = X.shape[1]
+    out = np.zeros(k, dtype=bool)
+    u = X[3].astype(np.int64)
+    cuts = [0, *(np.flatnonzero(kind[1:] != kind[:-1]) + 1), k]
+    for by, value in ((X[1], X[2]), (X[2], X[1])):  # P's buckets, least memory, and back
+        edges = np.unique(np.quantile(by, np.linspace(0, 1, _TABLE_BUCKETS + 1)[:-1]))
+        b = np.searchsorted(edges, by, side="right")  # 1..: bucket b - 1 holds edges[b - 1]
+        for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+            # least[v, c]: the least value of the points seen on <= v devices, bucket < c
+            least = np.full((int(u[lo:hi].max()) + 1, len(edges) + 1), np.inf)
+            for c0 in range(lo, hi, _TABLE_CHUNK):
+                sl = slice(c0, min(c0 + _TABLE_CHUNK, hi))
+                out[sl] |= least[u[sl], b[sl] - 1] <= value[sl]
+                np.minimum.at(least, (u[sl], b[sl]), value[sl])
+                part = least[u[sl].min() :, b[sl].min() :]  # only these cells can change
+                np.minimum.accumulate(part, axis=0, out=part)
+                np.minimum.accumulate(part, axis=1, out=part)
+    return out
+
+
+_TABLE_ABOVE = 4096
+_TABLE_BUCKETS = 256
+_TABLE_CHUNK = 512
 
 
 def _certain(X: np.ndarray, kind: np.ndarray) -> np.ndarray:

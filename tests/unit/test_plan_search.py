@@ -738,7 +738,7 @@ def test_pairs_are_made_and_tested_in_chunks_with_the_same_plans(monkeypatch):
     with monkeypatch.context() as mp:
         mp.setattr(search_mod, "_PAIR_CHUNK", 1 << 62, raising=False)
         want = plans()
-    chunk, made, tested = 64, [], []
+    chunk, made, tested = 256, [], []
     pairs, keep = search_mod._DP._pairs, search_mod._DP._keep
 
     def spy_pairs(self, A, B, s, spatial):
@@ -759,3 +759,30 @@ def test_pairs_are_made_and_tested_in_chunks_with_the_same_plans(monkeypatch):
     assert all(largest <= most for _, largest, most in made)
     assert max(tested) <= max(most for _, _, most in made)
     assert got == want
+
+
+@pytest.mark.parametrize("lattice", [5, 40, 1000])
+def test_dominated_early_marks_only_dominated_points(monkeypatch, lattice):
+    """``_dominated_early`` (small chunks and few buckets, so that tables do the work): every
+    point it marks has an earlier point of its kind <= in every row, it finds most such
+    points, and ``_pareto_idx`` with it returns the same front in the same order (ties and
+    duplicates on the small lattices, four kinds)."""
+    monkeypatch.setattr(search_mod, "_TABLE_CHUNK", 16)
+    monkeypatch.setattr(search_mod, "_TABLE_BUCKETS", 8)
+    rng = np.random.default_rng(lattice)
+    k = 1500
+    pts = _points(rng, k, lattice, False)
+    rows = [pts.F, pts.P, pts.mem, pts.u.astype(float)]
+    order = np.lexsort(tuple(reversed(rows)) + (pts.kind,))
+    X, kd = np.stack(rows)[:, order], pts.kind[order]
+    le = (X[:, None, :] <= X[:, :, None]).all(axis=0)  # [i, j]: j <= i in every row
+    le &= (kd[None, :] == kd[:, None]) & np.tri(k, k=-1, dtype=bool)  # j earlier, same kind
+    dominated = le.any(axis=1)
+    got = search_mod._dominated_early(X, kd)
+    assert not (got & ~dominated).any()
+    assert got.sum() >= 0.5 * dominated.sum(), (got.sum(), dominated.sum())
+    with monkeypatch.context() as mp:
+        mp.setattr(search_mod, "_TABLE_ABOVE", 1 << 62)
+        want = search_mod._pareto_idx(pts)
+    monkeypatch.setattr(search_mod, "_TABLE_ABOVE", 0)
+    assert search_mod._pareto_idx(pts).tolist() == want.tolist()
