@@ -10,10 +10,13 @@ the same with each count's cost off the smooth curve by up to 30% (three seeds);
 with costs that hardly change with the count (a fixed cost beside a small per-item one); ``ppo6_x8``
 and ``ppo6_all`` the PPO graph with every multiple of 8 and every count valid; ``cycle_all`` an
 env <-> policy cycle (4 steps, ring groups of any size) feeding an actor, every count 1..N valid
-for all three (O(N^2 K) splits of the cycle for every micro-batch size).
-Each case is timed over --repeat runs (the table shows the best) of the
+for all three (O(N^2 K) splits of the cycle for every micro-batch size); ``ppo5_all`` the PPO
+graph without the critic's training, every count valid, at 128 and 256 devices (and at each of
+``--ppo5-devices``: 512 takes minutes).
+Each case is timed over --repeat runs (the table shows the best; ``ppo5_all`` once) of the
 dynamic programme (``search_s``) and of the whole ``search_all`` call (which
-also lays out, costs and simulates the four returned plans). The last line
+also lays out, costs and simulates the four returned plans); ``peak_mb`` is the process's
+peak resident memory during the case's runs (Linux; None elsewhere). The last line
 printed is ``max_1024_s: <x> max_4096_s: <y>``: the slowest of the
 repeats of the 3-chain DP at 1,024 and 4,096 devices.
 """
@@ -115,9 +118,12 @@ def cycle_all(devices: int):
     )
 
 
-def ppo6(devices: int, valid: list[int] | None = None):
+_PPO_NAMES = ["rollout", "reward", "ref_logprob", "critic_value", "actor_train", "critic_train"]
+
+
+def ppo6(devices: int, valid: list[int] | None = None, names: list[str] = _PPO_NAMES):
+    """The PPO graph (``names``: the components kept, with the edges between them)."""
     valid = valid or [2**i for i in range(13) if 2**i <= devices]
-    names = ["rollout", "reward", "ref_logprob", "critic_value", "actor_train", "critic_train"]
     scale = {
         "rollout": 0.2,
         "reward": 0.04,
@@ -145,6 +151,7 @@ def ppo6(devices: int, valid: list[int] | None = None):
         ["critic_value", "critic_train"],
         ["reward", "critic_train"],
     ]
+    edges = [e for e in edges if set(e) <= set(names)]
     return load_profile(
         {
             "devices": devices,
@@ -157,8 +164,28 @@ def ppo6(devices: int, valid: list[int] | None = None):
     )
 
 
+def ppo5(devices: int):
+    """The PPO graph without critic_train (5 nodes), every count 1..N valid."""
+    return ppo6(devices, list(range(1, devices + 1)), _PPO_NAMES[:5])
+
+
+def _peak_mb(reset: bool = False) -> float | None:
+    """The process's peak resident memory in MB since the last reset (Linux: VmHWM, which
+    writing 5 to clear_refs resets); None where it cannot be read."""
+    try:
+        if reset:
+            Path("/proc/self/clear_refs").write_text("5")
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def measure(profile, repeat: int) -> dict:
     dp, total, plan = [], [], None
+    _peak_mb(reset=True)
     for _ in range(repeat):
         t = time.perf_counter()
         plans = search_all(profile)
@@ -172,6 +199,7 @@ def measure(profile, repeat: int) -> dict:
         "mode": plan.mode,
         "predicted_s": plan.predicted_s,
         "micro_batch": plan.micro_batch,
+        "peak_mb": _peak_mb(),
     }
 
 
@@ -183,6 +211,13 @@ def main() -> None:
         help="write the results as JSON here (default: planner_speed.json; '' writes none)",
     )
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--ppo5-devices",
+        type=int,
+        nargs="*",
+        default=[],
+        help="more device counts for the ppo5_all case (beside 128 and 256), e.g. 512",
+    )
     args = ap.parse_args()
     rows = []
     for n in (8, 64, 256, 1024, 4096):
@@ -211,6 +246,8 @@ def main() -> None:
     rows.append({"case": "ppo6_all", "devices": 64, **measure(ppo6(64, every), args.repeat)})
     for n in (256, 1024, 4096):  # a cycle whose members allow every count
         rows.append({"case": "cycle_all", "devices": n, **measure(cycle_all(n), args.repeat)})
+    for n in (128, 256, *args.ppo5_devices):  # a dense 5-node DAG: large sets to pair
+        rows.append({"case": "ppo5_all", "devices": n, **measure(ppo5(n), 1)})
     print(
         f"{'case':<11} {'devices':>7} {'dp_s':>9} {'search_all_s':>12}  {'mode':<8} {'m':>5} {'predicted_s':>12}"
     )
