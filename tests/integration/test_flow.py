@@ -103,6 +103,14 @@ class Hog(Worker):
         return items
 
 
+def _build_light(flow: Flow) -> None:
+    """The demo's chain (encode -> transform -> reduce, the names its profile prices) on Hogs:
+    for tests of what the flow does around the work (plans, offloads, devices), without each
+    worker importing torch for the demo's matrix products."""
+    stages = [flow.group(Hog, 8, name=n) for n in ("encode", "transform", "reduce")]
+    flow.chain(*(g.step for g in stages))
+
+
 def test_time_sharing_frees_memory(cluster):
     from loomrl.plan.plan import leaf, temporal
     from loomrl.plan.search import fixed_plan
@@ -434,10 +442,10 @@ def test_stage_seconds_counts_overlapping_ranks_once():
 
 def test_offload_skipped_when_everything_fits(cluster, demo_profile):
     flow = Flow(cluster)  # offload="auto": the demo's 3 x 0.4 GB fit in 6 GB per device
-    build(flow, SMALL)
+    _build_light(flow)
     flow.plan("temporal", profile=demo_profile)
     try:
-        res = flow.run(make_items(0, 8))
+        res = flow.run(list(range(8)))
     finally:
         flow.shutdown()
     assert {r["kind"] for r in res.timeline} == {"run"}
@@ -447,13 +455,13 @@ def test_calibrated_plan_offloads_unless_told_never(cluster):
     # A calibrated plan never measured memory: "auto" keeps time-sharing with offloads,
     # "never" (run.offload) keeps every component resident. One flow, planned once, both ways.
     flow = Flow(cluster, offload="auto")
-    build(flow, SMALL)
+    _build_light(flow)
     flow.plan("temporal", profile="calibrate", batch=8)
     try:
         kinds = {}
         for offload in ("never", "auto"):  # resident first: "auto" then onloads and offloads
             flow.offload = offload
-            kinds[offload] = {r["kind"] for r in flow.run(make_items(0, 8)).timeline}
+            kinds[offload] = {r["kind"] for r in flow.run(list(range(8))).timeline}
     finally:
         flow.shutdown()
     assert {"onload", "offload", "run"} <= kinds["auto"]
@@ -549,11 +557,11 @@ def test_a_profile_for_more_devices_than_the_cluster_plans_on_the_cluster(cluste
     # A profile measured on a bigger machine still holds each component's costs per count: the
     # plan uses this cluster's devices, not ids it does not have.
     flow = Flow(cluster, offload="always")
-    build(flow, SMALL)
+    _build_light(flow)
     try:
         plan = flow.plan("auto", profile=demo_profile.with_devices(2 * cluster.num_devices))
         assert not plan.device_problems(cluster.num_devices)
         assert flow.profile_.devices == cluster.num_devices
-        assert flow.run(make_items(0, 8))
+        assert flow.run(list(range(8)))
     finally:
         flow.shutdown()
