@@ -1047,14 +1047,16 @@ def test_trial_calibration_keeps_the_update_and_matches_the_measured_cycle():
         assert cal.predicted_s == pytest.approx(0.5 + 0.01 * 16)  # update 0.5 s + 16 steps
 
 
-def test_trials_are_skipped_when_disabled_and_time_a_pinned_plan_alone(cluster, tmp_path):
+def test_trials_are_skipped_when_disabled_and_time_a_pinned_plan_alone(
+    cluster, tmp_path, flaky_run
+):
     from loomrl.config import load_config
     from loomrl.recipes.embodied_ppo import Config, main
 
+    # placement=auto on measured costs with auto_trial_steps=0: planned without trials.
+    assert (flaky_run[0] / "cycle_costs.json").exists()
+    assert not (flaky_run[0] / "trials.json").exists()
     base = [*TINY, "run.steps=1", "auto_trial_margin=1000"]
-    out = tmp_path / "off"
-    main(load_config(Config, EXAMPLE, [*base, "auto_trial_steps=0", f"run.output_dir={out}"]))
-    assert not (out / "trials.json").exists()
     # A pinned mode times its own plan (S = 16 <= 2 x 8: three rollouts of S steps; on the
     # probe's workers when the plan has as many env workers: one), then 5 more back to back
     # (auto_trial_confirm), and predicts from those.
@@ -1533,14 +1535,15 @@ def test_probe_workers_run_the_plan_that_places_them_and_give_the_same_weights(c
     assert fresh["metrics"]["episode_return"] == probed["metrics"]["episode_return"]
 
 
-def test_env_failures_are_recorded_one_by_one_and_training_goes_on(cluster, tmp_path):
-    """An env that raises mid-episode (gymnasium's ``module:EnvId`` form registers the test env
-    in every process) is reset and the run goes on; each failure is a line of
-    env_events.jsonl with its step, env and message, and the summary counts them all."""
+@pytest.fixture(scope="module")
+def flaky_run(cluster, tmp_path_factory):
+    """A run on measured costs with trials off whose envs each raise on their 4th and 20th
+    step (the probe's while measuring, the run's in iterations 1 and 2), read by the tests of
+    env failures and of trials turned off: its directory and summary."""
     from loomrl.config import load_config
     from loomrl.recipes.embodied_ppo import Config, main
 
-    out = tmp_path / "flaky"
+    out = tmp_path_factory.mktemp("flaky") / "run"
     s = main(
         load_config(
             Config,
@@ -1548,13 +1551,21 @@ def test_env_failures_are_recorded_one_by_one_and_training_goes_on(cluster, tmp_
             [
                 *TINY,
                 "env.env_id=loomrl.envs.testing:loomrl-test/Counting-v0",
-                "env.env_kwargs={length: 50, fail_on: [5, 20]}",
-                "run.placement=temporal",
+                "env.env_kwargs={length: 50, fail_on: [4, 20]}",
+                "run.placement=auto",
                 "auto_trial_steps=0",
                 f"run.output_dir={out}",
             ],
         )
     )
+    return out, s
+
+
+def test_env_failures_are_recorded_one_by_one_and_training_goes_on(flaky_run):
+    """An env that raises mid-episode (gymnasium's ``module:EnvId`` form registers the test env
+    in every process) is reset and the run goes on; each failure is a line of
+    env_events.jsonl with its step, env and message, and the summary counts them all."""
+    out, s = flaky_run
     events = [json.loads(x) for x in (out / "env_events.jsonl").read_text().splitlines()]
     assert events and s["env_events_total"] == len(events)
     assert {e["kind"] for e in events} == {"env_error"}
@@ -1598,7 +1609,9 @@ def test_repeated_env_failures_stop_the_run_and_keep_their_events(cluster, tmp_p
     assert "--- remote traceback ---" not in s["error"] and "traceback" in s
 
 
-def test_env_failures_while_the_costs_are_measured_are_recorded_as_step_0(cluster, tmp_path):
+def test_env_failures_while_the_costs_are_measured_are_recorded_as_step_0(
+    cluster, tmp_path, flaky_run
+):
     """Failures the cost probe's steps meet are in env_events.jsonl (step 0) and counted: those
     recovered from when the run goes on, and those that stop it before its first iteration."""
     from loomrl.config import load_config
@@ -1625,9 +1638,10 @@ def test_env_failures_while_the_costs_are_measured_are_recorded_as_step_0(cluste
         return [json.loads(x) for x in (out / "env_events.jsonl").read_text().splitlines()]
 
     # Each env fails its 4th step: the probe's envs while measuring, the run's in step 1.
-    s = main(cfg(tmp_path / "once", "{length: 50, fail_on: [4]}"))
-    first = events(tmp_path / "once")
-    assert {e["step"] for e in first} == {0, 1} and s["env_events_total"] == len(first)
+    out, s = flaky_run
+    first = events(out)
+    assert {e["step"] for e in first if e["message"].endswith("at step 4")} == {0, 1}
+    assert s["env_events_total"] == len(first)
     with pytest.raises((RemoteError, EnvFailureError), match="simulator failures within"):
         main(cfg(tmp_path / "stop", "{length: 50, fail_from: 3}"))
     stopped = events(tmp_path / "stop")
