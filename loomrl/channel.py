@@ -504,23 +504,52 @@ class Channel:
         only when the Ray cluster has a single node. Raises ChannelExistsError when the name is
         taken.
         """
+        return cls.create_many([name], [maxsize], offload, shared_memory)[0]
+
+    @classmethod
+    def create_many(
+        cls,
+        names: list[str],
+        maxsizes: list[int],
+        offload: bool = False,
+        shared_memory: bool | None = None,
+    ) -> list[Channel]:
+        """Create a channel per name, ``maxsizes[i]`` bounding channel ``names[i]`` (as
+        ``create``). Every broker process starts before any is waited for: each is a Ray actor
+        whose start takes most of a second, and a flow makes one per hop. All or nothing: when
+        a name is taken, the channels this call made are deleted and ChannelExistsError raised.
+        """
         import ray
 
-        _check_name(name)
-        _check_maxsize(maxsize)
+        if len(names) != len(maxsizes):
+            raise ValueError(f"{len(names)} names but {len(maxsizes)} maxsizes: give one each")
+        for name, maxsize in zip(names, maxsizes, strict=True):
+            _check_name(name)
+            _check_maxsize(maxsize)
         _require_ray()
-        if _lookup(name) is not None:
-            raise _exists(name)
+        brokers: list[Any] = []
         try:
-            broker = (
-                _broker_class()
-                .options(name=_ACTOR_PREFIX + name, namespace=_NAMESPACE, lifetime=None)
-                .remote(name, maxsize, offload, shared_memory)
-            )
-        except ValueError as err:  # lost a race with another creator
-            raise _exists(name) from err
-        info = ray.get(broker.info.remote())
-        return cls(name, broker, info["offload"], info["maxsize"], shm=info["shm"])
+            for name, maxsize in zip(names, maxsizes, strict=True):
+                if _lookup(name) is not None:
+                    raise _exists(name)
+                try:
+                    brokers.append(
+                        _broker_class()
+                        .options(name=_ACTOR_PREFIX + name, namespace=_NAMESPACE, lifetime=None)
+                        .remote(name, maxsize, offload, shared_memory)
+                    )
+                except ValueError as err:  # lost a race with another creator
+                    raise _exists(name) from err
+            infos = ray.get([b.info.remote() for b in brokers])
+        except BaseException:
+            for b in brokers:
+                with contextlib.suppress(Exception):
+                    ray.kill(b, no_restart=True)
+            raise
+        return [
+            cls(name, b, info["offload"], info["maxsize"], shm=info["shm"])
+            for name, b, info in zip(names, brokers, infos, strict=True)
+        ]
 
     @classmethod
     def connect(cls, name: str, timeout: float = 0.0) -> Channel:

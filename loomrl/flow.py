@@ -1065,13 +1065,8 @@ class Flow:
             _drop_channels(self._chans)
             self._chans_made += 1
             tag = f"flow-{self._id}-{self._chans_made}"
-            made: list[Any] = []
-            try:
-                for i, size in enumerate(sizes):
-                    made.append(Channel.create(f"{tag}-{i}", maxsize=size))
-            except BaseException:
-                _drop_channels(made)
-                raise
+            # All or nothing: a failed create deletes the channels it made.
+            made = Channel.create_many([f"{tag}-{i}" for i in range(len(sizes))], sizes)
             self._chans.extend(made)
         return list(self._chans)
 

@@ -235,6 +235,35 @@ def test_name_collision_and_connect(make_channel):
         Channel.connect(f"nope-{uuid.uuid4().hex[:6]}")
 
 
+def test_create_many_makes_each_channel_or_none(make_channel, ray_session):
+    """The brokers start together; a taken name fails the whole call and the channels it had
+    made are gone (their names free again)."""
+    tag = uuid.uuid4().hex[:8]
+    made = Channel.create_many([f"many-{tag}-0", f"many-{tag}-1"], [0, 3])
+    try:
+        assert [(c.name, c.maxsize) for c in made] == [(f"many-{tag}-0", 0), (f"many-{tag}-1", 3)]
+        for i, c in enumerate(made):
+            c.put(i)
+            assert Channel.connect(c.name).get() == i
+    finally:
+        for c in made:
+            c.delete()
+    taken = make_channel()
+    first = f"many-{tag}-first"
+    with pytest.raises(ChannelExistsError, match=f"channel '{taken.name}' already exists"):
+        Channel.create_many([first, taken.name], [0, 0])
+    deadline = time.monotonic() + 10
+    while True:  # Ray frees a killed actor's name asynchronously
+        try:
+            Channel.connect(first)
+        except ChannelNotFoundError:
+            break
+        assert time.monotonic() < deadline, f"{first} outlived the failed create_many"
+        time.sleep(0.05)
+    with pytest.raises(ValueError, match="2 names but 1 maxsizes"):
+        Channel.create_many(["a", "b"], [0])
+
+
 def test_connect_waits_for_creation(make_channel):
     name = f"late-{uuid.uuid4().hex[:8]}"
     thread, box = _in_thread(lambda: Channel.connect(name, timeout=20))
