@@ -395,9 +395,9 @@ class EnvPolicyCycle:
         that a hung worker cannot hide the error."""
         settle([r for h in handles for r in h.refs], min(SETTLE_S, self.timeout_s))
         # Bookkeeping calls answer at once, unless their worker is stuck in a call that never
-        # ends: a short bound, not a second SETTLE_S.
+        # ends: a short bound, not a second SETTLE_S, and never past the cycle's own time limit.
         pops = self.envs.pop_stats().refs
-        settle([*self.policy.abandon().refs, *pops], timeout=BOOKKEEPING_S)
+        settle([*self.policy.abandon().refs, *pops], timeout=min(BOOKKEEPING_S, self.timeout_s))
         # The env failures recorded before the rollout failed (often what stopped it): kept for
         # the run's record, from the env workers that answered.
         self.failed_events = [e for s in read_done(pops) for e in s["events"]]
