@@ -408,6 +408,8 @@ class Run:
             "per iteration predicted",
             a,
         )
+        # The next resume on this cluster starts on this plan, not on another re-plan.
+        self._keep_adapted(a.step, flow, devices)
         return plan
 
     def _adapt_start(self, start: str, said: str, adapted: Any = None) -> None:
@@ -508,9 +510,10 @@ class Run:
             )
         self._save_plan(flow)
 
-    def _keep_adapted(self, step: int, flow: Any) -> None:
+    def _keep_adapted(self, step: int, flow: Any, devices: int | None = None) -> None:
         """Write ``ADAPTED_FILE``, what a restart or resume of this run starts from: whole or
-        not at all (a kill while it is written leaves the one before)."""
+        not at all (a kill while it is written leaves the one before). ``devices``: the cluster
+        the plan runs on (default the run's)."""
         from loomrl.adapt import ADAPTED_FILE, adapted_record
         from loomrl.config import atomic_write_text
 
@@ -521,7 +524,7 @@ class Run:
             len(self.attempts),
             self.rc.placement,
             self.rc.micro_batch,
-            self.cluster.num_devices,
+            devices or self.cluster.num_devices,
         )
         try:
             atomic_write_text(self.dir / ADAPTED_FILE, json.dumps(rec, default=str) + "\n")

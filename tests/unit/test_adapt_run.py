@@ -227,6 +227,11 @@ def test_a_resume_on_another_device_count_plans_again_from_the_refreshed_profile
     assert "cannot run as it is (this cluster has 1 device(s), the plan was adapted on 2)" in err
     assert "planned again from the profile it refreshed" in err
     assert second.adapt_start["start"] == "replanned"
+    # The re-plan is the record now: the next resume on this cluster starts on it.
+    third = start(resume=True, profile=profile_file)
+    third.apply_plan(_declared(devices=1), SAMPLE)
+    assert third.adapt_start["start"] == "adapted" and third.plan.devices == 1
+    assert third.adapt_start["adapted_step"] == second.adapt_start["adapted_step"]
 
 
 def test_a_profile_of_another_device_count_than_the_cluster_is_no_reason_to_plan_again(
@@ -282,7 +287,10 @@ def test_no_plan_from_the_refreshed_profile_falls_back_to_the_start_and_says_so(
     [
         ('{"step": 1, "attempt": 0, "plac', "is not JSON"),  # cut short
         ("[1, 2]", "is not a JSON object (got list)"),
-        ('{"step": 1, "attempt": 0, "placement": "auto", "plan": {}}', "lacks ['devices', 'profile']"),
+        (
+            '{"step": 1, "attempt": 0, "placement": "auto", "plan": {}}',
+            "lacks ['devices', 'profile']",
+        ),
     ],
 )
 def test_a_corrupt_adapted_record_falls_back_to_the_start_and_says_why(
