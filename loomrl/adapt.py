@@ -402,23 +402,23 @@ def adapt_totals(rows: Sequence[dict[str, Any]], attempts: int = 1) -> dict[str,
         {"attempt": i, "decisions": 0, "replans": 0, "oscillations": 0, "redeploy_stall_s": 0.0}
         for i in range(n)
     ]
-    seen: list[set[str]] = [set() for _ in range(n)]
+    # Per attempt, the plans in the order they ran: each row's judged plan, then a re-plan's next.
+    ran: list[list[str]] = [[] for _ in range(n)]
     for r in rows:
         i = _attempt(r)
         a = per[i]
         a["decisions"] += 1
         if r.get("plan_from"):
-            seen[i].add(r["plan_from"])
+            ran[i].append(r["plan_from"])
         if r.get("action") == "replan":
             a["replans"] += 1
             stall = r.get("stall_s")
             if isinstance(stall, (int, float)) and math.isfinite(stall):
                 a["redeploy_stall_s"] += float(stall)
-            to = r.get("plan_to")
-            if to and to in seen[i]:
-                a["oscillations"] += 1
-            if to:
-                seen[i].add(to)
+            if r.get("plan_to"):
+                ran[i].append(r["plan_to"])
+    for a, plans in zip(per, ran, strict=True):
+        a["oscillations"] = oscillations(plans)
     total: dict[str, Any] = {
         k: sum(a[k] for a in per)
         for k in ("decisions", "replans", "oscillations", "redeploy_stall_s")
