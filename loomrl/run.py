@@ -223,6 +223,7 @@ class Run:
     """Run directory + cluster + logger for one ``loomrl run``."""
 
     def __init__(self, cfg: Any, run_cfg: RunConfig, total_steps: int | None = None):
+        from loomrl.adapt import adapt_totals
         from loomrl.cluster import Cluster
 
         self.cfg, self.rc = cfg, run_cfg
@@ -286,6 +287,8 @@ class Run:
         # A resume or restart cut adapt.jsonl back to its checkpoint already (prepare_run_dir):
         # what is left are the earlier attempts' decisions for the steps this one keeps.
         self.adapt_rows_before = read_rows(self.dir / "adapt.jsonl") if resuming else []
+        # max_replans is per run: a restart's Flow starts counting at 0, the run does not.
+        self.replans_before = adapt_totals(self.adapt_rows_before)["replans"]
         self.resuming = resuming
         # How this attempt's plan relates to what adaptation settled on before (apply_plan):
         # None when the run had not adapted (or is not resumed).
@@ -471,13 +474,14 @@ class Run:
             self._adapt(step, result, flow)
 
     def _adapt(self, step: int, result: Any, flow: Any) -> None:
-        from loomrl.adapt import adapt_totals, plan_id
+        from loomrl.adapt import plan_id
 
         judged = flow.plan_
-        # max_replans is per run: a restart's Flow starts counting at 0, the run does not.
-        before = adapt_totals(self.adapt_rows_before)["replans"]
         ev = flow.adapt(
-            result, self.rc.steps - step - 1, self.rc.adapt_config(), replans_before=before
+            result,
+            self.rc.steps - step - 1,
+            self.rc.adapt_config(),
+            replans_before=self.replans_before,
         )
         if ev is None:
             return
