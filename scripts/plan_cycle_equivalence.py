@@ -176,13 +176,19 @@ def outcome(module, prof) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None, doc: str, max_devices: int, base: str) -> argparse.Namespace:
+    """The options of an equivalence script: how many random profiles, from which seed, up to
+    how many devices, against which commit."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--count", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-devices", type=int, default=320)
-    ap.add_argument("--base", default=BASE, help=f"the commit to compare with (default {BASE})")
-    args = ap.parse_args(argv)
+    ap.add_argument("--max-devices", type=int, default=max_devices)
+    ap.add_argument("--base", default=base, help=f"the commit to compare with (default {base})")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv, __doc__, 320, BASE)
     bad = checked = 0
     t_old = t_new = 0.0
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,7 +20,6 @@ message. The last line reads ``differences: <n> of <checked>``; exit status 1 wh
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import sys
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The checkout's loomrl and the tests' random profiles, found without an install
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "unit"), str(ROOT / "scripts")]
 from _plan_random import random_profile  # noqa: E402
-from plan_cycle_equivalence import load_base, outcome  # noqa: E402
+from plan_cycle_equivalence import load_base, outcome, parse_args  # noqa: E402
 
 from loomrl.plan import load_profile  # noqa: E402
 
@@ -113,12 +112,7 @@ def _profile(seed: int, max_devices: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--count", type=int, default=300)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-devices", type=int, default=48)
-    ap.add_argument("--base", default=BASE, help=f"the commit to compare with (default {BASE})")
-    args = ap.parse_args(argv)
+    args = parse_args(argv, __doc__, 48, BASE)
     bad = checked = 0
     t_old = t_new = 0.0
     with tempfile.TemporaryDirectory() as tmp:
