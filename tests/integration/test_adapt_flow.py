@@ -123,14 +123,21 @@ TWO = load_profile(
 )
 
 
-def test_redeploy_carries_state_and_keeps_groups_in_place(cluster):
-    prof = TWO
-    flow = Flow(cluster)
-    a = flow.group(Counter, name="a")
+def _a_then_b(flow, counter=None):
+    """Groups a (a ``counter``, default Counter) -> b (Sink) of ``flow``, with the plan they
+    start on (spatial, one device each) and the one a redeploy moves them to (temporal, a on
+    two devices, b to device 0)."""
+    a = flow.group(counter or Counter, name="a")
     b = flow.group(Sink, name="b")
     flow.chain(a.add, b.sink)
-    first = fixed_plan(prof, spatial(leaf("a", 1), leaf("b", 1)), 2)
-    moved = fixed_plan(prof, temporal(leaf("a", 2), leaf("b", 2, used=1)), 4)
+    first = fixed_plan(TWO, spatial(leaf("a", 1), leaf("b", 1)), 2)
+    moved = fixed_plan(TWO, temporal(leaf("a", 2), leaf("b", 2, used=1)), 4)
+    return a, b, first, moved
+
+
+def test_redeploy_carries_state_and_keeps_groups_in_place(cluster):
+    flow = Flow(cluster)
+    a, b, first, moved = _a_then_b(flow)
     try:
         flow.apply(first)
         assert flow.run([1, 2, 3, 4]).outputs == [1, 2, 3, 4]
@@ -159,11 +166,7 @@ def test_a_redeploy_whose_state_never_comes_stops_naming_the_component(cluster):
     from loomrl.errors import IterationTimeout
 
     flow = Flow(cluster, iteration_timeout_s=1)
-    a = flow.group(Stuck, name="a")
-    b = flow.group(Sink, name="b")
-    flow.chain(a.add, b.sink)
-    first = fixed_plan(TWO, spatial(leaf("a", 1), leaf("b", 1)), 2)
-    moved = fixed_plan(TWO, temporal(leaf("a", 2), leaf("b", 2, used=1)), 4)
+    _, _, first, moved = _a_then_b(flow, Stuck)
     try:
         flow.apply(first)
         with pytest.raises(IterationTimeout, match=r"redeploy: a\.save_state\(\) still running"):
