@@ -19,7 +19,9 @@ The pieces are pure functions over profiles, plans and measured timelines (teste
 4. ``costs_moved``: whether "measured slower" still holds. A drift is either the plan's
    prediction being wrong (its measured times are steady) or the machine's costs changing (the
    plan's own measured times moved): after the latter, times measured before it describe
-   another machine, and only times measured since count.
+   another machine, and only times measured since count. A plan with no earlier times of its
+   own (just re-planned to) is judged by ``costs_moved_across`` instead: the components it runs
+   on as many devices as the window judged before (``cost_baseline``), call for call.
 5. ``adapt_totals``: what adaptation did over a whole run, all attempts, from its
    ``adapt.jsonl`` rows (a restart starts a new process, which knows only its own decisions).
 6. ``adapted_record`` / ``read_adapted`` / ``carry_problems``: the plan and refreshed profile
@@ -49,8 +51,10 @@ __all__ = [
     "adapt_totals",
     "adapted_record",
     "carry_problems",
-    "costs_moved",
     "call_overheads",
+    "cost_baseline",
+    "costs_moved",
+    "costs_moved_across",
     "component_factors",
     "detection_lag",
     "iteration_overhead",
@@ -145,12 +149,21 @@ def component_factors(
     slowest, so each micro-batch counts its slowest rank's record; its prediction is the
     profile's ``alpha + x * per_item[n]`` for the x items all ranks took (n: its devices).
     """
+    seconds = _component_seconds(profile, assignment, timelines)
+    return {name: measured / predicted for name, (measured, predicted) in seconds.items()}
+
+
+def _component_seconds(
+    profile: Any, assignment: dict[str, list[int]], timelines: Sequence[list[dict[str, Any]]]
+) -> dict[str, tuple[float, float]]:
+    """(measured, predicted) seconds per component, as ``component_factors`` compares them;
+    only components with both > 0."""
     tagged = [
         {**r, "micro_batch": (i, r.get("micro_batch", 0))}
         for i, tl in enumerate(timelines)
         for r in tl
     ]
-    factors: dict[str, float] = {}
+    out: dict[str, tuple[float, float]] = {}
     for name, recs in _runs_by_component(tagged, "run").items():
         comp = profile.components.get(name)
         devs = assignment.get(name)
@@ -163,8 +176,8 @@ def component_factors(
         predicted = sum(comp.alpha + sum(r["items"] for r in rs) * per_item for rs in by_k.values())
         measured = sum(max(r["end"] - r["start"] for r in rs) for rs in by_k.values())
         if predicted > 0 and measured > 0:
-            factors[name] = measured / predicted
-    return factors
+            out[name] = (measured, predicted)
+    return out
 
 
 def measured_switch_s(timeline: list[dict[str, Any]]) -> dict[str, float]:
@@ -336,6 +349,65 @@ def costs_moved(earlier: Sequence[float], recent: Sequence[float], threshold: fl
         return False
     before = statistics.median(earlier)
     return before > 0 and abs(statistics.median(recent) / before - 1.0) > threshold
+
+
+# Right after a re-plan (or a restart onto a plan that has not run since the costs last moved)
+# the running plan has no earlier times of its own, and ``costs_moved`` cannot tell a machine
+# that changed from a prediction that was wrong. Comparing the window with the plan's
+# prediction would call every mispredicted plan a machine change (a drift is exactly a window
+# off its prediction), and the times of other plans would then be set aside after every
+# mispredicted re-plan: the run could return to a plan it measured slower, again and again.
+# What does tell them apart is a measurement of the same work before and after: a component
+# that runs on as many devices in the new plan as in the window judged before does the same
+# calls on the same kind of slice of the machine, and its cost per call moves only when the
+# machine's does. Its other device counts are where the profile extrapolates, and where a
+# re-planned prediction is most often wrong: those components are left out. Both windows'
+# factors are taken against one profile (the refreshed one in use), so that the overheads it
+# folded into alpha and its curve over micro-batch sizes weigh on both alike.
+
+
+def cost_baseline(
+    profile: Any, assignment: dict[str, list[int]], timelines: Sequence[list[dict[str, Any]]]
+) -> dict[str, Any]:
+    """What a window of iterations (their ``timelines``, run under ``assignment``) measured of
+    the machine, for ``costs_moved_across`` to compare a later plan's window with: each
+    component's ``factors`` against ``profile`` (the median over the iterations, as
+    ``refresh_from_runs`` takes them) and the ``devices`` it ran on. JSON-ready (it is kept in
+    ``ADAPTED_FILE`` for the next attempt)."""
+    return {
+        "factors": median_by_key([component_factors(profile, assignment, tl) for tl in timelines]),
+        "devices": {name: len(devs) for name, devs in assignment.items()},
+    }
+
+
+def costs_moved_across(
+    baseline: dict[str, Any] | None,
+    profile: Any,
+    assignment: dict[str, list[int]],
+    timelines: Sequence[list[dict[str, Any]]],
+    threshold: float,
+) -> bool | None:
+    """Whether the machine's costs moved since ``baseline`` (``cost_baseline`` of an earlier
+    window, against the same ``profile``), judged on the components that ran on as many devices
+    then as now (under ``assignment``, in these iterations' ``timelines``): per iteration, their
+    measured seconds against what the baseline's factors make of the same calls, and the median
+    of that ratio over the iterations off 1 by more than ``threshold`` (one stalled iteration is
+    no move). None when it cannot tell: no baseline, or no component alike in both."""
+    if not baseline or not timelines:
+        return None
+    before, devices = baseline.get("factors") or {}, baseline.get("devices") or {}
+    ratios = []
+    for tl in timelines:
+        seconds = _component_seconds(profile, assignment, [tl])
+        alike = [
+            c for c in seconds if c in before and devices.get(c) == len(assignment.get(c) or ())
+        ]
+        expected = sum(before[c] * seconds[c][1] for c in alike)
+        if expected > 0:
+            ratios.append(sum(seconds[c][0] for c in alike) / expected)
+    if not ratios:
+        return None
+    return abs(statistics.median(ratios) - 1.0) > threshold
 
 
 def worth_switching(

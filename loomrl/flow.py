@@ -369,6 +369,9 @@ class Flow:
         self._refresh_seen: list[FlowResult] = []
         self._detector: Any = None
         self._measured: dict[str, list[float]] = {}  # plan key -> measured iteration seconds
+        # The last judged window's loomrl.adapt.cost_baseline, against the profile in use: what a
+        # plan without earlier times of its own is compared with (costs_moved_across).
+        self._baseline: dict[str, Any] | None = None
         self._recent: list[FlowResult] = []  # iterations of the current drift window
 
     # ------------------------------------------------------------------ declaration
@@ -834,7 +837,9 @@ class Flow:
         from loomrl.adapt import (
             AdaptConfig,
             DriftDetector,
+            cost_baseline,
             costs_moved,
+            costs_moved_across,
             plan_key,
             refresh_from_runs,
             worth_switching,
@@ -863,12 +868,24 @@ class Flow:
         # The plan did not change within the window: its last len(_recent) times are the window.
         mine = self._measured[key]
         n_recent = len(self._recent)
-        drifted = costs_moved(mine[:-n_recent], mine[-n_recent:], cfg.threshold)
+        timelines = [r.timeline for r in self._recent]
+        if mine[:-n_recent]:
+            drifted = costs_moved(mine[:-n_recent], mine[-n_recent:], cfg.threshold)
+            judged_by: str | None = "own_times"
+        else:
+            # Nothing of its own to compare with (just re-planned to): the components it runs
+            # as the last judged window did, call for call (why these and not its prediction:
+            # loomrl.adapt, above cost_baseline). None: it cannot tell.
+            moved = costs_moved_across(
+                self._baseline, self.profile_, plan.assignment(), timelines, cfg.threshold
+            )
+            drifted = bool(moved)
+            judged_by = None if moved is None else "components"
         set_aside = set(self._measured) if drifted else set()
         if drifted:
-            # This plan's own times moved: the machine's costs changed, not only the prediction.
-            # Times measured before (of any plan) describe the old costs: a plan that ran slower
-            # then may be faster now, and the reverse. Only the window's times still count.
+            # The machine's costs changed, not only the prediction. Times measured before (of
+            # any plan) describe the old costs: a plan that ran slower then may be faster now,
+            # and the reverse. Only the window's times still count.
             self._measured = {key: mine[-n_recent:]}
         # The window's iterations together: one iteration's items may be unusually light or heavy.
         factors, prof = refresh_from_runs(self.profile_, plan.assignment(), self._recent)
@@ -896,6 +913,10 @@ class Flow:
             "costs_drifted": drifted,
             "plan_ran_s": ran_s,
             "best_ran_s": min(tried) if tried and bkey != key else None,
+            # What costs_drifted was judged on: the plan's own earlier times ("own_times"), the
+            # components it runs as the last judged window did ("components"), or nothing
+            # (None: no earlier window to compare with, or no component alike).
+            "costs_judged_by": judged_by,
         }
         old_assign, new_assign = plan.assignment(), best.assignment()
         moving = sum(old_assign.get(c) != d for c, d in new_assign.items())
@@ -949,6 +970,9 @@ class Flow:
         else:
             self.plan_ = current
         self.profile_ = prof
+        # The next window (of whichever plan runs next) is judged against prof: this window's
+        # factors against it too, so that both see prof's curves and overheads alike.
+        self._baseline = cost_baseline(prof, old_assign, timelines)
         self._detector.reset()
         self._recent = []
         event["decide_s"] = time.time() - t0 - event.get("stall_s", 0.0)

@@ -383,3 +383,50 @@ def test_the_adapted_record_reads_back_and_says_why_it_cannot_run_as_it_is(tmp_p
         read_adapted(path)
     with pytest.raises(PlanError, match="nothing.json cannot be read"):
         read_adapted(tmp_path / "nothing.json")
+
+
+def _calls(**seconds):
+    """One iteration's timeline: one call of 2 items on rank 0 per component, taking
+    ``seconds[component]``."""
+    return [
+        {"component": c, "kind": "run", "rank": 0, "items": 2, "start": 0.0, "end": s}
+        for c, s in seconds.items()
+    ]
+
+
+def test_cost_baseline_keeps_the_windows_factors_and_device_counts():
+    from loomrl.adapt import cost_baseline
+
+    prof = load_profile(PROFILE)
+    spatial_ = {"a": [0], "b": [1]}
+    # a on 1 device: 0.1 + 2 * 0.2 = 0.5 s predicted; b: 2 * 0.5 = 1.0 s. The median over the
+    # three iterations: one stall of b does not count.
+    b = cost_baseline(prof, spatial_, [_calls(a=0.5, b=0.2), _calls(a=0.5, b=0.2), _calls(b=5.0)])
+    assert b["devices"] == {"a": 1, "b": 1}
+    assert b["factors"] == pytest.approx({"a": 1.0, "b": 0.2})
+
+
+def test_costs_moved_across_compares_only_components_on_the_same_device_count():
+    from loomrl.adapt import cost_baseline, costs_moved_across
+
+    prof = load_profile(PROFILE)
+    before = cost_baseline(prof, {"a": [0], "b": [1]}, [_calls(a=0.5, b=0.2)] * 2)
+    temporal_ = {"a": [0, 1], "b": [0]}
+    # b runs on one device in both plans: its calls tell the machine; a moved to two devices,
+    # where the profile extrapolates: a 3x off is a misprediction, not a machine change.
+    assert costs_moved_across(before, prof, temporal_, [_calls(a=0.9, b=0.2)] * 2, 0.15) is False
+    assert costs_moved_across(before, prof, temporal_, [_calls(a=0.3, b=0.1)] * 2, 0.15) is True
+    assert costs_moved_across(before, prof, temporal_, [_calls(a=0.3, b=0.4)] * 2, 0.15) is True
+    # b within the threshold, and one stalled iteration among three: no move
+    steady = [_calls(a=0.3, b=0.22), _calls(a=0.3, b=0.19), _calls(a=0.3, b=2.0)]
+    assert costs_moved_across(before, prof, temporal_, steady, 0.15) is False
+    # Both alike: weighed by their work. a unchanged (0.5 s), b's calls 2x dearer (0.5 -> 1.0 s):
+    # 1.5 s measured against 1.0 s at the baseline's costs, a 50% move, not 100%.
+    both = cost_baseline(prof, {"a": [0], "b": [1]}, [_calls(a=0.5, b=0.5)])
+    assert costs_moved_across(both, prof, {"a": [0], "b": [1]}, [_calls(a=0.5, b=1.0)], 0.4)
+    assert not costs_moved_across(both, prof, {"a": [0], "b": [1]}, [_calls(a=0.5, b=1.0)], 0.6)
+    # Nothing to tell from: no baseline, no component alike, no iteration
+    assert costs_moved_across(None, prof, temporal_, [_calls(a=0.3, b=0.1)], 0.15) is None
+    only_a = cost_baseline(prof, {"a": [0]}, [_calls(a=0.5)])
+    assert costs_moved_across(only_a, prof, temporal_, [_calls(a=0.1, b=0.1)], 0.15) is None
+    assert costs_moved_across(before, prof, temporal_, [], 0.15) is None

@@ -97,6 +97,10 @@ def test_a_mispredicted_new_plan_does_not_send_the_run_back_to_one_measured_slow
     assert later and all(e["action"] == "recalibrate" for e in later)
     kept = later[0]
     assert kept["best_mode"] == "spatial" and kept["costs_drifted"] is False
+    # Temporal's first window had no earlier times of its own: b, on one device in both plans,
+    # took what it took in spatial's window, so the costs did not move (a's 2 devices, where
+    # the profile was wrong, are no evidence either way).
+    assert kept["costs_judged_by"] == "components"
     assert kept["kept_because"].startswith("the best plan ran slower than this one before")
     assert kept["best_ran_s"] > kept["plan_ran_s"]
     assert flow.plan_.mode == "temporal"
@@ -118,3 +122,24 @@ def test_max_replans_counts_the_replans_of_earlier_attempts():
     (ev,) = events
     assert ev["action"] == "recalibrate" and flow.plan_.mode == "spatial"
     assert ev["kept_because"] == "max_replans (1) reached (1 in earlier attempts of the run)"
+
+
+def test_a_machine_change_in_the_first_window_after_a_re_plan_sets_earlier_times_aside():
+    """The machine runs b 5x cheaper than profiled: spatial (1.3 s) is slower than temporal
+    there, and the run moves to temporal. At once, before temporal has a time of its own, the
+    machine gets faster (a 5x, b 10x cheaper than profiled): spatial now takes 0.29 s, temporal
+    0.35 s. Temporal's own times cannot show the change; b's calls can (one device in both
+    plans, each now half as long as in spatial's window): spatial's 1.3 s describes the old
+    machine and no longer keeps the run from it."""
+    prof = load_profile(PROFILE)
+    cfg = AdaptConfig(window=2)
+    flow = _flow(prof)
+    (first,) = _iterations(flow, refresh_profile(prof, {"b": 0.2}), 2, cfg)
+    assert first["action"] == "replan" and flow.plan_.mode == "temporal"
+    faster = refresh_profile(prof, {"a": 0.2, "b": 0.1})
+    (second, *_) = _iterations(flow, faster, 2, cfg)
+    assert second["action"] == "replan", second.get("kept_because")
+    assert second["costs_judged_by"] == "components" and second["costs_drifted"] is True
+    assert flow.plan_.mode == "spatial" and _true_s(flow, faster) < 0.35
+    assert second["best_ran_s"] is None  # spatial's 1.3 s was set aside
+    assert "before the costs moved no longer count" in second["changed_because"]
