@@ -24,10 +24,13 @@ The pieces are pure functions over profiles, plans and measured timelines (teste
    on as many devices as the window judged before (``cost_baseline``), call for call.
 5. ``adapt_totals``: what adaptation did over a whole run, all attempts, from its
    ``adapt.jsonl`` rows (a restart starts a new process, which knows only its own decisions).
-6. ``adapted_record`` / ``read_adapted`` / ``carry_problems``: the plan and refreshed profile
-   adaptation last settled on, kept in the run directory (``ADAPTED_FILE``) so that a restart
-   or ``loomrl resume`` starts from them instead of detecting the same drift again, and why
-   they cannot run as they are on the resumed run's cluster or settings.
+6. ``adapted_record`` / ``read_adapted`` / ``carry_problems`` / ``carries_measured``: the plan
+   and refreshed profile adaptation last settled on, kept in the run directory
+   (``ADAPTED_FILE``) so that a restart or ``loomrl resume`` starts from them instead of
+   detecting the same drift again, and why they cannot run as they are on the resumed run's
+   cluster or settings; with them, each plan's measured times since the costs last moved and
+   the last window's ``cost_baseline``, so that "never return to a slower plan" holds across
+   attempts, on the same cluster.
 
 This module never imports torch or Ray.
 """
@@ -40,7 +43,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = [
@@ -52,6 +55,7 @@ __all__ = [
     "adapted_record",
     "carry_problems",
     "call_overheads",
+    "carries_measured",
     "cost_baseline",
     "costs_moved",
     "costs_moved_across",
@@ -337,7 +341,11 @@ def plan_key(plan: Any) -> str:
 
 def plan_id(plan: Any) -> str:
     """``plan_key`` in 12 hex digits: short enough for every adapt.jsonl row to name its plans."""
-    return hashlib.sha256(plan_key(plan).encode()).hexdigest()[:12]
+    return _key_id(plan_key(plan))
+
+
+def _key_id(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def costs_moved(earlier: Sequence[float], recent: Sequence[float], threshold: float) -> bool:
@@ -507,8 +515,9 @@ def _attempt(row: dict[str, Any]) -> int:
 # ------------------------------------------------------------------ across attempts
 # A restart (a dead worker) or ``loomrl resume`` starts a new Flow; without this record it would
 # plan again from the profile of the run's start and pay ``window`` slow iterations to find the
-# same drift. Machine costs do not roll back with a checkpoint: the latest record counts, also
-# one written after the checkpoint the run resumes from.
+# same drift, and it would not know which plans it measured slower: it could re-plan back to
+# one. Machine costs do not roll back with a checkpoint: the latest record counts, also one
+# written after the checkpoint the run resumes from, measured times included.
 
 ADAPTED_FILE = "adapted.json"  # in the run directory; rewritten whole after every adapt event
 
@@ -518,7 +527,10 @@ class Adapted:
     """What adaptation last settled on in a run: the plan running after its last event, the
     refreshed profile it was judged with, and where (step, attempt, on a cluster of
     ``devices``) and under which settings (``placement``, ``micro_batch``: the re-plans kept to
-    them) it was decided."""
+    them) it was decided. ``measured``: each plan's measured iteration seconds (by
+    ``plan_key``) since the costs last moved, and ``baseline`` the last window's
+    ``cost_baseline``, both of the cluster of ``devices`` devices of ``device_memory_gb`` each
+    (None: no GPU); empty in a record written before they were kept."""
 
     plan: Any
     profile: Any
@@ -527,6 +539,9 @@ class Adapted:
     placement: str
     micro_batch: int | None
     devices: int
+    measured: dict[str, list[float]] = field(default_factory=dict)
+    baseline: dict[str, Any] | None = None
+    device_memory_gb: float | None = None
 
 
 def adapted_record(
@@ -537,9 +552,15 @@ def adapted_record(
     placement: str,
     micro_batch: int | None,
     devices: int,
+    measured: dict[str, list[float]] | None = None,
+    baseline: dict[str, Any] | None = None,
+    device_memory_gb: float | None = None,
 ) -> dict[str, Any]:
     """The JSON object of ``ADAPTED_FILE`` (what ``read_adapted`` reads back); ``devices``: the
-    cluster's, which may differ from the profile's (a profile file made for another one)."""
+    cluster's, which may differ from the profile's (a profile file made for another one), and
+    ``device_memory_gb`` its devices' memory (None: no GPU). ``measured``: plan_key -> measured
+    iteration seconds (``Flow.measured_state``), kept as a list naming each plan by its
+    ``plan_id`` too; ``baseline``: a ``cost_baseline``."""
     return {
         "step": step,
         "attempt": attempt,
@@ -549,6 +570,16 @@ def adapted_record(
         "plan_id": plan_id(plan),
         "plan": plan.to_dict(),
         "profile": profile.to_dict(),
+        "device_memory_gb": device_memory_gb,
+        "measured": [
+            {
+                "plan_id": _key_id(k),
+                "plan_key": k,
+                "times_s": list(v),
+            }
+            for k, v in (measured or {}).items()
+        ],
+        "baseline": baseline,
     }
 
 
@@ -591,7 +622,50 @@ def read_adapted(path: Any) -> Adapted:
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
         raise PlanError(f"{p}: its plan is not valid: {what}") from None
-    return Adapted(plan, profile, step, attempt, d["placement"], mb, devices)
+    measured, baseline, memory = _read_measured(p, d)
+    return Adapted(
+        plan, profile, step, attempt, d["placement"], mb, devices, measured, baseline, memory
+    )
+
+
+def _read_measured(
+    p: Any, d: dict[str, Any]
+) -> tuple[dict[str, list[float]], dict[str, Any] | None, float | None]:
+    """``ADAPTED_FILE``'s measured times, cost baseline and device memory (absent in a record
+    written before they were kept: none, None, None); PlanError naming what is wrong."""
+    from loomrl.errors import PlanError
+
+    def seconds(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    rows, measured = d.get("measured") or [], {}
+    if not isinstance(rows, list):
+        raise PlanError(f"{p}: measured is {rows!r}, not a list of plans' times")
+    for i, r in enumerate(rows):
+        ok = isinstance(r, dict) and isinstance(r.get("plan_key"), str)
+        times = r.get("times_s") if ok else None
+        if not (isinstance(times, list) and all(seconds(t) and t >= 0 for t in times)):
+            raise PlanError(
+                f"{p}: measured[{i}] is {r!r}, not {{'plan_key': str, 'times_s': [seconds >= 0]}}"
+            )
+        measured[r["plan_key"]] = [float(t) for t in times]
+    baseline = d.get("baseline")
+    if baseline is not None:
+        b = baseline if isinstance(baseline, dict) else {}
+        factors, devices = b.get("factors"), b.get("devices")
+        if not (
+            isinstance(factors, dict)
+            and isinstance(devices, dict)
+            and all(seconds(v) for v in factors.values())
+        ):
+            raise PlanError(
+                f"{p}: baseline is {baseline!r}, not {{'factors': {{component: float}}, "
+                "'devices': {component: int}}"
+            )
+    memory = d.get("device_memory_gb")
+    if memory is not None and not (seconds(memory) and memory > 0):
+        raise PlanError(f"{p}: device_memory_gb is {memory!r}, not a number of GB > 0 or null")
+    return measured, baseline, memory
 
 
 def carry_problems(
@@ -619,3 +693,20 @@ def carry_problems(
             f"has {memory_gb:.1f} GB"
         )
     return p
+
+
+def carries_measured(adapted: Adapted, devices: int, memory_gb: float | None) -> bool:
+    """Whether ``adapted``'s measured times and cost baseline still count on the resumed run's
+    cluster (``devices`` devices of ``memory_gb`` each; None: no GPU): only on the cluster they
+    were measured on. A cluster of another device count or another device memory is another
+    machine, whose costs those times do not describe, and most of whose plans are other plans
+    (other device counts): none of them is kept there. Another ``placement`` or
+    ``micro_batch`` on the same cluster keeps them all: a plan's time on this machine is as true
+    as it was, and the times of plans outside the mode or micro-batch asked for now are never
+    looked up (adaptation compares only the running plan and the best of the search)."""
+    if devices != adapted.devices:
+        return False
+    have, had = memory_gb, adapted.device_memory_gb
+    if have is None or had is None:
+        return have is None and had is None
+    return math.isclose(have, had, rel_tol=1e-3)

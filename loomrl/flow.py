@@ -369,6 +369,9 @@ class Flow:
         self._refresh_seen: list[FlowResult] = []
         self._detector: Any = None
         self._measured: dict[str, list[float]] = {}  # plan key -> measured iteration seconds
+        # plan key -> how many of its _measured times (the first ones) an earlier attempt of the
+        # run measured (restore_measured); the events say when a time they compare is one.
+        self._carried: dict[str, int] = {}
         # The last judged window's loomrl.adapt.cost_baseline, against the profile in use: what a
         # plan without earlier times of its own is compared with (costs_moved_across).
         self._baseline: dict[str, Any] | None = None
@@ -873,9 +876,9 @@ class Flow:
             drifted = costs_moved(mine[:-n_recent], mine[-n_recent:], cfg.threshold)
             judged_by: str | None = "own_times"
         else:
-            # Nothing of its own to compare with (just re-planned to): the components it runs
-            # as the last judged window did, call for call (why these and not its prediction:
-            # loomrl.adapt, above cost_baseline). None: it cannot tell.
+            # Nothing of its own to compare with (just re-planned to, or restarted on): the
+            # components it runs as the last judged window did, call for call (why these and
+            # not its prediction: loomrl.adapt, above cost_baseline). None: it cannot tell.
             moved = costs_moved_across(
                 self._baseline, self.profile_, plan.assignment(), timelines, cfg.threshold
             )
@@ -884,9 +887,10 @@ class Flow:
         set_aside = set(self._measured) if drifted else set()
         if drifted:
             # The machine's costs changed, not only the prediction. Times measured before (of
-            # any plan) describe the old costs: a plan that ran slower then may be faster now,
-            # and the reverse. Only the window's times still count.
+            # any plan, in any attempt) describe the old costs: a plan that ran slower then may
+            # be faster now, and the reverse. Only the window's times still count.
             self._measured = {key: mine[-n_recent:]}
+            self._carried = {}
         # The window's iterations together: one iteration's items may be unusually light or heavy.
         factors, prof = refresh_from_runs(self.profile_, plan.assignment(), self._recent)
         # A calibrated profile knows one device count per component: recalibrate, never move.
@@ -917,6 +921,12 @@ class Flow:
             # components it runs as the last judged window did ("components"), or nothing
             # (None: no earlier window to compare with, or no component alike).
             "costs_judged_by": judged_by,
+            # Whether those fastest times were measured by an earlier attempt of the run (kept
+            # in loomrl.adapt.ADAPTED_FILE), not by this one.
+            "plan_ran_in_earlier_attempt": self._ran_earlier(key),
+            "best_ran_in_earlier_attempt": self._ran_earlier(bkey)
+            if tried and bkey != key
+            else None,
         }
         old_assign, new_assign = plan.assignment(), best.assignment()
         moving = sum(old_assign.get(c) != d for c, d in new_assign.items())
@@ -938,7 +948,9 @@ class Flow:
         elif slower_before:
             event["kept_because"] = (
                 f"the best plan ran slower than this one before ({min(tried):.3f}s against "
-                f"{ran_s:.3f}s measured, since the costs last moved)"
+                f"{ran_s:.3f}s measured, since the costs last moved"
+                + ("; it ran in an earlier attempt of the run" if self._ran_earlier(bkey) else "")
+                + ")"
             )
         elif not worth:
             event["kept_because"] = (
@@ -978,6 +990,34 @@ class Flow:
         event["decide_s"] = time.time() - t0 - event.get("stall_s", 0.0)
         self.adapt_events.append(event)
         return event
+
+    def _ran_earlier(self, key: str) -> bool:
+        """Whether the fastest of plan ``key``'s measured times is one an earlier attempt of the
+        run measured (restore_measured)."""
+        times = self._measured.get(key) or []
+        return bool(times) and times.index(min(times)) < self._carried.get(key, 0)
+
+    def measured_state(self) -> dict[str, Any]:
+        """What adaptation measured that a later attempt of the run needs (kept in
+        ``loomrl.adapt.ADAPTED_FILE``): ``measured``, each plan's iteration seconds (by
+        ``plan_key``) since the costs last moved, and ``baseline``, the last judged window's
+        ``cost_baseline`` (None before the first adapt event)."""
+        return {
+            "measured": {k: list(v) for k, v in self._measured.items()},
+            "baseline": self._baseline,
+        }
+
+    def restore_measured(
+        self, measured: dict[str, list[float]], baseline: dict[str, Any] | None
+    ) -> None:
+        """Start adaptation with what an earlier attempt of the run measured (``measured_state``,
+        read back by ``loomrl.adapt.read_adapted``), after the plan is applied: a plan measured
+        slower then is not returned to, and the first window of a plan with no times of its own
+        is judged against ``baseline``. Only on the cluster they were measured on
+        (``loomrl.adapt.carries_measured``): the caller checks."""
+        self._measured = {k: [float(t) for t in v] for k, v in measured.items() if v}
+        self._carried = {k: len(v) for k, v in self._measured.items()}
+        self._baseline = baseline
 
     def _best_as_asked(self, profile: Any) -> tuple[Plan | None, Any]:
         """The best plan for ``profile`` in the mode and micro-batch ``plan`` was asked for

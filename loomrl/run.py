@@ -13,7 +13,9 @@ error, steps done, wall time, median iteration) and sums every attempt's wall ti
 ``"killed"`` (from ``.attempt.json``, which a running attempt keeps). A resumed run that adapted
 before starts on the plan and refreshed profile its adaptation last settled on (``adapted.json``,
 ``loomrl.adapt.read_adapted``), planned again from that profile where the plan cannot run as it
-is, and says which in ``adapt_start`` (null when the run had not adapted). Both record
+is, and says which in ``adapt_start`` (null when the run had not adapted); on the same cluster
+its adaptation starts with the times each plan ran since the costs last moved (how many plans:
+``adapt_start.carried_plans``), so that it does not return to a plan measured slower. Both record
 ``fixed_on_resume``, the config's values of the keys its checkpoints depend on
 (``FIXED_ON_RESUME``), which ``loomrl resume`` checks config.yaml against. A run that stops on an
 error, Ctrl-C or SIGTERM writes one too, with ``status`` ``"failed"`` or ``"interrupted"`` (and
@@ -341,7 +343,13 @@ class Run:
         the plan, or None to plan as at the start: the run did not adapt, ``run.adapt`` is off
         (the placement asked for runs as it is), or the record is missing or cannot be used.
         Each case but the first is said and kept in the summary's ``adapt_start``."""
-        from loomrl.adapt import ADAPTED_FILE, carry_problems, plan_id, read_adapted
+        from loomrl.adapt import (
+            ADAPTED_FILE,
+            carries_measured,
+            carry_problems,
+            plan_id,
+            read_adapted,
+        )
         from loomrl.errors import ConfigError, PlanError
 
         path = self.dir / ADAPTED_FILE
@@ -379,16 +387,29 @@ class Run:
         memory = flow.cluster.device_memory_gb if flow.cluster.has_cuda else None
         devices = flow.cluster.num_devices
         moved = carry_problems(a, rc.placement, rc.micro_batch, devices, memory)
+        # The plans' measured times and the last window's cost baseline count on the cluster
+        # they were measured on only (carries_measured says why); restored once the plan is
+        # applied, so that "never return to a slower plan" holds across attempts.
+        same_cluster = carries_measured(a, devices, memory)
+        carried = a.measured if same_cluster else {}
+        kept = (
+            f"; the times {len(carried)} plan(s) ran since the costs last moved still count"
+            if carried
+            else ""
+        )
         try:
             if not moved:
                 plan = flow.resume_plan(
                     a.plan, a.profile, rc.placement, batch=want, micro_batch=rc.micro_batch
                 )
+                if same_cluster:
+                    flow.restore_measured(a.measured, a.baseline)
                 self._adapt_start(
                     "adapted",
                     f"adapt: resuming on {where}, with the profile it refreshed: {plan.mode} "
-                    f"{plan.assignment()}, {plan.predicted_s:.3f}s per iteration predicted",
+                    f"{plan.assignment()}, {plan.predicted_s:.3f}s per iteration predicted" + kept,
                     a,
+                    carried,
                 )
                 return plan
             prof = a.profile.with_devices(devices)
@@ -404,22 +425,32 @@ class Run:
                 a,
             )
             return None
+        if same_cluster:
+            flow.restore_measured(a.measured, a.baseline)
         self._adapt_start(
             "replanned",
             f"adapt: {where} cannot run as it is ({'; '.join(moved)}): planned again from the "
             f"profile it refreshed: {plan.mode} {plan.assignment()}, {plan.predicted_s:.3f}s "
-            "per iteration predicted",
+            "per iteration predicted" + kept,
             a,
+            carried,
         )
         # The next resume on this cluster starts on this plan, not on another re-plan.
         self._keep_adapted(a.step, flow, devices)
         return plan
 
-    def _adapt_start(self, start: str, said: str, adapted: Any = None) -> None:
+    def _adapt_start(
+        self,
+        start: str,
+        said: str,
+        adapted: Any = None,
+        carried: dict[str, list[float]] | None = None,
+    ) -> None:
         """Say how this attempt's plan relates to the one adaptation settled on before, and keep
         it for the summary (``adapt_start``): ``start`` is ``adapted`` (that plan),
         ``replanned`` (planned again from its refreshed profile) or ``configured`` (as at the
-        run's start)."""
+        run's start); ``carried_plans``, how many plans' measured times (since the costs last
+        moved, by earlier attempts on this cluster) this attempt's adaptation starts with."""
         from loomrl.adapt import plan_id
 
         self.adapt_start = {
@@ -428,6 +459,7 @@ class Run:
             "adapted_attempt": adapted.attempt if adapted is not None else None,
             "adapted_plan_id": plan_id(adapted.plan) if adapted is not None else None,
             "said": said,
+            "carried_plans": len(carried or {}),
         }
         self.logger.echo(said)
 
@@ -521,6 +553,13 @@ class Run:
         from loomrl.adapt import ADAPTED_FILE, adapted_record
         from loomrl.config import atomic_write_text
 
+        # The plans' measured times and the cost baseline go with it, with the cluster they were
+        # measured on (loomrl.adapt.carries_measured): a later attempt keeps to "never return
+        # to a slower plan". Written at adapt events only: times of the running plan since the
+        # last event are not kept (the next attempt measures that plan again), and costs do
+        # not roll back with a checkpoint: the latest record counts.
+        cluster = self.cluster
+        state = flow.measured_state()
         rec = adapted_record(
             flow.plan_,
             flow.profile_,
@@ -528,7 +567,10 @@ class Run:
             len(self.attempts),
             self.rc.placement,
             self.rc.micro_batch,
-            devices or self.cluster.num_devices,
+            devices or cluster.num_devices,
+            measured=state["measured"],
+            baseline=state["baseline"],
+            device_memory_gb=cluster.device_memory_gb if cluster.has_cuda else None,
         )
         try:
             atomic_write_text(self.dir / ADAPTED_FILE, json.dumps(rec, default=str) + "\n")

@@ -430,3 +430,50 @@ def test_costs_moved_across_compares_only_components_on_the_same_device_count():
     only_a = cost_baseline(prof, {"a": [0]}, [_calls(a=0.5)])
     assert costs_moved_across(only_a, prof, temporal_, [_calls(a=0.1, b=0.1)], 0.15) is None
     assert costs_moved_across(before, prof, temporal_, [], 0.15) is None
+
+
+def test_the_adapted_record_keeps_the_measured_times_and_an_older_one_still_reads(tmp_path):
+    import json
+
+    from loomrl.adapt import (
+        adapted_record,
+        carries_measured,
+        cost_baseline,
+        plan_id,
+        read_adapted,
+    )
+    from loomrl.errors import PlanError
+    from loomrl.plan.search import search_all
+
+    prof = refresh_profile(load_profile(PROFILE), {"b": 0.2})
+    r = search_all(prof)
+    plan, other = r["best"], r["spatial"]
+    measured = {plan_key(other): [1.3, 1.25], plan_key(plan): [0.95]}
+    base = cost_baseline(prof, other.assignment(), [_calls(a=0.5, b=0.2)])
+    rec = adapted_record(plan, prof, 7, 1, "auto", None, 2, measured, base, 80.0)
+    assert [m["plan_id"] for m in rec["measured"]] == [plan_id(other), plan_id(plan)]
+    path = tmp_path / "adapted.json"
+    path.write_text(json.dumps(rec))
+    a = read_adapted(path)
+    assert a.measured == measured and a.baseline == base and a.device_memory_gb == 80.0
+    # Only on the cluster they were measured on: another device count or device memory is
+    # another machine.
+    assert carries_measured(a, 2, 80.0)
+    assert not carries_measured(a, 4, 80.0)
+    assert not carries_measured(a, 2, 40.0) and not carries_measured(a, 2, None)
+    # A record written before the times were kept still reads, with none.
+    for k in ("measured", "baseline", "device_memory_gb"):
+        del rec[k]
+    path.write_text(json.dumps(rec))
+    a = read_adapted(path)
+    assert (a.measured, a.baseline, a.device_memory_gb) == ({}, None, None)
+    assert carries_measured(a, 2, None) and not carries_measured(a, 2, 80.0)
+    for key, bad, said in (
+        ("measured", {"x": [1.0]}, r"measured is \{'x': \[1\.0\]\}, not a list"),
+        ("measured", [{"plan_key": "k", "times_s": [-1]}], r"measured\[0\] is .*times_s"),
+        ("baseline", {"factors": {"a": "x"}, "devices": {}}, "baseline is .*'factors'"),
+        ("device_memory_gb", 0, "device_memory_gb is 0, not a number of GB > 0 or null"),
+    ):
+        path.write_text(json.dumps({**rec, key: bad}))
+        with pytest.raises(PlanError, match=f"adapted.json: {said}"):
+            read_adapted(path)

@@ -5,6 +5,7 @@ synthetic)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import types
@@ -13,7 +14,7 @@ import pytest
 from test_adapt import PROFILE
 from test_adapt_decisions import _flow, _iteration
 
-from loomrl.adapt import ADAPTED_FILE, refresh_profile
+from loomrl.adapt import ADAPTED_FILE, read_adapted, refresh_profile
 from loomrl.flow import Flow
 from loomrl.plan import load_profile
 from loomrl.run import Run, RunConfig
@@ -173,6 +174,7 @@ def test_a_restart_starts_on_the_adapted_plan_and_profile(start, profile_file, c
     assert s["adapt_start"]["start"] == "adapted"
     assert (s["adapt_start"]["adapted_step"], s["adapt_start"]["adapted_attempt"]) == (1, 0)
     assert s["plan"]["mode"] == "temporal" and s["replans"] == 1
+    assert s["adapt_start"]["carried_plans"] == 1  # spatial's times, measured by attempt 0
 
 
 def test_an_in_process_restart_after_a_dead_worker_starts_on_the_adapted_plan(
@@ -227,6 +229,10 @@ def test_a_resume_on_another_device_count_plans_again_from_the_refreshed_profile
     assert "cannot run as it is (this cluster has 1 device(s), the plan was adapted on 2)" in err
     assert "planned again from the profile it refreshed" in err
     assert second.adapt_start["start"] == "replanned"
+    # Times measured on 2 devices describe another cluster: none is kept, nor the record's.
+    assert second.adapt_start["carried_plans"] == 0
+    assert flow.measured_state() == {"measured": {}, "baseline": None}
+    assert read_adapted(second.dir / ADAPTED_FILE).measured == {}
     # The re-plan is the record now: the next resume on this cluster starts on it.
     third = start(resume=True, profile=profile_file)
     third.apply_plan(_declared(devices=1), SAMPLE)
@@ -341,3 +347,72 @@ def test_a_run_that_never_adapted_resumes_as_it_started(start, profile_file):
     second.apply_plan(flow, SAMPLE)
     assert flow.plan_.mode == "spatial" and second.adapt_start is None
     assert second.summary(4, None, {})["adapt_start"] is None
+
+
+# ------------------------------------------------------------------ what a restart remembers
+
+
+def _profile_file(tmp_path, name, profile) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(profile.to_dict()))
+    return str(path)
+
+
+def test_a_restart_does_not_return_to_a_plan_an_earlier_attempt_measured_slower(start, tmp_path):
+    """The profile mispredicts how a scales (the machine's costs never move): the first
+    attempt moves from spatial to temporal, which runs faster, and its worker dies. The
+    restart's temporal window makes spatial look best again, but spatial ran slower in the
+    first attempt: the run stays on temporal, saying the time is an earlier attempt's."""
+    truth, stale = copy.deepcopy(PROFILE), copy.deepcopy(PROFILE)
+    truth["components"]["a"]["time"]["per_item"] = {1: 0.5, 2: 0.1}
+    truth["components"]["b"]["time"]["per_item"] = {1: 0.2}
+    stale["components"]["a"]["time"]["per_item"] = {1: 0.8, 2: 0.5}
+    truth_p, path = load_profile(truth), _profile_file(tmp_path, "stale.json", load_profile(stale))
+    first = start(profile=path)
+    flow = _declared()
+    first.apply_plan(flow, SAMPLE)
+    _steps(first, flow, truth_p, range(2))
+    assert [r["action"] for r in first.adapt_rows] == ["replan"]
+    assert flow.plan_.mode == "temporal"
+    second = start(resume=True, profile=path)
+    second.steps_done = 2
+    flow = _declared()
+    second.apply_plan(flow, SAMPLE)
+    assert flow.plan_.mode == "temporal" and second.adapt_start["carried_plans"] == 1
+    said = second.adapt_start["said"]
+    assert "the times 1 plan(s) ran since the costs last moved still count" in said
+    _steps(second, flow, truth_p, range(2, 8))
+    assert flow.plan_.mode == "temporal"
+    kept = second.adapt_rows[0]
+    assert kept["action"] == "recalibrate" and kept["best_mode"] == "spatial"
+    assert kept["kept_because"].startswith("the best plan ran slower than this one before")
+    assert kept["kept_because"].endswith("; it ran in an earlier attempt of the run)")
+    assert kept["best_ran_in_earlier_attempt"] is True
+    assert kept["plan_ran_in_earlier_attempt"] is False
+    assert kept["costs_judged_by"] == "components" and kept["costs_drifted"] is False
+    assert all(r["action"] == "recalibrate" for r in second.adapt_rows)
+
+
+def test_a_restart_judges_its_first_window_against_the_earlier_attempts_last_one(
+    start, profile_file
+):
+    """The first attempt moves from spatial to temporal (b 5x cheaper than profiled) and its
+    worker dies at once. On the restart the machine is faster (a 5x, b 10x cheaper than
+    profiled): spatial 0.29 s, temporal 0.35 s. Temporal has no time of its own to show it;
+    b's calls against the first attempt's last window do: spatial's 1.3 s, measured on the
+    old machine, no longer counts, and the run moves to spatial."""
+    first = start(profile=profile_file)
+    flow = _declared()
+    first.apply_plan(flow, SAMPLE)
+    _steps(first, flow, CHEAP_B, range(2))
+    assert flow.plan_.mode == "temporal"
+    second = start(resume=True, profile=profile_file)
+    second.steps_done = 2
+    flow = _declared()
+    second.apply_plan(flow, SAMPLE)
+    assert flow.plan_.mode == "temporal"
+    _steps(second, flow, refresh_profile(PROF, {"a": 0.2, "b": 0.1}), range(2, 4))
+    (ev,) = second.adapt_rows
+    assert ev["action"] == "replan", ev.get("kept_because")
+    assert ev["costs_judged_by"] == "components" and ev["costs_drifted"] is True
+    assert flow.plan_.mode == "spatial"
