@@ -24,6 +24,31 @@ PPO = PPOConfig(rollout_steps=48, epochs=2, num_minibatches=4, seed=5)
 STEPS = 12
 
 
+def _spaces() -> tuple:
+    """One env's observation and action spaces, as an env worker of ENV reports them."""
+    env = VecEnv(ENV)
+    try:
+        return env.single_observation_space, env.single_action_space
+    finally:
+        env.close()
+
+
+def _policy_args() -> tuple:
+    return (*_spaces(), ENV.num_envs, PPO, ENV.seed)
+
+
+# A policy process takes seconds to start (it imports torch). The tests that check how a rollout
+# fails, or what it counts, not the values it produces, share their policies through these
+# module fixtures; the tests that compare with the reference start a fresh one each. (Env workers
+# reserve CPUs, and two groups of them fill the session cluster: none is held by a fixture.)
+@pytest.fixture(scope="module")
+def spare_policy(cluster):
+    """A plain policy worker, whatever rollouts it has served before."""
+    policy = cluster.launch(PolicyWorker, 1, *_policy_args(), devices=[2], name="policy_spare")
+    yield policy
+    policy.kill()
+
+
 def test_ring_groups_cut_every_worker_or_the_global_order():
     g = ring_groups(2, 4, 2)
     assert [[(p.worker, p.lo, p.hi) for p in parts] for parts in g] == [
@@ -169,61 +194,86 @@ class _SlowEnv(EnvWorker):
         return super().step(*args)
 
 
-def test_a_pipe_rollout_acts_on_the_parts_that_have_replied_with_the_same_result(cluster):
-    """Over a pipe the policy acts on whatever parts have replied, together. With a policy
-    slower than the envs, parts queue up and go several a call; an env worker slower than the
-    other leaves that one ahead, and calls mix parts at different steps. Either way, the
-    reference's buffer bit for bit."""
-    (want, _), *_ = _reference(1)
-    for env_cls, delay in ((EnvWorker, 0.05), (_SlowEnv, 0.01)):
-        envs = cluster.launch(
-            env_cls, 2, worker_env_config(ENV, 2), devices=[0, 1], num_cpus=0.5, name="env_s"
-        )
-        try:
-            sp = wait(envs.on(0).spaces())[0]
-            args = (sp["observation_space"], sp["action_space"], ENV.num_envs, PPO, ENV.seed)
-            slow = cluster.launch(
-                _SlowPolicy, 1, *args, delay=delay, devices=[2], name="policy_slow"
-            )
-            try:
-                res = EnvPolicyCycle(envs, slow, 2, 2, True, handoff="pipe").collect(STEPS)
-                got = wait(slow.rollout())[0]
-                for name, x in got.items():
-                    assert torch.equal(x, getattr(want, name)), (name, env_cls.__name__)
-                assert res.env_calls == 4 * STEPS
-                # Every call's row count was announced: the 4 one-row parts, 1 to 4 rows.
-                rows, announced = wait(slow.row_counts())[0]
-                assert rows <= announced == {1, 2, 3, 4}, (rows, announced)
-                if env_cls is EnvWorker:  # 4 parts a step, several a call
-                    assert res.policy_calls < 4 * STEPS
-                else:
-                    assert wait(slow.mixed_calls())[0] > 0
-            finally:
-                slow.kill()
-        finally:
-            envs.kill()
+def _pipe_rollout(envs, slow) -> dict:
+    """One pipe rollout of a fresh policy (two groups over two env workers), with what the
+    policy saw: its buffer, the row counts its calls took and announced, its mixed-step calls."""
+    res = EnvPolicyCycle(envs, slow, 2, 2, True, handoff="pipe").collect(STEPS)
+    rows, announced = wait(slow.row_counts())[0]
+    return {
+        "res": res,
+        "got": wait(slow.rollout())[0],
+        "rows": rows,
+        "announced": announced,
+        "mixed": wait(slow.mixed_calls())[0],
+    }
 
 
-def test_the_cost_probe_times_one_group_pipe_rollouts_for_a_pipe_cycle(cluster):
-    """measure_costs(handoff="pipe") times rollouts over the pipe at every size. Env worker 1
-    sleeps 30 ms a step and the policy 10 ms an act, outside the time either counts as busy:
-    a pipe step is at least their 40 ms, and that is the pipe's round trip, not work."""
-    from loomrl.cycle import PIPE, measure_costs, pipe_hop
+@pytest.fixture(scope="module")
+def slow_env_pipe(cluster):
+    """Env worker 1 sleeping 30 ms a step and a policy 10 ms an act: a pipe rollout of the fresh
+    policy, then the cost probe over the pipe and through the driver, on the same workers."""
+    from loomrl.cycle import measure_costs
 
     envs = cluster.launch(
         _SlowEnv, 2, worker_env_config(ENV, 2), devices=[0, 1], num_cpus=0.5, name="env_pp"
     )
     try:
-        sp = wait(envs.on(0).spaces())[0]
-        args = (sp["observation_space"], sp["action_space"], ENV.num_envs, PPO, ENV.seed)
-        slow = cluster.launch(_SlowPolicy, 1, *args, delay=0.01, devices=[2], name="policy_pp")
+        slow = cluster.launch(
+            _SlowPolicy, 1, *_policy_args(), delay=0.01, devices=[2], name="policy_pp"
+        )
         try:
-            costs = measure_costs(envs, slow, 4, [2, 4, 3], STEPS, reps=2, handoff="pipe")
-            chains = measure_costs(envs, slow, 4, [2, 4], STEPS, reps=2, min_chain_s=0.0)
+            out = _pipe_rollout(envs, slow)
+            out["costs"] = measure_costs(envs, slow, 4, [2, 4, 3], STEPS, reps=2, handoff="pipe")
+            out["chains"] = measure_costs(envs, slow, 4, [2, 4], STEPS, reps=2, min_chain_s=0.0)
         finally:
             slow.kill()
     finally:
         envs.kill()
+    return out
+
+
+def test_a_pipe_rollout_acts_on_the_parts_that_have_replied_with_the_same_result(
+    cluster, slow_env_pipe
+):
+    """Over a pipe the policy acts on whatever parts have replied, together. With a policy
+    slower than the envs, parts queue up and go several a call; an env worker slower than the
+    other leaves that one ahead, and calls mix parts at different steps. Either way, the
+    reference's buffer bit for bit."""
+    (want, _), *_ = _reference(1)
+    envs = cluster.launch(
+        EnvWorker, 2, worker_env_config(ENV, 2), devices=[0, 1], num_cpus=0.5, name="env_s"
+    )
+    try:
+        slow = cluster.launch(
+            _SlowPolicy, 1, *_policy_args(), delay=0.05, devices=[2], name="policy_slow"
+        )
+        try:
+            slow_policy = _pipe_rollout(envs, slow)
+        finally:
+            slow.kill()
+    finally:
+        envs.kill()
+    for env_cls, out in ((EnvWorker, slow_policy), (_SlowEnv, slow_env_pipe)):
+        res = out["res"]
+        for name, x in out["got"].items():
+            assert torch.equal(x, getattr(want, name)), (name, env_cls.__name__)
+        assert res.env_calls == 4 * STEPS
+        # Every call's row count was announced: the 4 one-row parts, 1 to 4 rows.
+        rows, announced = out["rows"], out["announced"]
+        assert rows <= announced == {1, 2, 3, 4}, (rows, announced)
+        if env_cls is EnvWorker:  # 4 parts a step, several a call
+            assert res.policy_calls < 4 * STEPS
+        else:
+            assert out["mixed"] > 0
+
+
+def test_the_cost_probe_times_one_group_pipe_rollouts_for_a_pipe_cycle(slow_env_pipe):
+    """measure_costs(handoff="pipe") times rollouts over the pipe at every size. Env worker 1
+    sleeps 30 ms a step and the policy 10 ms an act, outside the time either counts as busy:
+    a pipe step is at least their 40 ms, and that is the pipe's round trip, not work."""
+    from loomrl.cycle import PIPE, pipe_hop
+
+    costs, chains = slow_env_pipe["costs"], slow_env_pipe["chains"]
     s = costs["samples"]
     assert costs["handoff"] == "pipe" and chains["handoff"] == "driver"
     for key in PIPE.values():  # three rollouts a size; 3 is not split over 2 workers
@@ -271,72 +321,61 @@ class _ValueColumnPolicy(PolicyWorker):
         self.net.act = misshapen
 
 
+@pytest.fixture(scope="module")
+def misshapen_policy(cluster):
+    """A _ValueColumnPolicy; each of its rollouts stops at the first act."""
+    policy = cluster.launch(_ValueColumnPolicy, 1, *_policy_args(), devices=[1], name="policy_v")
+    yield policy
+    policy.kill()
+
+
 @pytest.mark.parametrize("handoff", ["driver", "pipe"])
-def test_a_policy_with_misshapen_outputs_stops_collect_with_a_config_error(cluster, handoff):
+def test_a_policy_with_misshapen_outputs_stops_collect_with_a_config_error(
+    cluster, misshapen_policy, handoff
+):
     envs = cluster.launch(
         EnvWorker, 1, worker_env_config(ENV, 1), devices=[0], num_cpus=0.5, name="env_v"
     )
     try:
-        sp = wait(envs.spaces())[0]
-        args = (sp["observation_space"], sp["action_space"], ENV.num_envs, PPO, ENV.seed)
-        policy = cluster.launch(_ValueColumnPolicy, 1, *args, devices=[1], name="policy_v")
-        try:
-            cycle = EnvPolicyCycle(envs, policy, ENV.num_envs, groups=2, handoff=handoff)
-            with pytest.raises(ConfigError, match=r"returned values of shape \[[24], 1\]") as e:
-                cycle.collect(3)
-            assert "worker 'policy_v' rank 0" in str(e.value)
-        finally:
-            policy.kill()
+        cycle = EnvPolicyCycle(envs, misshapen_policy, ENV.num_envs, groups=2, handoff=handoff)
+        with pytest.raises(ConfigError, match=r"returned values of shape \[[24], 1\]") as e:
+            cycle.collect(3)
+        assert "worker 'policy_v' rank 0" in str(e.value)
     finally:
         envs.kill()
 
 
 @pytest.mark.parametrize("handoff", ["driver", "direct", "pipe"])
-def test_a_failing_env_step_surfaces_from_collect(cluster, handoff):
+def test_a_failing_env_step_surfaces_from_collect(cluster, spare_policy, handoff):
     from loomrl.errors import RemoteError
 
     envs = cluster.launch(
         EnvWorker, 1, worker_env_config(ENV, 1), devices=[0], num_cpus=0.5, name="env_f"
     )
     try:
-        sp = wait(envs.spaces())[0]
-        policy = cluster.launch(
-            PolicyWorker,
-            1,
-            sp["observation_space"],
-            sp["action_space"],
-            ENV.num_envs,
-            PPO,
-            ENV.seed,
-            devices=[1],
-            name="policy_f",
-        )
-        try:
-            cycle = EnvPolicyCycle(envs, policy, ENV.num_envs, groups=2, handoff=handoff)
-            wait(envs.reset())
-            wait(envs.offload())  # stepping an offloaded VecEnv raises in the env worker
-            (before,) = wait(policy.get_weights())
-            with pytest.raises(RemoteError, match="offloaded"):
-                cycle.collect(3)
-            # The failed rollout is dropped: its zeros never reach the normaliser, and there is
-            # no buffer to update on.
-            (after,) = wait(policy.get_weights())
-            was, now = before["normalizer"], after["normalizer"]
-            assert now["count"] == was["count"]
-            assert np.array_equal(now["mean"], was["mean"]) and np.array_equal(
-                now["var"], was["var"]
-            )
-            with pytest.raises(RemoteError, match="before a rollout finished"):
-                wait(policy.update())
-            wait(envs.onload())
-            res = cycle.collect(3)
-            # the failed rollout's calls do not count in the next one: 2 groups x 3 steps each
-            # (over a pipe the policy acts on the parts that have replied, 1 or 2 a call)
-            assert res.env_calls == 6
-            assert res.policy_calls == 6 if handoff != "pipe" else 3 <= res.policy_calls <= 6
-            assert cycle.handoff == handoff
-        finally:
-            policy.kill()
+        policy = spare_policy
+        cycle = EnvPolicyCycle(envs, policy, ENV.num_envs, groups=2, handoff=handoff)
+        cycle.collect(3)  # a finished rollout first: the failed one must drop its buffer
+        wait(envs.reset())
+        wait(envs.offload())  # stepping an offloaded VecEnv raises in the env worker
+        (before,) = wait(policy.get_weights())
+        with pytest.raises(RemoteError, match="offloaded"):
+            cycle.collect(3)
+        # The failed rollout is dropped: its zeros never reach the normaliser, and there is
+        # no buffer to update on (not even the finished rollout's before it).
+        (after,) = wait(policy.get_weights())
+        was, now = before["normalizer"], after["normalizer"]
+        assert now["count"] == was["count"]
+        assert np.array_equal(now["mean"], was["mean"]) and np.array_equal(now["var"], was["var"])
+        with pytest.raises(RemoteError, match="before a rollout finished"):
+            wait(policy.update())
+        wait(envs.onload())
+        res = cycle.collect(3)
+        # the failed rollout's calls do not count in the next one: 2 groups x 3 steps each
+        # (over a pipe the policy acts on the parts that have replied, 1 or 2 a call)
+        assert res.env_calls == 6
+        assert res.policy_calls == 6 if handoff != "pipe" else 3 <= res.policy_calls <= 6
+        assert cycle.handoff == handoff
     finally:
         envs.kill()
 
@@ -366,18 +405,24 @@ class _ActFailsForWorker0(PolicyWorker):
         return super().act_parts(ts, parts)
 
 
-def _act_fails(cluster, envs, args, name, error, match, **cycle):
+@pytest.fixture(scope="module")
+def act_fails_policy(cluster):
+    """An _ActFailsForWorker0 (stateless in how it fails: every rollout raises at step 2)."""
+    bad = cluster.launch(_ActFailsForWorker0, 1, *_policy_args(), devices=[2], name="policy_bad")
+    yield bad
+    bad.kill()
+
+
+def _act_fails(envs, bad, error, match, **cycle):
     """A policy raising in act at step 2 for env worker 0's group (two groups over ``envs``)
-    ends collect() with ``error`` matching ``match``; the policy is removed after."""
-    bad = cluster.launch(_ActFailsForWorker0, 1, *args, devices=[2], name=name)
-    try:
-        with pytest.raises(error, match=match):
-            EnvPolicyCycle(envs, bad, 2, 2, True, **cycle).collect(STEPS)
-    finally:
-        bad.kill()
+    ends collect() with ``error`` matching ``match``."""
+    with pytest.raises(error, match=match):
+        EnvPolicyCycle(envs, bad, 2, 2, True, **cycle).collect(STEPS)
 
 
-def test_a_failing_policy_call_in_a_direct_rollout_is_named_and_leaves_nothing_behind(cluster):
+def test_a_failing_policy_call_in_a_direct_rollout_is_named_and_leaves_nothing_behind(
+    cluster, act_fails_policy, spare_policy
+):
     """Direct hand-offs, two env workers: the policy raising for one worker's group is reported
     as the policy's act, and the next rollout starts clean (no call of the failed one leaks
     into its counts), as through the driver."""
@@ -387,21 +432,13 @@ def test_a_failing_policy_call_in_a_direct_rollout_is_named_and_leaves_nothing_b
         EnvWorker, 2, worker_env_config(ENV, 2), devices=[0, 1], num_cpus=0.5, name="env_d"
     )
     try:
-        sp = wait(envs.on(0).spaces())[0]
-        args = (sp["observation_space"], sp["action_space"], ENV.num_envs, PPO, ENV.seed)
         match = r"policy\.act at step 2 .*raised.*refused"
-        _act_fails(
-            cluster, envs, args, "policy_bad", RemoteError, match, layout="blocks", handoff="direct"
-        )
-        good = cluster.launch(PolicyWorker, 1, *args, devices=[2], name="policy_good")
-        try:
-            cycle = EnvPolicyCycle(envs, good, 2, 2, True, layout="blocks", handoff="direct")
-            res = cycle.collect(STEPS)
-            # one act per group and step, one env call per group and step: nothing left over
-            assert (res.policy_calls, res.env_calls) == (2 * STEPS, 2 * STEPS)
-            assert res.env_steps == STEPS * ENV.num_envs
-        finally:
-            good.kill()
+        _act_fails(envs, act_fails_policy, RemoteError, match, layout="blocks", handoff="direct")
+        cycle = EnvPolicyCycle(envs, spare_policy, 2, 2, True, layout="blocks", handoff="direct")
+        res = cycle.collect(STEPS)
+        # one act per group and step, one env call per group and step: nothing left over
+        assert (res.policy_calls, res.env_calls) == (2 * STEPS, 2 * STEPS)
+        assert res.env_steps == STEPS * ENV.num_envs
     finally:
         envs.kill()
 
@@ -439,7 +476,9 @@ class _PolicyExits(PolicyWorker):
         return super().act_parts(ts, parts)
 
 
-def test_a_pipe_rollout_stops_with_a_named_error_on_a_raising_dying_or_silent_worker(cluster):
+def test_a_pipe_rollout_stops_with_a_named_error_on_a_raising_dying_or_silent_worker(
+    cluster, act_fails_policy, spare_policy
+):
     """Hand-offs over sockets: the policy raising for one group, an env worker's process dying,
     an env worker silent past the cycle's timeout and the policy's process dying each end
     collect() with an error naming the side (and the step), not a hang; a new rollout on
@@ -455,35 +494,30 @@ def test_a_pipe_rollout_stops_with_a_named_error_on_a_raising_dying_or_silent_wo
 
     envs = launch_envs(EnvWorker, "env_p")
     try:
-        sp = wait(envs.on(0).spaces())[0]
-        args = (sp["observation_space"], sp["action_space"], ENV.num_envs, PPO, ENV.seed)
         match = r"step 2.*refused these rows"
-        _act_fails(cluster, envs, args, "policy_pbad", LoomError, match, handoff="pipe")
-        good = cluster.launch(PolicyWorker, 1, *args, devices=[2], name="policy_pgood")
-        try:
-            cycle = EnvPolicyCycle(envs, good, 2, 2, True, handoff="pipe")
-            res = cycle.collect(STEPS)
-            # The parts that have replied go together: 1 to 4 parts a call, one step's.
-            assert res.env_calls == 4 * STEPS and STEPS <= res.policy_calls <= 4 * STEPS
-            assert res.env_steps == STEPS * ENV.num_envs
-            for how, match in (
-                ("sleep", r"no reply from env worker 1 .* at step 2\) within 3 s"),
-                ("exit", r"env worker 1|died"),
-            ):
-                odd = launch_envs(_EnvStops, f"env_{how}", how)
-                try:
-                    cycle = EnvPolicyCycle(odd, good, 2, 2, True, handoff="pipe", timeout_s=3.0)
-                    t0 = time.monotonic()
-                    with pytest.raises(LoomError, match=match):
-                        cycle.collect(STEPS)
-                    assert time.monotonic() - t0 < 30  # stopped, not waiting out a default
-                finally:
-                    odd.kill()
-            res = EnvPolicyCycle(envs, good, 2, 2, True, handoff="pipe").collect(STEPS)
-            assert res.env_calls == 4 * STEPS and STEPS <= res.policy_calls <= 4 * STEPS
-        finally:
-            good.kill()
-        dies = cluster.launch(_PolicyExits, 1, *args, devices=[2], name="policy_pdies")
+        _act_fails(envs, act_fails_policy, LoomError, match, handoff="pipe")
+        good = spare_policy
+        cycle = EnvPolicyCycle(envs, good, 2, 2, True, handoff="pipe")
+        res = cycle.collect(STEPS)
+        # The parts that have replied go together: 1 to 4 parts a call, one step's.
+        assert res.env_calls == 4 * STEPS and STEPS <= res.policy_calls <= 4 * STEPS
+        assert res.env_steps == STEPS * ENV.num_envs
+        for how, match in (
+            ("sleep", r"no reply from env worker 1 .* at step 2\) within 3 s"),
+            ("exit", r"env worker 1|died"),
+        ):
+            odd = launch_envs(_EnvStops, f"env_{how}", how)
+            try:
+                cycle = EnvPolicyCycle(odd, good, 2, 2, True, handoff="pipe", timeout_s=3.0)
+                t0 = time.monotonic()
+                with pytest.raises(LoomError, match=match):
+                    cycle.collect(STEPS)
+                assert time.monotonic() - t0 < 30  # stopped, not waiting out a default
+            finally:
+                odd.kill()
+        res = EnvPolicyCycle(envs, good, 2, 2, True, handoff="pipe").collect(STEPS)
+        assert res.env_calls == 4 * STEPS and STEPS <= res.policy_calls <= 4 * STEPS
+        dies = cluster.launch(_PolicyExits, 1, *_policy_args(), devices=[2], name="policy_pdies")
         try:
             cycle = EnvPolicyCycle(envs, dies, 2, 2, True, handoff="pipe", timeout_s=3.0)
             t0 = time.monotonic()
@@ -496,7 +530,7 @@ def test_a_pipe_rollout_stops_with_a_named_error_on_a_raising_dying_or_silent_wo
         envs.kill()
 
 
-def test_an_env_that_stalls_while_its_costs_are_measured_stops_the_probe(cluster):
+def test_an_env_that_stalls_while_its_costs_are_measured_stops_the_probe(cluster, spare_policy):
     """The cost probe's chains are bounded by the cycle's timeout as rollouts are: env worker 1
     stalling for 12 s in its third step call ends measure_costs with an error naming the env
     side, after the 3 s timeout, not after the stall (or never, for a hang)."""
@@ -513,13 +547,7 @@ def test_an_env_that_stalls_while_its_costs_are_measured_stops_the_probe(cluster
         name="env_probe_stall",
     )
     try:
-        sp = wait(envs.on(0).spaces())[0]
-        args = (sp["observation_space"], sp["action_space"], ENV.num_envs, PPO, ENV.seed)
-        pol = cluster.launch(PolicyWorker, 1, *args, devices=[2], name="policy_probe_stall")
-        try:
-            with pytest.raises(LoomError, match=r"no reply from an env worker's step within 3 s"):
-                measure_costs(envs, pol, 4, [2, 4], STEPS, reps=2, timeout_s=3.0)
-        finally:
-            pol.kill()
+        with pytest.raises(LoomError, match=r"no reply from an env worker's step within 3 s"):
+            measure_costs(envs, spare_policy, 4, [2, 4], STEPS, reps=2, timeout_s=3.0)
     finally:
         envs.kill()
