@@ -65,23 +65,24 @@ class ScriptedAgent(AgentRolloutWorker):
         return _Out(out, [[-1.0] * len(x) for x in out], ["stop"] * len(out))
 
 
-class SlowSearch(SearchWorker):
+class ScriptedSearch(SearchWorker):
+    """The search tool, misbehaving as a test sets it (``behave``): "slow" sleeps 2 s every
+    call, "once_slow" 5 s in the first call after it is set, "lagged" 0.2 s every call,
+    "broken" raises. One agent process (seconds to start: torch, the model) serves several
+    behaviours in turn."""
+
+    mode, calls = "plain", 0
+
+    def behave(self, mode: str) -> None:
+        self.mode, self.calls = mode, 0
+
     def search(self, queries):
-        time.sleep(2.0)
+        self.calls += 1
+        if self.mode == "broken":
+            raise RuntimeError("index corrupted")
+        delay = {"slow": 2.0, "once_slow": 5.0 if self.calls == 1 else 0.0, "lagged": 0.2}
+        time.sleep(delay.get(self.mode, 0.0))
         return super().search(queries)
-
-
-class OnceSlowSearch(SearchWorker):
-    def search(self, queries):
-        self.calls = getattr(self, "calls", 0) + 1
-        if self.calls == 1:
-            time.sleep(5.0)
-        return super().search(queries)
-
-
-class BrokenSearch(SearchWorker):
-    def search(self, queries):
-        raise RuntimeError("index corrupted")
 
 
 AGENT = AgentConfig(
@@ -99,10 +100,17 @@ def _tool(cluster, cls=SearchWorker, n=1):
 
 
 def test_tool_results_reach_the_policy_and_only_its_tokens_train(cluster):
+    from loomrl.cluster import GroupLaunch
+
     tool = _tool(cluster, n=2)  # queries split over two search ranks
-    agent = cluster.launch(ScriptedAgent, 1, MODEL, SAMPLING, AGENT, tool, 0, name="agent")
-    reward = cluster.launch(RewardWorker, 1, TASK, AlgoConfig(), 4, name="reward")
-    actor = cluster.launch(ActorWorker, 1, MODEL, SAMPLING, AlgoConfig(), 0, name="actor")
+    # Started together: their imports and model loads overlap.
+    agent, reward, actor = cluster.launch_many(
+        [
+            GroupLaunch(ScriptedAgent, 1, (MODEL, SAMPLING, AGENT, tool, 0), name="agent"),
+            GroupLaunch(RewardWorker, 1, (TASK, AlgoConfig(), 4), name="reward"),
+            GroupLaunch(ActorWorker, 1, (MODEL, SAMPLING, AlgoConfig(), 0), name="actor"),
+        ]
+    )
     try:
         items = _items()
         (rolled,) = wait(agent.generate(items))
@@ -129,106 +137,127 @@ def test_tool_results_reach_the_policy_and_only_its_tokens_train(cluster):
             g.kill()
 
 
-def test_a_slow_tool_times_out_then_stops_the_run(cluster):
-    tool = _tool(cluster, SlowSearch)
-    slow = AgentConfig(**{**AGENT.__dict__, "tool_timeout_s": 0.3, "max_tool_failures": 2})
-    agent = cluster.launch(ScriptedAgent, 1, MODEL, SAMPLING, slow, tool, 0, name="agent-slow")
+SLOW = AgentConfig(**{**AGENT.__dict__, "tool_timeout_s": 0.5, "max_tool_failures": 2})
+
+
+def _outcome(call):
+    """``call()``'s result, or the exception it raised."""
     try:
-        (rolled,) = wait(agent.generate(_items(1)))
-        assert rolled[0]["tool_failures"] == [1] * 4
-        assert all("search failed: timeout" in t for t in rolled[0]["texts"])
-        (log,) = wait(agent.tool_log())
-        events = log["events"]
-        assert [e["event"] for e in events] == ["tool_timeout"] and log["calls"] == 1
-        assert "tool_timeout_s=0.3" in events[0]["cause"]
-        with pytest.raises(RemoteError, match="ToolError: the search tool failed 2 calls in a row"):
-            wait(agent.generate(_items(1)))
+        return call()
+    except Exception as e:
+        return e
+
+
+@pytest.fixture(scope="module")
+def tight_timeout(cluster):
+    """An agent with tool_timeout_s=0.5 and max_tool_failures=2: two rollouts while the tool's
+    first call takes 5 s, then two while every call takes 2 s (the failed calls in a row go
+    back to 0 with the answered one in between)."""
+    tool = _tool(cluster, ScriptedSearch)
+    agent = cluster.launch(ScriptedAgent, 1, MODEL, SAMPLING, SLOW, tool, 0, name="agent-slow")
+    out = {}
+    try:
+        wait(tool.behave("once_slow"))
+        (out["first"],) = wait(agent.generate(_items(1)))
+        (out["second"],) = wait(agent.generate(_items(1)))
+        (out["once_log"],) = wait(agent.tool_log())
+        wait(tool.behave("slow"))
+        (out["slow"],) = wait(agent.generate(_items(1)))
+        (out["slow_log"],) = wait(agent.tool_log())
+        out["stopped"] = _outcome(lambda: wait(agent.generate(_items(1))))
     finally:
         tool.kill()
         agent.kill()
+    return out
 
 
-def test_one_slow_search_does_not_hold_back_the_calls_after_it(cluster):
+def test_a_slow_tool_times_out_then_stops_the_run(tight_timeout):
+    rolled, log = tight_timeout["slow"], tight_timeout["slow_log"]
+    assert rolled[0]["tool_failures"] == [1] * 4
+    assert all("search failed: timeout" in t for t in rolled[0]["texts"])
+    events = log["events"]
+    assert [e["event"] for e in events] == ["tool_timeout"] and log["calls"] == 1
+    assert "tool_timeout_s=0.5" in events[0]["cause"]
+    stopped = tight_timeout["stopped"]
+    assert isinstance(stopped, RemoteError), stopped
+    assert re.search("ToolError: the search tool failed 2 calls in a row", str(stopped))
+
+
+def test_one_slow_search_does_not_hold_back_the_calls_after_it(tight_timeout):
     """The first call sleeps 5 s and times out; the next, made while it still runs, is
     answered: one failure, not a run stopped by calls queued behind the slow one."""
-    tool = _tool(cluster, OnceSlowSearch)
-    slow = AGENT.__dict__ | {"tool_timeout_s": 0.5, "max_tool_failures": 2}
-    agent = cluster.launch(
-        ScriptedAgent, 1, MODEL, SAMPLING, AgentConfig(**slow), tool, 0, name="agent-once"
-    )
+    first, second = tight_timeout["first"], tight_timeout["second"]
+    assert first[0]["tool_failures"] == [1] * 4 and second[0]["tool_failures"] == [0] * 4
+    assert [e["event"] for e in tight_timeout["once_log"]["events"]] == ["tool_timeout"]
+
+
+@pytest.fixture(scope="module")
+def default_agent(cluster):
+    """An agent with the default AGENT config and one tool worker: the ring probe and a
+    rollout with the tool lagging 0.2 s a call, a rollout with the tool raising, one
+    answered, and a rollout after the tool was killed."""
+    from loomrl.agentic import ring_sizes
+
+    tool = _tool(cluster, ScriptedSearch)
+    agent = cluster.launch(ScriptedAgent, 1, MODEL, SAMPLING, AGENT, tool, 0, name="agent-probe")
+    out = {}
     try:
-        (first,) = wait(agent.generate(_items(1)))
-        (second,) = wait(agent.generate(_items(1)))
-        assert first[0]["tool_failures"] == [1] * 4 and second[0]["tool_failures"] == [0] * 4
-        (log,) = wait(agent.tool_log())
-        assert [e["event"] for e in log["events"]] == ["tool_timeout"]
+        wait(tool.behave("lagged"))
+        out["rows"] = rows = [it["prompt_ids"] for it in _items(2) for _ in range(4)]
+        (out["samples"],) = wait(agent.probe_ring(rows, ring_sizes(len(rows)), 2))
+        (out["probe_log"],) = wait(agent.tool_log())
+        wait(agent.set_tool_groups(2))
+        wait(agent.generate(_items(2)))
+        (out["ring_log"],) = wait(agent.tool_log())
+        wait(agent.set_tool_groups(1))
+        wait(tool.behave("broken"))
+        (out["broken"],) = wait(agent.generate(_items(1)))
+        (out["broken_log"],) = wait(agent.tool_log())
+        wait(tool.behave("plain"))
+        wait(agent.generate(_items(1)))  # answered: no failed call in a row before the next
+        wait(agent.tool_log())
+        tool.kill()  # a view inside the agent cannot kill it; the driver's group can
+        (out["dead"],) = wait(agent.generate(_items(1)))
+        (out["dead_log"],) = wait(agent.tool_log())
     finally:
         tool.kill()
         agent.kill()
+    return out
 
 
-def test_a_failing_or_dead_tool_is_a_recorded_failure(cluster):
-    broken = _tool(cluster, BrokenSearch)
-    agent = cluster.launch(ScriptedAgent, 1, MODEL, SAMPLING, AGENT, broken, 0, name="agent-b")
-    try:
-        (rolled,) = wait(agent.generate(_items(1)))
-        assert all("search failed: error" in t for t in rolled[0]["texts"])
-        (log,) = wait(agent.tool_log())
-        assert "index corrupted" in log["events"][0]["cause"]
-    finally:
-        broken.kill()
-        agent.kill()
-    tool = _tool(cluster)
-    agent = cluster.launch(ScriptedAgent, 1, MODEL, SAMPLING, AGENT, tool, 0, name="agent-d")
-    try:
-        tool.kill()  # a view inside the agent cannot kill it; the driver's group can
-        (rolled,) = wait(agent.generate(_items(1)))
-        assert rolled[0]["tool_failures"] == [1] * 4
-        (log,) = wait(agent.tool_log())
-        assert log["events"][0]["event"] == "tool_error" and "died" in log["events"][0]["cause"]
-    finally:
-        agent.kill()
+def test_a_failing_or_dead_tool_is_a_recorded_failure(default_agent):
+    rolled, log = default_agent["broken"], default_agent["broken_log"]
+    assert all("search failed: error" in t for t in rolled[0]["texts"])
+    assert "index corrupted" in log["events"][0]["cause"]
+    rolled, log = default_agent["dead"], default_agent["dead_log"]
+    assert rolled[0]["tool_failures"] == [1] * 4
+    assert log["events"][0]["event"] == "tool_error" and "died" in log["events"][0]["cause"]
 
 
-class LaggedSearch(SearchWorker):
-    def search(self, queries):
-        time.sleep(0.2)
-        return super().search(queries)
+def test_the_ring_probe_times_both_sides_and_the_planner_chooses(default_agent):
+    from loomrl.agentic import plan_tool_groups
 
-
-def test_the_ring_probe_times_both_sides_and_the_planner_chooses(cluster):
-    from loomrl.agentic import plan_tool_groups, ring_sizes
-
-    tool = _tool(cluster, LaggedSearch)
-    agent = cluster.launch(ScriptedAgent, 1, MODEL, SAMPLING, AGENT, tool, 0, name="agent-probe")
-    try:
-        rows = [it["prompt_ids"] for it in _items(2) for _ in range(4)]
-        (samples,) = wait(agent.probe_ring(rows, ring_sizes(len(rows)), 2))
-        # Per pass every group of every size: 1 of 8 rows, 2 of 4, 4 of 2, each rolled out
-        # alone: a search turn and an answer turn, one tool call in between.
-        assert samples["turns"] == [2] * 14 and samples["tool_failures"] == 0
-        sizes = [m for m, _ in samples["agent"]]
-        assert sizes == ([8] * 2 + [4] * 4 + [2] * 8) * 2
-        assert len(samples["tool"]) == 14
-        assert all(s >= 0.2 for _, s in samples["tool"])  # the tool's latency is in its calls
-        (log,) = wait(agent.tool_log())
-        assert log["calls"] == 0 and log["gen_calls"] == []  # the probe's calls are its own
-        # The run's rollouts log each generation call: a rollout call per question (gen_groups
-        # 1) of 4 rows, cut into 2 groups of 2, each making 2 turns and 1 search.
-        wait(agent.set_tool_groups(2))
-        wait(agent.generate(_items(2)))
-        (log,) = wait(agent.tool_log())
-        assert [m for m, _ in log["gen_calls"]] == [2] * 8 and log["calls"] == 4
-        choice = plan_tool_groups(samples, len(rows))
-        # The scripted policy takes milliseconds and one tool worker answers calls one after
-        # the other: every extra group is another 0.2 s call, so one group is best.
-        p = choice["predicted_s"]
-        assert choice["groups"] == 1 and choice["turns"] == 2
-        assert sorted(p) == [1, 2, 4] and p[1] < p[2] < p[4]
-        assert p[2] - p[1] >= 0.2 * 0.9
-    finally:
-        for g in (tool, agent):
-            g.kill()
+    rows, samples = default_agent["rows"], default_agent["samples"]
+    # Per pass every group of every size: 1 of 8 rows, 2 of 4, 4 of 2, each rolled out
+    # alone: a search turn and an answer turn, one tool call in between.
+    assert samples["turns"] == [2] * 14 and samples["tool_failures"] == 0
+    sizes = [m for m, _ in samples["agent"]]
+    assert sizes == ([8] * 2 + [4] * 4 + [2] * 8) * 2
+    assert len(samples["tool"]) == 14
+    assert all(s >= 0.2 for _, s in samples["tool"])  # the tool's latency is in its calls
+    log = default_agent["probe_log"]
+    assert log["calls"] == 0 and log["gen_calls"] == []  # the probe's calls are its own
+    # The run's rollouts log each generation call: a rollout call per question (gen_groups
+    # 1) of 4 rows, cut into 2 groups of 2, each making 2 turns and 1 search.
+    log = default_agent["ring_log"]
+    assert [m for m, _ in log["gen_calls"]] == [2] * 8 and log["calls"] == 4
+    choice = plan_tool_groups(samples, len(rows))
+    # The scripted policy takes milliseconds and one tool worker answers calls one after
+    # the other: every extra group is another 0.2 s call, so one group is best.
+    p = choice["predicted_s"]
+    assert choice["groups"] == 1 and choice["turns"] == 2
+    assert sorted(p) == [1, 2, 4] and p[1] < p[2] < p[4]
+    assert p[2] - p[1] >= 0.2 * 0.9
 
 
 def test_tool_groups_auto_plans_k_for_the_rows_each_call_gets(cluster):
