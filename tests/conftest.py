@@ -50,3 +50,16 @@ def ray_session(cluster):
     import ray
 
     yield ray
+
+
+@pytest.fixture(scope="session")
+def tiny_grpo_temporal(cluster, tmp_path_factory):
+    """The output directory of one uninterrupted temporal run of examples/tiny_grpo.yaml
+    (tests/_tiny_grpo.py: seed, steps, profile): the resume tests' reference and the temporal
+    side of the placement-invariance test. Made once: a run starts its worker processes anew,
+    seconds each. Tests read it and write nothing there."""
+    from _tiny_grpo import COMMON, CONFIG, STEPS, run_main
+
+    out = tmp_path_factory.mktemp("tiny_grpo_temporal")
+    run_main(CONFIG, ["placement=temporal", *COMMON, f"steps={STEPS}", f"output_dir={out}"])
+    return out

@@ -6,33 +6,24 @@ import json
 from pathlib import Path
 
 import pytest
+from _tiny_grpo import COMMON, CONFIG, STEPS, run_main
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def _run(tmp_path: Path, placement: str, steps: int = 5) -> dict:
-    from loomrl.cli import _normalise_overrides, load_recipe_config
-
+def _run(tmp_path: Path, placement: str) -> dict:
     out = tmp_path / placement
-    mod, cfg = load_recipe_config(
-        ROOT / "examples/tiny_grpo.yaml",
-        _normalise_overrides(
-            [
-                f"placement={placement}",
-                f"steps={steps}",
-                "seed=3",
-                f"output_dir={out}",
-                f"run.profile={ROOT / 'examples/profiles/tiny_grpo.yaml'}",
-            ]
-        ),
-    )
-    mod.main(cfg)
+    run_main(CONFIG, [f"placement={placement}", *COMMON, f"steps={STEPS}", f"output_dir={out}"])
+    return _summary(out)
+
+
+def _summary(out: Path) -> dict:
     return json.loads((out / "run_summary.json").read_text())
 
 
 @pytest.mark.timeout(900)
-def test_temporal_spatial_hybrid_give_identical_parameters(cluster, tmp_path):
-    runs = {p: _run(tmp_path, p) for p in ("temporal", "spatial", "hybrid")}
+def test_temporal_spatial_hybrid_give_identical_parameters(cluster, tiny_grpo_temporal, tmp_path):
+    # The temporal run is the session's (the resume tests' reference too); the same overrides.
+    runs = {"temporal": _summary(tiny_grpo_temporal)}
+    runs |= {p: _run(tmp_path, p) for p in ("spatial", "hybrid")}
     modes = {p: r["plan"]["mode"] for p, r in runs.items()}
     assert modes == {"temporal": "temporal", "spatial": "spatial", "hybrid": "hybrid"}
     # The plans really differ in where components run.
@@ -40,7 +31,7 @@ def test_temporal_spatial_hybrid_give_identical_parameters(cluster, tmp_path):
     shas = {p: r["param_sha256"] for p, r in runs.items()}
     assert len(set(shas.values())) == 1, shas
     for r in runs.values():
-        assert r["steps"] == 5
+        assert r["steps"] == STEPS
         assert r["predicted_iteration_s"] > 0 and r["measured_iteration_s"] > 0
         # Training moved the parameters: rewards vary, so advantages are non-zero.
         assert r["metrics"]["grad_norm"] > 0

@@ -3,33 +3,21 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from _tiny_grpo import COMMON as TINY
+from _tiny_grpo import ROOT, STEPS, run_main
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _main(config: Path, overrides: list[str]) -> dict:
-    from loomrl.cli import _normalise_overrides, load_recipe_config
-
-    mod, cfg = load_recipe_config(config, _normalise_overrides(overrides))
-    return mod.main(cfg)
-
-
-COMMON = [
-    "placement=temporal",
-    "seed=1",
-    f"run.profile={ROOT / 'examples/profiles/tiny_grpo.yaml'}",
-]
+_main = run_main
+COMMON = ["placement=temporal", *TINY]
+assert STEPS == 4  # the steps, checkpoints and kill steps below are those of a 4-step run
 
 
 @pytest.fixture(scope="module")
-def straight(cluster, tmp_path_factory):
-    """An uninterrupted 4-step run: the reference both tests compare with."""
-    out = tmp_path_factory.mktemp("straight")
-    _main(ROOT / "examples/tiny_grpo.yaml", [*COMMON, "steps=4", f"output_dir={out}"])
-    return out
+def straight(tiny_grpo_temporal):
+    """An uninterrupted 4-step run: the reference the tests compare with (made once for the
+    session: the placement-invariance test's temporal run)."""
+    return tiny_grpo_temporal
 
 
 def test_resume_is_bit_identical(cluster, straight, tmp_path):
