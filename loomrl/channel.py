@@ -14,7 +14,9 @@ torch tensors are read on the consumer side without a copy.
     ch.close()                                       # consumers drain, then get raises ChannelClosed
 
 Keys split one channel into independent FIFOs (``key=None`` is the default
-one); ``maxsize`` bounds each key separately. Each put/get may name the calling
+one); ``maxsize`` bounds each key separately. ``wait_taken(key)`` holds a producer
+until consumers have taken everything put to ``key`` so far: a flow bounds its hops
+in micro-batches with it (one key per micro-batch), not in items. Each put/get may name the calling
 component (``src=``/``dst=``, or ``component(...)``/``set_component(...)``); the
 broker records which producer fed which consumer (``edges()``), the data-flow
 graph the planner uses.
@@ -207,7 +209,7 @@ def _decode_all(payloads: list[tuple], channel: str) -> list[Any]:
 
 # ----------------------------------------------------------------- broker actor
 class _KeyQueue:
-    __slots__ = ("items", "weight", "lock", "not_empty", "not_full", "stats")
+    __slots__ = ("items", "weight", "lock", "not_empty", "not_full", "taken", "stats")
 
     def __init__(self) -> None:
         self.items: deque = deque()
@@ -216,6 +218,8 @@ class _KeyQueue:
         # Two conditions on one lock: producers wait for room, consumers for items; neither polls.
         self.not_empty = asyncio.Condition(self.lock)
         self.not_full = asyncio.Condition(self.lock)
+        # Producers in wait_taken wait for a get to complete (stats["got"] to grow).
+        self.taken = asyncio.Condition(self.lock)
         self.stats = {"put": 0, "got": 0, "bytes_put": 0, "bytes_got": 0}
 
 
@@ -348,7 +352,25 @@ class _Broker:
                 q.stats["bytes_got"] += entry[2]
                 edge = (entry[1], dst)
                 self.edges[edge] = self.edges.get(edge, 0) + 1
+            if taken:
+                q.taken.notify_all()
         return "ok", [(e[1], e[3]) for e in taken]
+
+    async def wait_taken(self, key: Hashable, timeout: float | None) -> str:
+        """Wait until gets have taken every item put to ``key`` before this call. Items count as
+        taken when the get that took them returns (``stats["got"]``), not while its batch fills.
+        Returns "ok", "closed" or "timeout"."""
+        q = self._queue(key)
+        deadline = _deadline(timeout)
+        async with q.lock:
+            target = q.stats["put"]
+            while q.stats["got"] < target:
+                # Closed: no get may come (a failed flow closes its channels to end its stages).
+                if self.closed:
+                    return self._closed()
+                if not await _wait(q.taken, deadline):
+                    return "timeout"
+        return "ok"
 
     def qsize(self, key: Hashable) -> int:
         q = self.queues.get(key)
@@ -367,6 +389,7 @@ class _Broker:
                     q.weight = 0.0
                 q.not_empty.notify_all()
                 q.not_full.notify_all()
+                q.taken.notify_all()
 
     def stats(self) -> dict[str, Any]:
         keys = {
@@ -724,6 +747,29 @@ class Channel:
                 f"channel {self.name!r} key {key!r}: {what} after {timeout}s (nothing was taken)"
             )
         return _decode_all([payload for _src, payload in got], self.name)
+
+    def wait_taken(self, key: Hashable = None, timeout: float | None = None) -> None:
+        """Block until consumers have taken every item put to ``key`` before this call (an item
+        counts once the get that took it has returned). A producer that calls it before making
+        its next item for a key it fed runs at most that far ahead of the key's consumer.
+
+        Raises ChannelTimeout after ``timeout`` seconds, ChannelClosed once the channel is
+        closed with items of ``key`` still untaken.
+        """
+        _check_timeout(timeout)
+        _check_key(key, self.name)
+        status = self._call(self._broker.wait_taken.remote(key, timeout))
+        if status == "deleted":
+            raise self._deleted_error()
+        if status == "closed":
+            raise ChannelClosed(
+                f"channel {self.name!r} is closed with items of key {key!r} not yet taken"
+            )
+        if status == "timeout":
+            raise ChannelTimeout(
+                f"channel {self.name!r} key {key!r}: items put are not all taken after "
+                f"{timeout}s; the consumer is slower than planned, or none is running"
+            )
 
     # ------------------------------------------------------------- inspection
     def qsize(self, key: Hashable = None) -> int:

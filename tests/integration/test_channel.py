@@ -208,6 +208,40 @@ def test_close_wakes_blocked_consumers_and_producers(make_channel):
     assert ch.get() == "x"
 
 
+def test_wait_taken_holds_a_producer_until_a_get_has_returned_everything_put_before(
+    make_channel,
+):
+    ch = make_channel()
+    ch.wait_taken(key=0, timeout=0)  # nothing put: nothing to wait for
+    ch.put_many([1, 2], key=0)
+    ch.put(9, key=1)  # another key's items do not hold key 0's waiter
+    with pytest.raises(ChannelTimeout, match=r"key 0: items put are not all taken after 0.2s"):
+        ch.wait_taken(key=0, timeout=0.2)
+    waiter, box = _in_thread(lambda: ch.wait_taken(key=0))
+    consumer, _ = _in_thread(lambda: ch.get_many(3, key=0))  # takes 1 and 2, waits for a third
+    time.sleep(0.3)
+    assert waiter.is_alive()  # a get counts only once it returns, not while its batch fills
+    ch.put(3, key=0)  # put after the waiter's call: it does not wait for this one too
+    consumer.join(timeout=10)
+    waiter.join(timeout=10)
+    assert not waiter.is_alive() and box == {"value": None}
+    ch.wait_taken(key=0, timeout=0)
+    with pytest.raises(TypeError, match="is not hashable"):
+        ch.wait_taken(key=[0])
+
+
+def test_close_ends_a_producer_waiting_for_its_items_to_be_taken(make_channel):
+    ch = make_channel()
+    ch.put("x")
+    waiter, box = _in_thread(lambda: ch.wait_taken())
+    time.sleep(0.3)
+    assert waiter.is_alive()
+    ch.close()  # a failed flow closes its channels: no get may come
+    waiter.join(timeout=10)
+    assert isinstance(box.get("error"), ChannelClosed)
+    assert "closed with items of key None not yet taken" in str(box["error"])
+
+
 def test_name_collision_and_connect(make_channel):
     ch = make_channel(maxsize=5)
     with pytest.raises(ChannelExistsError) as info:
