@@ -89,6 +89,8 @@ class StageSpec:
     world: int  # ranks of this stage
     next_micro: int = 0  # consumer's micro-batch size (for routing outputs)
     next_world: int = 1
+    # Micro-batches this stage may run ahead of its consumer (0: unbounded): see Flow.
+    ahead: int = 0
     time_shared: bool = False  # onload -> work -> offload under the device lock
     lock_each: bool = False  # co-resident: lock per micro-batch, no offload
     t0: float = 0.0
@@ -110,6 +112,9 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
     # A co-resident stage (lock_each) must not hold the lock across micro-batches: its partner on
     # the same devices alternates with it. It still pays its switch once per iteration.
     hold = spec.time_shared and not spec.lock_each
+    # micro-batch -> the consumer keys (rank, micro-batch) its outputs went to, kept while a
+    # later micro-batch's start may have to wait for them to be taken.
+    sent: dict[int, list[tuple[int, int]]] = {}
     with component(spec.component):
         if spec.time_shared:
             t = time.time()
@@ -122,6 +127,12 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
             for k in range(k_total):
                 if share == 0:
                     continue
+                if spec.ahead:
+                    # Back-pressure in micro-batches: start k only once every consumer rank fed
+                    # from micro-batch k - ahead has taken it. Before taking k's input, so that
+                    # the hold reaches this stage's own producer too.
+                    for key in sent.pop(k - spec.ahead, ()):
+                        spec.out_channel.wait_taken(key)
                 got = spec.in_channel.get_many(share, key=(worker.rank, k))
                 got.sort(key=lambda e: e[0])
                 idx = [e[0] for e in got]
@@ -154,6 +165,8 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
                     )
                 for key, entries in by_key.items():
                     spec.out_channel.put_many(entries, key=key)
+                if spec.ahead:
+                    sent[k] = list(by_key)
         finally:
             if spec.time_shared:
                 t = time.time()
@@ -303,11 +316,16 @@ def _drop_channels(box: list, wait: bool = True) -> None:
 class Flow:
     """The macro program: components, their data flow, the plan, and one-iteration execution.
 
-    ``channel_capacity`` (0: unbounded) bounds the items one micro-batch of one consumer rank
-    may hold on a hop whose two stages run at once; a producer that fills it waits for its
-    consumer. Hops whose consumer starts only after its producer ended stay unbounded (bounded,
-    the producer would wait for ever). ``offload``: ``auto`` offloads time-shared stages only
-    when their devices cannot hold them all; ``always`` or ``never``. ``iteration_timeout_s``:
+    ``channel_capacity`` (0 or None: unbounded) bounds, in micro-batches, how far a producer
+    may run ahead of its consumer on a hop whose two stages run at once: a producer rank starts
+    micro-batch j only once every consumer rank it sent micro-batch j - capacity to has taken
+    it, so at most ``channel_capacity`` of its micro-batches (the one it works on included)
+    are in flight to each consumer rank. This is the hold ``loomrl plan --simulate
+    --channel-capacity`` replays (``loomrl.plan.simulate``). Hops whose consumer starts only
+    after its producer ended stay unbounded (bounded, the producer would wait for ever).
+
+    ``offload``: ``auto`` offloads time-shared stages only when their devices cannot hold them
+    all; ``always`` or ``never``. ``iteration_timeout_s``:
     seconds one iteration may take before it raises ``IterationTimeout`` naming the stages
     still running, ``auto`` (10x the longer of the plan's prediction and the slowest iteration
     so far, at least 30 minutes) or ``off``.
@@ -328,7 +346,12 @@ class Flow:
         self.stages: list[_Method] = []
         self.plan_: Plan | None = None
         self.profile_: Any = None
-        self.capacity = channel_capacity
+        from loomrl.plan.simulate import capacity_problems
+
+        problems = capacity_problems(channel_capacity)
+        if problems:
+            raise ConfigError(problems)
+        self.capacity = int(channel_capacity or 0)
         if offload not in ("auto", "always", "never"):
             raise ValueError(f"offload={offload!r}: use 'auto', 'always' or 'never'")
         # "auto": time-shared stages offload only when their devices cannot hold them all.
@@ -1115,16 +1138,13 @@ class Flow:
             except Exception as e:  # its broker already gone
                 log.debug("channel %s not closed: %s", ch.name, e)
 
-    def _hop_channels(self, tree: Node, names: list[str]) -> list[Any]:
-        """The channels of the chain's hops, made on the first run (or when the chain, the
-        capacity or which hops stream changed) and kept while runs succeed."""
+    def _hop_channels(self, names: list[str]) -> list[Any]:
+        """The channels of the chain's hops, made on the first run (or when the chain's length
+        changed) and kept while runs succeed. Their items are unbounded: the stages themselves
+        hold a producer to ``channel_capacity`` micro-batches ahead (``_hop_capacities``)."""
         from loomrl.channel import Channel
 
-        # The driver's hop is unbounded, and so is every hop whose consumer only starts once
-        # its producer has ended (one phase after the other): bounded, the producer would wait
-        # for room forever, holding its devices' lock.
-        streams = _streaming_hops(tree, names)
-        sizes = [0] + [self.capacity if s else 0 for s in streams]
+        sizes = [0] * len(names)
         if [ch.maxsize for ch in self._chans] != sizes:
             _drop_channels(self._chans)
             self._chans_made += 1
@@ -1139,7 +1159,8 @@ class Flow:
         M = len(items)
         micro = {c: (plan.micro_batch if ctx[c][0] == "stream" else M) for c in names}
         world = {c: self.components[c].group.world_size for c in names}
-        chans = self._hop_channels(plan.tree, names)
+        chans = self._hop_channels(names)
+        ahead = _hop_capacities(plan.tree, names, self.capacity)
         self._limit = self.iteration_limit_s(plan)
         self._deadline = None if self._limit is None else time.monotonic() + self._limit
         self._inflight: dict[str, tuple[Handle, str]] = {}  # stages called, not yet answered
@@ -1165,6 +1186,7 @@ class Flow:
                     world=world[c],
                     next_micro=micro[nxt] if nxt else 0,
                     next_world=world[nxt] if nxt else 1,
+                    ahead=ahead[j],
                     time_shared=ctx[c][1] and not self._all_fit(plan),
                     lock_each=ctx[c][2],
                     t0=t0,
@@ -1368,6 +1390,14 @@ def _streaming_hops(tree: Node, names: list[str]) -> list[bool]:
         node, context = common(tree, a, b, "phase")
         out.append(node.op == "spatial" or (node.op == "temporal" and context == "stream"))
     return out
+
+
+def _hop_capacities(tree: Node, names: list[str], capacity: int) -> list[int]:
+    """For each stage of the chain ``names``, the micro-batches it may run ahead of the next
+    stage (0: unbounded): ``capacity`` on a hop whose two stages run at once, 0 on the others
+    (the consumer starts only once its producer has ended: held, the producer would wait for
+    ever, holding its devices' lock) and for the sink."""
+    return [capacity if s else 0 for s in _streaming_hops(tree, names)] + [0]
 
 
 def _with_granularities(profile: Any, gran: list[int]) -> Any:

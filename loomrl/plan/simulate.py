@@ -3,7 +3,9 @@
 Every leaf call draws its duration (deterministic, or log-normal around the
 profile's time with ``sigma`` for long-tailed response lengths). Leaves are
 FIFO servers; a spatial node is a tandem of its children linked by a channel
-of ``channel_capacity`` micro-batches (None: unbounded); a stream-context
+of ``channel_capacity`` micro-batches (None or 0: unbounded): the producer starts
+micro-batch j only once its consumer has started j - capacity, the same hold as
+``Flow(channel_capacity=...)`` puts on a run; a stream-context
 temporal node shares its devices between its children, serving micro-batch j
 with latency F_j and interval P_j computed from the drawn durations; a cycle
 node runs its steps, and with k >= 2 groups the two members take turns in a
@@ -33,6 +35,7 @@ __all__ = [
     "SimResult",
     "SimulationTooLong",
     "calls_per_iteration",
+    "capacity_problems",
     "coarsen",
     "predicted_timeline",
     "simulate",
@@ -461,13 +464,15 @@ def simulate(
     """Simulate ``iterations`` iterations of a plan (or a laid-out, resolved tree).
 
     sigma: log-normal spread of every call's duration (0: deterministic).
-    channel_capacity: micro-batches a spatial channel holds (None: unbounded).
+    channel_capacity: micro-batches a producer may run ahead of its consumer on a spatial
+    hop: it starts micro-batch j only once the consumer has started j - channel_capacity
+    (None or 0: unbounded). ``Flow(channel_capacity=...)`` holds a run's stages the same way.
     max_calls: the most calls to play out over all iterations (None: no limit); past it,
     ``SimulationTooLong``. A bounded channel replays its upstream side until the back-pressure
     settles, up to once per micro-batch: with capacity 1, 1,000 micro-batches through three
     components played out 10**9 calls.
     """
-    problems = simulation_problems(sigma, iterations)
+    problems = simulation_problems(sigma, iterations) + capacity_problems(channel_capacity)
     if problems:
         raise ValueError("; ".join(problems))
     tree = plan.tree if isinstance(plan, Plan) else plan
@@ -478,7 +483,7 @@ def simulate(
     spent = 0
     for _ in range(iterations):
         left = None if max_calls is None else max_calls - spent
-        sim = _Sim(profile, m, rng, sigma, channel_capacity, left)
+        sim = _Sim(profile, m, rng, sigma, channel_capacity or None, left)
         times.append(sim.phase(tree, 0.0, root=True) + profile.iteration_overhead_s)
         spent += sim.spent
     analytic = evaluate(tree, profile, m).predicted_s
@@ -505,6 +510,27 @@ def simulation_problems(
             f"kept; p95 settles long before), got {iterations:,}"
         )
     return out
+
+
+def capacity_problems(value: object, key: str = "channel_capacity") -> list[str]:
+    """What is wrong with a channel capacity (empty: nothing), naming ``key``. A capacity is
+    the micro-batches a producer may run ahead of its consumer on a hop whose two stages run at
+    once: a whole number >= 1, or 0 / None for unbounded."""
+    if value is None:
+        return []
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return [
+            f"{key}={value!r}: a channel capacity is a whole number of micro-batches a producer "
+            f"may run ahead of its consumer; use an integer >= 1 (e.g. {key}=2), or 0 for "
+            "unbounded"
+        ]
+    if value < 0:
+        return [
+            f"{key}={value!r}: a channel capacity cannot be negative; use an integer >= 1 "
+            f"micro-batches a producer may run ahead of its consumer (e.g. {key}=2), or 0 for "
+            "unbounded"
+        ]
+    return []
 
 
 def calls_per_iteration(tree: Node, profile: WorkloadProfile, micro_batch: int) -> int:

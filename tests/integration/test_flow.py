@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import uuid
 from pathlib import Path
 
 import pytest
 
 from loomrl import Worker, wait
 from loomrl.errors import PlanError
-from loomrl.flow import Flow, _contexts, _rank_counts, _route
+from loomrl.flow import Flow, _contexts, _hop_capacities, _rank_counts, _route
 from loomrl.plan import load_profile
 from loomrl.recipes.demo import DemoConfig, build, make_items
 
@@ -356,18 +358,167 @@ def test_a_bounded_flow_under_a_temporal_plan_does_not_wait_for_room_for_ever(cl
     flow.iteration_timeout_s = 60.0
     paths = []
     try:
-        for tree, sizes in (
+        for tree, ahead in (
             (temporal(leaf("a", 1), leaf("b", 1)), [0, 0]),
-            (spatial(leaf("a", 1), leaf("b", 1)), [0, 1]),
+            (spatial(leaf("a", 1), leaf("b", 1)), [1, 0]),
         ):
             flow.plan(path := _save(fixed_plan(prof, tree, 1)))
             paths.append(path)
             assert flow.run([1, 2, 3, 4]).outputs == [3, 4, 5, 6]
-            assert [ch.maxsize for ch in flow._chans] == sizes
+            assert _hop_capacities(tree, ["a", "b"], flow.capacity) == ahead
     finally:
         flow.shutdown()
         for path in paths:
             Path(path).unlink()
+
+
+class Ahead(Worker):
+    """A fast producer that reports each micro-batch it starts on a progress channel."""
+
+    def __init__(self, progress, m: int):
+        super().__init__()
+        self.progress, self.m = progress, m
+
+    def step(self, items):
+        self.progress.put(items[0] // self.m)
+        return [x * 10 for x in items]
+
+
+class Behind(Worker):
+    """A slow consumer. In its micro-batch j it waits until the producer has started micro-batch
+    ``j + expect`` (the furthest a hold of ``expect`` allows), then lingers and records the
+    furthest micro-batch the producer has started: more than ``j + expect`` means the producer
+    was not held, and less could not return (it would wait until the run's limit). With
+    ``expect=None`` it only adds one (several ranks would take each other's reports)."""
+
+    def __init__(self, progress, m: int, expect: int | None, k_total: int):
+        super().__init__()
+        self.progress, self.m, self.expect, self.k_total = progress, m, expect, k_total
+        self.seen, self.furthest = -1, []
+
+    def _drain(self):
+        """Every report the producer made so far."""
+        from loomrl.errors import ChannelTimeout
+
+        with contextlib.suppress(ChannelTimeout):
+            while True:
+                self.seen = max(self.seen, self.progress.get(timeout=0))
+
+    def step(self, items):
+        import time
+
+        if self.expect is None:
+            return [x + 1 for x in items]
+        j = items[0] // 10 // self.m  # the producer multiplied each item by 10
+        want = min(j + self.expect, self.k_total - 1)
+        while self.seen < want:
+            self.seen = max(self.seen, self.progress.get(timeout=60.0))
+        time.sleep(0.3)  # room for a producer that is not held to run further
+        self._drain()
+        self.furthest.append(self.seen)
+        return [x + 1 for x in items]
+
+    def observed(self):
+        return self.furthest
+
+
+@contextlib.contextmanager
+def _ahead_chain(cluster, capacity: int, batch: int, m: int, consumer_ranks: int = 1):
+    """A flow a -> b (Ahead -> Behind) on a spatial plan, planned; yields the flow, the consumer
+    group and the profile (a: 1 ms an item, b: 1 s). With several consumer ranks, b observes
+    nothing."""
+    from loomrl.channel import Channel
+    from loomrl.plan.plan import leaf, spatial
+    from loomrl.plan.search import fixed_plan
+
+    def spec(per_item, n):
+        return {
+            "valid_devices": [n],
+            "time": {"alpha": 0, "per_item": {n: per_item}},
+            "memory_gb": {n: 0},
+        }
+
+    prof = load_profile(
+        {
+            "devices": 1 + consumer_ranks,
+            "device_memory_gb": 8,
+            "batch": batch,
+            "granularities": [m],
+            "components": {"a": spec(0.001, 1), "b": spec(1.0, consumer_ranks)},
+            "edges": [["a", "b"]],
+        }
+    )
+    progress = Channel.create(f"progress-{uuid.uuid4().hex[:8]}")
+    expect = capacity if consumer_ranks == 1 else None
+    flow = Flow(cluster, channel_capacity=capacity, iteration_timeout_s=90.0)
+    a = flow.group(Ahead, progress, m, name="a")
+    b = flow.group(Behind, progress, m, expect, batch // m, name="b")
+    flow.chain(a.step, b.step)
+    path = _save(fixed_plan(prof, spatial(leaf("a", 1), leaf("b", consumer_ranks)), m))
+    try:
+        flow.plan(path)
+        yield flow, b, prof
+    finally:
+        flow.shutdown()
+        progress.delete()
+        Path(path).unlink()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("capacity, m", [(1, 1), (1, 2), (2, 1), (2, 2)])
+def test_a_bounded_hop_holds_its_producer_capacity_micro_batches_ahead_as_simulated(
+    cluster, capacity, m
+):
+    """channel_capacity=N: the producer starts micro-batch j only once its consumer has taken
+    j - N. While a slow consumer works on micro-batch j the fast producer has started exactly
+    j + N (or the last one), the furthest that ``simulate(channel_capacity=N)`` has it start
+    before the consumer ends j. The hold is counted in micro-batches, whatever a micro-batch's
+    size: items per micro-batch (m) equal to, above and below the capacity. (A bound on items
+    per micro-batch key held the producer the same way only where m exceeded it: (1, 2).)"""
+    from loomrl.plan.simulate import simulate
+
+    k_total = 6
+    batch = k_total * m
+    with _ahead_chain(cluster, capacity, batch, m) as (flow, b, prof):
+        res = flow.run(list(range(batch)))
+        assert res.outputs == [x * 10 + 1 for x in range(batch)]
+        observed = wait(b.group.observed())[0]
+        plan = flow.plan_
+    assert observed == [min(j + capacity, k_total - 1) for j in range(k_total)]
+    sim = simulate(plan, prof, channel_capacity=capacity)
+    starts_a = {i.micro_batch: i.start for i in sim.intervals if i.component == "a"}
+    ends_b = {i.micro_batch: i.end for i in sim.intervals if i.component == "b"}
+    simulated = [max(k for k, s in starts_a.items() if s < ends_b[j]) for j in range(k_total)]
+    assert observed == simulated
+
+
+@pytest.mark.timeout(180)
+def test_a_bounded_run_gives_the_unbounded_results_with_several_consumer_ranks(cluster):
+    """A producer feeding two consumer ranks waits, per micro-batch, for each rank it fed; the
+    run completes with the outputs of an unbounded one, over two iterations on kept channels."""
+    outputs = {}
+    for capacity in (0, 1):
+        with _ahead_chain(cluster, capacity, batch=8, m=2, consumer_ranks=2) as (flow, _, _):
+            outputs[capacity] = [flow.run(list(range(8))).outputs for _ in range(2)]
+    assert outputs[1] == outputs[0] == [[x * 10 + 1 for x in range(8)]] * 2
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        (-1, "cannot be negative"),
+        (1.5, "whole number of micro-batches"),
+        ("2", "whole number of micro-batches"),
+        (True, "whole number of micro-batches"),
+    ],
+)
+def test_a_channel_capacity_that_is_not_a_count_of_micro_batches_is_refused(cluster, value, says):
+    from loomrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"channel_capacity={value!r}: .*{says}") as e:
+        Flow(cluster, channel_capacity=value)
+    assert "use an integer >= 1" in str(e.value) and "or 0 for unbounded" in str(e.value)
+    assert Flow(cluster, channel_capacity=None).capacity == 0  # None: unbounded, as 0
 
 
 def test_hop_channels_are_kept_while_runs_succeed_and_remade_after_a_failure(cluster):
