@@ -5,7 +5,8 @@ profile's time with ``sigma`` for long-tailed response lengths). Leaves are
 FIFO servers; a spatial node is a tandem of its children linked by a channel
 of ``channel_capacity`` micro-batches (None or 0: unbounded): the producer starts
 micro-batch j only once its consumer has started j - capacity, the same hold as
-``Flow(channel_capacity=...)`` puts on a run; a stream-context
+``Flow(channel_capacity=...)`` puts on a run (where a side is itself a subtree, the
+simulation holds its first stage, the run the stage that feeds the hop); a stream-context
 temporal node shares its devices between its children, serving micro-batch j
 with latency F_j and interval P_j computed from the drawn durations; a cycle
 node runs its steps, and with k >= 2 groups the two members take turns in a
@@ -222,7 +223,9 @@ class _Sim:
         if node.op == "spatial":
             if self.capacity is None:
                 return self.stream(b, self.stream(a, arr, record), record)
-            # Back-pressure: a may not start micro-batch j before b has started j - capacity.
+            # Back-pressure: a may not start micro-batch j before b has started j - capacity
+            # (Flow's hold). Held here: a's first stage, which is the hop's producer only when
+            # a is a single stage; a run holds the stage that feeds b.
             gated = list(arr)
             for _ in range(len(arr) + 1):
                 da = self.stream(a, gated, False)
