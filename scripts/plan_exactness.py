@@ -5,11 +5,11 @@
 ``--brute N``: N random profiles (2-4 components, chains and DAGs, cycles, memory and core
 caps, up to 12 devices) searched as shipped and by brute force (``exhaustive_times``).
 ``--dense-brute N``: the same with every shortcut of the many-counts path forced on (the
-scout's grids, the windows of pairs, the hybrid cases on every graph). ``--plain N``: larger
-profiles with most device counts valid (3-5 components, 10-40 devices), searched as shipped
-and by the plain DP (no scout, no bounds, every pair made). Every mode's optimum must agree
-(relative 1e-9); the last line reads ``mismatches: <n> of <checked>`` and the exit status is 1
-when n > 0.
+scout's grids, the windows of pairs narrowed however few, the hybrid cases on every graph).
+``--plain N``: larger profiles with most device counts valid (3-5 components, 10-40 devices),
+searched as shipped and by the plain DP (no scout, no bounds, every pair made). Every mode's
+optimum must agree (relative 1e-9); the last line reads ``mismatches: <n> of <checked>`` and
+the exit status is 1 when n > 0.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.brute):
         prof = _random(np.random.default_rng(args.seed + i))
         check("brute", args.seed + i, _times(prof), search.exhaustive_times(prof))
-    with _patched(_DENSE_OPTIONS=0, _ALL_PAIRS=0, _REFINE_ABOVE=0):
+    with _patched(_DENSE_OPTIONS=0, _ALL_PAIRS=0, _NARROW_ABOVE=0, _REFINE_ABOVE=0):
         for i in range(args.dense_brute):
             seed = args.seed + 100_000 + i
             prof = _random(np.random.default_rng(seed))

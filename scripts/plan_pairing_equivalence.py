@@ -7,15 +7,18 @@ For the way the search pairs the point sets of two sub-graphs (``search._DP._pai
 (``search._pareto_idx``). Loads ``loomrl/plan/search.py`` and ``cost.py`` as they were at
 ``--base`` (as ``scripts/plan_cycle_equivalence.py`` does) and runs both planners'
 ``search_all`` on ``--count`` random profiles: the tests' random profiles (2-5 components,
-chains and DAGs, a cycle, core limits, most counts valid) on up to 40 devices, and every
-fourth a PPO-like DAG of 4-6 components with every count valid on up to ``--max-devices``
-devices. Each profile is searched by the base as shipped and by the checkout as shipped, with
-tiny chunks (1 and 7 pairs: many chunks per pairing), with the windows of pairs on every set
-(``_ALL_PAIRS = 0``, on both), and with the Pareto filter's tables
-(``search._dominated_early``) on every set of F, P, memory and u of more than ``_BLOCK``
-points, in chunks of 8. Every mode's plan must be the same (predicted_s, micro_batch, the tree
-and the rest of the plan's JSON but search_s), and where no plan fits, the same error
-message. The last line reads ``differences: <n> of <checked>``; exit status 1 when n > 0.
+chains and DAGs, a cycle, core limits, most counts valid) on up to 40 devices, and every fourth
+a PPO-like DAG of 4-6 components with every count valid on up to ``--max-devices`` devices.
+Each profile is searched by the base as shipped and by the checkout as shipped, with tiny
+chunks (1 and 7 pairs: many chunks per pairing), with the windows of pairs on every set
+(``_ALL_PAIRS = 0``, on both; the checkout's narrowed however few, ``_NARROW_ABOVE = 0``), with
+the Pareto filter's bucket tables (``search._dominated_early``) on every set of F, P, memory
+and u of more than ``_BLOCK`` points, in chunks of 8, and with its exact tables by rank
+(``search._front_by_ranks``) on every set of more than ``_BLOCK`` points, in chunks of 4, with
+pairs made in chunks of 64 of which only each chunk's front is kept (``search._chunk_front``).
+Every mode's plan must be the same (predicted_s, micro_batch, the tree and the rest of the
+plan's JSON but search_s), and where no plan fits, the same error message. The last line reads
+``differences: <n> of <checked>``; exit status 1 when n > 0.
 """
 
 from __future__ import annotations
@@ -130,11 +133,19 @@ def main(argv: list[str] | None = None) -> int:
             for chunk in (1, 7):
                 with _set(new_search, _PAIR_CHUNK=chunk):
                     runs[f"chunk {chunk}"] = (outcome(new_search, prof), want)
-                with _set(new_search, _PAIR_CHUNK=chunk, _ALL_PAIRS=0):
+                with _set(new_search, _PAIR_CHUNK=chunk, _ALL_PAIRS=0, _NARROW_ABOVE=0):
                     runs[f"chunk {chunk}, windows"] = (outcome(new_search, prof), want_w)
             # the Pareto filter's tables on every set of four rows, in small chunks
-            with _set(new_search, _TABLE_ABOVE=0, _TABLE_CHUNK=8, _TABLE_BUCKETS=16):
+            with _set(
+                new_search, _TABLE_ABOVE=0, _TABLE_CHUNK=8, _TABLE_BUCKETS=16, _EXACT_ABOVE=1 << 62
+            ):
                 runs["tables"] = (outcome(new_search, prof), want)
+            # the exact tables by rank (and the cube) on every set of more than _BLOCK points,
+            # in tiny chunks, and only the front of each chunk of 64 pairs kept
+            exact = dict(_EXACT_ABOVE=0, _EXACT_CHUNK=4, _EXACT_PER_POINT=1 << 30)
+            with _set(new_search, **exact, _CUBE_PER_POINT=1 << 30, _CHUNK_FRONT_ABOVE=0):
+                with _set(new_search, _PAIR_CHUNK=64):
+                    runs["exact tables"] = (outcome(new_search, prof), want)
             t_new += time.perf_counter() - t
             for name, (got, ref) in runs.items():
                 checked += 1

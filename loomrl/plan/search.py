@@ -112,20 +112,30 @@ def _empty() -> _Points:
     return _Points(f, f, f, f, i, i, i, i, i, i)
 
 
-def _pareto_idx(pts: _Points) -> np.ndarray:
-    """Indices of points not dominated within their kind (<= in F, P, mem, cores, u)."""
+def _pareto_idx(pts: _Points, lex: bool = False) -> np.ndarray:
+    """Indices of points not dominated within their kind (<= in F, P, mem, cores, u): in index
+    order up to ``_BLOCK`` points, else in order of kind, then the rows (F first), index last.
+    ``lex``: in that second order however few, for a set cut down from more than ``_BLOCK``
+    (``_chunk_front``), so that the order is that of the whole set."""
     k = len(pts)
     if k <= 1:
         return np.arange(k)
     # A leaf's P is its F: a row equal to an earlier one changes neither the order nor any
     # comparison, so it is left out.
-    rows = [pts.F] if pts.P is pts.F or np.array_equal(pts.P, pts.F) else [pts.F, pts.P]
+    leafy = pts.P is pts.F or np.array_equal(pts.P, pts.F)
+    rows = [pts.F] if leafy else [pts.F, pts.P]
     rows.append(pts.mem)
     if pts.cores.any():
         rows.append(pts.cores)
     rows.append(pts.u.astype(np.float64))
-    if k <= _BLOCK:
+    if k <= _BLOCK and not lex:
         return _pareto_matrix(rows, pts.kind)
+    # A pairing's points by tables of ranks. Not a leaf's options: most of those are on the
+    # front, which ``_certain`` below finds with no pairwise test.
+    if k > _EXACT_ABOVE and not leafy:
+        front = _front_by_ranks(rows, pts.kind)
+        if front is not None:
+            return front
     # Lexicographic order: a point can only be dominated by points before it, so
     # the front grows block by block and never loses a member.
     order = np.lexsort(tuple(reversed(rows)) + (pts.kind,))
@@ -221,6 +231,154 @@ def _front_by_u(pts: _Points, N: int) -> np.ndarray | None:
 
 _FRONT_CHUNK = 1024
 _FRONT_WORK = 1 << 28  # table cells updated in all, past which _pareto_idx is cheaper
+
+
+def _front_by_ranks(rows: list[np.ndarray], kind: np.ndarray) -> np.ndarray | None:
+    """``_pareto_idx(pts)`` for its ``rows`` (F first, u last) and kinds, in its order; None
+    where the tables below would be too large for this way to pay.
+
+    In ``_pareto_idx``'s order (kind, then the rows) a point is dominated exactly when an
+    earlier point of its kind is <= in every row after F (being earlier, it is no slower). A
+    pairing's points take few distinct values in those rows (P and memory are maxima or sums
+    of a few leaves' values, u a device count), so tables indexed by their ranks answer
+    exactly, in two steps:
+    - a cube over all of them holding, per cell, the least F of the points in cells with no
+      more of each: a point slower than that is dominated by a faster point, and leaves
+      (with no sort; most points of a large pairing go here);
+    - a sweep of the rest in order, a chunk at a time, over a table indexed by the ranks of
+      all those rows but one, holding the least of that one over the points kept so far with
+      no more of each of the others; only the points that pass are compared pairwise, within
+      their chunk.
+    A point the first step drops is dominated by a front point, which stays: the front and its
+    order are the same. O(k log d + C + (s / c) T) for d distinct values a row, C cells of the
+    cube, s points left, T cells of the table and chunks of c, where the blocked test costs k
+    times the front (at 512 devices, fronts of 10^4 points out of 10^6)."""
+    k = len(kind)
+    rest = rows[1:]
+    # ranks by the distinct values: found by hashing (no sort of all k), then looked up; u's
+    # (the last row, device counts) by a table
+    distinct = [np.sort(_distinct(r)) for r in rest[:-1]]
+    u = rest[-1].astype(np.int64)
+    seen = np.zeros(int(u.max()) + 1 if k else 1, dtype=bool)
+    seen[u] = True
+    distinct.append(np.flatnonzero(seen).astype(np.float64))
+    sizes = [len(d) for d in distinct]
+    # the sweep's table: its value is the row of most distinct values, its axes the others
+    v = int(np.argmax(sizes))
+    ax = [j for j in range(len(rest)) if j != v]
+    shape = tuple(sizes[j] for j in ax)
+    cells = math.prod(shape)
+    if cells > min(_EXACT_CELLS, _EXACT_PER_POINT * k) or (
+        cells * -(-k // (_EXACT_CHUNK * 8)) > _EXACT_WORK
+    ):
+        return None
+    ranks = [np.searchsorted(d, r) for d, r in zip(distinct[:-1], rest[:-1], strict=True)]
+    rank_of_u = np.cumsum(seen) - 1
+    ranks.append(rank_of_u[u])
+    F = rows[0]
+    sub = np.arange(k)
+    # the cube pays where it has no more cells than a few per point
+    if math.prod(sizes) <= min(_CUBE_CELLS, _CUBE_PER_POINT * k):
+        key = _flat_key(ranks, sizes)
+        keep = np.ones(k, dtype=bool)
+        for kk in np.flatnonzero(np.bincount(kind)):  # kinds are 0..3
+            sel = np.flatnonzero(kind == kk) if kind.min() != kind.max() else sub
+            cone = np.full(math.prod(sizes), np.inf)
+            np.minimum.at(cone, key[sel], F[sel])
+            cube = cone.reshape(sizes)
+            for d in range(cube.ndim):
+                np.minimum.accumulate(cube, axis=d, out=cube)
+            keep[sel] = F[sel] <= cone[key[sel]]
+        sub = np.flatnonzero(keep)
+        kind, F = kind[sub], F[sub]
+        rest = [r[sub] for r in rest]
+        ranks = [r[sub] for r in ranks]
+    # The rows after F as one key, each rank keeping its row's order and ties: ``np.lexsort``
+    # on kind, F and that key is its order on kind and the rows.
+    keys = (_flat_key(ranks, sizes),) if math.prod(sizes) < 1 << 62 else tuple(reversed(ranks))
+    keys += (F,) if kind.min() == kind.max() else (F, kind)
+    order = np.lexsort(keys)
+    # equal points (a node's plans often come out alike from two cuts) are adjacent now: the
+    # first of each is the one that stays
+    same = np.ones(len(order), dtype=bool)
+    same[0:1] = False
+    for x in keys:
+        xo = x[order]
+        same[1:] &= xo[1:] == xo[:-1]
+    order = order[~same]
+    kd = kind[order]
+    value = rest[v][order]
+    axes = [ranks[j][order] for j in ax]
+    X = np.stack([r[order] for r in rest])
+    cuts = [0, *(np.flatnonzero(kd[1:] != kd[:-1]) + 1), len(kd)]
+    kept: list[np.ndarray] = []
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+        # least[ranks]: the least value of a kept point of this kind with no more in each axis
+        least = np.full(shape, np.inf)
+        c0, size = lo, _EXACT_CHUNK
+        while c0 < hi:
+            pos = np.arange(c0, min(c0 + size, hi))
+            c0 += size
+            pos = pos[least[tuple(a[pos] for a in axes)] > value[pos]]
+            # Few pass once the table fills: then larger chunks, fewer table updates. Where most
+            # pass (as after the cube), smaller ones: the pairwise test costs the chunk squared.
+            if pos.size * 8 <= size:
+                size = min(size * 2, _EXACT_CHUNK * 8)
+            elif pos.size * 2 > size:
+                size = max(size // 2, _EXACT_CHUNK // 8, 1)
+            if pos.size > 1:  # nor by an earlier point of the chunk
+                pos = pos[_first_of_chunk(X[:, pos])]
+            if pos.size:
+                idx = tuple(a[pos] for a in axes)
+                np.minimum.at(least, idx, value[pos])
+                # only cells at or past the least ranks just added can change
+                part = least[tuple(slice(int(i.min()), None) for i in idx)]
+                for d in range(part.ndim):
+                    np.minimum.accumulate(part, axis=d, out=part)
+                kept.append(pos)
+    return sub[order[np.concatenate(kept)]] if kept else sub[:0]
+
+
+def _flat_key(ranks: list[np.ndarray], sizes: list[int]) -> np.ndarray:
+    """The ranks as one int64, lexicographically (the product of ``sizes`` must fit)."""
+    key = ranks[0].astype(np.int64)
+    for r, n in zip(ranks[1:], sizes[1:], strict=True):
+        key = key * n + r
+    return key
+
+
+def _distinct(x: np.ndarray) -> np.ndarray:
+    """The distinct values of x, in no order: by hashing where numpy can (2.3 on), which costs
+    O(k) where a sort costs O(k log k)."""
+    try:
+        return np.unique(x, sorted=False)
+    except TypeError:  # numpy before 2.3
+        return np.unique(x)
+
+
+def _first_of_chunk(rows: np.ndarray) -> np.ndarray:
+    """Per column of ``rows`` [d][c]: whether no earlier column is <= it in every row. In
+    blocks of ``_EXACT_CHUNK`` columns against those before, so memory stays c times that."""
+    c = rows.shape[1]
+    ok = np.ones(c, dtype=bool)
+    for b0 in range(0, c, _EXACT_CHUNK):
+        b1 = min(b0 + _EXACT_CHUNK, c)
+        # [i, j]: column j (of the first b1) is before column i (of this block)
+        dom = np.arange(b1)[None, :] < np.arange(b0, b1)[:, None]
+        for r in rows:
+            dom &= r[None, :b1] <= r[b0:b1, None]
+        ok[b0:b1] = ~dom.any(axis=1)
+    return ok
+
+
+_EXACT_ABOVE = 512
+_EXACT_CHUNK = 512
+_EXACT_CELLS = 1 << 22  # 32 MB of table
+_EXACT_PER_POINT = 64  # table cells a point, past which filling the table costs more
+_CUBE_CELLS = 1 << 23  # 64 MB of cube
+_CUBE_PER_POINT = 4
+_CHUNK_FRONT_ABOVE = 4096  # passing pairs of a chunk, past which only its front is kept
+_EXACT_WORK = 1 << 30  # table cells updated in all (at most), past which the blocked test
 
 
 def _dominated_early(X: np.ndarray, kind: np.ndarray) -> np.ndarray:
@@ -327,8 +485,8 @@ def _pareto_matrix(rows: list[np.ndarray], kind: np.ndarray) -> np.ndarray:
     return np.nonzero(~dom.any(axis=1))[0]
 
 
-def _prune(pts: _Points) -> _Points:
-    return pts.take(_pareto_idx(pts))
+def _prune(pts: _Points, lex: bool = False) -> _Points:
+    return pts.take(_pareto_idx(pts, lex))
 
 
 class _DP:
@@ -829,6 +987,7 @@ class _DP:
                     root_temp = (np.full(4, np.inf), [None] * 4)
                 continue
             sp_parts, tp_parts = [], []
+            made = [0, 0]  # pairs passing, spatial and co-resident, before chunks' fronts
             tvals = np.full(4, np.inf)
             tsrc: list = [None] * 4
             is_root = s == g.full
@@ -836,11 +995,15 @@ class _DP:
                 b = s & ~a
                 A, B = stream[a], stream[b]
                 if len(A) and len(B):
-                    sp_parts.append(self._combine(A, B, a, b, spatial=True))
+                    pts, n = self._combine(A, B, a, b, spatial=True)
+                    sp_parts.append(pts)
+                    made[0] += n
                     if (
                         not is_root
                     ):  # the root is in phase context: no co-resident stream node there
-                        tp_parts.append(self._combine(A, B, a, b, spatial=False))
+                        pts, n = self._combine(A, B, a, b, spatial=False)
+                        tp_parts.append(pts)
+                        made[1] += n
                 va, vb = phase[a][0], phase[b][0]
                 for ka in range(4):
                     if not math.isfinite(va[ka]):
@@ -855,8 +1018,12 @@ class _DP:
                 sp = _Points.concat(sp_parts)
                 stream[s] = _empty()
             else:
-                sp = self._prune(_Points.concat(sp_parts))
-                stream[s] = self._prune(_Points.concat([sp, self._prune(_Points.concat(tp_parts))]))
+                # in the order of all the pairs that passed, however few their chunks kept
+                sp = self._prune(_Points.concat(sp_parts), lex=made[0] > _BLOCK)
+                tp = self._prune(_Points.concat(tp_parts), lex=made[1] > _BLOCK)
+                # A front is its own front, in its order, so with no co-resident points (often
+                # none fit memory) the spatial front is the stream set.
+                stream[s] = self._prune(_Points.concat([sp, tp])) if len(tp) else sp
             spat[s] = sp
             ovals = np.full(4, np.inf)
             osrc: list = [None] * 4
@@ -883,22 +1050,29 @@ class _DP:
         tables = (stream, spat, leaf_opts, phase, self.phase_opts)
         return root_other, root_temp, tables
 
-    def _combine(self, A: _Points, B: _Points, cut: int, other: int, spatial: bool) -> _Points:
+    def _combine(
+        self, A: _Points, B: _Points, cut: int, other: int, spatial: bool
+    ) -> tuple[_Points, int]:
         """Every pairing of A's and B's points under a spatial or co-resident temporal node
         that fits and whose lower bound (``_lower_bound``) does not exceed the bound, in
-        row-major order of (a, b).
+        row-major order of (a, b), less those dominated within their chunk of pairs when it
+        has many (``_chunk_front``), and how many passed before that.
 
         The pairs come in chunks (``_pairs``) and only those that pass are kept: both tests are
         per pair, and few pass them (on a 5-node graph with every count valid at 512 devices,
         7,288 of 25 million), where listing them all at once took 5 GB."""
         s = cut | other
-        parts = []
+        parts, made = [], 0
         for ia, ib in self._pairs(A, B, s, spatial):
             got = self._passing(A, B, ia, ib, s, spatial)
-            if got is not None:
-                parts.append(got)
+            if got is None:
+                continue
+            made += got[0].size
+            if got[0].size > _CHUNK_FRONT_ABOVE and s != self.graph.full:
+                got = _chunk_front(got, len(B))
+            parts.append(got)
         if not parts:
-            return _empty()
+            return _empty(), 0
         ia, ib, F, P, mem, cores, u, kind = (np.concatenate(x) for x in zip(*parts, strict=True))
         if len(ia) > 1:  # windows run in order of u, and interleave: row-major order
             order = np.argsort(ia * len(B) + ib)  # each pair comes once (disjoint windows)
@@ -906,7 +1080,7 @@ class _DP:
                 x[order] for x in (ia, ib, F, P, mem, cores, u, kind)
             )
         k = len(ia)
-        return _Points(
+        pts = _Points(
             F,
             P,
             mem,
@@ -918,6 +1092,7 @@ class _DP:
             ia,
             ib,
         )
+        return pts, made
 
     def _passing(self, A: _Points, B: _Points, ia, ib, s: int, spatial: bool):
         """The pairs (ia, ib) that fit and pass ``_keep``, with their (F, P, mem, cores, u,
@@ -983,7 +1158,16 @@ class _DP:
             b_t = bool((B.kind & KIND_T).any())
             loose = np.where(spatial_only, max(b_spatial, b_hybrid) if b_t else b_spatial, b_hybrid)
         else:
-            loose = np.where(spatial_only, max(b_spatial, b_hybrid), b_hybrid)
+            # With two outside nodes sharing devices ruled out (``_hybrid``: no pair of them fits
+            # one device's memory, and none brings temporal placement alone), a pair with no
+            # temporal placement in it ends beside them only in an all-spatial plan; it ends in a
+            # hybrid one only by sharing or apart, the second window.
+            b_t = bool((B.kind & KIND_T).any())
+            pair = out[8]
+            alone = self._refine and pair is not None and bool(np.isinf(pair).all()) and not b_t
+            loose = np.where(
+                spatial_only, b_spatial if alone else max(b_spatial, b_hybrid), b_hybrid
+            )
         # rounding: the exact test sums the same terms in another order
         slack = 1e-9 * max(abs(b_spatial), abs(b_hybrid)) + 1e-12
         left = loose - A.F - (K - 1) * A.P + slack
@@ -1001,21 +1185,38 @@ class _DP:
             return u_max - A.u if spatial else np.where(A.u <= u_max, u_max, -1)
 
         windows = []
+        zero = np.zeros(N + 1)
         if out is None:
             lo = np.searchsorted(-K * run_min, -cap_b, side="left")
             hi = np.searchsorted(Bu, u_b(np.full(nA, N)), side="right")
-            windows.append((lo, np.where(gate >= 0, hi, 0)))
+            hi = np.where(gate >= 0, hi, 0)
+            if spatial:  # T = F + (K-1) P itself, nothing outside
+                lo, hi = _narrow(lo, hi, A, B, K, loose + slack, zero, zero)
+            windows.append((lo, hi))
         else:
             # beside the pair: the outside adds >= floor, and h(u) caps the devices
             neg_p = -K * run_min
             lo = np.searchsorted(neg_p, -(cap_b - floor), side="left")
             u_max = np.searchsorted(out[4], gate + (K - 1) * A.P, side="right") - 1
-            hi = np.searchsorted(Bu, u_b(u_max), side="right")
-            windows.append((lo, np.where(gate - floor >= 0, hi, 0)))
+            hi_u = np.searchsorted(Bu, u_b(u_max), side="right")
+            hi = np.where(gate - floor >= 0, hi_u, 0)
             # sharing devices or apart: the outside adds >= shared, on any number of devices
             lo_s = np.searchsorted(neg_p, -(cap_h - shared), side="left")
             hi_s = np.searchsorted(Bu, u_b(np.full(nA, N)), side="right")
-            windows.append((np.maximum(lo_s, hi), np.where(gate_h - shared >= 0, hi_s, 0)))
+            hi_s = np.where(gate_h - shared >= 0, hi_s, 0)
+            if not spatial:
+                windows.append((lo, hi))
+                windows.append((np.maximum(lo_s, hi_u), hi_s))
+            else:
+                # Each window narrowed to the b that can pass its test by the F and P of
+                # the b around them; what leaves the first may still pass the second, so the
+                # second takes the rest of its own, either side of the first.
+                lo, hi = _narrow(lo, hi, A, B, K, loose + slack, out[0], out[1])
+                hi = np.maximum(hi, lo)
+                lo_s, hi_s = self._apart_window(A, B, s, out, lo_s, hi_s, b_hybrid + slack)
+                windows.append((lo, hi))
+                windows.append((lo_s, np.minimum(hi_s, lo)))
+                windows.append((np.maximum(lo_s, hi), hi_s))
         # (lo, hi, order, whether a row is one of B's): each row i pairs with order[lo:hi]
         pieces = []
         for lo, hi in windows:
@@ -1027,21 +1228,67 @@ class _DP:
             # a pairs only with the b whose u lies in [u_a, next_a) (next: ``_next_better``).
             lo = np.maximum(lo, np.searchsorted(Bu, A.u, side="left"))
             hi = np.minimum(hi, np.searchsorted(Bu, _next_better(A, N), side="left"))
+            # co-resident memory adds: a row that does not fit beside B's leanest pairs with none
+            hi = np.where(A.mem + B.mem.min() <= self.cap, hi, lo)
             pieces.append((lo, hi, order, False))
         if not spatial:  # the pairs with u_b < u_a, by the same rule from b's side
             orderA, Au, _ = _by_u(A)
             lo2 = np.searchsorted(Au, B.u, side="right")
             hi2 = np.searchsorted(Au, _next_better(B, N), side="left")
+            hi2 = np.where(B.mem + A.mem.min() <= self.cap, hi2, lo2)
             pieces.append((lo2, hi2, orderA, True))
         # The windows are disjoint, so each pair comes once.
         for lo, hi, idx, of_b in pieces:
             for rows, cols in _window_chunks(lo, hi, idx, _PAIR_CHUNK):
                 yield (cols, rows) if of_b else (rows, cols)
 
-    def _prune(self, pts: _Points, front: np.ndarray | None = None) -> _Points:
-        """The Pareto set of ``pts`` (``front``: its indices, when already known), thinned on
-        heuristic passes."""
-        pts = _prune(pts) if front is None else pts.take(front)
+    def _apart_window(self, A: _Points, B: _Points, s: int, out, lo, hi, bound: float):
+        """The second window of a spatial pairing (``_pairs``), [lo, hi) per point a of A in
+        B's order of u, narrowed to the b whose pair can end in a hybrid plan by sharing
+        devices with an outside node or running apart from them (``_hybrid``): T + sharing
+        <= the bound, or T + apart <= the bound and, where ``_apart_ok`` tests it, some
+        sub-graph S above s that can hold the pair as fast as the scout's plan of S. Each test
+        is bounded by ``_narrow``; the window covers their union."""
+        if not math.isfinite(bound) or int(np.maximum(hi - lo, 0).sum()) <= _NARROW_ABOVE:
+            return lo, hi  # no hybrid plan known (every pair may end in one), or few pairs
+        nA, K, zero = len(A), self.K, np.zeros(self.N + 1)
+
+        def under(limit) -> np.ndarray:  # per row (-inf: none passes)
+            return np.broadcast_to(np.asarray(limit, dtype=np.float64), (nA,))
+
+        def up(x: float) -> float:  # rounding: ``_narrow`` sums the terms in another order
+            return x + 1e-9 * abs(x) + 1e-12 if math.isfinite(x) else x
+
+        sharing = self._sharing(A.mem, out[5], out[6])  # inf where no outside node fits beside
+        found = [_narrow(lo, hi, A, B, K, under(bound - sharing), zero, zero)]
+        alo, ahi = _narrow(lo, hi, A, B, K, under(bound - out[7]), zero, zero)
+        parts = None
+        if self._refine and (out[8] is not None or self._scout_phase):
+            parts = self._above(s)
+        if parts is None:
+            found.append((alo, ahi))
+        else:
+            for best, total, slowest, share, share_mem in parts:
+                best = up(best)
+                if share is None:  # S = s
+                    found.append(_narrow(alo, ahi, A, B, K, under(best), zero, zero))
+                    continue
+                found.append(_narrow(alo, ahi, A, B, K, under(best), total, slowest))
+                room = under(best - self._sharing(A.mem, share, share_mem))
+                found.append(_narrow(alo, ahi, A, B, K, room, zero, zero))
+        # the least interval holding every non-empty one (none: empty)
+        new_lo, new_hi = np.full(nA, np.iinfo(np.int64).max), np.full(nA, -1)
+        for a, b in found:
+            some = a < b
+            new_lo = np.where(some, np.minimum(new_lo, a), new_lo)
+            new_hi = np.where(some, np.maximum(new_hi, b), new_hi)
+        empty = new_hi < 0
+        return np.where(empty, lo, new_lo), np.where(empty, lo, new_hi)
+
+    def _prune(self, pts: _Points, front: np.ndarray | None = None, lex: bool = False) -> _Points:
+        """The Pareto set of ``pts`` (``front``: its indices, when already known; ``lex``: as
+        ``_pareto_idx``'s), thinned on heuristic passes."""
+        pts = _prune(pts, lex) if front is None else pts.take(front)
         if self.truncate and len(pts) > self.truncate:
             # Heuristic pass only: keep a few promising points per kind, spread over the device
             # counts (the fastest alone all use the most devices, and no two of them fit side
@@ -1099,6 +1346,23 @@ class _DP:
             return Node("temporal", max(na.n, nb.n), children=(na, nb))
 
         return ph(g.full, root_src)
+
+
+def _chunk_front(got: tuple, nB: int) -> tuple:
+    """A chunk of passing pairs (``_DP._passing``'s arrays) less those dominated within it.
+
+    The node's front is taken over all its pairings later, in row-major order of (a, b) per cut
+    (``_DP._combine``); in that order here too, a pair dominated within its chunk is dominated
+    there by a pair that stays (an equal pair by the first of them, as there), so the front and
+    its order come out the same, while the pairs held at once shrink to the chunks' fronts (at
+    512 devices, 2 million kept pairs to sets of 10^4). Not at the root, which keeps every pair
+    (the first of the fastest wins there)."""
+    ia, ib, F, P, mem, cores, u, kind = got
+    order = np.argsort(ia * nB + ib)
+    z = np.zeros(len(ia), dtype=np.int64)
+    pts = _Points(F[order], P[order], mem[order], cores[order], u[order], kind[order], z, z, z, z)
+    keep = order[np.sort(_pareto_idx(pts))]
+    return tuple(x[keep] for x in got)
 
 
 class _OptSet:
@@ -1243,6 +1507,69 @@ def _by_u(X: _Points) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return cached
 
 
+def _narrow(lo, hi, A: _Points, B: _Points, K: int, L, total, slowest):
+    """Per point a of A, its window [lo, hi) of B's points in order of u (``_by_u``) narrowed to
+    the positions where a spatial pair (a, b) can meet F + total[u] + (K-1) max(P, slowest[u])
+    <= L[a] (F = F_a + F_b, P = max(P_a, P_b), u = u_a + u_b; total and slowest
+    non-decreasing in u, as the outside nodes' calls on N - u devices are).
+
+    Both ends by bisection, each on a bound that moves one way along the window: for the
+    positions up to j, with F_b and F_b + (K-1) P_b at least their least up to j and u at
+    least the window's first; for those from j on, at least their least from j and u at
+    least j's. A window that no position can meet comes back empty (hi <= lo)."""
+    if int(np.maximum(hi - lo, 0).sum()) <= _NARROW_ABOVE:  # the search costs more than it saves
+        return lo, hi
+    order, Bu, _ = _by_u(B)
+    pf, pg, sf, sg = _u_minima(B, K)
+    k1 = K - 1
+    n = len(total) - 1
+    Fa, Pa = A.F, A.P
+
+    def bound(i, j, u, pre: bool):
+        t, f, g = total[u], (pf if pre else sf)[j], (pg if pre else sg)[j]
+        if k1 == 0:  # T = F (K - 1 = 0 times an inf would be nan)
+            return Fa[i] + t + f
+        return Fa[i] + t + np.maximum(f + k1 * np.maximum(Pa[i], slowest[u]), g)
+
+    first_u = np.minimum(A.u + Bu[np.minimum(lo, len(Bu) - 1)], n)
+    lo = _first(lo, hi, lambda i, j: bound(i, j, first_u[i], True) <= L[i])
+    hi = _first(lo, hi, lambda i, j: bound(i, j, np.minimum(A.u[i] + Bu[j], n), False) > L[i])
+    return lo, hi
+
+
+def _first(lo: np.ndarray, hi: np.ndarray, test) -> np.ndarray:
+    """Per row, the first position j in [lo, hi) where ``test(rows, j)`` holds (hi if none),
+    by bisection on all rows at once; ``test`` must hold from some position on."""
+    lo, hi = lo.astype(np.int64), hi.astype(np.int64)  # copies
+    act = np.flatnonzero(lo < hi)
+    while act.size:
+        mid = (lo[act] + hi[act]) // 2
+        t = test(act, mid)
+        hi[act[t]] = mid[t]
+        lo[act[~t]] = mid[~t] + 1
+        act = act[lo[act] < hi[act]]
+    return lo
+
+
+def _u_minima(X: _Points, K: int) -> tuple[np.ndarray, ...]:
+    """In X's order of u (``_by_u``): the running minima of F and of F + (K-1) P from the
+    first point and from the last (prefix and suffix), for ``_narrow``."""
+    cached = X.__dict__.get("_u_minima")
+    if cached is not None and cached[0] == K:
+        return cached[1]
+    order = _by_u(X)[0]
+    f = X.F[order]
+    g = f + (K - 1) * X.P[order] if K > 1 else f
+    out = (
+        np.minimum.accumulate(f),
+        np.minimum.accumulate(g),
+        np.minimum.accumulate(f[::-1])[::-1],
+        np.minimum.accumulate(g[::-1])[::-1],
+    )
+    X.__dict__["_u_minima"] = (K, out)  # a set is fixed once made
+    return out
+
+
 def _next_better(X: _Points, N: int, look: int = 32) -> np.ndarray:
     """Per point, the u of a later point in order of u that is as good in F, P, memory and
     cores (the first of the next ``look``); N + 1 if none is found. Larger than the least such
@@ -1305,6 +1632,7 @@ def _spread(counts: list[int], N: int) -> frozenset[int]:
 
 _DENSE_OPTIONS = 48
 _ALL_PAIRS = 16384
+_NARROW_ABOVE = 1 << 16  # pairs in a pairing's window, past which ``_narrow`` narrows it
 # Pairs made and tested at once (``_DP._pairs``): the memory of a pairing grows with the chunk,
 # not with the pairs (25 million at 512 devices in ``ppo5_all``), and a chunk's fixed costs
 # stay small beside its work.

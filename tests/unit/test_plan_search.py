@@ -105,6 +105,7 @@ def test_dense_path_equals_exhaustive(monkeypatch, poor_scout):
     only the smallest count of each node (poor bounds, or none) must not change the result."""
     monkeypatch.setattr(search_mod, "_DENSE_OPTIONS", 0)
     monkeypatch.setattr(search_mod, "_ALL_PAIRS", 0)
+    monkeypatch.setattr(search_mod, "_NARROW_ABOVE", 0)
     monkeypatch.setattr(search_mod, "_REFINE_ABOVE", 0)
     if poor_scout:
         monkeypatch.setattr(search_mod, "_spread", lambda counts, n: frozenset(counts[:1]))
@@ -486,6 +487,7 @@ def test_root_pairs_keep_hybrid_pairs_of_a_spatial_only_side(monkeypatch):
     hybrid optimum, c0 beside c1 and c2 sharing 3 devices, was lost with fewer points)."""
     monkeypatch.setattr(search_mod, "_DENSE_OPTIONS", 0)
     monkeypatch.setattr(search_mod, "_ALL_PAIRS", 0)
+    monkeypatch.setattr(search_mod, "_NARROW_ABOVE", 0)
     monkeypatch.setattr(search_mod, "_REFINE_ABOVE", 0)
     prof = load_profile(
         {
@@ -786,3 +788,136 @@ def test_dominated_early_marks_only_dominated_points(monkeypatch, lattice):
         want = search_mod._pareto_idx(pts)
     monkeypatch.setattr(search_mod, "_TABLE_ABOVE", 0)
     assert search_mod._pareto_idx(pts).tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("lattice", [3, 12, 200])
+def test_front_by_ranks_is_the_blocked_front(monkeypatch, lattice):
+    """``_front_by_ranks`` (exact tables by rank; chunks of 4 to 32 points, so that the tables
+    and the within-chunk test both do work; with its cube and without) returns
+    ``_pareto_idx``'s blocked front in its order: ties and duplicates on the small lattices,
+    four kinds, with and without cores, and leaf-like sets whose P is F."""
+    rng = np.random.default_rng(lattice)
+    k = 1200
+    u = rng.permutation(np.arange(1, k + 1)) % 97 + 1
+    z = np.zeros(k, dtype=np.int64)
+    t = np.round((5.0 + 100.0 / u) * rng.uniform(0.7, 1.3, k), 1)
+    leafy = search_mod._Points(t, t, np.round(10 + 50.0 / u, 1), np.zeros(k), u, z, z, z, z, z)
+    sets = [leafy, _points(rng, k, lattice, False), _points(rng, k, lattice, True)]
+    monkeypatch.setattr(search_mod, "_EXACT_PER_POINT", 1 << 30)  # tables however sparse
+    monkeypatch.setattr(search_mod, "_CUBE_PER_POINT", 1 << 30)
+    for chunk, cube in ((4, 1 << 23), (32, 1 << 23), (4, 0)):  # cube 0: the sweep alone
+        monkeypatch.setattr(search_mod, "_EXACT_CHUNK", chunk)
+        monkeypatch.setattr(search_mod, "_CUBE_CELLS", cube)
+        for pts in sets:
+            with monkeypatch.context() as mp:
+                mp.setattr(search_mod, "_EXACT_ABOVE", 1 << 62)
+                want = search_mod._pareto_idx(pts)
+            rows = [pts.F] + ([] if pts.P is pts.F else [pts.P]) + [pts.mem]
+            rows += ([pts.cores] if pts.cores.any() else []) + [pts.u.astype(float)]
+            got = search_mod._front_by_ranks(rows, pts.kind)
+            assert got is not None and got.tolist() == want.tolist(), (lattice, chunk)
+            monkeypatch.setattr(search_mod, "_EXACT_ABOVE", 0)
+            assert search_mod._pareto_idx(pts).tolist() == want.tolist()
+            monkeypatch.setattr(search_mod, "_EXACT_ABOVE", 4096)
+
+
+def test_front_by_ranks_declines_tables_too_large():
+    """Rows of many distinct values would need a table of more than ``_EXACT_CELLS`` cells:
+    ``_front_by_ranks`` declines (None) and ``_pareto_idx`` takes its blocked test."""
+    rng = np.random.default_rng(5)
+    k = 5000
+    rows = [rng.random(k), rng.random(k), rng.random(k), rng.integers(1, 4000, k).astype(float)]
+    assert search_mod._front_by_ranks(rows, np.zeros(k, dtype=np.int64)) is None
+
+
+def test_first_of_chunk_against_its_definition(monkeypatch):
+    """``_first_of_chunk``: no earlier column <= in every row (blocks of 8 columns, ties)."""
+    monkeypatch.setattr(search_mod, "_EXACT_CHUNK", 8)
+    rng = np.random.default_rng(2)
+    for _ in range(50):
+        c = int(rng.integers(1, 40))
+        rows = rng.integers(0, 4, (3, c)).astype(float)
+        want = [not any((rows[:, j] <= rows[:, i]).all() for j in range(i)) for i in range(c)]
+        assert search_mod._first_of_chunk(rows).tolist() == want
+
+
+def test_first_is_the_first_position_a_test_holds():
+    """``_first``: per row, the first j in [lo, hi) from which a monotone test holds, else hi."""
+    rng = np.random.default_rng(6)
+    lo = rng.integers(0, 30, 200)
+    hi = lo + rng.integers(-3, 30, 200)  # some empty windows
+    start = rng.integers(-5, 70, 200)  # the test holds from here on
+    got = search_mod._first(lo, hi, lambda i, j: j >= start[i])
+    want = [
+        max(a, min(max(s, a), b)) if a < b else a for a, b, s in zip(lo, hi, start, strict=True)
+    ]
+    assert got.tolist() == want
+
+
+@pytest.mark.parametrize("K", [1, 4])
+def test_narrow_drops_only_pairs_over_the_limit(monkeypatch, K):
+    """``_narrow`` (a spatial pairing's window in B's order of u): every pair it drops from a
+    window has F + total[u] + (K-1) max(P, slowest[u]) above the row's limit, as ``_beside``
+    sums it (ties, infinite calls on few devices, empty windows), and it drops most of them."""
+    monkeypatch.setattr(search_mod, "_NARROW_ABOVE", 0)  # however small the window
+    rng = np.random.default_rng(K)
+    N, dropped, over = 60, 0, 0
+    for _ in range(40):
+        A, B = (_points(rng, int(rng.integers(1, 60)), 9, False) for _ in range(2))
+        for X in (A, B):
+            X.u = rng.integers(1, 30, len(X))
+            X.P = np.minimum(X.P, X.F)  # a stream point's P is at most its F
+        total = np.sort(rng.integers(0, 8, N + 1).astype(float))
+        slowest = np.sort(rng.integers(0, 5, N + 1).astype(float))
+        total[N - int(rng.integers(0, 5)) :] = np.inf  # no call on the fewest devices
+        order, Bu, _ = search_mod._by_u(B)
+        lo = np.zeros(len(A), dtype=np.int64)
+        hi = np.searchsorted(Bu, N - A.u, side="right")
+        L = rng.uniform(5, 40, len(A))
+        nlo, nhi = search_mod._narrow(lo, hi, A, B, K, L, total, slowest)
+        for i in range(len(A)):
+            for j in range(lo[i], hi[i]):
+                b = order[j]
+                u = A.u[i] + B.u[b]
+                val = (A.F[i] + B.F[b]) + total[u]
+                if K > 1:
+                    val = val + (K - 1) * max(A.P[i], B.P[b], slowest[u])
+                over += val > L[i]
+                if not nlo[i] <= j < nhi[i]:
+                    dropped += 1
+                    assert val > L[i], (i, j)
+    assert dropped >= 0.5 * over, (dropped, over)
+
+
+def test_chunk_fronts_leave_the_front_and_its_order():
+    """Pairs kept a chunk at a time, each chunk cut to its own front (``_chunk_front``), give
+    the same front, in the same order, as all of them at once (row-major order, ties and
+    duplicates on a small lattice, four kinds), when the front of what is left is taken in
+    the order of as many points as passed (``lex``: fronts of fewer than ``_BLOCK`` points
+    come in index order)."""
+    rng = np.random.default_rng(12)
+    nA, nB, small = 40, 50, 0
+    for _ in range(20):
+        pairs = rng.permutation(nA * nB)[: int(rng.integers(200, 1500))]  # any order, as windows
+        ia, ib = np.divmod(pairs, nB)
+        k = len(ia)
+        F, P, mem = (rng.integers(0, 5, k).astype(float) for _ in range(3))
+        got = (ia, ib, F, P, mem, np.zeros(k), rng.integers(1, 9, k), rng.integers(0, 4, k))
+
+        def front(parts, k=k):
+            x = [np.concatenate(c) for c in zip(*parts, strict=True)]
+            order = np.argsort(x[0] * nB + x[1])
+            x = [c[order] for c in x]
+            z = np.zeros(len(x[0]), dtype=np.int64)
+            pts = search_mod._Points(x[2], x[3], x[4], x[5], x[6], x[7], z, z, z, z)
+            keep = search_mod._pareto_idx(pts, lex=k > search_mod._BLOCK)
+            return list(zip(x[0][keep].tolist(), x[1][keep].tolist(), strict=True))
+
+        chunks = np.array_split(np.arange(k), int(rng.integers(1, 8)))
+        parts = [tuple(c[idx] for c in got) for idx in chunks]
+        cut = [search_mod._chunk_front(p, nB) for p in parts]
+        left = sum(len(c[0]) for c in cut)
+        assert left < k
+        small += left <= search_mod._BLOCK < k  # the case of the order
+        assert front(cut) == front(parts)
+    assert small >= 5
