@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from _capacity_cases import BAD_CAPACITIES
 
 from loomrl import Worker, wait
 from loomrl.errors import PlanError
@@ -503,15 +504,7 @@ def test_a_bounded_run_gives_the_unbounded_results_with_several_consumer_ranks(c
     assert outputs[1] == outputs[0] == [[x * 10 + 1 for x in range(8)]] * 2
 
 
-@pytest.mark.parametrize(
-    "value, says",
-    [
-        (-1, "cannot be negative"),
-        (1.5, "whole number of micro-batches"),
-        ("2", "whole number of micro-batches"),
-        (True, "whole number of micro-batches"),
-    ],
-)
+@pytest.mark.parametrize("value, says", BAD_CAPACITIES)
 def test_a_channel_capacity_that_is_not_a_count_of_micro_batches_is_refused(cluster, value, says):
     from loomrl.errors import ConfigError
 

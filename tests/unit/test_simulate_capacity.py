@@ -4,6 +4,7 @@ meaning Flow(channel_capacity=...) gives it at run time; 0 and None are unbounde
 from __future__ import annotations
 
 import pytest
+from _capacity_cases import BAD_CAPACITIES
 
 from loomrl.plan import load_profile, simulate
 from loomrl.plan.plan import leaf, spatial
@@ -61,15 +62,7 @@ def test_capacity_zero_or_none_is_unbounded():
     assert zero.times == pytest.approx((0.5 + 2.0 * K,), abs=1e-9)
 
 
-@pytest.mark.parametrize(
-    "value, says",
-    [
-        (-1, "cannot be negative"),
-        (1.5, "whole number of micro-batches"),
-        ("2", "whole number of micro-batches"),
-        (True, "whole number of micro-batches"),
-    ],
-)
+@pytest.mark.parametrize("value, says", BAD_CAPACITIES)
 def test_a_capacity_that_is_not_a_count_of_micro_batches_is_refused(value, says):
     plan, prof = _chain(0.5, 2.0)
     with pytest.raises(ValueError, match=rf"channel_capacity={value!r}: .*{says}") as e:
