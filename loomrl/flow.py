@@ -1144,13 +1144,12 @@ class Flow:
         hold a producer to ``channel_capacity`` micro-batches ahead (``_hop_capacities``)."""
         from loomrl.channel import Channel
 
-        sizes = [0] * len(names)
-        if [ch.maxsize for ch in self._chans] != sizes:
+        if len(self._chans) != len(names):
             _drop_channels(self._chans)
             self._chans_made += 1
             tag = f"flow-{self._id}-{self._chans_made}"
             # All or nothing: a failed create deletes the channels it made.
-            made = Channel.create_many([f"{tag}-{i}" for i in range(len(sizes))], sizes)
+            made = Channel.create_many([f"{tag}-{i}" for i in range(len(names))], [0] * len(names))
             self._chans.extend(made)
         return list(self._chans)
 
