@@ -384,7 +384,7 @@ class Run:
             )
             return None
         want = len(sample)
-        memory = flow.cluster.device_memory_gb if flow.cluster.has_cuda else None
+        memory = _memory_gb(flow.cluster)
         devices = flow.cluster.num_devices
         moved = carry_problems(a, rc.placement, rc.micro_batch, devices, memory)
         # The plans' measured times and the last window's cost baseline count on the cluster
@@ -402,20 +402,13 @@ class Run:
                 plan = flow.resume_plan(
                     a.plan, a.profile, rc.placement, batch=want, micro_batch=rc.micro_batch
                 )
-                if same_cluster:
-                    flow.restore_measured(a.measured, a.baseline)
-                self._adapt_start(
-                    "adapted",
-                    f"adapt: resuming on {where}, with the profile it refreshed: {plan.mode} "
-                    f"{plan.assignment()}, {plan.predicted_s:.3f}s per iteration predicted" + kept,
-                    a,
-                    carried,
+            else:
+                prof = a.profile.with_devices(devices)
+                if memory is not None:
+                    prof = dataclasses.replace(prof, device_memory_gb=memory)
+                plan = flow.plan(
+                    rc.placement, sample=sample, profile=prof, micro_batch=rc.micro_batch
                 )
-                return plan
-            prof = a.profile.with_devices(devices)
-            if memory is not None:
-                prof = dataclasses.replace(prof, device_memory_gb=memory)
-            plan = flow.plan(rc.placement, sample=sample, profile=prof, micro_batch=rc.micro_batch)
         except (PlanError, ConfigError) as e:
             self._adapt_start(
                 "configured",
@@ -427,6 +420,15 @@ class Run:
             return None
         if same_cluster:
             flow.restore_measured(a.measured, a.baseline)
+        if not moved:
+            self._adapt_start(
+                "adapted",
+                f"adapt: resuming on {where}, with the profile it refreshed: {plan.mode} "
+                f"{plan.assignment()}, {plan.predicted_s:.3f}s per iteration predicted" + kept,
+                a,
+                carried,
+            )
+            return plan
         self._adapt_start(
             "replanned",
             f"adapt: {where} cannot run as it is ({'; '.join(moved)}): planned again from the "
@@ -570,7 +572,7 @@ class Run:
             devices or cluster.num_devices,
             measured=state["measured"],
             baseline=state["baseline"],
-            device_memory_gb=cluster.device_memory_gb if cluster.has_cuda else None,
+            device_memory_gb=_memory_gb(cluster),
         )
         try:
             atomic_write_text(self.dir / ADAPTED_FILE, json.dumps(rec, default=str) + "\n")
@@ -742,6 +744,11 @@ class Run:
             self.logger.echo(f"run_summary.json of the failed run not written: {e}")
         else:
             self._unmark_attempt()
+
+
+def _memory_gb(cluster: Any) -> float | None:
+    """A cluster's device memory as adaptation's record keeps it: None without GPUs."""
+    return cluster.device_memory_gb if cluster.has_cuda else None
 
 
 def _predicts_nothing(plan: Any) -> bool:
