@@ -9,8 +9,30 @@ from _tiny_grpo import COMMON as TINY
 from _tiny_grpo import ROOT, STEPS, run_main
 
 _main = run_main
-COMMON = ["placement=temporal", *TINY]
+COMMON = ["placement=temporal", *TINY]  # the slow tests'
 assert STEPS == 4  # the steps, checkpoints and kill steps below are those of a 4-step run
+
+
+@pytest.fixture(scope="module")
+def one_device_plan(tmp_path_factory):
+    """The temporal plan with one device per component, as a plan file: the runs stopped and
+    resumed here start three worker processes, not the temporal plan's five (seconds each on
+    2 cores). Their parameters still equal the reference's: plans do not change them
+    (test_placement_invariance)."""
+    from _tiny_grpo import PROFILE
+
+    from loomrl.plan import fixed_plan, leaf, load_profile, temporal
+
+    path = tmp_path_factory.mktemp("resume_plan") / "one_device.json"
+    tree = temporal(leaf("rollout", 1), temporal(leaf("reward", 1), leaf("actor", 1)))
+    fixed_plan(load_profile(PROFILE), tree, 4).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def common(one_device_plan):
+    """The overrides of this file's default-suite runs: the reference's, on the one-device plan."""
+    return [f"placement={one_device_plan}", *TINY]
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +42,7 @@ def straight(tiny_grpo_temporal):
     return tiny_grpo_temporal
 
 
-def test_resume_is_bit_identical(cluster, straight, tmp_path):
-    common = COMMON
+def test_resume_is_bit_identical(cluster, straight, common, tmp_path):
     part = tmp_path / "part"
     _main(ROOT / "examples/tiny_grpo.yaml", [*common, "steps=2", f"output_dir={part}"])
     # Resume from the run directory's own config, as `loomrl resume DIR steps=4` does.
@@ -46,12 +67,12 @@ def test_half_written_checkpoint_is_never_picked(tmp_path):
     assert latest_checkpoint(tmp_path) == good
 
 
-def test_dead_worker_restarts_from_checkpoint(cluster, straight, tmp_path):
+def test_dead_worker_restarts_from_checkpoint(cluster, straight, common, tmp_path):
     """A rollout worker killed at step 3 ends in an automatic restart from the step-2 checkpoint
     and the same parameters as a run that never failed."""
     from loomrl.cli import _normalise_overrides, load_recipe_config, run_with_restarts
 
-    common = [*COMMON, "steps=4", "run.checkpoint_every=2"]
+    common = [*common, "steps=4", "run.checkpoint_every=2"]
     clean = straight
     crashy = tmp_path / "crashy"
     # An earlier run in the same directory got further: a restart must not resume from it.
@@ -88,14 +109,16 @@ def test_dead_worker_restarts_from_checkpoint(cluster, straight, tmp_path):
     assert (aside / "step-000010").is_dir()
 
 
-def test_a_worker_dead_before_the_first_checkpoint_restarts_at_step_0(cluster, straight, tmp_path):
+def test_a_worker_dead_before_the_first_checkpoint_restarts_at_step_0(
+    cluster, straight, common, tmp_path
+):
     """A rollout worker killed at step 1, before the step-2 checkpoint: the restart begins again
     at step 0 (not refused as a resume with nothing to resume from) and ends with the
     uninterrupted run's parameters."""
     from loomrl.cli import _normalise_overrides, load_recipe_config, run_with_restarts
 
     out = tmp_path / "early"
-    over = [*COMMON, "steps=4", "run.checkpoint_every=2", f"output_dir={out}"]
+    over = [*common, "steps=4", "run.checkpoint_every=2", f"output_dir={out}"]
     mod, cfg = load_recipe_config(
         ROOT / "examples/tiny_grpo.yaml",
         _normalise_overrides([*over, "run.max_restarts=1", "run.kill_worker_at_step=1"]),
