@@ -235,16 +235,7 @@ def test_an_auto_run_records_its_profiling_in_the_summary(cluster, tmp_path, cap
     mod, cfg = load_recipe_config(
         root / "examples/demo_matmul.yaml",
         _normalise_overrides(
-            # Two of the cluster's four devices: profiling and the plan start fewer worker
-            # processes (seconds each on 2 cores).
-            [
-                "placement=auto",
-                "steps=4",
-                "batch=8",
-                "demo.size=96",
-                "run.devices=2",
-                f"output_dir={tmp_path}",
-            ]
+            ["placement=auto", "steps=4", "batch=8", "demo.size=96", f"output_dir={tmp_path}"]
         ),
     )
     mod.main(cfg)
@@ -283,7 +274,6 @@ def test_a_calibrated_run_says_when_its_prediction_arrives(cluster, tmp_path, ca
             [
                 "placement=temporal",
                 "run.profile=calibrate",
-                "run.devices=2",  # fewer worker processes than on all 4 devices
                 "steps=3",
                 "batch=8",
                 "demo.size=96",
