@@ -503,12 +503,12 @@ def test_a_pipe_rollout_stops_with_a_named_error_on_a_raising_dying_or_silent_wo
         assert res.env_calls == 4 * STEPS and STEPS <= res.policy_calls <= 4 * STEPS
         assert res.env_steps == STEPS * ENV.num_envs
         for how, match in (
-            ("sleep", r"no reply from env worker 1 .* at step 2\) within 3 s"),
+            ("sleep", r"no reply from env worker 1 .* at step 2\) within 1\.5 s"),
             ("exit", r"env worker 1|died"),
         ):
             odd = launch_envs(_EnvStops, f"env_{how}", how)
             try:
-                cycle = EnvPolicyCycle(odd, good, 2, 2, True, handoff="pipe", timeout_s=3.0)
+                cycle = EnvPolicyCycle(odd, good, 2, 2, True, handoff="pipe", timeout_s=1.5)
                 t0 = time.monotonic()
                 with pytest.raises(LoomError, match=match):
                     cycle.collect(STEPS)
@@ -519,7 +519,7 @@ def test_a_pipe_rollout_stops_with_a_named_error_on_a_raising_dying_or_silent_wo
         assert res.env_calls == 4 * STEPS and STEPS <= res.policy_calls <= 4 * STEPS
         dies = cluster.launch(_PolicyExits, 1, *_policy_args(), devices=[2], name="policy_pdies")
         try:
-            cycle = EnvPolicyCycle(envs, dies, 2, 2, True, handoff="pipe", timeout_s=3.0)
+            cycle = EnvPolicyCycle(envs, dies, 2, 2, True, handoff="pipe", timeout_s=1.5)
             t0 = time.monotonic()
             with pytest.raises(LoomError, match=r"policy worker closed its connection|died"):
                 cycle.collect(STEPS)
@@ -533,7 +533,7 @@ def test_a_pipe_rollout_stops_with_a_named_error_on_a_raising_dying_or_silent_wo
 def test_an_env_that_stalls_while_its_costs_are_measured_stops_the_probe(cluster, spare_policy):
     """The cost probe's chains are bounded by the cycle's timeout as rollouts are: env worker 1
     stalling for 12 s in its third step call ends measure_costs with an error naming the env
-    side, after the 3 s timeout, not after the stall (or never, for a hang)."""
+    side, after the 1.5 s timeout, not after the stall (or never, for a hang)."""
     from loomrl.cycle import measure_costs
     from loomrl.errors import LoomError
 
@@ -547,7 +547,7 @@ def test_an_env_that_stalls_while_its_costs_are_measured_stops_the_probe(cluster
         name="env_probe_stall",
     )
     try:
-        with pytest.raises(LoomError, match=r"no reply from an env worker's step within 3 s"):
-            measure_costs(envs, spare_policy, 4, [2, 4], STEPS, reps=2, timeout_s=3.0)
+        with pytest.raises(LoomError, match=r"no reply from an env worker's step within 1\.5 s"):
+            measure_costs(envs, spare_policy, 4, [2, 4], STEPS, reps=2, timeout_s=1.5)
     finally:
         envs.kill()

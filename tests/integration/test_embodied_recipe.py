@@ -1059,15 +1059,11 @@ def test_trials_are_skipped_when_disabled_and_time_a_pinned_plan_alone(
     base = [*TINY, "run.steps=1", "auto_trial_margin=1000"]
     # A pinned mode times its own plan (S = 16 <= 2 x 8: three rollouts of S steps; on the
     # probe's workers when the plan has as many env workers: one), then 5 more back to back
-    # (auto_trial_confirm), and predicts from those.
+    # (auto_trial_confirm), and predicts from those. An env worker of the node's 2 cores: one
+    # env worker, the probe's (2 worker processes in all, where 4 of 0.5 cores started 7).
     out = tmp_path / "pinned"
-    s = main(
-        load_config(
-            Config,
-            EXAMPLE,
-            [*base, "run.placement=temporal", "auto_trial_steps=8", f"run.output_dir={out}"],
-        )
-    )
+    pinned = ["run.placement=temporal", "env.cpu_cores=2", "auto_trial_steps=8"]
+    s = main(load_config(Config, EXAMPLE, [*base, *pinned, f"run.output_dir={out}"]))
     trials = json.loads((out / "trials.json").read_text())
     (row,) = trials["trials"]
     assert row["placement"] == s["placement"] and row["placement"]["colocated"]
@@ -1697,12 +1693,12 @@ def test_a_simulator_that_hangs_mid_run_stops_it_within_its_timeout_not_minutes(
             "env.env_kwargs={length: 50, stall_on: [40]}",
             "run.placement=temporal",
             f"run.profile={ROOT / 'examples/profiles/embodied_pixels_cpu2.yaml'}",  # no probing
-            "cycle_timeout_s=3",
+            "cycle_timeout_s=1.5",
             f"run.output_dir={tmp_path / 'stall'}",
         ],
     )
     t0 = time.monotonic()
-    with pytest.raises(LoomError, match=r"no reply from env worker \d .* within 3 s"):
+    with pytest.raises(LoomError, match=r"no reply from env worker \d .* within 1\.5 s"):
         main(cfg)
     assert time.monotonic() - t0 < SETTLE_S  # not waiting out the settle bound for a hung call
     # The failed run's summary says how it ended, and what it had done by then.
