@@ -15,6 +15,17 @@ STEPS = 4  # the uninterrupted run's
 COMMON = [f"seed={SEED}", f"run.profile={PROFILE}"]
 
 
+def save_one_device_plan(path: Path, profile: Path = PROFILE) -> Path:
+    """The temporal plan of one device per component (rollout, reward, actor; 4 devices), from
+    ``profile``, saved at ``path`` for ``placement=``: a launch starts three worker processes,
+    where the tiny example's temporal plan starts five (seconds each on 2 cores)."""
+    from loomrl.plan import fixed_plan, leaf, load_profile, temporal
+
+    tree = temporal(leaf("rollout", 1), temporal(leaf("reward", 1), leaf("actor", 1)))
+    fixed_plan(load_profile(profile), tree, 4).save(path)
+    return path
+
+
 def run_main(config: Path, overrides: list[str]) -> dict:
     """``loomrl run config overrides`` in this process (the session's Ray): the run's summary."""
     from loomrl.cli import _normalise_overrides, load_recipe_config

@@ -80,11 +80,9 @@ def test_tiny_search_run_writes_its_summary_and_agent_metrics(cluster, tmp_path,
     # A resumed run keeps the probe it started with: a new one's timings could choose another
     # k, and k changes what is sampled. (It resumes on a plan of one device per component:
     # the probe's reuse does not depend on the plan, and three workers start, not six.)
-    from loomrl.plan import fixed_plan, leaf, load_profile, temporal
+    from _tiny_grpo import save_one_device_plan
 
-    one = tmp_path / "one_device.json"
-    tree = temporal(leaf("rollout", 1), temporal(leaf("reward", 1), leaf("actor", 1)))
-    fixed_plan(load_profile(out / "profile.json"), tree, 4).save(one)
+    one = save_one_device_plan(tmp_path / "one_device.json", out / "profile.json")
     probe = (out / "tool_plan.json").read_text()
     assert main(["resume", str(out), "steps=3", f"placement={one}"]) == 0
     s = json.loads((out / "run_summary.json").read_text())

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from _tiny_grpo import COMMON as TINY
-from _tiny_grpo import ROOT, STEPS, run_main
+from _tiny_grpo import ROOT, STEPS, run_main, save_one_device_plan
 
 _main = run_main
 COMMON = ["placement=temporal", *TINY]  # the slow tests'
@@ -19,14 +19,7 @@ def one_device_plan(tmp_path_factory):
     resumed here start three worker processes, not the temporal plan's five (seconds each on
     2 cores). Their parameters still equal the reference's: plans do not change them
     (test_placement_invariance)."""
-    from _tiny_grpo import PROFILE
-
-    from loomrl.plan import fixed_plan, leaf, load_profile, temporal
-
-    path = tmp_path_factory.mktemp("resume_plan") / "one_device.json"
-    tree = temporal(leaf("rollout", 1), temporal(leaf("reward", 1), leaf("actor", 1)))
-    fixed_plan(load_profile(PROFILE), tree, 4).save(path)
-    return path
+    return save_one_device_plan(tmp_path_factory.mktemp("resume_plan") / "one_device.json")
 
 
 @pytest.fixture(scope="module")
