@@ -457,8 +457,16 @@ def ppo_step(
     device, unread (reading it waits for the device). ``validate`` goes to ``policy.evaluate``
     when given (False skips torch.distributions' checks, which read the device)."""
     kw = {} if validate is None else {"validate": validate}
-    logp, ent, v = policy.evaluate(mb["obs"], mb["actions"], **kw)
-    _check_evaluated(len(mb["actions"]), logp, ent, v)
+    logp, ent, v = evaluated(policy, mb["obs"], mb["actions"], **kw)
+    if not (logp.requires_grad or v.requires_grad):
+        # Else the backward below fails with autograd's bare "does not require grad".
+        raise ConfigError(
+            [
+                "the policy's evaluate() returned log-probs and values that carry no gradient "
+                "(detached, or computed under torch.no_grad()): PPO trains through them; "
+                "return them with their autograd graph"
+            ]
+        )
     a = mb["adv"]
     if cfg.norm_adv and a.shape[0] > 1:
         a = (a - a.mean()) / (a.std() + 1e-8)
@@ -489,6 +497,28 @@ def _step_unless(optimizer: torch.optim.Optimizer, bad: Tensor) -> None:
             del optimizer.found_inf  # type: ignore[attr-defined]
     elif not bool(bad):
         optimizer.step()
+
+
+def evaluated(policy: Any, obs: Tensor, actions: Tensor, **kw: Any) -> tuple:
+    """``policy.evaluate(obs, actions, **kw)``: (log-probs, entropies, values), or a
+    ``ConfigError`` saying what a user's policy returned instead (a bare unpacking error, or a
+    shape error deep in a loss, would not name evaluate())."""
+    out = policy.evaluate(obs, actions, **kw)
+    if isinstance(out, (tuple, list)) and len(out) == 3:
+        if all(isinstance(x, Tensor) for x in out):
+            _check_evaluated(len(actions), *out)
+            return tuple(out)
+        got = "(" + ", ".join(type(x).__name__ for x in out) + ")"
+    elif isinstance(out, (tuple, list)):
+        got = f"{type(out).__name__} of {len(out)} values"
+    else:
+        got = type(out).__name__
+    raise ConfigError(
+        [
+            "the policy's evaluate(obs, actions) must return (log-probs, entropies, values) as "
+            f"three torch tensors, got {got}"
+        ]
+    )
 
 
 def _check_evaluated(n: int, logp: Any, ent: Any, v: Any) -> None:

@@ -133,6 +133,15 @@ def build_policy(
                 "evaluate(obs, action) -> (logp, entropy, value)"
             ]
         )
+    # Adam refuses an empty parameter list with a bare ValueError from inside the worker.
+    if not any(getattr(p, "requires_grad", False) for p in net.parameters()):
+        raise ConfigError(
+            [
+                f"policy={spec!r} built a {type(net).__name__} with no trainable parameters "
+                "(parameters() is empty, or every one has requires_grad=False): PPO trains the "
+                "policy's parameters; keep its layers as attributes of the nn.Module"
+            ]
+        )
     return net
 
 
@@ -761,7 +770,7 @@ class PolicyWorker(Worker):
         makes first."""
         import torch
 
-        from loomrl.embodied import RolloutBuffer, ppo_update
+        from loomrl.embodied import RolloutBuffer, evaluated, ppo_update
         from loomrl.envs.vec import EpisodeStats
 
         S, N = steps, self.num_envs
@@ -779,7 +788,7 @@ class PolicyWorker(Worker):
             # Row-wise act would take as long as a rollout; one action repeated is enough here.
             a0 = net.act(obs[:1])[0]
             a = a0.expand(S * N, *a0.shape[1:]).clone()
-            logp, _, v = net.evaluate(obs, a)
+            logp, _, v = evaluated(net, obs, a)
         zeros = torch.zeros(S, N, device=self.device)
         buf = RolloutBuffer(
             obs=obs.reshape(S, N, *self.obs_shape),

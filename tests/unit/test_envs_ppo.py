@@ -352,6 +352,40 @@ def test_a_policy_whose_evaluate_returns_columns_is_a_config_error_naming_evalua
     )
 
 
+@pytest.mark.parametrize(
+    "slip, said",
+    [
+        (
+            "two",
+            r"must return \(log-probs, entropies, values\) as three torch tensors, got "
+            r"tuple of 2 values",
+        ),
+        ("numpy", r"as three torch tensors, got \(Tensor, Tensor, ndarray\)"),
+        ("detached", r"evaluate\(\) returned log-probs and values that carry no gradient"),
+    ],
+)
+def test_a_policy_whose_evaluate_returns_the_wrong_things_is_a_config_error(slip, said):
+    """Two values gave a bare unpacking error, a detached output autograd's "does not require
+    grad", each with a traceback from the worker; the PPO step names evaluate() instead."""
+
+    class Slipped(UserPolicy):
+        def evaluate(self, obs, action):
+            logp, ent, v = super().evaluate(obs, action)
+            if slip == "two":
+                return logp, v
+            if slip == "numpy":
+                return logp, ent, v.detach().numpy()
+            return logp.detach(), ent.detach(), v.detach()
+
+    env = VecEnv(EnvConfig("InvertedPendulum-v5", num_envs=4, seed=0))
+    policy = Slipped()
+    buf = collect(env, UserPolicy(), 16)
+    opt = torch.optim.Adam(policy.parameters(), lr=3e-4)
+    cfg = PPOConfig(rollout_steps=64, epochs=1, num_minibatches=2)
+    with pytest.raises(ConfigError, match=said):
+        ppo_update(policy, opt, buf, cfg, generator=torch.Generator().manual_seed(0))
+
+
 @pytest.mark.parametrize("total_steps", [0, -100, 2.5])
 def test_train_ppo_refuses_no_steps_and_a_window_of_none_before_any_env_starts(total_steps):
     # It trained one whole update (ppo.rollout_steps transitions) for 0 or negative steps, and

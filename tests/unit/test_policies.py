@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -505,6 +507,37 @@ def test_build_policy_passes_policy_kwargs_and_names_bad_ones():
     with pytest.raises(ConfigError, match=r"policy='auto': no built-in policy .* \(4, 4\)"):
         build_policy("auto", grid, BOX, 0)
     assert build_policy("mlp", grid, BOX, 0).actor[0].in_features == 16
+
+
+def test_build_policy_refuses_a_factory_policy_with_nothing_to_train(monkeypatch):
+    """Adam refused the empty parameter list with a bare ValueError from the worker's
+    constructor; the policy spec and the fix are named instead."""
+    import types
+
+    from loomrl.errors import ConfigError
+    from loomrl.workers.policy import build_policy
+
+    class Frozen(torch.nn.Module):
+        def __init__(self, obs_space, action_space, seed=0, layers=1):
+            super().__init__()
+            self.body = torch.nn.Sequential(*[torch.nn.Linear(5, 5) for _ in range(layers)])
+            self.body.requires_grad_(False)
+
+        def act(self, obs):
+            raise NotImplementedError
+
+        def evaluate(self, obs, action):
+            raise NotImplementedError
+
+    monkeypatch.setitem(sys.modules, "my_policies", types.SimpleNamespace(Frozen=Frozen))
+    flat = gym.spaces.Box(-1.0, 1.0, (5,), np.float32)
+    for layers in (0, 2):  # no parameters at all, and parameters that are all frozen
+        with pytest.raises(
+            ConfigError,
+            match=r"policy='my_policies:Frozen' built a Frozen with "
+            r"no trainable parameters",
+        ):
+            build_policy("my_policies:Frozen", flat, BOX, 0, kwargs={"layers": layers})
 
 
 def test_row_seeds_are_stateless_distinct_and_reused_generators_draw_the_same():
