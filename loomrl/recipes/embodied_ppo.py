@@ -185,6 +185,26 @@ class Config:
                     f"run.{key}={value}: the embodied recipe keeps no checkpoints (a run is "
                     f"minutes of simulation; it cannot resume or restart); leave it at {fix}"
                 )
+        # Settings of the LLM recipes that change nothing here: a user who sets them believes
+        # the run changed (seed=1 on the command line would rerun seed 0's run).
+        defaults = RunConfig()
+        for key, why in (
+            ("seed", "the envs are seeded by env.seed and the policy by ppo.seed; set those"),
+            (
+                "micro_batch",
+                "the cycle's batch is env.num_envs, cut into ring groups by the plan; pin them "
+                "with groups",
+            ),
+            ("offload", "the policy worker acts and trains, and stays resident"),
+            ("weight_path", "the policy worker acts and trains: no weights are sent"),
+            ("weight_bucket_mb", "the policy worker acts and trains: no weights are sent"),
+        ):
+            value, default = getattr(self.run, key), getattr(defaults, key)
+            if value != default:
+                p.append(
+                    f"run.{key}={value!r}: not used by the embodied recipe ({why}); leave it "
+                    f"at {'null' if default is None else default}"
+                )
         return p
 
 

@@ -89,6 +89,25 @@ def test_recipe_floats_are_finite_too():
     assert Config(target_return=950.0, auto_trial_margin=0.0).validate() == []
 
 
+def test_run_settings_the_embodied_recipe_does_not_use_are_refused_not_ignored():
+    """seed=5 (a short form the CLI offers) ran seed 0's run again: the envs take env.seed and
+    the policy ppo.seed. Each such setting is named with the key to set instead."""
+    problems = _problems(
+        PENDULUM, "run.seed=5", "run.micro_batch=7", "run.offload=always", "run.weight_bucket_mb=64"
+    )
+    assert problems == [
+        "run.seed=5: not used by the embodied recipe (the envs are seeded by env.seed and the "
+        "policy by ppo.seed; set those); leave it at 0",
+        "run.micro_batch=7: not used by the embodied recipe (the cycle's batch is "
+        "env.num_envs, cut into ring groups by the plan; pin them with groups); leave it at null",
+        "run.offload='always': not used by the embodied recipe (the policy worker acts and "
+        "trains, and stays resident); leave it at auto",
+        "run.weight_bucket_mb=64.0: not used by the embodied recipe (the policy worker acts and "
+        "trains: no weights are sent); leave it at 256",
+    ]
+    assert load_config(Config, PENDULUM, ["env.seed=5", "ppo.seed=5"]).env.seed == 5
+
+
 def test_an_unknown_policy_name_is_refused_before_any_worker_starts():
     (problem,) = _problems(PENDULUM, "policy=transformer")
     assert problem.startswith("policy='transformer': not a built-in policy nor a factory; use")
