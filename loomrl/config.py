@@ -298,10 +298,32 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
                 f"{item!r}: value {raw!r} is not valid YAML ({first}){_DASH}quote it, e.g. {key}='{raw}'"
             )
             continue
+        if glued := _glued_keys(value):
+            fixed = raw
+            for k in glued:
+                head, _, tail = k.partition(":")
+                fixed = fixed.replace(k, f"{head}: {tail}", 1)
+            problems.append(
+                f"{item!r}: YAML reads {', '.join(repr(k) for k in glued)} as a key with no "
+                f"value (a ':' in a mapping needs a space after it){_DASH}write {key}='{fixed}'"
+            )
+            continue
         parsed[key] = value
     if problems:
         raise ConfigError(problems, source="overrides")
     return parsed
+
+
+def _glued_keys(value: Any) -> list[str]:
+    """Keys of the mappings in ``value`` that hold a ':' and map to null: ``{lr:0.1}`` is the
+    mapping ``{'lr:0.1': None}`` in YAML's flow style, which would reach a setting (or a
+    constructor's keywords) as a key nobody wrote."""
+    if isinstance(value, Mapping):
+        own = [k for k, v in value.items() if isinstance(k, str) and ":" in k and v is None]
+        return own + [k for v in value.values() for k in _glued_keys(v)]
+    if isinstance(value, list):
+        return [k for v in value for k in _glued_keys(v)]
+    return []
 
 
 def _split_at_spaces(items: list[Any]) -> list[tuple[int, int]]:

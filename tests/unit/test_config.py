@@ -691,6 +691,27 @@ def test_an_override_written_as_an_option_is_told_to_drop_the_dashes():
     ]
 
 
+def test_an_override_mapping_with_no_space_after_a_colon_is_named_with_the_fix():
+    """env.env_kwargs={frame_skip:0} is YAML's {'frame_skip:0': None}: the env was then told of
+    a keyword 'frame_skip:0' that nobody wrote."""
+    with pytest.raises(ConfigError) as e:
+        parse_overrides(["env.env_kwargs={frame_skip:0}", "p={a: {b:x, c: 1}}", "q=[{u:1}]"])
+    assert problems_of(e) == [
+        "'env.env_kwargs={frame_skip:0}': YAML reads 'frame_skip:0' as a key with no value (a "
+        "':' in a mapping needs a space after it) — write env.env_kwargs='{frame_skip: 0}'",
+        "'p={a: {b:x, c: 1}}': YAML reads 'b:x' as a key with no value (a ':' in a mapping "
+        "needs a space after it) — write p='{a: {b: x, c: 1}}'",
+        "'q=[{u:1}]': YAML reads 'u:1' as a key with no value (a ':' in a mapping needs a space "
+        "after it) — write q='[{u: 1}]'",
+    ]
+    # A ':' inside a value, or a key with a value, is what it says.
+    assert parse_overrides(["a={url: http://x:80}", "b={'c:d': 1}", "e=f:g"]) == {
+        "a": {"url": "http://x:80"},
+        "b": {"c:d": 1},
+        "e": "f:g",
+    }
+
+
 def test_parse_overrides_rejects_bare_string():
     with pytest.raises(TypeError, match="list of 'key=value' strings"):
         parse_overrides("steps=5")
