@@ -994,8 +994,18 @@ def _all_finite(raw: Any) -> bool:
 
 def _show_kwargs(kwargs: dict[str, Any]) -> str:
     """``{'a': 'abc' (str), 'b': 2 (int)}``: env_kwargs with each value's type, which is what a
-    wrong value usually gets wrong (a number that YAML or an override read as text)."""
-    return "{" + ", ".join(f"{k!r}: {v!r} ({type(v).__name__})" for k, v in kwargs.items()) + "}"
+    wrong value usually gets wrong (a number that YAML or an override read as text). Text such
+    as '1e-3', which YAML 1.1 reads as text for want of a dot, is named with the number's form."""
+    out = []
+    for k, v in kwargs.items():
+        m = re.fullmatch(r"([-+]?\d+)([eE][-+]?\d+)", v.strip()) if isinstance(v, str) else None
+        why = (
+            f"str: YAML reads {v.strip()}, with no dot, as text; write {m[1]}.0{m[2]} for the number"
+            if m
+            else type(v).__name__
+        )
+        out.append(f"{k!r}: {v!r} ({why})")
+    return "{" + ", ".join(out) + "}"
 
 
 def _close_env(env: Any) -> None:

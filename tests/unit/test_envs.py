@@ -431,6 +431,19 @@ def test_env_kwargs_that_break_the_first_step_are_a_config_error_naming_them():
     assert (ok.step(np.zeros((2, 1), np.float32)).reward == 2.0).all()
 
 
+def test_an_env_kwarg_that_yaml_read_as_text_is_named_with_the_number_to_write():
+    """env.env_kwargs={weight: 1e-3} reaches the env as the text '1e-3' (YAML 1.1 wants a dot);
+    the error said "a number given as text?" without saying how to give it as a number."""
+    env = _weighted(env_kwargs={"weight": "1e-3"})
+    env.reset()
+    with pytest.raises(ConfigError) as e:
+        env.step(np.zeros((2, 1), np.float32))
+    assert (
+        "{'weight': '1e-3' (str: YAML reads 1e-3, with no dot, as text; write 1.0e-3 for the "
+        "number)}" in str(e.value)
+    )
+
+
 def test_env_kwargs_that_break_the_first_reset_are_a_config_error_naming_them():
     env = make("loomrl-test/Counting-v0", env_kwargs={"reset_budget": {"left": 0}})
     with pytest.raises(ConfigError, match=r"env 0 failed on its first reset with env_kwargs"):
