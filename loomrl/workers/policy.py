@@ -123,7 +123,23 @@ def build_policy(
                 "called as (observation_space, action_space, seed=ppo.seed, **policy_kwargs)"
             ]
         ) from None
-    net = make(action_space, seed=seed, **kwargs)
+    try:
+        net = make(action_space, seed=seed, **kwargs)
+    except (MemoryError, RuntimeError) as e:
+        if spec not in BUILT_IN_POLICIES or not _out_of_memory(e):
+            raise
+        # The sizes come from the config; the allocator's traceback would not say which key.
+        if "hidden" in kwargs:
+            src = "policy_kwargs.hidden" if "hidden" in given else "ppo.hidden"
+            sizes = f"{src}={list(kwargs['hidden'])}"
+        else:
+            sizes = f"policy_kwargs={given}, observations of shape {list(shape)}"
+        raise ConfigError(
+            [
+                f"policy={spec!r}: the policy built with {sizes} does not fit in the policy "
+                f"worker's memory ({str(e).splitlines()[0][:200]}); use smaller layers"
+            ]
+        ) from None
     missing = [m for m in ("act", "evaluate", "parameters") if not callable(getattr(net, m, None))]
     if missing:
         raise ConfigError(
@@ -143,6 +159,14 @@ def build_policy(
             ]
         )
     return net
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """An allocation failure: Python's, torch's (a device's), or the CPU allocator's, which
+    torch raises as a plain RuntimeError."""
+    import torch
+
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)
 
 
 class PolicyWorker(Worker):

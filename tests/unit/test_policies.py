@@ -540,6 +540,24 @@ def test_build_policy_refuses_a_factory_policy_with_nothing_to_train(monkeypatch
             build_policy("my_policies:Frozen", flat, BOX, 0, kwargs={"layers": layers})
 
 
+def test_build_policy_names_the_layer_sizes_of_a_built_in_policy_that_cannot_fit():
+    """ppo.hidden=[100000, 100000] (a 40 GB MLP) ended the run with the CPU allocator's
+    traceback from the policy worker's constructor; the key and its value are named instead."""
+    from loomrl.errors import ConfigError
+    from loomrl.workers.policy import build_policy
+
+    flat = gym.spaces.Box(-1.0, 1.0, (5,), np.float32)
+    huge = 2**40  # 22 TB of weights in the first layer: no allocator gives that
+    with pytest.raises(
+        ConfigError,
+        match=rf"policy='auto': the policy built with "
+        rf"ppo.hidden=\[{huge}\] does not fit in the policy worker's memory",
+    ):
+        build_policy("auto", flat, BOX, 0, hidden=(huge,))
+    with pytest.raises(ConfigError, match=rf"with policy_kwargs.hidden=\[64, {huge}\] does not"):
+        build_policy("mlp", flat, BOX, 0, kwargs={"hidden": [64, huge]})
+
+
 def test_row_seeds_are_stateless_distinct_and_reused_generators_draw_the_same():
     from loomrl.policies import row_seeds
 
