@@ -449,7 +449,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     overrides = [*args.overrides, "run.steps=1"]
     mod, cfg = load_recipe_config(args.config, overrides)
     if not hasattr(mod, "profile"):
-        raise ConfigError([f"recipe {cfg.recipe!r} has no profile entry point"])
+        raise ConfigError(
+            [
+                f"recipe {cfg.recipe!r} has no profile entry point: its runs measure their own "
+                f"costs; `loomrl run {args.config}` writes them to run.output_dir/profile.json, "
+                "which loomrl plan and run.profile= take"
+            ]
+        )
     _make_output_dir(cfg)  # before Ray starts: a path that cannot be a directory is a mistake
     out = mod.profile(cfg)
     # The recipe's closing hint names the config as CONFIG (it is given a config, not its file)

@@ -601,6 +601,16 @@ def load_profile(
             ],
             source=where,
         )
+    if "recipe" in raw and "components" not in raw:
+        # Else each of the config's sections is an unknown key, each listing the known ones.
+        raise ConfigError(
+            [
+                f"this is a recipe config (recipe: {raw['recipe']}), not a workload profile: "
+                "plan from the profile.json that `loomrl run CONFIG` writes to its "
+                "run.output_dir (or the profile.yaml of `loomrl profile CONFIG`)"
+            ],
+            source=where,
+        )
     if devices is not None:
         raw["devices"] = devices
     return _build(raw, where)

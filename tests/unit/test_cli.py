@@ -547,6 +547,17 @@ def test_profile_into_an_output_dir_that_cannot_be_one_exits_2_before_ray(
     assert "Traceback" not in err
 
 
+def test_profile_of_a_recipe_without_one_says_where_its_runs_write_their_profile(capsys):
+    config = ROOT / "examples/ppo_inverted_pendulum.yaml"
+    assert main(["profile", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"recipe 'embodied_ppo' has no profile entry point: its runs measure their own costs; "
+        f"`loomrl run {config}` writes them to run.output_dir/profile.json" in err
+    )
+    assert "Traceback" not in err
+
+
 def test_resume_refuses_a_config_yaml_changed_in_what_the_checkpoints_depend_on(
     tmp_path, capsys, monkeypatch
 ):

@@ -251,6 +251,14 @@ def test_negative_memory_and_a_plan_given_as_a_profile_are_named(tmp_path, capsy
     assert "this is a plan" in err and err.count("\n") <= 2
 
 
+def test_a_recipe_config_given_as_a_profile_is_named_in_one_line(capsys):
+    """Each of the config's sections was an unknown key, each listing the known keys again."""
+    assert plan_main([str(EXAMPLES.parent / "ppo_inverted_pendulum.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "this is a recipe config (recipe: embodied_ppo), not a workload profile" in err
+    assert "profile.json" in err and "unknown key" not in err and err.count("\n") <= 2
+
+
 def test_a_bad_or_missing_batch_is_the_only_problem_said(tmp_path, capsys):
     prof = yaml.safe_load((EXAMPLES / "demo_matmul.yaml").read_text())
     prof["granularities"] = [2, 4]
