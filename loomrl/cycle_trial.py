@@ -155,6 +155,7 @@ def plan_cycle(run: Run, cfg: Config, steps: int) -> tuple[CyclePlacement, tuple
     if rc.placement not in MODES:
         plan = Plan.load(rc.placement)
         check_plan_devices(plan, cluster.num_devices, rc.placement)
+        check_plan_batch(plan, cfg.env.num_envs, rc.placement)
     elif rc.profile and rc.profile != "calibrate":
         profile = load_profile(rc.profile, devices=cluster.num_devices)
         check_profile(profile, f"run.profile={rc.profile}")
@@ -228,6 +229,20 @@ def check_plan_devices(plan: Any, devices: int, path: str) -> None:
             + "\n  - ".join(problems)
             + f"\n  plan again for {devices} device(s) (loomrl plan PROFILE --devices "
             f"{devices} --save FILE), or run with placement=auto"
+        )
+
+
+def check_plan_batch(plan: Any, num_envs: int, path: str) -> None:
+    """A plan file is for the envs of the run it was made for: its ring groups cut that batch,
+    and its prediction is that batch's. Run with another env.num_envs it would still start, and
+    report a prediction for runs it is not (PlanError naming both)."""
+    from loomrl.errors import PlanError
+
+    if plan.batch != num_envs:
+        raise PlanError(
+            f"run.placement={path}: the plan is for env.num_envs={plan.batch} but this run has "
+            f"env.num_envs={num_envs}: set env.num_envs={plan.batch}, or plan for {num_envs} "
+            "envs (a run with placement=auto writes its plan.json), or run with placement=auto"
         )
 
 

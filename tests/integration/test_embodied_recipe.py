@@ -16,7 +16,7 @@ from loomrl.cycle import (
     placement_from_plan,
     split_plans,
 )
-from loomrl.errors import ConfigError, PlacementError
+from loomrl.errors import ConfigError, PlacementError, PlanError
 from loomrl.worker import Worker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -234,6 +234,30 @@ def test_pinned_plan_file_with_too_many_env_cores_is_refused(cluster, tmp_path):
     assert code == 2
 
 
+def test_pinned_plan_file_for_another_num_envs_is_refused(cluster, tmp_path):
+    """A plan made for 8 envs, pinned on a run of 4: its groups and prediction are another
+    run's, so it is refused naming both counts, before any worker starts."""
+    from loomrl.cli import main as cli
+    from loomrl.plan import cycle, fixed_plan, leaf, temporal
+
+    prof = cycle_profile(
+        _costs(), num_envs=8, steps=16, devices=2, env_cores=0.5, cpu_cores_per_node=None
+    )
+    plan = fixed_plan(prof, temporal(cycle("env", "policy", 2, used=2), leaf("actor_train", 1)), 8)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    args = [*TINY, f"run.placement={path}"]
+    with pytest.raises(
+        PlanError, match=r"plan is for env.num_envs=8 but this run has env.num_envs=4"
+    ):
+        main(load_config(Config, EXAMPLE, [*args, f"run.output_dir={tmp_path / 'r'}"]))
+    assert (tmp_path / "r" / "metrics.jsonl").read_text() == ""  # no iteration ran
+    assert cli(["run", str(EXAMPLE), *args, f"run.output_dir={tmp_path / 'r2'}"]) == 2
+
+
 def test_auto_times_close_candidates_and_runs_the_fastest(auto_run):
     """With a wide margin both the co-located and the split plan are timed on real rollouts; the
     run uses the one measured fastest, and says so in trials.json."""
@@ -254,7 +278,6 @@ def test_auto_times_close_candidates_and_runs_the_fastest(auto_run):
 
 
 def test_split_plans_give_the_fastest_split_cycle_per_ring_group_count():
-    from loomrl.errors import PlanError
     from loomrl.plan import cycle, fixed_plan, leaf, temporal
 
     prof = cycle_profile(
