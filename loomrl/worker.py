@@ -298,11 +298,13 @@ def _hosted_class(cls: type[Worker]) -> type:
         self._loom_init = (cls, args, kwargs)  # for _loom_rebuild
         try:
             cls.__init__(self, *args, **kwargs)
-        except LoomError as e:
-            # The user's config, or a condition loomrl names (no renderer on the host), not a
-            # crash: kept for _loom_info, which the launch calls, so that it reaches the driver
-            # as itself, in one line (a constructor that raises kills the actor, and Ray then
-            # reports only a dead process and its traceback, which a restart would try again).
+        except Exception as e:
+            # Kept for _loom_info, which the launch calls, so that it reaches the driver as the
+            # constructor's error (RemoteError with its traceback; one of loomrl's own, the
+            # user's config or a condition loomrl names, in one line). A constructor that
+            # raises would kill the actor, and Ray then reports only a dead process, which
+            # reads as a crash and which a run's restart (run.max_restarts) would try again,
+            # failing the same way each time.
             self._loom_init_error = e
 
     body: dict[str, Any] = {"__init__": __init__, "__module__": cls.__module__}

@@ -357,8 +357,13 @@ def test_constructor_error_surfaces_at_launch(cluster):
             super().__init__()
             raise RuntimeError("cannot load model")
 
-    with pytest.raises((RemoteError, WorkerDiedError), match="cannot load model|Broken"):
+    # The constructor's own error and traceback, not a dead process: a run's restart would
+    # only fail the same way again (run_with_restarts restarts on WorkerDiedError).
+    with pytest.raises(RemoteError) as err:
         cluster.launch(Broken, 1, devices=[0])
+    assert err.value.method == "__init__" and not err.value.expected
+    assert err.value.cause == "RuntimeError: cannot load model"
+    assert 'raise RuntimeError("cannot load model")' in err.value.remote_traceback
 
 
 def test_a_loomrl_error_in_a_constructor_is_one_expected_error_naming_the_node(cluster):
