@@ -503,22 +503,27 @@ def evaluated(policy: Any, obs: Tensor, actions: Tensor, **kw: Any) -> tuple:
     """``policy.evaluate(obs, actions, **kw)``: (log-probs, entropies, values), or a
     ``ConfigError`` saying what a user's policy returned instead (a bare unpacking error, or a
     shape error deep in a loss, would not name evaluate())."""
-    out = policy.evaluate(obs, actions, **kw)
+    out = three_tensors(
+        policy.evaluate(obs, actions, **kw),
+        "the policy's evaluate(obs, actions)",
+        "log-probs, entropies, values",
+    )
+    _check_evaluated(len(actions), *out)
+    return out
+
+
+def three_tensors(out: Any, call: str, names: str) -> tuple:
+    """``out`` as a tuple of three tensors, or a ``ConfigError``: ``call`` must return
+    (``names``), and what it returned instead."""
     if isinstance(out, (tuple, list)) and len(out) == 3:
         if all(isinstance(x, Tensor) for x in out):
-            _check_evaluated(len(actions), *out)
             return tuple(out)
         got = "(" + ", ".join(type(x).__name__ for x in out) + ")"
     elif isinstance(out, (tuple, list)):
         got = f"{type(out).__name__} of {len(out)} values"
     else:
         got = type(out).__name__
-    raise ConfigError(
-        [
-            "the policy's evaluate(obs, actions) must return (log-probs, entropies, values) as "
-            f"three torch tensors, got {got}"
-        ]
-    )
+    raise ConfigError([f"{call} must return ({names}) as three torch tensors, got {got}"])
 
 
 def _check_evaluated(n: int, logp: Any, ent: Any, v: Any) -> None:

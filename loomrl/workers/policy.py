@@ -287,22 +287,9 @@ class PolicyWorker(Worker):
 
     def _three_tensors(self, out: Any) -> tuple:
         """act()'s (actions, log-probs, values), or a ConfigError saying what came instead."""
-        import torch
+        from loomrl.embodied import three_tensors
 
-        if isinstance(out, (tuple, list)) and len(out) == 3:
-            if all(isinstance(x, torch.Tensor) for x in out):
-                return tuple(out)
-            got = "(" + ", ".join(type(x).__name__ for x in out) + ")"
-        elif isinstance(out, (tuple, list)):
-            got = f"{type(out).__name__} of {len(out)} values"
-        else:
-            got = type(out).__name__
-        raise ConfigError(
-            [
-                f"policy={self.spec!r}: act() must return (actions, log-probs, values) as three "
-                f"torch tensors, got {got}"
-            ]
-        )
+        return three_tensors(out, f"policy={self.spec!r}: act()", "actions, log-probs, values")
 
     def _check_outputs(self, n: int, a: Any, logp: Any, v: Any) -> None:
         """A policy's act() gives actions [n, *action shape], log-probs [n] and values [n];
