@@ -574,14 +574,22 @@ class Flow:
     def _check_profile(self, profile: Any, want: int | None) -> None:
         """PlanError when ``profile`` is not of this workflow or not of ``want`` items per
         iteration (None: not checked)."""
-        missing = [
-            s.component.name for s in self.stages if s.component.name not in profile.components
-        ]
+        stages = [s.component.name for s in self.stages]
+        missing = [name for name in stages if name not in profile.components]
         if missing:  # a profile of another workflow (another recipe's run)
             raise PlanError(
                 f"the profile has no costs for component(s) {missing} of this workflow (it "
                 f"covers {sorted(profile.components)}): profile this workflow (loomrl profile "
                 "CONFIG), or drop run.profile to measure it"
+            )
+        # A profile of a bigger workflow (PPO's for GRPO, one with a reference for a run
+        # without): its plans would place components this flow never declared.
+        extra = sorted(set(profile.components) - set(stages))
+        if extra:
+            raise PlanError(
+                f"the profile has costs for component(s) {extra} that this workflow does not "
+                f"have (its components: {stages}): it is the profile of another workflow; "
+                "profile this one (loomrl profile CONFIG), or drop run.profile to measure it"
             )
         if want and profile.batch != want:
             raise PlanError(

@@ -144,6 +144,19 @@ def profile_file(tmp_path):
     return str(path)
 
 
+def test_a_profile_of_a_bigger_workflow_is_refused_naming_what_this_one_lacks():
+    """PPO's profile (rollout, reward, critic, ...) given to a GRPO run: a plan searched on it
+    would place components the run never declared (a KeyError in the launch)."""
+    from loomrl.errors import PlanError
+
+    flow = Flow(_Cluster(2))  # type: ignore[arg-type]
+    flow._launch = lambda *a, **kw: pytest.fail("launched")  # type: ignore[method-assign]
+    a = flow.group(_Step, name="a")
+    flow.chain(a.work)
+    with pytest.raises(PlanError, match=r"costs for component\(s\) \['b'\] that this workflow"):
+        flow.plan("auto", profile=load_profile(PROFILE))
+
+
 def _adapted_first(start, profile_file, **kw) -> Run:
     """The first attempt: planned spatial on the profile, the machine runs b 5x cheaper, the run
     re-plans to temporal at step 1; its worker dies after step 4 (nothing more is written)."""
