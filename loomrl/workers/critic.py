@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from loomrl.config import finite_in
 from loomrl.weights import WeightSink, WeightSource, resident
 from loomrl.worker import Worker
 from loomrl.workers.reasoning import (
@@ -68,8 +69,8 @@ class PPOConfig:
                 p.append(f"{key}: must be in [0, 1], got {v}")
         if self.ppo_epochs < 1:
             p.append(f"ppo_epochs: must be >= 1, got {self.ppo_epochs}")
-        if self.kl_coef < 0:
-            p.append(f"kl_coef: must be >= 0, got {self.kl_coef}")
+        if not finite_in(self.kl_coef, lambda x: x >= 0):
+            p.append(f"kl_coef: must be a finite number >= 0, got {self.kl_coef}")
         if self.kl_kind not in ("k1", "k2", "k3"):
             p.append(f"kl_kind: {self.kl_kind!r} is not k1 | k2 | k3")
         if self.agg not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
@@ -91,8 +92,17 @@ class CriticConfig:
 
     def validate(self) -> list[str]:
         p = []
-        if self.lr <= 0:
-            p.append(f"lr: must be > 0, got {self.lr}")
+        # The actor's checks (ModelConfig): a grad_clip <= 0 would flip or zero every
+        # gradient, a weight_decay < 0 grow the weights.
+        if not finite_in(self.lr, lambda x: x > 0):
+            p.append(f"lr: must be a finite number > 0, got {self.lr}")
+        if not finite_in(self.weight_decay, lambda x: x >= 0):
+            p.append(f"weight_decay: must be a finite number >= 0, got {self.weight_decay}")
+        if not finite_in(self.grad_clip, lambda x: x > 0):
+            p.append(
+                f"grad_clip: must be a finite number > 0 (the gradient norm's bound), got "
+                f"{self.grad_clip}"
+            )
         if self.vf_clip is not None and self.vf_clip <= 0:
             p.append(f"vf_clip: must be > 0 (or null to disable), got {self.vf_clip}")
         if self.train_micro_batch < 1:

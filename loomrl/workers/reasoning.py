@@ -70,8 +70,8 @@ class SamplingConfig:
                 p.append(f"{key}: must be >= 1, got {getattr(self, key)}")
         # Log-probs divide the logits by the temperature: 0 would make every one NaN (greedy
         # decoding is not a policy PPO or GRPO can train).
-        if not self.temperature > 0:
-            p.append(f"temperature: must be > 0 (sampling), got {self.temperature}")
+        if not finite_in(self.temperature, lambda x: x > 0):
+            p.append(f"temperature: must be a finite number > 0 (sampling), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             p.append(f"top_p: must be in (0, 1], got {self.top_p}")
         return p
@@ -89,8 +89,8 @@ class AlgoConfig:
         p = []
         if self.advantage not in ("grpo", "grpo_no_std", "rloo"):
             p.append(f"advantage: {self.advantage!r} is not grpo | grpo_no_std | rloo")
-        if self.kl_coef < 0:
-            p.append(f"kl_coef: must be >= 0, got {self.kl_coef}")
+        if not finite_in(self.kl_coef, lambda x: x >= 0):
+            p.append(f"kl_coef: must be a finite number >= 0, got {self.kl_coef}")
         if not 0 <= self.clip_low < 1:
             p.append(
                 f"clip_low: must be in [0, 1) (the ratio's floor is 1 - clip_low), got {self.clip_low}"

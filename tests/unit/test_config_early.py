@@ -109,3 +109,21 @@ def test_model_settings_that_are_not_finite_are_refused():
         "model.weight_decay: must be a finite number >= 0, got inf",
         "model.grad_clip: must be a finite number > 0 (the gradient norm's bound), got inf",
     ]
+
+
+def test_sampling_kl_and_critic_settings_that_are_not_finite_or_flip_gradients_are_refused():
+    found = problems(TINY, "sampling.temperature=inf", "algo.kl_coef=inf")
+    assert found == [
+        "sampling.temperature: must be a finite number > 0 (sampling), got inf",
+        "algo.kl_coef: must be a finite number >= 0, got inf",
+    ]
+    ppo = ROOT / "examples/tiny_ppo.yaml"
+    found = problems(
+        ppo, "ppo.kl_coef=inf", "critic.lr=inf", "critic.weight_decay=-1", "critic.grad_clip=-1"
+    )
+    assert found == [
+        "ppo.kl_coef: must be a finite number >= 0, got inf",
+        "critic.lr: must be a finite number > 0, got inf",
+        "critic.weight_decay: must be a finite number >= 0, got -1.0",
+        "critic.grad_clip: must be a finite number > 0 (the gradient norm's bound), got -1.0",
+    ]
