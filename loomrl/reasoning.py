@@ -19,7 +19,20 @@ class Encoder:
         from loomrl.models import resolve_model
         from loomrl.workers.reasoning import model_dir
 
-        self.tok = AutoTokenizer.from_pretrained(str(resolve_model(model_dir(model_path))))
+        path = resolve_model(model_dir(model_path))
+        try:
+            self.tok = AutoTokenizer.from_pretrained(str(path))
+        except Exception as e:  # noqa: BLE001 - transformers' and tokenizers' errors vary
+            from loomrl.errors import ConfigError
+
+            cause = (str(e).strip().splitlines() or [""])[0][:200]
+            raise ConfigError(
+                [
+                    f"model.path: the tokenizer of {model_path!r} cannot be loaded "
+                    f"({type(e).__name__}: {cause}); give a model directory whose tokenizer "
+                    "files (tokenizer.json, tokenizer_config.json) load with AutoTokenizer"
+                ]
+            ) from None
         self.prefix_ids = (
             self.tok.encode(response_prefix, add_special_tokens=False) if response_prefix else []
         )
@@ -71,11 +84,16 @@ def common_problems(cfg: Any, min_group: int) -> list[str]:
         p.append(
             f"batch={cfg.batch} is not a multiple of sampling.gen_groups={cfg.sampling.gen_groups}"
         )
-    if cfg.model.path not in PACKAGED_MODELS and not Path(cfg.model.path).exists():
-        p.append(
-            f"model.path: {cfg.model.path!r} does not exist (a local Hugging Face model "
-            f"directory or one of {list(PACKAGED_MODELS)})"
-        )
+    if cfg.model.path not in PACKAGED_MODELS:
+        from loomrl.models import model_dir_problem
+
+        if not Path(cfg.model.path).exists():
+            p.append(
+                f"model.path: {cfg.model.path!r} does not exist (a local Hugging Face model "
+                f"directory or one of {list(PACKAGED_MODELS)})"
+            )
+        elif (problem := model_dir_problem(cfg.model.path)) is not None:
+            p.append(f"model.path: {problem}")
     return p
 
 

@@ -127,3 +127,37 @@ def test_sampling_kl_and_critic_settings_that_are_not_finite_or_flip_gradients_a
         "critic.weight_decay: must be a finite number >= 0, got -1.0",
         "critic.grad_clip: must be a finite number > 0 (the gradient norm's bound), got -1.0",
     ]
+
+
+def test_a_model_path_that_is_no_loadable_model_directory_is_refused_with_the_config(tmp_path):
+    """Each of these failed inside transformers, in the driver's tokenizer or the first worker,
+    with a traceback about transformers' internals."""
+    import shutil
+
+    from loomrl.models import resolve_model
+    from loomrl.reasoning import Encoder
+    from loomrl.workers.reasoning import model_dir
+
+    def copy(name: str) -> Path:
+        return Path(shutil.copytree(model_dir("tiny-llama"), tmp_path / name))
+
+    (copy("no_weights") / "model.safetensors").unlink()
+    (copy("bad_json") / "config.json").write_text("{bad")
+    (copy("no_type") / "config.json").write_text("{}")
+    (tmp_path / "a_file.json").write_text("{}")
+    cases = {
+        "no_weights": "holds no weights (model.safetensors or pytorch_model.bin)",
+        "bad_json": "its config.json cannot be read as JSON",
+        "no_type": "its config.json has no 'model_type'",
+        "a_file.json": "is a file, not a model directory",
+    }
+    for name, says in cases.items():
+        path = str(tmp_path / name)
+        (p,) = problems(TINY, f"model.path={path}")
+        assert p.startswith(f"model.path: {path!r}") and says in p, p
+        with pytest.raises(ConfigError, match=says.replace("(", r"\(").replace(")", r"\)")):
+            resolve_model(path)  # the workers' engines say the same
+    # Tokenizer files that are there but do not load: the driver's encoder names the key.
+    (copy("bad_tokenizer") / "tokenizer.json").write_text('{"nonsense": 1}')
+    with pytest.raises(ConfigError, match=r"model.path: the tokenizer of .* cannot be loaded"):
+        Encoder(str(tmp_path / "bad_tokenizer"))
