@@ -164,7 +164,13 @@ class Cluster:
         # Attached (or created: detached, it outlives its creator) from the driver, before any
         # worker needs it; fresh: not a handle from an earlier Ray instance of this process.
         DeviceLock.get(fresh=True)
-        return cls(_take_inventory(num_devices), owns_ray=owns, pin_cores=pin_cores)
+        try:
+            nodes = _take_inventory(num_devices)
+        except PlacementError:
+            if owns:  # started here for nothing: not left running in the caller's process
+                ray.shutdown()
+            raise
+        return cls(nodes, owns_ray=owns, pin_cores=pin_cores)
 
     def shutdown(self) -> None:
         """Kill every worker this cluster launched and, if loomrl started Ray, stop it (no stray processes)."""
@@ -567,6 +573,11 @@ def _local_gpu_memory_gb() -> float | None:
     return min(mib) * 1024**2 / 1e9 if mib else None
 
 
+# CPU device slots a node may be given per core: more than one shares cores (placement tests
+# do), many more only starts processes that never get a core.
+_SLOTS_PER_CORE = 8
+
+
 def _take_inventory(num_devices: int | None) -> list[Node]:
     import ray
 
@@ -582,6 +593,15 @@ def _take_inventory(num_devices: int | None) -> list[Node]:
             count, kind = int(gpus), "gpu"
         else:
             count, kind = (num_devices if num_devices is not None else max(1, int(cpus))), "cpu"
+            most = _SLOTS_PER_CORE * max(1, int(cpus))
+            if count > most:
+                # Each slot may get a worker process of its own (the profiler tries every
+                # count): hundreds of them on a few cores never finish starting.
+                raise PlacementError(
+                    f"run.devices={count} CPU device slots on node {i}, which has {cpus:g} "
+                    f"cores: at most {most} ({_SLOTS_PER_CORE} per core) can be started; use "
+                    f"at most {max(1, int(cpus))} (one per core) for plans that run as predicted"
+                )
             if count > max(1, int(cpus)):
                 # Allowed (placement tests), but each slot is costed as a core of its own.
                 warnings.warn(

@@ -75,6 +75,23 @@ def test_more_cpu_slots_than_cores_warns(monkeypatch):
         assert len(_take_inventory(2)[0].devices) == 2
 
 
+def test_cpu_slots_far_past_the_cores_are_refused_not_started(monkeypatch):
+    """run.devices=1000 on 2 cores: the profiler started a worker per slot, for minutes."""
+    import ray
+
+    from loomrl.cluster import _take_inventory
+    from loomrl.errors import PlacementError
+
+    node = {"Alive": True, "NodeID": "n0", "Resources": {"CPU": 2.0, "memory": 1e9}}
+    monkeypatch.setattr(ray, "nodes", lambda: [node])
+    with pytest.raises(
+        PlacementError, match=r"run.devices=1000 CPU device slots .* at most 16 \(8 per core\)"
+    ):
+        _take_inventory(1000)
+    with pytest.warns(UserWarning, match="run.devices=16 CPU device slots"):
+        assert len(_take_inventory(16)[0].devices) == 16  # the most, still allowed
+
+
 def test_a_launch_once_ray_has_stopped_says_so_and_starts_no_ray(monkeypatch):
     """A Cluster whose Ray was stopped (by another Cluster's shutdown in this process): Ray would
     start an instance of its own, and the workers wait for a node that no longer exists."""
