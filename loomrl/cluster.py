@@ -142,6 +142,8 @@ class Cluster:
             else:
                 if num_gpus is None:
                     num_gpus = _count_local_gpus()
+                else:
+                    _check_logical_gpus(num_gpus, num_cpus)
                 ray.init(
                     # "local": a fresh embedded instance even where `ray start` left one
                     # running on this machine (Ray would join that one, whose resources are
@@ -576,6 +578,20 @@ def _local_gpu_memory_gb() -> float | None:
 # CPU device slots a node may be given per core: more than one shares cores (placement tests
 # do), many more only starts processes that never get a core.
 _SLOTS_PER_CORE = 8
+
+
+def _check_logical_gpus(num_gpus: int, num_cpus: int | None) -> None:
+    """Logical GPUs past the real ones are device slots on cores, as CPU slots are: past
+    ``_SLOTS_PER_CORE`` per core, a PlacementError before Ray starts."""
+    cores = max(1, int(num_cpus if num_cpus is not None else os.cpu_count() or 1))
+    real = _count_local_gpus()
+    most = max(real, _SLOTS_PER_CORE * cores)
+    if num_gpus > most:
+        raise PlacementError(
+            f"run.num_gpus={num_gpus} logical GPUs on a machine with {real} GPU(s) and {cores} "
+            f"cores: at most {most} ({_SLOTS_PER_CORE} per core) can be started; leave "
+            f"run.num_gpus null for the real GPUs, or give at most {max(real, cores)}"
+        )
 
 
 def _take_inventory(num_devices: int | None) -> list[Node]:

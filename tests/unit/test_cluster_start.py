@@ -92,6 +92,15 @@ def test_cpu_slots_far_past_the_cores_are_refused_not_started(monkeypatch):
         assert len(_take_inventory(16)[0].devices) == 16  # the most, still allowed
 
 
+def test_logical_gpus_far_past_the_cores_are_refused_before_ray_starts(monkeypatch):
+    from loomrl.errors import PlacementError
+
+    monkeypatch.setattr("loomrl.cluster._count_local_gpus", lambda: 0)
+    with pytest.raises(PlacementError, match=r"run.num_gpus=1000 logical GPUs .* at most 16"):
+        _init_kwargs(monkeypatch, num_cpus=2, num_gpus=1000)  # ray.init is never reached
+    assert _init_kwargs(monkeypatch, num_cpus=2, num_gpus=16)["num_gpus"] == 16
+
+
 def test_a_launch_once_ray_has_stopped_says_so_and_starts_no_ray(monkeypatch):
     """A Cluster whose Ray was stopped (by another Cluster's shutdown in this process): Ray would
     start an instance of its own, and the workers wait for a node that no longer exists."""
