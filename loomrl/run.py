@@ -157,10 +157,11 @@ class RunConfig:
                 )
         if self.profile not in (None, "calibrate") and not Path(self.profile).exists():
             p.append(f"profile: no such file {self.profile!r}")
-        if not self.profile_budget > 0:
+        # inf is no "unlimited": the profiler divides it into a count of items to time
+        if not (self.profile_budget > 0 and math.isfinite(self.profile_budget)):
             p.append(
-                f"profile_budget: must be > 0 (a share of one iteration, e.g. 0.1), got "
-                f"{self.profile_budget}"
+                f"profile_budget: must be > 0 and finite (a share of one iteration, e.g. 0.1), "
+                f"got {self.profile_budget}"
             )
         if self.max_restarts < 0:
             p.append(f"max_restarts: must be >= 0, got {self.max_restarts}")

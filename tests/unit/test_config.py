@@ -748,6 +748,11 @@ def test_profile_budget_must_be_positive():
     problems = RunConfig(profile_budget=0).validate()
     assert any(p.startswith("profile_budget: must be > 0") and "got 0" in p for p in problems)
     assert RunConfig(profile_budget=0.25).validate() == []
+    # inf reached the profiler, whose int(budget / per-item cost) raised OverflowError
+    (p,) = RunConfig(profile_budget=float("inf")).validate()
+    assert p == (
+        "profile_budget: must be > 0 and finite (a share of one iteration, e.g. 0.1), got inf"
+    )
 
 
 def test_negative_logical_gpus_are_refused():
