@@ -418,8 +418,20 @@ class Cluster:
 
             ActorRendezvous()
         cpu_need: dict[int, float] = {}
+        ranks_on: dict[int, int] = {}
         for ds in per_rank:
             cpu_need[ds[0].node] = cpu_need.get(ds[0].node, 0.0) + num_cpus
+            ranks_on[ds[0].node] = ranks_on.get(ds[0].node, 0) + 1
+        for node_idx, k in ranks_on.items():
+            cores = max(1, int(self.nodes[node_idx].num_cpus))
+            if k > _SLOTS_PER_CORE * cores:
+                # Hundreds of processes on a few cores (agent.tool_workers=1000) would not
+                # finish starting before launch_timeout_s.
+                raise PlacementError(
+                    f"{spec.name or cls.__name__}: {n} worker process(es), {k} of them on node "
+                    f"{node_idx}, which has {cores} core(s): at most {_SLOTS_PER_CORE * cores} "
+                    f"({_SLOTS_PER_CORE} per core) can start there; use fewer workers"
+                )
         for node_idx, need in cpu_need.items():
             node = self.nodes[node_idx]
             if self._cpu_reserved[node_idx] + need > node.num_cpus + 1e-9:

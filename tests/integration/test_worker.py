@@ -351,6 +351,24 @@ def test_workers_on_a_gpu_node_get_cores_apart_from_each_other(cluster):
         g.kill()
 
 
+def test_a_launch_of_more_processes_than_a_node_can_start_is_refused_before_any_starts(cluster):
+    """More than 8 processes per core on one node (agent.tool_workers=1000 on 2 cores) would
+    not finish starting before the launch timeout: refused at once, naming the group and the
+    node's cores; the group's launch reserves nothing, so the next launch still starts."""
+    cores = max(1, int(cluster.nodes[0].num_cpus))
+    with pytest.raises(
+        PlacementError,
+        match=rf"search: {8 * cores + 1} worker process\(es\).*"
+        rf"node 0, which has {cores} core\(s\): at most {8 * cores}",
+    ):
+        cluster.launch(Echo, 8 * cores + 1, devices=[0], name="search")
+    g = cluster.launch(Echo, 1, devices=[0])
+    try:
+        assert wait(g.mul(2)) == [(0, 2)]
+    finally:
+        g.kill()
+
+
 def test_constructor_error_surfaces_at_launch(cluster):
     class Broken(Worker):
         def __init__(self):
