@@ -37,6 +37,7 @@ from loomrl.workers.reasoning import (
     ModelConfig,
     SamplingConfig,
     engine_config,
+    optimizer_problems,
 )
 
 
@@ -91,18 +92,7 @@ class CriticConfig:
     train_micro_batch: int = 8
 
     def validate(self) -> list[str]:
-        p = []
-        # The actor's checks (ModelConfig): a grad_clip <= 0 would flip or zero every
-        # gradient, a weight_decay < 0 grow the weights.
-        if not finite_in(self.lr, lambda x: x > 0):
-            p.append(f"lr: must be a finite number > 0, got {self.lr}")
-        if not finite_in(self.weight_decay, lambda x: x >= 0):
-            p.append(f"weight_decay: must be a finite number >= 0, got {self.weight_decay}")
-        if not finite_in(self.grad_clip, lambda x: x > 0):
-            p.append(
-                f"grad_clip: must be a finite number > 0 (the gradient norm's bound), got "
-                f"{self.grad_clip}"
-            )
+        p = optimizer_problems(self)  # the actor's checks (ModelConfig)
         if self.vf_clip is not None and self.vf_clip <= 0:
             p.append(f"vf_clip: must be > 0 (or null to disable), got {self.vf_clip}")
         if self.train_micro_batch < 1:

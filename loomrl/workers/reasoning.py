@@ -37,21 +37,30 @@ class ModelConfig:
         p = []
         if self.dtype not in self.DTYPES:
             p.append(f"dtype: {self.dtype!r} is not one of {', '.join(self.DTYPES)}")
-        if not finite_in(self.lr, lambda x: x > 0):
-            p.append(f"lr: must be a finite number > 0, got {self.lr}")
-        if not finite_in(self.weight_decay, lambda x: x >= 0):
-            p.append(f"weight_decay: must be a finite number >= 0, got {self.weight_decay}")
-        if not finite_in(self.grad_clip, lambda x: x > 0):
-            p.append(
-                f"grad_clip: must be a finite number > 0 (the gradient norm's bound), got "
-                f"{self.grad_clip}"
-            )
+        p += optimizer_problems(self)
         if self.train_micro_batch < 1:
             p.append(
                 f"train_micro_batch: must be >= 1 sequence per forward/backward, got "
                 f"{self.train_micro_batch}"
             )
         return p
+
+
+def optimizer_problems(cfg: Any) -> list[str]:
+    """The checks of a trained model's optimizer settings (``lr``, ``weight_decay``,
+    ``grad_clip`` of ``cfg``: the actor's ModelConfig, the critic's CriticConfig): a
+    grad_clip <= 0 would flip or zero every gradient, a weight_decay < 0 grow the weights."""
+    p = []
+    if not finite_in(cfg.lr, lambda x: x > 0):
+        p.append(f"lr: must be a finite number > 0, got {cfg.lr}")
+    if not finite_in(cfg.weight_decay, lambda x: x >= 0):
+        p.append(f"weight_decay: must be a finite number >= 0, got {cfg.weight_decay}")
+    if not finite_in(cfg.grad_clip, lambda x: x > 0):
+        p.append(
+            f"grad_clip: must be a finite number > 0 (the gradient norm's bound), got "
+            f"{cfg.grad_clip}"
+        )
+    return p
 
 
 @dataclass
