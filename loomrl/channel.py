@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import Any
 
-from loomrl.errors import ChannelClosed, ChannelTimeout, LoomError
+from loomrl.errors import ChannelClosed, ChannelItemLost, ChannelTimeout, LoomError, check_timeout
 from loomrl.transport import as_host_array, buffer_nbytes, flatten, unflatten
 
 __all__ = [
@@ -170,40 +170,75 @@ def _device_indices(buffers: list[Any]) -> tuple[int, ...]:
     return tuple(i for i, b in enumerate(buffers) if isinstance(b, torch.Tensor))
 
 
+class _NotHere(Exception):
+    """Some payloads of a batch cannot be read here: ``lost`` (index -> why; gone with their
+    producer) and ``elsewhere`` (a message: they live on another node). Raised before any item is
+    read, so that the others can go back to the broker untouched."""
+
+    def __init__(self, lost: dict[int, str], elsewhere: str | None):
+        self.lost, self.elsewhere = lost, elsewhere
+
+
 def _decode_all(payloads: list[tuple], channel: str) -> list[Any]:
+    """The items of ``payloads``, in order. Everything is fetched or attached first and only then
+    read: a payload that cannot be read here raises ``_NotHere`` while the others are untouched
+    (a shared-memory slot is let go once the views read from it die, and its producer then fills
+    it again: a payload read and given back would be overwritten)."""
     import ray
 
-    refs = [p[1][0] for p in payloads if p[0] in (_REF, _IPC)]
-    fetched = iter(ray.get(refs)) if refs else iter(())
-    out = []
-    for p in payloads:
-        if p[0] == _INLINE:
-            out.append(unflatten(p[1], p[2]))
-            continue
+    lost: dict[int, str] = {}
+    elsewhere: str | None = None
+    ref_at = [i for i, p in enumerate(payloads) if p[0] in (_REF, _IPC)]
+    fetched: dict[int, Any] = {}
+    if ref_at:
+        refs = [payloads[i][1][0] for i in ref_at]
+        try:
+            fetched = dict(zip(ref_at, ray.get(refs), strict=True))
+        except ray.exceptions.ObjectLostError:
+            for i, ref in zip(ref_at, refs, strict=True):  # which ones, and keep the rest
+                try:
+                    fetched[i] = ray.get(ref)
+                except ray.exceptions.ObjectLostError as err:
+                    lost[i] = type(err).__name__
+    here = _node_id() if any(p[0] in (_SHM, _IPC) for p in payloads) else None
+    for i, p in enumerate(payloads):
         if p[0] == _SHM:
-            if _node_id() != p[4]:
-                raise LoomError(
+            if here != p[4]:
+                elsewhere = (
                     f"channel {channel!r}: an item sits in shared memory of node {p[4][:12]}, but "
-                    f"this consumer runs on node {_node_id()[:12]}; create the channel with "
+                    f"this consumer runs on node {here[:12]}; create the channel with "
                     "shared_memory=False when consumers may run on other nodes"
                 )
+                continue
+            from loomrl.transport._shm import attach
+
+            try:
+                attach(p[2])
+            except FileNotFoundError:
+                lost[i] = "its shared-memory slot is gone"
+        elif p[0] == _IPC and i in fetched and here != p[2]:
+            elsewhere = (
+                f"channel {channel!r}: an item holds GPU tensors shared by CUDA IPC from node "
+                f"{p[2][:12]}, but this consumer runs on node {here[:12]}; create the channel "
+                "with offload=True to move GPU tensors through host memory across nodes"
+            )
+    if lost or elsewhere:
+        raise _NotHere(lost, elsewhere)
+    out = []
+    for i, p in enumerate(payloads):
+        if p[0] == _INLINE:
+            out.append(unflatten(p[1], p[2]))
+        elif p[0] == _SHM:
             from loomrl.transport._shm import read_buffers
 
             out.append(unflatten(p[1], read_buffers(p[2], p[3])))
-            continue
-        skeleton, buffers = next(fetched)
-        if p[0] == _IPC:
-            here = _node_id()
-            if here != p[2]:
-                raise LoomError(
-                    f"channel {channel!r}: an item holds GPU tensors shared by CUDA IPC from node "
-                    f"{p[2][:12]}, but this consumer runs on node {here[:12]}; create the channel "
-                    "with offload=True to move GPU tensors through host memory across nodes"
-                )
-            from loomrl.transport import import_buffers
+        else:
+            skeleton, buffers = fetched[i]
+            if p[0] == _IPC:
+                from loomrl.transport import import_buffers
 
-            buffers = import_buffers(buffers)
-        out.append(unflatten(skeleton, buffers))
+                buffers = import_buffers(buffers)
+            out.append(unflatten(skeleton, buffers))
     return out
 
 
@@ -315,7 +350,7 @@ class _Broker:
 
         Takes incrementally (room frees for producers while the batch fills). On
         timeout the taken items go back to the front, in order: nothing is lost.
-        Returns (status, [(src, payload), ...]); status "ok", "closed" or "timeout".
+        Returns (status, entries); status "ok", "closed" or "timeout".
         """
         q = self._queue(key)
         self.consumers.add(dst)
@@ -354,7 +389,23 @@ class _Broker:
                 self.edges[edge] = self.edges.get(edge, 0) + 1
             if taken:
                 q.taken.notify_all()
-        return "ok", [(e[1], e[3]) for e in taken]
+        return "ok", taken
+
+    async def untake(self, key: Hashable, entries: list[tuple], dst: str) -> None:
+        """Put back, at the front of ``key``'s FIFO and in order, entries a get took but did not
+        read (others of its batch could not be read there): as if that get had not taken them."""
+        q = self._queue(key)
+        async with q.lock:
+            q.items.extendleft(reversed(entries))
+            for entry in entries:
+                q.weight += entry[0]
+                q.stats["got"] -= 1
+                q.stats["bytes_got"] -= entry[2]
+                edge = (entry[1], dst)
+                self.edges[edge] -= 1
+                if not self.edges[edge]:
+                    del self.edges[edge]
+            q.not_empty.notify()
 
     async def wait_taken(self, key: Hashable, timeout: float | None) -> str:
         """Wait until gets have taken every item put to ``key`` before this call. Items count as
@@ -427,13 +478,13 @@ def _broker_class():
     return _remote_broker
 
 
-def _require_ray() -> None:
+def _require_ray(what: str = "") -> None:
     import ray
 
     if not ray.is_initialized():
         raise LoomError(
-            "Ray is not running in this process; start it first with loomrl.Cluster.start() "
-            "(channels live on a Ray cluster)"
+            f"{what}Ray is not running in this process (never started, or its Cluster was shut "
+            "down); start it with loomrl.Cluster.start() (channels live on a Ray cluster)"
         )
 
 
@@ -442,9 +493,18 @@ def _check_name(name: Any) -> None:
         raise ValueError(f"channel name must be a non-empty string, got {name!r}")
 
 
-def _check_maxsize(maxsize: Any) -> None:
-    if not isinstance(maxsize, int) or isinstance(maxsize, bool) or maxsize < 0:
+def _check_maxsize(maxsize: Any) -> int:
+    if not isinstance(maxsize, numbers.Integral) or isinstance(maxsize, bool) or maxsize < 0:
         raise ValueError(f"maxsize={maxsize!r} must be an int >= 0 (0 means unbounded)")
+    return int(maxsize)
+
+
+def _check_flag(value: Any, what: str, none: str | None = None) -> None:
+    """A bool setting; a string such as "no" would read as True."""
+    if isinstance(value, bool) or (none is not None and value is None):
+        return
+    allowed = "True or False" + (f" (or None: {none})" if none else "")
+    raise ValueError(f"{what}={value!r} must be {allowed}")
 
 
 def _check_key(key: Any, channel: str) -> None:
@@ -458,22 +518,22 @@ def _check_key(key: Any, channel: str) -> None:
         ) from None
 
 
-def _check_timeout(timeout: float | None) -> None:
-    if timeout is None:
-        return
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0:
-        raise ValueError(f"timeout={timeout!r} must be None (wait forever) or >= 0 seconds")
-
-
-def _check_weights(weights: list[float], channel: str) -> None:
+def _check_weights(weights: list[Any], channel: str) -> list[float]:
     """A weight is an item's share of a get_batch target: a negative one would let a batch
     take more items than its target allows, and a NaN one would never reach it."""
-    bad = [w for w in weights if not (math.isfinite(w) and w >= 0)]
+    bad = [
+        w
+        for w in weights
+        if isinstance(w, bool)
+        or not isinstance(w, numbers.Real)
+        or not (math.isfinite(w) and w >= 0)
+    ]
     if bad:
         raise ValueError(
-            f"channel {channel!r}: item weights must be finite and >= 0 (e.g. token counts), "
-            f"got {bad[0]!r}"
+            f"channel {channel!r}: item weights must be finite and >= 0 (e.g. token "
+            f"counts), got {bad[0]!r}"
         )
+    return [float(w) for w in weights]
 
 
 # ----------------------------------------------------------------- public handle
@@ -546,9 +606,11 @@ class Channel:
 
         if len(names) != len(maxsizes):
             raise ValueError(f"{len(names)} names but {len(maxsizes)} maxsizes: give one each")
-        for name, maxsize in zip(names, maxsizes, strict=True):
+        for name in names:
             _check_name(name)
-            _check_maxsize(maxsize)
+        maxsizes = [_check_maxsize(m) for m in maxsizes]
+        _check_flag(offload, "offload")
+        _check_flag(shared_memory, "shared_memory", none="only while the cluster has one node")
         _require_ray()
         brokers: list[Any] = []
         try:
@@ -575,16 +637,18 @@ class Channel:
         ]
 
     @classmethod
-    def connect(cls, name: str, timeout: float = 0.0) -> Channel:
-        """Attach to an existing channel, waiting up to ``timeout`` seconds for it to be created."""
+    def connect(cls, name: str, timeout: float | None = 0.0) -> Channel:
+        """Attach to an existing channel, waiting up to ``timeout`` seconds (None: for ever) for
+        it to be created."""
         import ray
 
         _check_name(name)
+        timeout = check_timeout(timeout)
         _require_ray()
-        deadline = time.monotonic() + timeout
+        deadline = _deadline(timeout)
         delay = 0.01
         while (broker := _lookup(name)) is None:
-            if time.monotonic() >= deadline:
+            if deadline is not None and time.monotonic() >= deadline:
                 raise ChannelNotFoundError(
                     f"no channel named {name!r}; create it with Channel.create({name!r}) "
                     "(or use Channel.get_or_create)"
@@ -609,7 +673,8 @@ class Channel:
 
         _check_name(name)
         if maxsize is not None:
-            _check_maxsize(maxsize)
+            maxsize = _check_maxsize(maxsize)
+        _check_flag(offload, "offload", none="the existing channel's, or False")
         _require_ray()
         broker = (
             _broker_class()
@@ -627,15 +692,19 @@ class Channel:
 
     def close(self) -> None:
         """No more puts; consumers drain what is left, then get raises ChannelClosed."""
-        self._call(self._broker.close.remote())
+        self._call("close")
 
     def delete(self) -> None:
-        """Close and destroy the channel; the name becomes free. Items still queued are dropped."""
+        """Close and destroy the channel; the name becomes free. Items still queued are dropped.
+        Deleting a deleted channel, or one whose Ray has stopped (it went with it), does nothing."""
         import ray
 
+        if not ray.is_initialized():
+            return
         with contextlib.suppress(Exception):
             ray.get(self._broker.close.remote(deleted=True))
-        ray.kill(self._broker, no_restart=True)
+        with contextlib.suppress(Exception):  # a handle from a Ray instance that has stopped
+            ray.kill(self._broker, no_restart=True)
 
     # ------------------------------------------------------------- producing
     def put(
@@ -665,13 +734,21 @@ class Channel:
 
         On ChannelTimeout/ChannelClosed, the first ``err.items_put`` items were put.
         """
-        _check_timeout(timeout)
+        timeout = check_timeout(timeout)
         _check_key(key, self.name)
+        # Before anything asks Ray (the component name, ray.put): that would start a new Ray.
+        _require_ray(f"channel {self.name!r}: ")
+        if isinstance(items, (str, bytes, dict)) or not isinstance(items, Iterable):
+            # A string would go as one item per character, a dict as its keys.
+            raise TypeError(
+                f"channel {self.name!r}: put_many takes a list of items, got "
+                f"{type(items).__name__}; to send this one object, use put(item)"
+            )
         items = list(items)
-        weights = [1.0] * len(items) if weights is None else [float(w) for w in weights]
+        weights = [1.0] * len(items) if weights is None else list(weights)
         if len(weights) != len(items):
             raise ValueError(f"put_many got {len(items)} items but {len(weights)} weights")
-        _check_weights(weights, self.name)
+        weights = _check_weights(weights, self.name)
         src = src or current_component()
         entries = []
         for item, w in zip(items, weights, strict=True):
@@ -679,7 +756,7 @@ class Channel:
             entries.append((w, src, nbytes, payload))
         if not entries:
             return
-        status, done = self._call(self._broker.put.remote(key, entries, timeout, src))
+        status, done = self._call("put", key, entries, timeout, src)
         if status == "ok":
             return
         if status == "timeout":
@@ -711,8 +788,9 @@ class Channel:
         self, n: int, key: Hashable = None, timeout: float | None = None, dst: str | None = None
     ) -> list[Any]:
         """Remove and return the next ``n`` items (fewer only when the channel closes first)."""
-        if not isinstance(n, int) or n < 1:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
             raise ValueError(f"get_many needs n >= 1, got n={n!r}")
+        n = int(n)
         return self._take(key, n, None, timeout, dst)
 
     def get_batch(
@@ -728,15 +806,20 @@ class Channel:
         (e.g. token counts) whatever the item sizes. On timeout nothing is taken.
         When the channel closes, the last batch may be lighter.
         """
-        if not target_weight > 0:
-            raise ValueError(f"target_weight={target_weight!r} must be > 0")
+        if (
+            isinstance(target_weight, bool)
+            or not isinstance(target_weight, numbers.Real)
+            or not target_weight > 0
+        ):
+            raise ValueError(f"target_weight={target_weight!r} must be a number > 0")
         return self._take(key, None, float(target_weight), timeout, dst)
 
     def _take(self, key, count, weight, timeout, dst) -> list[Any]:
-        _check_timeout(timeout)
+        timeout = check_timeout(timeout)
         _check_key(key, self.name)
+        _require_ray(f"channel {self.name!r}: ")  # before current_component, as in put_many
         dst = dst or current_component()
-        status, got = self._call(self._broker.take.remote(key, count, weight, timeout, dst))
+        status, got = self._call("take", key, count, weight, timeout, dst)
         if status == "deleted":
             raise self._deleted_error()
         if status == "closed":
@@ -746,7 +829,25 @@ class Channel:
             raise ChannelTimeout(
                 f"channel {self.name!r} key {key!r}: {what} after {timeout}s (nothing was taken)"
             )
-        return _decode_all([payload for _src, payload in got], self.name)
+        try:
+            return _decode_all([entry[3] for entry in got], self.name)
+        except _NotHere as e:
+            # The items that can be read stay in the channel, first in their queue as before.
+            keep = [entry for i, entry in enumerate(got) if i not in e.lost]
+            if keep:
+                self._call("untake", key, keep, dst)
+            if e.elsewhere is not None:
+                raise LoomError(e.elsewhere) from None
+            srcs = sorted({got[i][1] for i in e.lost})
+            raise ChannelItemLost(
+                f"channel {self.name!r} key {key!r}: {len(e.lost)} item(s) put by "
+                f"{', '.join(srcs)} are lost ({'; '.join(sorted(set(e.lost.values())))}): the "
+                "process that put them ended before they were taken, and an item too large to "
+                f"ride inside the channel (over {self._inline_bytes} bytes) stays with the "
+                f"process that put it until taken; {len(keep)} other item(s) of this get are "
+                "back at the front of the queue. Put the lost items again (a run restarts "
+                "from its last checkpoint: run.max_restarts)"
+            ) from None
 
     def wait_taken(self, key: Hashable = None, timeout: float | None = None) -> None:
         """Block until consumers have taken every item put to ``key`` before this call (an item
@@ -756,9 +857,9 @@ class Channel:
         Raises ChannelTimeout after ``timeout`` seconds, ChannelClosed once the channel is
         closed with items of ``key`` still untaken.
         """
-        _check_timeout(timeout)
+        timeout = check_timeout(timeout)
         _check_key(key, self.name)
-        status = self._call(self._broker.wait_taken.remote(key, timeout))
+        status = self._call("wait_taken", key, timeout)
         if status == "deleted":
             raise self._deleted_error()
         if status == "closed":
@@ -774,26 +875,37 @@ class Channel:
     # ------------------------------------------------------------- inspection
     def qsize(self, key: Hashable = None) -> int:
         """Items waiting in ``key``'s FIFO."""
-        return self._call(self._broker.qsize.remote(key))
+        _check_key(key, self.name)
+        return self._call("qsize", key)
 
     def stats(self) -> dict[str, Any]:
         """Counts and bytes put/got, per key and in total, producers, consumers and edge counts."""
-        return self._call(self._broker.stats.remote())
+        return self._call("stats")
 
     def edges(self) -> set[tuple[str, str]]:
         """(producer, consumer) component pairs that actually exchanged items through this channel."""
-        return self._call(self._broker.edge_set.remote())
+        return self._call("edge_set")
 
     def _deleted_error(self) -> ChannelClosed:
         return ChannelClosed(f"channel {self.name!r} was deleted (its broker is gone)")
 
-    def _call(self, ref: Any) -> Any:
+    def _call(self, method: str, *args: Any) -> Any:
+        """Call the broker. Checked first: a call without Ray would start a new Ray instance
+        (Ray does on a first remote call), where no broker of this channel lives."""
         import ray
 
+        _require_ray(f"channel {self.name!r}: ")
         try:
-            return ray.get(ref)
+            return ray.get(getattr(self._broker, method).remote(*args))
         except ray.exceptions.RayActorError as err:
             raise self._deleted_error() from err
+        except Exception as err:
+            if "Can't find actor" not in str(err):
+                raise
+            raise ChannelClosed(
+                f"channel {self.name!r} was made on a Ray instance that has stopped (its "
+                "Cluster was shut down); create it again on this one"
+            ) from None
 
 
 def _lookup(name: str) -> Any:

@@ -1,6 +1,11 @@
-"""Exception types shared by every layer. Imports nothing heavy."""
+"""Exception types shared by every layer, and the one check of a timeout argument they share.
+Imports nothing heavy."""
 
 from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
 
 
 class LoomError(Exception):
@@ -87,3 +92,20 @@ class ChannelClosed(LoomError):
 
 class ChannelTimeout(LoomError, TimeoutError):
     """A channel put/get did not complete within its timeout."""
+
+
+class ChannelItemLost(LoomError):
+    """A get took items whose payload is gone: the process that put them ended before they were
+    taken (a payload too large to ride inside the broker stays with its producer). The other
+    items of that get went back to the front of their queue."""
+
+
+def check_timeout(timeout: Any, what: str = "timeout") -> float | None:
+    """``timeout`` as seconds to wait: None (for ever, as is ``inf``) or a number >= 0. Anything
+    else (a string, NaN, a negative number) is a ValueError naming it, not a failure inside a
+    comparison or a wait that ends at once."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout >= 0:
+        raise ValueError(f"{what}={timeout!r} must be None (wait forever) or >= 0 seconds")
+    return None if math.isinf(timeout) else float(timeout)

@@ -208,7 +208,9 @@ _attached: dict[str, shared_memory.SharedMemory] = {}
 _attach_lock = threading.Lock()
 
 
-def _attach(name: str) -> shared_memory.SharedMemory:
+def attach(name: str) -> shared_memory.SharedMemory:
+    """This process's mapping of slot ``name``, kept for its later items. FileNotFoundError when
+    the name is gone: its creator was killed and its resource tracker unlinked it."""
     with _attach_lock:
         seg = _attached.get(name)
         if seg is None:
@@ -236,7 +238,7 @@ def _release(seg: shared_memory.SharedMemory) -> None:
 def read_buffers(name: str, spans: list[tuple[int, int]]) -> list[np.ndarray]:
     """Views of the slot's buffers (no copy). The slot is released when the last of them (and
     anything built on them) is garbage-collected."""
-    seg = _attach(name)
+    seg = attach(name)
     base = np.frombuffer(seg.buf, dtype=np.uint8)
     weakref.finalize(base, _release, seg)
     return [base[off : off + n] for off, n in spans]
