@@ -263,6 +263,7 @@ def _checkpoint_cut_short(args: argparse.Namespace, last: int) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     mod, cfg = load_recipe_config(args.config, args.overrides)
+    _check_run_profile(cfg)
     _resumable_at(args, cfg)
     done = prepare_run_dir(cfg)
     if done:
@@ -358,6 +359,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     overrides = [f"run.output_dir={run_dir}", "resume=true", *args.overrides]
     mod, cfg = load_recipe_config(cfg_file, overrides)
     _check_config_kept(run_dir, cfg, cfg_file)
+    _check_run_profile(cfg)
     _resumable_at(args, cfg)
     done = prepare_run_dir(cfg)
     if done:
@@ -444,9 +446,85 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_profile_override(overrides: list[str]) -> None:
+    """``loomrl profile CONFIG run.profile=FILE`` is refused: profiling reads no profile and
+    writes its own to run.output_dir/profile.yaml, so FILE would be silently ignored (neither
+    read nor written)."""
+    from loomrl.config import parse_overrides
+
+    parsed = parse_overrides(overrides)  # malformed ones: the ConfigError load_config gives
+    run = parsed.get("run")
+    value = parsed.get("run.profile", run.get("profile") if isinstance(run, dict) else None)
+    if value is None:  # not given, or run.profile=null: nothing to ignore
+        return
+    use = (
+        "run.profile=calibrate is for `loomrl run`, which takes the costs from its second "
+        "iteration instead of profiling"
+        if value == "calibrate"
+        else "to plan from an existing profile instead, it is "
+        f"`loomrl run CONFIG run.profile={value}` (or `loomrl plan {value}`)"
+    )
+    raise ConfigError(
+        [
+            f"run.profile={value}: `loomrl profile` neither reads nor writes run.profile; it "
+            "measures the config's components and writes a new profile to "
+            "run.output_dir/profile.yaml. To choose where, pass output_dir=DIR (the profile "
+            f"goes to DIR/profile.yaml); {use}"
+        ]
+    )
+
+
+def _check_run_profile(cfg: Any) -> None:
+    """A run.profile file that is no usable workload profile (malformed, truncated, a plan or a
+    config) is a ConfigError naming run.profile before Ray and the workers start, not after."""
+    path = getattr(getattr(cfg, "run", None), "profile", None)
+    if not isinstance(path, str) or path == "calibrate" or not Path(path).is_file():
+        return  # none, calibrate, or missing (which the config's validation says)
+    import warnings
+
+    from loomrl.plan.profile import load_profile
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # said when the run plans from it
+            load_profile(path)
+    except ConfigError as e:
+        shown = [" ".join(x.split()) for x in e.problems[:6]]
+        more = f"; and {len(e.problems) - 6} more" if len(e.problems) > 6 else ""
+        raise ConfigError(
+            [
+                f"run.profile={path}: not a usable workload profile: {'; '.join(shown)}{more}; "
+                "fix the file (`loomrl plan FILE` checks it), or drop run.profile to measure "
+                "the costs"
+            ]
+        ) from None
+
+
+def _check_profile_micro_batch(cfg: Any) -> None:
+    """run.micro_batch must divide the batch the profile is measured on (the recipes that
+    profile time ``batch`` items): said before Ray starts, not as the fit's "granularities"
+    problem after minutes of measuring."""
+    m, batch = cfg.run.micro_batch, getattr(cfg, "batch", None)
+    if m is None or not isinstance(batch, int) or batch < 1 or batch % m == 0:
+        return
+    from loomrl.plan.profile import divisors, nearest
+
+    ok = divisors(batch)
+    some = ok if len(ok) <= 8 else nearest(ok, m, 8)
+    raise ConfigError(
+        [
+            f"run.micro_batch={m} does not divide batch={batch} (every micro-batch holds as "
+            f"many items); set micro_batch to one of {some}, or null to let the planner choose"
+        ]
+    )
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     """Profile the components of a config's workflow, print the fit and the plan it leads to."""
-    overrides = [*args.overrides, "run.steps=1"]
+    _refuse_profile_override(args.overrides)
+    # The config's own run.profile (a file or calibrate, for `loomrl run`) is left out: the
+    # profile measures anew, and a file it never reads must not stop it.
+    overrides = [*args.overrides, "run.steps=1", "run.profile=null"]
     mod, cfg = load_recipe_config(args.config, overrides)
     if not hasattr(mod, "profile"):
         raise ConfigError(
@@ -456,6 +534,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                 "which loomrl plan and run.profile= take"
             ]
         )
+    _check_profile_micro_batch(cfg)
     _make_output_dir(cfg)  # before Ray starts: a path that cannot be a directory is a mistake
     out = mod.profile(cfg)
     # The recipe's closing hint names the config as CONFIG (it is given a config, not its file)
@@ -518,8 +597,11 @@ def _main(argv: list[str] | None) -> int:
         "profile",
         help="profile a config's components and plan them",
         description="Profile a config's components on its own workers, write profile.yaml to "
-        "run.output_dir, print the best plan of each mode and the run.profile= command that "
-        "plans from it. Ctrl-C or SIGTERM stops it (status 130 or 143).",
+        "run.output_dir (choose it with output_dir=DIR), print the best plan of each mode and "
+        "the run.profile= command that plans from it. run.profile=FILE is refused here: it "
+        "names a profile that `loomrl run` plans from, and profiling neither reads nor writes "
+        "it (the config's own run.profile is left unused). Ctrl-C or SIGTERM stops it (status "
+        "130 or 143).",
     )
     pr.add_argument(
         "config", metavar="CONFIG", help="a recipe config, e.g. examples/tiny_grpo.yaml"

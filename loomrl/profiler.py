@@ -515,8 +515,15 @@ def profile_flow(
     """
     from loomrl.plan.profile import divisors, fit_profile
 
-    run = measure(flow, sample, repeats=repeats, budget=budget, notify=notify)
     M = len(sample)
+    if micro_batch and M % micro_batch:
+        # before the minutes of measuring; the fit would refuse it as a "granularity" then
+        raise PlanError(
+            f"micro_batch={micro_batch} does not divide the {M} items profiled (every "
+            f"micro-batch holds as many); use one of {divisors(M)}, or none to let the planner "
+            "choose"
+        )
+    run = measure(flow, sample, repeats=repeats, budget=budget, notify=notify)
     n_max = flow.cluster.num_devices
     gran = [micro_batch] if micro_batch else divisors(M)
     prof = fit_profile(

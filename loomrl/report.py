@@ -731,7 +731,22 @@ def report_main(argv: list[str]) -> int:
     except ReportError as e:
         print(f"loomrl report: error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else run.run_dir
+    if args.out is not None and not args.out.strip():
+        # Path("") is ".": the files would land in the current folder, not where asked
+        print(
+            f"loomrl report: error: --out {args.out!r} is an empty path; name a directory (or "
+            "drop --out to write into RUN_DIR)",
+            file=sys.stderr,
+        )
+        return 2
+    out = Path(args.out) if args.out is not None else run.run_dir
+    if out.exists() and not out.is_dir():
+        print(
+            f"loomrl report: error: --out {str(out)!r} is a file, not a directory; name a "
+            "directory (it is made if missing)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -739,7 +754,19 @@ def report_main(argv: list[str]) -> int:
             f"loomrl report: error: cannot create --out {str(out)!r}: {e.strerror}", file=sys.stderr
         )
         return 2
+    try:
+        return _write_report(args, run, it, out)
+    except OSError as e:  # a full disk, a folder that takes no new file
+        print(
+            f"loomrl report: error: writing into {str(out)!r} failed ({e.strerror or e}); "
+            "pass --out DIR, a directory that can be written",
+            file=sys.stderr,
+        )
+        return 2
 
+
+def _write_report(args: argparse.Namespace, run: Any, it: Any, out: Path) -> int:
+    """Print the table, write the figure and the trace into ``out``."""
     print(format_table(run, it))
     print()
     adapted = format_adaptation(run.run_dir)

@@ -2,10 +2,14 @@
 
 Exit status 0 on success, 2 when an argument or the profile is malformed, the device count is
 past the planner's limit (``MAX_DEVICES``), the workflow graph is past what the search can take
-(``graph.search_size_problem``), the search runs out of memory, no plan fits, or an output file
-(--save, --timeline) cannot be written (one line on stderr, "loomrl plan: ...", that names the
-key, the flag or the component and the constraint; no traceback); 141 when stdout's reader left
-(``| head``). The folders of an output file that do not exist yet are made when it is written.
+(``graph.search_size_problem``), the search runs out of memory, --exhaustive runs past
+``EXHAUSTIVE_LIMIT_S``, no plan fits, or an output file (--save, --timeline) cannot be written,
+names the profile itself or both name one file (one line on stderr, "loomrl plan: ...", that
+names the key, the flag or the component and the constraint; no traceback); 130 on Ctrl-C; 141
+when stdout's reader left (``| head``). The folders of an output file that do not exist yet are
+made when it is written; --save writes the plan whole or not at all. Warnings about the profile
+(a component no edge links, costs for device counts valid_devices leaves out, a fit carried far)
+are printed, one line each, once a plan is found; a command that fails prints its error alone.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ SIGMA, ITERATIONS = 0.3, 200  # --simulate's spread and iterations when not give
 # 10**6 micro-batches, or a bounded channel replaying its upstream side once per micro-batch,
 # would otherwise run for hours.
 SIM_CALLS = 10_000_000
+# How long --exhaustive may search before it stops with a message: the brute force grows
+# exponentially (6 components on 16 devices ran for hours), and the DP finds the same optimum.
+EXHAUSTIVE_LIMIT_S = 60.0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,7 +47,29 @@ class _Parser(argparse.ArgumentParser):
     default prints the whole usage first); --help still shows it."""
 
     def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: {message}{self._flag_hint(message)} (see {self.prog} --help)\n")
+
+    def _flag_hint(self, message: str) -> str:
+        """For `devices=8` (a run's override) where `--devices 8` is meant: the flag to use."""
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        flags = {o for a in self._actions for o in a.option_strings if o.startswith("--")}
+        import difflib
+
+        hints, typos = [], []
+        for word in message.split(":", 1)[1].split():
+            key, eq, value = word.partition("=")
+            flag = "--" + key.lstrip("-").replace("_", "-")
+            if eq and not key.startswith("-") and flag in flags:
+                hints.append(f"{flag} {value}" if value else flag)
+            elif key.startswith("--") and (close := difflib.get_close_matches(key, flags, n=1)):
+                typos.append(f"{key} -> {close[0]}")
+        said = ""
+        if hints:
+            said += f"; {self.prog} takes flags, not key=value: {', '.join(hints)}"
+        if typos:
+            said += f"; did you mean: {', '.join(typos)}?"
+        return said
 
 
 def build_parser(prog: str = "loomrl plan") -> argparse.ArgumentParser:
@@ -65,7 +94,8 @@ def build_parser(prog: str = "loomrl plan") -> argparse.ArgumentParser:
     p.add_argument(
         "--exhaustive",
         action="store_true",
-        help="brute force every plan (reference; small instances only)",
+        help="brute force every plan (reference; small instances only: it stops with an "
+        f"error after {EXHAUSTIVE_LIMIT_S:g} s)",
     )
     p.add_argument(
         "--simulate",
@@ -94,7 +124,14 @@ def build_parser(prog: str = "loomrl plan") -> argparse.ArgumentParser:
         help="micro-batches a channel holds in --simulate (default unbounded)",
     )
     p.add_argument("--timeline", metavar="PNG", default=None, help="draw the predicted timeline")
-    p.add_argument("--save", metavar="PATH", default=None, help="write the plan (.json or .yaml)")
+    p.add_argument(
+        "--save",
+        metavar="PATH",
+        default=None,
+        help="write the plan: JSON for PATH ending in .json (in any case), else YAML (.yaml); a "
+        "plan file for placement=PATH. Not an image name (that is --timeline), nor the "
+        "profile's own path",
+    )
     return p
 
 
@@ -120,11 +157,15 @@ def _argument_problems(args: argparse.Namespace) -> list[str]:
     p += simulation_problems(_sigma(args), _iterations(args), "--sigma", "--iterations")
     if args.channel_capacity is not None and args.channel_capacity < 1:
         p.append(f"--channel-capacity must be >= 1 micro-batch, got {args.channel_capacity}")
+    outputs: dict[Path, str] = {}  # each output file -> the flag that names it
     for flag, path, suffixes in (
         ("--timeline", args.timeline, _image_suffixes() if args.timeline else None),
         ("--save", args.save, None),
     ):
         if path is None:
+            continue
+        if not path.strip():
+            p.append(f"{flag} {path!r}: an empty path; name a file")
             continue
         # Missing folders are made when the file is written (as loomrl report --out does);
         # the deepest one that exists must be a folder this command can write in.
@@ -136,13 +177,46 @@ def _argument_problems(args: argparse.Namespace) -> list[str]:
             )
         elif Path(path).is_dir():
             p.append(f"{flag} {path}: is a directory; name a file")
+        elif _same_file(path, args.profile):
+            p.append(
+                f"{flag} {path}: is the profile being planned, which writing there would "
+                "replace; name another file"
+            )
         elif (why := _unwritable(Path(path))) is not None:
             p.append(
                 f"{flag} {path}: cannot write there ({why}); name a file in a writable directory"
             )
         if suffixes and Path(path).suffix.lower() not in suffixes:
             p.append(f"{flag} {path}: an image file ending in one of {', '.join(suffixes)}")
+        if flag == "--save" and Path(path).suffix.lower() in _PICTURES:
+            # the plan is JSON or YAML text: plan.png would hold YAML, not a picture
+            p.append(
+                f"--save {path}: --save writes the plan as text (JSON for a name ending in "
+                ".json, else YAML), not an image; name a .json or .yaml file, and draw the "
+                f"timeline with --timeline {path}"
+            )
+        key = Path(os.path.abspath(path))
+        if key in outputs:
+            p.append(
+                f"{flag} {path}: {outputs[key]} writes the same file; give them different files"
+            )
+        outputs[key] = flag
     return p
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one file (through links too); False when either is
+    missing."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+# Names --save refuses: a picture's (that is --timeline's work), not a plan's
+_PICTURES = frozenset(
+    (".png", ".jpg", ".jpeg", ".svg", ".svgz", ".pdf", ".gif", ".tif", ".tiff", ".webp", ".eps")
+)
 
 
 def _existing_ancestor(folder: Path) -> Path:
@@ -202,10 +276,12 @@ def plan_main(argv: list[str] | None = None) -> int:
         print("loomrl plan: " + "; ".join(problems), file=sys.stderr)
         return 2
     try:
-        with warnings.catch_warnings():
-            # a warning about the user's profile reads as one line, not as a source location
-            warnings.showwarning = _show_warning
+        with warnings.catch_warnings(record=True) as caught:
+            # Warnings about the profile are held until a plan is found (_say_warnings), then
+            # read as one line each, not as a source location; a command that fails says its
+            # error alone (a profile's oddities beside it would only bury it).
             warnings.simplefilter("default")  # each distinct warning once per call
+            args.warned = caught
             return _run(args)
     except ConfigError as e:
         print(f"loomrl plan: {_profile_problems(e)}", file=sys.stderr)
@@ -225,6 +301,10 @@ def plan_main(argv: list[str] | None = None) -> int:
         if not quiet_closed_stdout():
             raise
         return 141  # 128 + SIGPIPE, what a shell reports for a writer whose pipe closed
+    except KeyboardInterrupt:
+        # Ctrl-C in a long search: stop without a traceback (--save is written whole or not at all)
+        print("loomrl plan: interrupted", file=sys.stderr)
+        return 130  # 128 + SIGINT, what a shell reports
     except MemoryError:
         # numpy's "Unable to allocate ..." included: the search's arrays grow with the device
         # count and the number of valid counts per component, and a traceback says neither.
@@ -253,14 +333,26 @@ def _one_line(text: str) -> str:
     return " ".join(x.strip() for x in text.splitlines() if x.strip())
 
 
+# The most problems of a profile said at once (a profile with a thousand bad edges would print a
+# thousand; the first ones show what to fix)
+SHOWN_PROBLEMS = 12
+
+
 def _profile_problems(e: ConfigError) -> str:
     """A profile's problems as one line: where, then each problem, joined by '; '."""
     where = f" {e.source}" if e.source else ""
-    return f"invalid profile{where}: " + "; ".join(_one_line(p) for p in e.problems)
+    said = [_one_line(p) for p in e.problems[:SHOWN_PROBLEMS]]
+    if len(e.problems) > SHOWN_PROBLEMS:
+        said.append(f"and {len(e.problems) - SHOWN_PROBLEMS} more problem(s) of the same file")
+    return f"invalid profile{where}: " + "; ".join(said)
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"loomrl plan: warning: {_one_line(str(message))}", file=sys.stderr)
+def _say_warnings(args: argparse.Namespace) -> None:
+    """Print the warnings held so far (see plan_main), one line each."""
+    held = getattr(args, "warned", None) or []
+    for w in held:
+        print(f"loomrl plan: warning: {_one_line(str(w.message))}", file=sys.stderr)
+    held.clear()
 
 
 @contextlib.contextmanager
@@ -285,33 +377,37 @@ def _search_bar():
 
 
 def _run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from loomrl.plan.profile import load_profile
-    from loomrl.plan.search import MODES, exhaustive, search_all
+    from loomrl.plan.search import search_all
 
     profile = load_profile(args.profile, devices=args.devices)
     check_search_size(profile)  # before --exhaustive's warning: neither search can take it
     if args.exhaustive:
-        if len(profile.components) > 4 or profile.devices > 12:
+        import time
+
+        from loomrl.plan.search import ExhaustiveTooLong, exhaustive_all
+
+        big = len(profile.components) > 4 or profile.devices > 12
+        if big:
             # Brute force over every tree, split and m grows exponentially: it is a reference
             # for the tests' small instances (PLANNER.md: V <= 4, N <= 12).
             print(
                 f"loomrl plan: warning: --exhaustive on {len(profile.components)} components and "
                 f"{profile.devices} devices may take very long (it is meant for <= 4 components "
-                "and <= 12 devices); drop --exhaustive for the exact DP search",
+                f"and <= 12 devices; it stops after {EXHAUSTIVE_LIMIT_S:g} s); drop --exhaustive "
+                "for the exact DP search",
                 file=sys.stderr,
             )
-        plans: dict = {}
-        for mode in ("best", *MODES):
-            try:
-                plans[mode] = exhaustive(profile, mode=mode)
-            except PlanError:
-                if mode == "best":
-                    raise
-                plans[mode] = None
-        modes = {k: (plans[k].predicted_s if plans[k] else None) for k in MODES}
-        plans = {k: (replace(v, modes=modes) if v else None) for k, v in plans.items()}
+        try:
+            plans = exhaustive_all(profile, deadline=time.perf_counter() + EXHAUSTIVE_LIMIT_S)
+        except ExhaustiveTooLong:
+            raise _OutputError(
+                f"--exhaustive: the brute force over every plan of {len(profile.components)} "
+                f"components on {profile.devices:,} devices did not end within "
+                f"{EXHAUSTIVE_LIMIT_S:g} s and was stopped (it grows exponentially; it is a "
+                "reference for <= 4 components and <= 12 devices); drop --exhaustive for the "
+                "exact DP search, or plan for fewer --devices"
+            ) from None
     else:
         with _search_bar() as progress:
             plans = search_all(profile, progress=progress)
@@ -320,6 +416,7 @@ def _run(args: argparse.Namespace) -> int:
         from loomrl.plan.search import _diagnose
 
         raise PlanError(_diagnose(profile, profile.devices, args.mode))
+    _say_warnings(args)
     sim = None
     if args.simulate:
         sim = _simulate(args, plan, profile)
@@ -365,8 +462,10 @@ def _run(args: argparse.Namespace) -> int:
             }
         # JSON has no NaN or Infinity: a number that is not finite is written as null
         print(json.dumps(json_safe(out), indent=2, allow_nan=False))
+        _say_warnings(args)
         return 0
     print(_human(args, profile, plan, sim, plans))
+    _say_warnings(args)
     return 0
 
 

@@ -72,9 +72,14 @@ def strongly_connected(names: Sequence[str], edges: Iterable[tuple[str, str]]) -
 def undeclared_cycles(
     names: Sequence[str], edges: Iterable[tuple[str, str]], cycles
 ) -> list[set[str]]:
-    """Strongly connected components of size > 1 that are not exactly a declared cycle."""
+    """Strongly connected components of size > 1 that are not exactly a declared cycle. A
+    declared cycle a <-> b counts as edges both ways: a path from it and back (a -> c -> b)
+    closes a loop through its collapsed node, which no plan can order."""
     declared = [set(c.members) for c in cycles]
-    return [s for s in strongly_connected(names, list(edges)) if len(s) > 1 and s not in declared]
+    both = [(a, b) for c in cycles for a, b in (tuple(c.members), tuple(c.members)[::-1])]
+    return [
+        s for s in strongly_connected(names, [*edges, *both]) if len(s) > 1 and s not in declared
+    ]
 
 
 class GraphTooLarge(PlanError):

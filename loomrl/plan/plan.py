@@ -345,14 +345,18 @@ class Plan:
         return json.dumps(self.to_dict(), indent=indent)
 
     def save(self, path: str | Path) -> None:
-        """Write JSON (``.json``) or YAML (anything else)."""
+        """Write JSON (``.json``, in any case) or YAML (anything else)."""
+        from loomrl.config import atomic_write_text
+
         p = Path(path)
-        if p.suffix == ".json":
-            p.write_text(self.to_json(), encoding="utf-8")
+        if p.suffix.lower() == ".json":
+            text = self.to_json()
         else:
             import yaml
 
-            p.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False), encoding="utf-8")
+            text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        # Whole or not at all: a plan file cut short (Ctrl-C, a full disk) would not load
+        atomic_write_text(p, text)
 
     def device_problems(self, devices: int) -> list[str]:
         """Why this plan cannot run on a cluster of ``devices`` devices (empty: it can)."""
@@ -380,7 +384,7 @@ class Plan:
         fix = "write one with `loomrl plan PROFILE --devices N --save plan.json`"
         try:
             text = p.read_text(encoding="utf-8")
-            d = load_json(text) if p.suffix == ".json" else load_yaml(text)
+            d = load_json(text) if p.suffix.lower() == ".json" else load_yaml(text)
         except DuplicateKeyError as e:
             raise PlanError(f"plan file {str(p)!r}: {e.message()}") from None
         except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as e:

@@ -43,6 +43,7 @@ import difflib
 import functools
 import math
 import numbers
+import reprlib
 import unicodedata
 import warnings
 from collections.abc import Hashable, Iterable, Mapping, Sequence
@@ -53,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from loomrl.config import DuplicateKeyError, finite_number, load_json, load_yaml, read_utf8
+from loomrl.config import DuplicateKeyError, finite_number, load_json, load_yaml
 from loomrl.errors import ConfigError
 
 __all__ = [
@@ -93,6 +94,10 @@ MAX_STEPS = 100_000
 # of it, found by trial division up to its square root: 10**6 trials here, and a batch of 10**18
 # took minutes. No iteration of RL comes near a trillion items.
 MAX_BATCH = 10**12
+
+# The largest profile file read (a profile with thousands of samples is a few MB); a larger one is
+# another file named by mistake (a checkpoint), which would be read whole into memory.
+MAX_PROFILE_BYTES = 64 * 2**20
 
 # A fit whose samples stray this far from it on average (relative) is said to be poor.
 POOR_FIT = 0.25
@@ -378,11 +383,39 @@ _CYCLE_KEYS = {"members", "steps", "overlap_slowdown", "hop_s", "min_group", "en
 
 
 def _unknown(keys: Iterable[str], known: set[str], where: str, problems: list[str]) -> None:
+    """A problem per unknown key with a close known one (a typo), and one for all the others
+    together, listing the known keys once."""
+    others = []
     for k in keys:
         if k not in known:
-            close = difflib.get_close_matches(str(k), sorted(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {sorted(known)}"
-            problems.append(f"{where}: unknown key {k!r}{hint}")
+            close = difflib.get_close_matches(str(k)[:100], sorted(known), n=1)
+            if close:
+                problems.append(f"{where}: unknown key {_shown(k)}; did you mean {close[0]!r}?")
+            else:
+                others.append(k)
+    if others:
+        listed = ", ".join(map(_shown, others[:_LISTED])) + (
+            f" and {len(others) - _LISTED} more" if len(others) > _LISTED else ""
+        )
+        s = "s" if len(others) > 1 else ""
+        problems.append(f"{where}: unknown key{s} {listed}; known keys: {sorted(known)}")
+
+
+def _short_repr() -> reprlib.Repr:
+    r = reprlib.Repr()
+    r.maxlevel, r.maxstring, r.maxother, r.maxlong = 2, 80, 80, 40
+    r.maxlist = r.maxtuple = r.maxdict = r.maxset = r.maxfrozenset = 8
+    return r
+
+
+_SHORT = _short_repr()
+
+
+def _shown(v: Any) -> str:
+    """``repr(v)`` cut short (``reprlib``): a value a message quotes from the profile may be
+    vast (a YAML alias nested nine deep stands for 9**9 items; its full repr took seconds and
+    hundreds of MB of message)."""
+    return _SHORT.repr(v)
 
 
 def _got(v: Any) -> str:
@@ -390,8 +423,8 @@ def _got(v: Any) -> str:
     if isinstance(v, (bool, np.bool_)):
         return f"{v!r} (a bool, not a number)"
     if isinstance(v, str):
-        return f"{v!r} (a string)"
-    return repr(v)
+        return f"{_shown(v)} (a string)"
+    return _shown(v)
 
 
 def _number(
@@ -416,7 +449,7 @@ def _number(
 
 def _huge(value: float | None, key: str, problems: list[str], unit: str = "") -> None:
     """A problem if ``value`` is past ``MAX_MAGNITUDE`` (None: already refused, nothing to say)."""
-    if value is not None and value > MAX_MAGNITUDE:
+    if value is not None and not value <= MAX_MAGNITUDE:  # NaN (of a fit) too
         problems.append(f"{key} is {value:g}{unit}, {_PAST_LIMIT}")
 
 
@@ -448,7 +481,7 @@ def _by_value(values: Mapping[int, float], limit: float) -> list[tuple[str, floa
     distinct value: one number given for every count is said once."""
     by_value: dict[float, list[int]] = {}
     for n, v in sorted(values.items()):
-        if v > limit:
+        if not v <= limit:  # NaN (of a fit) too
             by_value.setdefault(v, []).append(n)
     return [(count_ranges(ns), v) for v, ns in by_value.items()]
 
@@ -512,11 +545,11 @@ def _count_map(
         n = _whole(k)
         if n is None or not 0 <= n <= MAX_DEVICES:
             problems.append(
-                f"{where} has key {k!r}, which is not a device count; keys are whole numbers "
+                f"{where} has key {_shown(k)}, which is not a device count; keys are whole numbers "
                 f"of devices from 0 to {MAX_DEVICES:,}, as in valid_devices"
             )
             continue
-        got = value(v, f"{where}[{k!r}]")
+        got = value(v, f"{where}[{_shown(k)}]")
         out[n] = 0 if got is None else got
     return out
 
@@ -529,7 +562,7 @@ def _int_text(n: int) -> str:
 
 def _positive_int(raw: Any, key: str, problems: list[str]) -> int | None:
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
-        problems.append(f"{key} must be a positive integer, got {raw!r}")
+        problems.append(f"{key} must be a positive integer, got {_got(raw)}")
         return None
     return raw
 
@@ -549,6 +582,34 @@ def parse_error_text(e: Exception) -> str:
             text += f" ({e.context}{at(e.context_mark)})"
         return text
     return " ".join(x.strip() for x in str(e).splitlines() if x.strip())
+
+
+class _TooBig(Exception):
+    """A profile file past ``MAX_PROFILE_BYTES`` (args: bytes read, at least)."""
+
+
+def _too_big(path: Path, size: int) -> str:
+    return (
+        f"profile file {str(path)!r} holds more than {MAX_PROFILE_BYTES // 2**20} MB"
+        + (f" ({size / 2**20:,.0f} MB)" if size > MAX_PROFILE_BYTES + 1 else "")
+        + "; a workload profile is a small YAML or JSON file (is it the right file? `loomrl "
+        "profile CONFIG` writes one as profile.yaml)"
+    )
+
+
+def _read_profile_text(path: Path) -> str:
+    """The UTF-8 text of ``path``, read up to ``MAX_PROFILE_BYTES`` (a pipe, as with
+    ``loomrl plan <(...)``, has no size to check first): ``_TooBig`` past it, ``ValueError`` as
+    ``read_utf8`` for a byte that is not UTF-8."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_PROFILE_BYTES + 1)
+    if len(data) > MAX_PROFILE_BYTES:
+        raise _TooBig(len(data))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}", f"byte {e.object[e.start]:#x}") from None
 
 
 def load_profile(
@@ -572,8 +633,18 @@ def load_profile(
                 [f"profile file {str(path)!r} is a directory; name a YAML or JSON file"],
                 source=where,
             )
+        if path.is_char_device() or path.is_block_device():  # /dev/zero: a read never ends
+            raise ConfigError(
+                [f"profile file {str(path)!r} is a device, not a file; name a YAML or JSON file"],
+                source=where,
+            )
+        if path.is_file() and path.stat().st_size > MAX_PROFILE_BYTES:
+            # a checkpoint or a model named by mistake: reading it whole took seconds and GBs
+            raise ConfigError([_too_big(path, path.stat().st_size)], source=where)
         try:
-            text = read_utf8(path)
+            text = _read_profile_text(path)
+        except _TooBig as e:
+            raise ConfigError([_too_big(path, e.args[0])], source=where) from None
         except ValueError as e:
             at, byte = e.args
             raise ConfigError([f"{at} is not UTF-8 text ({byte})"], source=where) from None
@@ -582,7 +653,7 @@ def load_profile(
                 [f"profile file {str(path)!r} cannot be read ({e.strerror})"], source=where
             ) from None
         try:
-            raw = load_json(text) if path.suffix == ".json" else load_yaml(text)
+            raw = load_json(text) if path.suffix.lower() == ".json" else load_yaml(text)
         except DuplicateKeyError as e:  # a cost given twice: the file's author meant one of them
             raise ConfigError([e.message()], source=where) from None
         except Exception as e:  # malformed syntax: say where, not a traceback
@@ -613,10 +684,12 @@ def load_profile(
         )
     if devices is not None:
         raw["devices"] = devices
-    return _build(raw, where)
+    # What is odd but plannable is said for a file (a person wrote it), not for a mapping made
+    # in code (tests' random instances, the profiler's fit)
+    return _build(raw, where, warn=not isinstance(source, Mapping))
 
 
-def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
+def _build(raw: Mapping[str, Any], where: str, warn: bool = False) -> WorkloadProfile:
     problems: list[str] = []
     _unknown(raw.keys(), _TOP_KEYS, "top level", problems)
     for key, what in _REQUIRED.items():
@@ -648,12 +721,12 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
     batch = int(raw["batch"]) if batch_ok else 1
     grans = raw.get("granularities", [batch])
     if not isinstance(grans, Sequence) or isinstance(grans, str) or not grans:
-        problems.append(f"granularities must be a non-empty list of integers, got {grans!r}")
+        problems.append(f"granularities must be a non-empty list of integers, got {_got(grans)}")
         grans = [batch]
     good_grans = []
     for g in grans:
         if isinstance(g, bool) or not isinstance(g, int) or g < 1:
-            problems.append(f"granularities: {g!r} is not a positive integer")
+            problems.append(f"granularities: {_got(g)} is not a positive integer")
         elif batch % g and batch_ok:  # without a batch, checking against a stand-in misleads
             ok = divisors(batch)
             some = (
@@ -690,6 +763,7 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
         comps_raw = {}
     components: dict[str, ComponentProfile] = {}
     reports: list[FitReport] = []
+    notes: list[str] = []  # what a warning says once the profile is valid
     for name, craw in comps_raw.items():
         if (
             name is None
@@ -700,7 +774,7 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
             # plans, messages and the tree print the name on a line of its own: an empty one
             # reads as nothing, a line break or control character breaks the line
             problems.append(
-                f"components: name {name!r} is not a usable component name; name each "
+                f"components: name {_shown(name)} is not a usable component name; name each "
                 "component with visible text on one line (such as 'rollout')"
             )
             continue
@@ -708,10 +782,10 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
             # a plan names a declared 2-cycle a <-> b as one node 'a<->b'; a component so named
             # would be taken for that node (or for one that does not exist)
             problems.append(
-                f"components: name {str(name)!r} contains {CYCLE_JOIN!r}, which plans keep for "
+                f"components: name {_shown(str(name))} contains {CYCLE_JOIN!r}, which plans keep for "
                 f"cycle nodes (cycle a <-> b is named 'a{CYCLE_JOIN}b'); rename the component"
             )
-        comp, rep = _build_component(str(name), craw, problems)
+        comp, rep = _build_component(str(name), craw, problems, notes)
         if comp is not None:
             components[str(name)] = comp
             _too_large(comp, batch, problems)
@@ -728,14 +802,18 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
     edges: list[tuple[str, str]] = []
     for e in _listed(raw, "edges", "[[source, destination], ...]", problems):
         if not isinstance(e, Sequence) or isinstance(e, str) or len(e) != 2:
-            problems.append(f"edges: {e!r} is not a pair [source, destination]")
+            problems.append(f"edges: {_got(e)} is not a pair [source, destination]")
             continue
         bad = names is None
         for v in e:
             if unknown(v):
-                close = difflib.get_close_matches(str(v), sorted(map(str, names or ())), n=1)
+                close = difflib.get_close_matches(
+                    v if isinstance(v, str) else _shown(v), sorted(map(str, names or ())), n=1
+                )
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                problems.append(f"edges: {list(e)} names unknown component {v!r}{hint}")
+                problems.append(
+                    f"edges: {_shown(list(e))} names unknown component {_shown(v)}{hint}"
+                )
                 bad = True
         if e[0] == e[1]:
             problems.append(f"edges: self-loop {list(e)} is not allowed")
@@ -748,25 +826,25 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
     for i, c in enumerate(_listed(raw, "cycles", "[{members: [a, b], steps: S}, ...]", problems)):
         if not isinstance(c, Mapping):
             problems.append(
-                f"cycles[{i}] must be a mapping {{members: [a, b], steps: S}}, got {c!r}"
+                f"cycles[{i}] must be a mapping {{members: [a, b], steps: S}}, got {_got(c)}"
             )
             continue
         _unknown(c.keys(), _CYCLE_KEYS, f"cycles[{i}]", problems)
         members = c.get("members")
         if not isinstance(members, Sequence) or isinstance(members, str) or len(members) != 2:
             problems.append(
-                f"cycles[{i}].members must list exactly 2 components (a 2-cycle), got {members!r}"
+                f"cycles[{i}].members must list exactly 2 components (a 2-cycle), got {_got(members)}"
             )
             continue
         if members[0] == members[1]:
             problems.append(
-                f"cycles[{i}].members names {members[0]!r} twice; a cycle's two members must be "
-                f"different components (a <-> b), got {list(members)}"
+                f"cycles[{i}].members names {_shown(members[0])} twice; a cycle's two members must be "
+                f"different components (a <-> b), got {_shown(list(members))}"
             )
             continue
         for v in members:
             if unknown(v):
-                problems.append(f"cycles[{i}].members names unknown component {v!r}")
+                problems.append(f"cycles[{i}].members names unknown component {_shown(v)}")
         declared.update(str(v) for v in members)  # a cycle refused for its values is still one
         steps = _positive_int(c.get("steps"), f"cycles[{i}].steps", problems)
         if steps is not None and steps > MAX_STEPS:
@@ -795,14 +873,15 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
         if isinstance(min_group, bool) or not isinstance(min_group, int) or min_group < 1:
             problems.append(
                 f"cycles[{i}].min_group must be an integer >= 1 (the fewest items a ring group "
-                f"may hold; 1 = any), got {min_group!r}"
+                f"may hold; 1 = any), got {_got(min_group)}"
             )
             min_group = 1
         ends_with = c.get("ends_with")
         if ends_with is not None and ends_with not in members:
             problems.append(
-                f"cycles[{i}].ends_with must name one of the members {list(members)} (the side "
-                f"whose call ends a group's iteration; default {members[1]!r}), got {ends_with!r}"
+                f"cycles[{i}].ends_with must name one of the members {_shown(list(members))} (the "
+                f"side whose call ends a group's iteration; default {_shown(members[1])}), got "
+                f"{_got(ends_with)}"
             )
             ends_with = None
         if steps and slow is not None and hop is not None and not any(map(unknown, members)):
@@ -829,12 +908,31 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
         from loomrl.plan.graph import undeclared_cycles
 
         for scc in undeclared_cycles(list(components), edges, cycles):
-            problems.append(
-                f"edges form a cycle among {sorted(scc)} that is not declared under 'cycles'; "
-                f"declare it as {{members: [a, b], steps: S}} (2-cycles only) or remove an edge"
-            )
+            inside = [
+                f"cycles[{i}] ({c.members[0]} <-> {c.members[1]}, which runs both ways)"
+                for i, c in enumerate(cycles)
+                if set(c.members) <= scc
+            ]
+            if inside:
+                # a path out of a declared cycle and back into it: one node in the plan, it
+                # would have to run both before and after the components on that path
+                problems.append(
+                    f"edges form a cycle among {sorted(scc)} through {' and '.join(inside)}: "
+                    "a path leaves the cycle and comes back into it, so no plan can order it; "
+                    "remove an edge of that path, or declare a cycle only between components "
+                    "that exchange data directly (2-cycles only)"
+                )
+            else:
+                problems.append(
+                    f"edges form a cycle among {sorted(scc)} that is not declared under "
+                    "'cycles'; declare it as {members: [a, b], steps: S} (2-cycles only) or "
+                    "remove an edge"
+                )
     if problems:
         raise ConfigError(problems, source=where)
+    notes += _unlinked(list(components), edges, cycles)
+    for note in notes if warn else ():  # plannable, but likely not what its author meant
+        warnings.warn(f"{where}: {note}", stacklevel=3)
     return WorkloadProfile(
         devices=int(n_dev or 1),
         device_memory_gb=float(mem_cap or 0),
@@ -850,12 +948,37 @@ def _build(raw: Mapping[str, Any], where: str) -> WorkloadProfile:
     )
 
 
+def _unlinked(names: list[str], edges: Sequence[tuple[str, str]], cycles) -> list[str]:
+    """Notes on components of a workflow of several that no edge or cycle links to the others:
+    the planner takes them as independent (free to run side by side with no data between),
+    which an RL workflow's components rarely are; a forgotten edge plans a wrong overlap."""
+    if len(names) < 2:
+        return []
+    if not edges and not cycles:
+        return [
+            f"{len(names)} components and no edges: the planner takes them as independent of "
+            "each other (no data flows between them, so they may run side by side); add "
+            "edges: [[source, destination], ...] for the workflow's data flow"
+        ]
+    linked = {x for e in edges for x in e} | {m for c in cycles for m in c.members}
+    alone = [n for n in names if n not in linked]
+    if not alone:
+        return []
+    return [
+        f"component(s) {alone} are in no edge or cycle: the planner takes them as independent "
+        "of the others (no data flows to or from them, so they may run side by side with "
+        "them); add their edges if data flows"
+    ]
+
+
 def _build_component(
-    name: str, craw: Any, problems: list[str]
+    name: str, craw: Any, problems: list[str], notes: list[str] | None = None
 ) -> tuple[ComponentProfile | None, FitReport | None]:
+    """One component from its raw mapping; what is wrong goes to ``problems``, what is odd but
+    plannable (values for device counts that valid_devices leaves out) to ``notes``."""
     where = f"components.{name}"
     if not isinstance(craw, Mapping):
-        problems.append(f"{where} must be a mapping, got {craw!r}")
+        problems.append(f"{where} must be a mapping, got {_got(craw)}")
         return None, None
     _unknown(craw.keys(), _COMPONENT_KEYS, where, problems)
     valid = craw.get("valid_devices")
@@ -869,25 +992,27 @@ def _build_component(
     ):
         problems.append(
             f"{where}.valid_devices must be a non-empty list of device counts from 1 to "
-            f"{MAX_DEVICES:,} (0: host CPU cores only, for cycle members), got {valid!r}"
+            f"{MAX_DEVICES:,} (0: host CPU cores only, for cycle members), got {_got(valid)}"
         )
         return None, None
     valid_t = tuple(sorted(set(valid)))
-    samples = craw.get("samples")
-    rows = _sample_rows(name, samples, f"{where}.samples", problems) if samples else None
+    samples = craw.get("samples")  # None: not given (an empty list or 0 is refused, not ignored)
+    rows = (
+        _sample_rows(name, samples, f"{where}.samples", problems) if samples is not None else None
+    )
     time_raw = craw.get("time")
     if time_raw is None:
         time_raw = {}
-        if not samples:
+        if samples is None:
             problems.append(
                 f"{where}: missing required key 'time' ({{alpha, per_item}}: one call on x "
                 f"items with n devices takes alpha + x * per_item[n] seconds); add it, or "
                 f"'samples' to fit it from"
             )
     elif not isinstance(time_raw, Mapping):
-        problems.append(f"{where}.time must be a mapping {{alpha, per_item}}, got {time_raw!r}")
+        problems.append(f"{where}.time must be a mapping {{alpha, per_item}}, got {_got(time_raw)}")
         time_raw = {}
-    elif "per_item" not in time_raw and not samples:
+    elif "per_item" not in time_raw and samples is None:
         problems.append(
             f"{where}.time: missing required key 'per_item' (seconds per item for each count "
             f"of valid_devices, e.g. {{1: 2.0, 2: 1.05}}); add it, or 'samples' to fit it from"
@@ -959,7 +1084,20 @@ def _build_component(
     else:
         cores = _count_map(cores_raw, f"{where}.cpu_cores", problems, core_count, "CPU cores")
 
-    if samples and rows is None:  # malformed samples, said: nothing to fit, nothing more to say
+    for key, given in (
+        (f"{where}.time.per_item", per_item),
+        (f"{where}.memory_gb", memory if isinstance(mem_raw, Mapping) else None),
+        (f"{where}.cpu_cores", cores if isinstance(cores_raw, Mapping) else None),
+    ):
+        unused = sorted(n for n in given or () if n not in valid_t)
+        if unused and notes is not None:
+            # valid_devices [1, 2] beside per_item {1: .., 2: .., 4: ..}: 4 was likely meant too
+            notes.append(
+                f"{key} has values for device count(s) {count_ranges(unused)}, which "
+                f"{where}.valid_devices {list(valid_t)} leaves out: the planner never uses "
+                "them; add the counts to valid_devices, or drop the values"
+            )
+    if samples is not None and rows is None:  # malformed samples, said: nothing more to say
         return None, None
     report = None
     missing_t = [n for n in valid_t if n not in per_item]
@@ -1018,8 +1156,11 @@ def _sample_rows(name: str, samples: Any, where: str, problems: list[str]) -> li
     None (and a problem per bad row) if any row is malformed. The fit takes logs of n and
     divides by n and by items, so n >= 1 and items > 0."""
     shape = "[n_devices, items, seconds, peak_memory_gb]"
-    if not isinstance(samples, Sequence) or isinstance(samples, str):
-        problems.append(f"{where} must be a list of rows {shape}, got {_got(samples)}")
+    if not isinstance(samples, Sequence) or isinstance(samples, str) or not samples:
+        problems.append(
+            f"{where} must be a non-empty list of measured rows {shape}, got {_got(samples)}; "
+            "add rows, or drop the key and give time.per_item"
+        )
         return None
     rows: list[Sample] = []
     for i, s in enumerate(samples):
@@ -1114,9 +1255,12 @@ def fit_component(
     pred = np.array(
         [alpha + x * per_item.get(n, scale * n**-exponent) for n, x in zip(ns, xs, strict=True)]
     )
-    rel = np.abs(pred - ts) / np.maximum(np.abs(ts), 1e-12)
-    mem_pred = np.array([memory.get(n, ma + mb / n) for n in ns])
-    mem_rel = np.abs(mem_pred - mem) / np.maximum(np.abs(mem), 1e-12)
+    # Samples of absurd size (1e300 s) overflow here to inf: the fit's costs are then refused
+    # as past MAX_MAGNITUDE, with the key named, so numpy's own warning would only add noise.
+    with np.errstate(over="ignore", invalid="ignore"):
+        rel = np.abs(pred - ts) / np.maximum(np.abs(ts), 1e-12)
+        mem_pred = np.array([memory.get(n, ma + mb / n) for n in ns])
+        mem_rel = np.abs(mem_pred - mem) / np.maximum(np.abs(mem), 1e-12)
     report = FitReport(
         component=name,
         n_samples=len(samples),

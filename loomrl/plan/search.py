@@ -56,7 +56,9 @@ from loomrl.plan.profile import ComponentProfile, WorkloadProfile
 
 __all__ = [
     "MODES",
+    "ExhaustiveTooLong",
     "exhaustive",
+    "exhaustive_all",
     "exhaustive_times",
     "fixed_plan",
     "plan_for_mode",
@@ -2025,24 +2027,63 @@ def plan_for_mode(profile: WorkloadProfile, mode: str, devices: int | None = Non
 # ----------------------------------------------------------------------- brute force
 
 
-def exhaustive(profile: WorkloadProfile, devices: int | None = None, mode: str = "best") -> Plan:
+class ExhaustiveTooLong(PlanError):
+    """The brute force ran past its ``deadline`` (``exhaustive(..., deadline=...)``): it grows
+    exponentially with the components and devices, so a large instance would not end."""
+
+
+def exhaustive(
+    profile: WorkloadProfile,
+    devices: int | None = None,
+    mode: str = "best",
+    deadline: float | None = None,
+) -> Plan:
     """Reference search: every tree, every cut, every split, every device count, every m.
 
     No memoisation and no Pareto pruning (only exact duplicates of a result are
-    merged); exponential, meant for V <= 4 and N <= 12.
+    merged); exponential, meant for V <= 4 and N <= 12. ``deadline`` (a
+    ``time.perf_counter()`` value; None: none): raise ``ExhaustiveTooLong`` once past it.
     """
     if mode not in _MODE_KINDS:
         raise PlanError(f"mode must be one of {sorted(_MODE_KINDS)}, got {mode!r}")
+    plans = exhaustive_all(profile, devices, deadline=deadline, modes=(mode,))
+    plan = plans[mode]
+    assert plan is not None  # exhaustive_all raised PlanError naming the constraint
+    return plan
+
+
+def exhaustive_all(
+    profile: WorkloadProfile,
+    devices: int | None = None,
+    deadline: float | None = None,
+    modes: tuple[str, ...] = ("best", *MODES),
+) -> dict[str, Plan | None]:
+    """``exhaustive`` for every mode of ``modes`` from one brute-force pass (what
+    ``search_all`` is to ``search``): mode -> Plan, None where no plan of that mode fits;
+    ``PlanError`` naming the constraint when none of ``modes[0]`` fits. Every Plan's ``modes``
+    maps each mode of ``MODES`` to its predicted seconds (None: infeasible)."""
     n = int(devices or profile.devices)
     prof = profile if n == profile.devices else profile.with_devices(n)
     check_search_size(prof)
     t0 = time.perf_counter()
-    best, to_node = _exhaustive_all(prof, n)
+    best, to_node = _exhaustive_all(prof, n, deadline)
     search_s = time.perf_counter() - t0
-    b = best[mode]
-    if b is None:
-        raise PlanError(_diagnose(prof, n, mode))
-    return fixed_plan(prof, to_node(b[2]), b[1], devices=n, search_s=search_s, method="exhaustive")
+    if best[modes[0]] is None:
+        raise PlanError(_diagnose(prof, n, modes[0]))
+    out: dict[str, Plan | None] = {
+        k: (
+            fixed_plan(prof, to_node(b[2]), b[1], devices=n, search_s=search_s, method="exhaustive")
+            if (b := best[k]) is not None
+            else None
+        )
+        for k in modes
+    }
+    times = {
+        k: (v[0] + prof.iteration_overhead_s if (v := best[k]) is not None else None) for k in MODES
+    }
+    # As search_all: each mode's time as its own plan states it
+    times = {k: (p.predicted_s if (p := out.get(k)) is not None else v) for k, v in times.items()}
+    return {k: (replace(p, modes=times) if p is not None else None) for k, p in out.items()}
 
 
 def exhaustive_times(
@@ -2057,8 +2098,16 @@ def exhaustive_times(
     return {k: (v[0] + prof.iteration_overhead_s if v else None) for k, v in best.items()}
 
 
-def _exhaustive_all(prof: WorkloadProfile, n: int):
+def _exhaustive_all(prof: WorkloadProfile, n: int, deadline: float | None = None):
     g = WorkGraph.from_profile(prof)
+
+    def on_time() -> None:
+        if deadline is not None and time.perf_counter() > deadline:
+            raise ExhaustiveTooLong(
+                f"the brute force over every plan of {len(prof.components)} components on "
+                f"{n} devices ran past its time limit"
+            )
+
     cap, ccap = prof.device_memory_gb + EPS, prof.cpu_core_budget + EPS
     M = prof.batch
     switch = switch_total(prof)
@@ -2075,6 +2124,7 @@ def _exhaustive_all(prof: WorkloadProfile, n: int):
         return out
 
     def stream(s: int, nn: int, m: int) -> dict:
+        on_time()
         if s & (s - 1) == 0:
             return leaf(s, nn, m)
         out: dict = {}
@@ -2083,12 +2133,14 @@ def _exhaustive_all(prof: WorkloadProfile, n: int):
             for na in range(1, nn):
                 sa, sb = stream(a, na, m), stream(b, nn - na, m)
                 for (fa, pa, ma, ca, ka, _), ta in sa.items():
+                    on_time()
                     for (fb, pb, mb, cb, kb, _), tb in sb.items():
                         key = (fa + fb, max(pa, pb), max(ma, mb), ca + cb, ka | kb | KIND_S, "S")
                         if fits(key[2], key[3]):
                             out.setdefault(key, ("S", ta, tb))
             sa, sb = stream(a, nn, m), stream(b, nn, m)
             for (fa, pa, ma, ca, ka, _), ta in sa.items():
+                on_time()
                 for (fb, pb, mb, cb, kb, _), tb in sb.items():
                     key = (fa + fb, pa + pb, ma + mb, max(ca, cb), ka | kb | KIND_T, "T")
                     if fits(key[2], key[3]):
@@ -2097,6 +2149,7 @@ def _exhaustive_all(prof: WorkloadProfile, n: int):
 
     def phase(s: int, nn: int, m: int, root: bool) -> dict:
         """(T, kind) -> tree for every phase-context plan of s on nn devices."""
+        on_time()
         if s & (s - 1) == 0:
             return {(k[0], k[4]): t for k, t in leaf(s, nn, M).items()}
         K = M // m
@@ -2107,6 +2160,7 @@ def _exhaustive_all(prof: WorkloadProfile, n: int):
         for a in g.cuts(s):
             b = s & ~a
             for (tav, ka), ta in phase(a, nn, m, False).items():
+                on_time()
                 for (tbv, kb), tb in phase(b, nn, m, False).items():
                     v = tav + tbv + (switch if root else 0.0)
                     out.setdefault((v, ka | kb | KIND_T), ("T", ta, tb))

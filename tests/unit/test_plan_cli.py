@@ -199,7 +199,7 @@ def test_exhaustive_on_a_large_instance_warns(capsys, monkeypatch):
     def stop(*a, **k):  # the warning comes before the brute force; stop there
         raise Stop
 
-    monkeypatch.setattr(search_mod, "exhaustive", stop)
+    monkeypatch.setattr(search_mod, "exhaustive_all", stop)  # one pass for every mode
     with pytest.raises(Stop):
         plan_main([str(EXAMPLES / "ppo_actor_critic.yaml"), "--devices", "16", "--exhaustive"])
     assert "may take very long" in capsys.readouterr().err
