@@ -94,7 +94,25 @@ DEFAULT_LAUNCH_TIMEOUT_S = 1800.0
 class Cluster:
     """Handle on a running Ray instance plus loomrl's device inventory. Create with ``Cluster.start``."""
 
-    def __init__(self, nodes: list[Node], owns_ray: bool, pin_cores: bool = True):
+    def __init__(
+        self,
+        nodes: list[Node] | None = None,
+        owns_ray: bool = False,
+        pin_cores: bool = True,
+        **start_kwargs: Any,
+    ):
+        if (
+            start_kwargs
+            or not isinstance(nodes, list)
+            or not all(isinstance(n, Node) for n in nodes)
+        ):
+            # Cluster() or Cluster(num_cpus=2): what Cluster.start is for, said with its call.
+            given = ", ".join(f"{k}={v!r}" for k, v in start_kwargs.items())
+            raise TypeError(
+                f"a Cluster is made by loomrl.Cluster.start({given}), which starts (or joins) "
+                "Ray and takes its inventory; Cluster(...) only wraps an inventory that start "
+                "took"
+            )
         self.nodes = nodes
         self.devices: list[Device] = [d for n in nodes for d in n.devices]
         self._owns_ray = owns_ray
@@ -132,10 +150,13 @@ class Cluster:
         """
         import ray
 
+        _check_start(num_cpus, num_gpus, address, num_devices)
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         address = address or os.environ.get("RAY_ADDRESS") or None
         owns = False
-        if not ray.is_initialized():
+        if ray.is_initialized():
+            _warn_running(num_cpus, num_gpus)
+        else:
             if address:
                 _check_reachable(address)
                 ray.init(address=address, namespace=_NAMESPACE, log_to_driver=log_to_driver)
@@ -390,8 +411,23 @@ class Cluster:
 
         cls, n, num_cpus = spec.cls, spec.n, spec.num_cpus
         check_worker_class(cls, spec.args, spec.kwargs)
-        if not isinstance(n, int) or n < 1:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
             raise PlacementError(f"n={n!r}: the number of workers must be a positive integer")
+        n = int(n)
+        if spec.name is not None and (not isinstance(spec.name, str) or not spec.name):
+            raise PlacementError(
+                f"name={spec.name!r}: a group's name is a non-empty string (None: the class's "
+                f"name, {cls.__name__!r})"
+            )
+        if spec.env is not None and (
+            not isinstance(spec.env, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in spec.env.items())
+        ):
+            # Found in the worker, it killed the process as it started (os.environ takes str).
+            raise PlacementError(
+                f"{spec.name or cls.__name__}: env={spec.env!r} must be a dict of str to str "
+                "(environment variables for the workers), e.g. {'OMP_NUM_THREADS': '1'}"
+            )
         mc = getattr(cls, "max_concurrency", 1)
         if isinstance(mc, bool) or not isinstance(mc, int) or mc < 1:
             raise TypeError(
@@ -603,6 +639,62 @@ def _check_logical_gpus(num_gpus: int, num_cpus: int | None) -> None:
             f"run.num_gpus={num_gpus} logical GPUs on a machine with {real} GPU(s) and {cores} "
             f"cores: at most {most} ({_SLOTS_PER_CORE} per core) can be started; leave "
             f"run.num_gpus null for the real GPUs, or give at most {max(real, cores)}"
+        )
+
+
+def _check_start(num_cpus: Any, num_gpus: Any, address: Any, num_devices: Any) -> None:
+    """Cluster.start's arguments, all problems at once, before Ray starts (Ray refused some in
+    its own words after starting its processes, and num_devices=0 made a cluster of no
+    devices)."""
+
+    def whole(v: Any, least: int) -> bool:
+        return v is None or (
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= least
+        )
+
+    problems = []
+    if not whole(num_cpus, 0):
+        problems.append(
+            f"num_cpus={num_cpus!r} must be a whole number >= 0 (cores of the embedded Ray), or "
+            "None for this machine's"
+        )
+    if not whole(num_gpus, 0):
+        problems.append(
+            f"num_gpus={num_gpus!r} must be a whole number >= 0 (GPUs, logical past the real "
+            "ones), or None for this machine's"
+        )
+    if not whole(num_devices, 1):
+        problems.append(
+            f"num_devices={num_devices!r} must be a whole number >= 1 (CPU device slots per "
+            "node), or None for one per core"
+        )
+    if address is not None and (not isinstance(address, str) or not address):
+        problems.append(
+            f"address={address!r} must be a Ray cluster's address such as '10.0.0.1:6379' or "
+            "'auto', or None to start Ray here"
+        )
+    if problems:
+        raise PlacementError("Cluster.start: " + "; ".join(problems))
+
+
+def _warn_running(num_cpus: int | None, num_gpus: int | None) -> None:
+    """Ray already runs in this process (another Cluster started it): this one takes that
+    Ray's inventory, and the resources asked for here cannot apply. Said, when they
+    differ, rather than dropped without a word."""
+    import ray
+
+    have = ray.cluster_resources()
+    differ = [
+        f"{name}={asked} (it has {have.get(res, 0):g})"
+        for name, asked, res in (("num_cpus", num_cpus, "CPU"), ("num_gpus", num_gpus, "GPU"))
+        if asked is not None and float(asked) != have.get(res, 0)
+    ]
+    if differ:
+        warnings.warn(
+            f"Cluster.start({', '.join(differ)}): Ray is already running in this process (an "
+            "earlier Cluster.start), and this Cluster shares it as it is; shut the other "
+            "Cluster down first (cluster.shutdown()) to start Ray with these settings",
+            stacklevel=3,
         )
 
 
