@@ -58,6 +58,19 @@ class RemoteError(LoomError):
         self.expected = expected
         super().__init__(f"{self.headline}\n--- remote traceback ---\n{remote_traceback}")
 
+    def __reduce__(self) -> tuple:
+        # Rebuilt from its parts when it crosses processes (a worker that waited on another
+        # group raises it to its own caller); Exception's default passes only the message.
+        return type(self), (
+            self.worker,
+            self.rank,
+            self.host,
+            self.method,
+            self.cause,
+            self.remote_traceback,
+            self.expected,
+        )
+
 
 class WorkerDiedError(LoomError):
     """A worker process died (killed, crashed, out of memory) while work was pending on it."""
@@ -65,11 +78,16 @@ class WorkerDiedError(LoomError):
     def __init__(self, worker: str, rank: int, host: str, method: str | None, detail: str = ""):
         # method None: the worker is known dead from another's call (it needed its result).
         self.worker, self.rank, self.host, self.method = worker, rank, host, method
+        self.detail = detail
         super().__init__(
             f"{worker} rank {rank} on {host} died"
             + (f" while running {method}()" if method else "")
             + (f": {detail}" if detail else "")
         )
+
+    def __reduce__(self) -> tuple:
+        # As RemoteError: a worker that found another dead raises this to its own caller.
+        return type(self), (self.worker, self.rank, self.host, self.method, self.detail)
 
 
 class TrainingError(LoomError):

@@ -36,6 +36,7 @@ from loomrl.errors import (
     PlacementError,
     RemoteError,
     WorkerDiedError,
+    check_timeout,
 )
 
 if TYPE_CHECKING:
@@ -47,6 +48,11 @@ _DISPATCH_MODES = ("all", "split", "scatter", "rank0")
 
 def dispatch(mode: str) -> Callable[[Callable], Callable]:
     """Declare how a group call hands its arguments to the ranks (see module docstring)."""
+    if callable(mode):  # bare @dispatch over a method
+        raise TypeError(
+            f"@dispatch needs a mode: write @dispatch('split') (one of {_DISPATCH_MODES}) above "
+            f"{getattr(mode, '__name__', 'the method')}, not bare @dispatch"
+        )
     if mode not in _DISPATCH_MODES:
         raise ValueError(f"dispatch mode {mode!r} is unknown; choose one of {_DISPATCH_MODES}")
 
@@ -357,8 +363,9 @@ def _returns_values(fn: Callable) -> Callable:
     only (and log the rest away): data lost without an error. The worker's own code (its other
     methods, threads it starts) may still take generators from it."""
 
+    # Named apart: a remote traceback without this frame failed outside the method (``_get``).
     @functools.wraps(fn)
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def _loom_method(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = fn(self, *args, **kwargs)
         if inspect.isgenerator(out) and _handed_to_dispatch():
             raise TypeError(
@@ -367,7 +374,7 @@ def _returns_values(fn: Callable) -> Callable:
             )
         return out
 
-    return method
+    return _loom_method
 
 
 def check_worker_class(cls: Any, args: tuple, kwargs: dict[str, Any]) -> None:
@@ -454,6 +461,7 @@ class Handle:
     def done(self) -> bool:
         import ray
 
+        _require_ray(repr(self))
         ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
         return len(ready) == len(self.refs)
 
@@ -469,17 +477,24 @@ def wait(*handles: Handle, timeout: float | None = None) -> Any:
     """
     import ray
 
+    timeout = check_timeout(timeout)
     if not handles:
         return []
     for h in handles:
         if not isinstance(h, Handle):
-            raise TypeError(
-                f"wait() takes Handles returned by group method calls, got {type(h).__name__}; "
-                "call the method on a WorkerGroup first, e.g. wait(group.step())"
+            several = (
+                "; pass them one by one: wait(*handles)"
+                if isinstance(h, (list, tuple)) and h and all(isinstance(x, Handle) for x in h)
+                else "; call the method on a WorkerGroup first, e.g. wait(group.step())"
             )
-    all_refs = [r for h in handles for r in h.refs]
+            raise TypeError(
+                f"wait() takes Handles returned by group method calls, got "
+                f"{type(h).__name__}{several}"
+            )
+    _require_ray(repr(handles[0]))
     deadline = None if timeout is None else time.monotonic() + timeout
-    pending = list(all_refs)
+    # Once each: a handle given twice (ray.wait refuses a ref listed twice).
+    pending = list(dict.fromkeys(r for h in handles for r in h.refs))
     # ray.wait returns as soon as refs finish or fail; a dead actor's refs fail within seconds, so
     # this loop cannot hang on a crashed worker. We surface the first failure as soon as it lands.
     while pending:
@@ -499,6 +514,30 @@ def wait(*handles: Handle, timeout: float | None = None) -> Any:
                 raise
     out = [[_get(h, r, ref) for r, ref in zip(h.ranks, h.refs, strict=True)] for h in handles]
     return out[0] if len(handles) == 1 else out
+
+
+def _require_ray(what: str) -> None:
+    """A remote call without Ray would start a new Ray instance (Ray does on a first call),
+    where no worker of this process's groups lives, and fail there in Ray's words."""
+    import ray
+
+    if not ray.is_initialized():
+        raise LoomError(
+            f"{what}: Ray is not running in this process: the Cluster these workers ran on was "
+            "shut down (which stops them); start one with loomrl.Cluster.start() and launch "
+            "the group again"
+        )
+
+
+def _require_live(group: WorkerGroup) -> None:
+    """A call on a group that was killed (``kill()``, or its cluster's ``shutdown()``) is the
+    caller's mistake, not a crash: said as such before Ray reports dead processes."""
+    if group._root._killed:
+        raise LoomError(
+            f"{group.name}: this group was stopped (kill(), or its Cluster's shutdown()); "
+            "launch it again with cluster.launch(...) to call it"
+        )
+    _require_ray(f"{group.name}")
 
 
 def read_done(refs: list[Any], timeout: float = 0.0) -> list[Any]:
@@ -598,15 +637,37 @@ def _get(h: Handle, rank: int, ref: Any) -> Any:
         died = _died_upstream(h, rank, cause)
         if died is not None:
             raise died from None
+        if isinstance(cause, WorkerDiedError):
+            # A worker this one called died (the worker's own wait raised it): that death, so
+            # that a run restarts on it (run.max_restarts) as on one it saw itself.
+            raise WorkerDiedError(
+                cause.worker,
+                cause.rank,
+                cause.host,
+                cause.method,
+                f"found when {h.group.name} rank {rank}'s {h.method}() called it. {cause.detail}",
+            ) from None
         tb = _ANSI.sub("", str(e))
+        said = f"{type(cause).__name__}: {cause}"
+        if isinstance(cause, RemoteError):  # a worker this one called failed: its headline
+            said = f"{type(cause).__name__}: {cause.headline}"
+        elif "cloudpickle" in tb and "in _loom_method" not in tb:
+            # Failed after the method returned: Ray could not pickle its value.
+            said = (
+                f"its return value cannot be sent to the caller ({said}); return plain data "
+                "(numbers, strings, lists, dicts, numpy arrays, tensors) and keep objects such "
+                "as locks, files, sockets and clients in the worker"
+            )
         err = RemoteError(
             h.group.name,
             rank,
             host,
             h.method,
-            f"{type(cause).__name__}: {cause}",
+            said,
             tb,
-            expected=isinstance(cause, LoomError),
+            expected=cause.expected
+            if isinstance(cause, RemoteError)
+            else isinstance(cause, LoomError),
         )
         raise err from (cause if isinstance(cause, BaseException) else None)
     except rex.UnserializableException as e:
@@ -619,9 +680,11 @@ def _get(h: Handle, rank: int, ref: Any) -> Any:
         ) from None
     except (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError) as e:
         host = h.group._hosts.get(rank, "?")
-        text = _ANSI.sub("", str(e)).strip() or type(e).__name__
         # A constructor that raised shows up as a dead actor: keep its traceback in the message.
-        raise WorkerDiedError(h.group.name, rank, host, h.method, text[-4000:]) from None
+        text = (_ANSI.sub("", str(e)).strip() or type(e).__name__)[-4000:]
+        if h.group._root._killed:
+            text = f"its group was stopped (kill(), or its Cluster's shutdown()). {text}"
+        raise WorkerDiedError(h.group.name, rank, host, h.method, text) from None
 
 
 class _GroupMethod:
@@ -631,6 +694,7 @@ class _GroupMethod:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Handle:
         g = self._group
+        _require_live(g)
         ranks = self._ranks
         if self._mode == "rank0":
             ranks = [ranks[0]]
@@ -808,6 +872,8 @@ class WorkerGroup:
     def on(self, ranks: int | Sequence[int]) -> WorkerGroup:
         """A view of this group restricted to some ranks (calls run only there)."""
         ranks = [ranks] if isinstance(ranks, int) else list(ranks)
+        if not ranks:
+            raise PlacementError(f"{self.name}.on([]): give at least one of ranks {self._ranks}")
         bad = [r for r in ranks if r not in self._ranks]
         if bad:
             raise PlacementError(
@@ -819,6 +885,7 @@ class WorkerGroup:
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Handle:
         """Call a (possibly built-in, underscore) method on every rank of this view."""
+        _require_live(self)
         refs = [getattr(self._actors[r], method).remote(*args, **kwargs) for r in self._ranks]
         return Handle(self, method, list(self._ranks), refs)
 
@@ -828,6 +895,9 @@ class WorkerGroup:
         import ray
         from ray import exceptions as rex
 
+        if self._root._killed:
+            return [False] * len(self._ranks)
+        _require_ray(self.name)
         out = []
         for r in self._ranks:
             try:
