@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import numbers
 import os
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from loomrl.errors import LoomError
+from loomrl.errors import LoomError, check_timeout
 
 # The version names the protocol between clients and the lock actor, which, detached, can outlive
 # the loomrl that started it on a long-lived cluster: another version is another lock.
-_ACTOR_NAME = "loomrl_device_lock_v3"  # v3: on the head node (an existing v2 is not moved)
+# v3: on the head node (an existing v2 is not moved); v4: release says what was not held.
+_ACTOR_NAME = "loomrl_device_lock_v4"
 _LIVENESS_PERIOD_S = 1.0
 
 
@@ -44,6 +46,25 @@ def _on_head_node(cluster_resources: dict[str, float]) -> dict[str, Any]:
 
 class DeviceLockTimeout(LoomError, TimeoutError):
     pass
+
+
+class DeviceLockError(LoomError, RuntimeError):
+    """A release of devices the releasing owner does not hold (as releasing an unlocked
+    ``threading.Lock`` is a RuntimeError)."""
+
+
+def _check_devices(devices: Any) -> list[int]:
+    """Global device indices, as a list: a bare int or a string (whose characters would be
+    locked one by one) is refused, as is anything but whole numbers."""
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, Iterable):
+        raise TypeError(
+            f"devices={devices!r}: give a list of device indices, e.g. [0, 1] (or [3] for one)"
+        )
+    devices = list(devices)
+    bad = [d for d in devices if isinstance(d, bool) or not isinstance(d, numbers.Integral)]
+    if bad:
+        raise TypeError(f"devices={devices!r}: device indices are whole numbers, got {bad[0]!r}")
+    return [int(d) for d in devices]
 
 
 class _LockServer:
@@ -103,8 +124,13 @@ class _LockServer:
         self.grants += 1
         return self.grants
 
-    async def release(self, owner: str, devices: list[int]) -> None:
-        await self._release(owner, sorted(set(devices)))
+    async def release(self, owner: str, devices: list[int], strict: bool = False) -> list[int]:
+        """Release ``devices`` once for ``owner``; the ones it does not hold, which ``strict``
+        refuses whole (nothing released)."""
+        unheld = sorted({d for d in devices if d not in self.held or self.held[d][0] != owner})
+        if not (strict and unheld):
+            await self._release(owner, sorted(set(devices)))
+        return unheld
 
     async def _release(self, owner: str, devices: Iterable[int]) -> None:
         async with self.cond:
@@ -154,10 +180,26 @@ class _LockServer:
         return {d: (o, n) for d, (o, n) in self.held.items()}
 
 
+def _require_ray() -> None:
+    """Ray's first call in a process without Ray starts a new instance, without this lock, and
+    Ray's own word for it names its state API, not the lock or what starts Ray."""
+    import ray
+
+    if not ray.is_initialized():
+        raise LoomError(
+            "Ray is not running in this process (not started yet, or its Cluster was shut "
+            "down); the device lock lives on the Ray cluster: start one with "
+            "loomrl.Cluster.start()"
+        )
+
+
 class DeviceLock:
     """Client of the cluster-wide lock. ``DeviceLock.get()`` attaches to (or creates) the lock actor."""
 
     _instance: DeviceLock | None = None
+    # The lock actor died and was replaced in this process: holds taken before went with it,
+    # and releasing them finds nothing, which is then no mistake.
+    _replaced = False
 
     def __init__(self, actor: Any):
         self._actor = actor
@@ -167,12 +209,7 @@ class DeviceLock:
         """The process's client; ``fresh``: attach anew (by name) instead of reusing the last."""
         import ray
 
-        if not ray.is_initialized():
-            # Ray's own word for it names its state API, not the lock or what starts Ray.
-            raise LoomError(
-                "Ray is not running in this process; start it first with "
-                "loomrl.Cluster.start() (the device lock lives on the Ray cluster)"
-            )
+        _require_ray()
         if cls._instance is None or fresh:
             from loomrl.cluster import _NAMESPACE  # not the caller's: all drivers share it
 
@@ -202,10 +239,15 @@ class DeviceLock:
         their releases find nothing to release."""
         import ray
 
+        _require_ray()
         try:
             return ray.get(getattr(self._actor, method).remote(*args))
-        except ray.exceptions.RayActorError:
+        except Exception as e:
+            # Dead, or a handle from a Ray instance of this process that has stopped.
+            if not isinstance(e, ray.exceptions.RayActorError) and "Can't find actor" not in str(e):
+                raise
             self._actor = DeviceLock.get(fresh=True)._actor
+            DeviceLock._replaced = True
             return ray.get(getattr(self._actor, method).remote(*args))
 
     @staticmethod
@@ -213,6 +255,7 @@ class DeviceLock:
         """This process's owner name, and what the lock checks to know it lives."""
         import ray
 
+        _require_ray()
         ctx = ray.get_runtime_context()
         actor_id = ctx.get_actor_id()
         if actor_id:
@@ -225,11 +268,16 @@ class DeviceLock:
     def acquire(
         self, devices: Iterable[int], owner: str | None = None, timeout: float | None = None
     ) -> None:
+        """Hold ``devices`` for ``owner`` (default: this process), waiting up to ``timeout``
+        seconds (None: for ever). Re-entrant: an owner may acquire what it holds again, and
+        each acquire needs its release."""
         import ray
 
+        devices = _check_devices(devices)
+        timeout = check_timeout(timeout)
         auto_owner, process = self._owner()
         try:
-            self._call("acquire", owner or auto_owner, list(devices), process, timeout)
+            self._call("acquire", owner or auto_owner, devices, process, timeout)
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, TimeoutError):
                 raise DeviceLockTimeout(
@@ -238,13 +286,24 @@ class DeviceLock:
             raise
 
     def release(self, devices: Iterable[int], owner: str | None = None) -> None:
-        self._call("release", owner or self._owner()[0], list(devices))
+        """Release ``devices`` once (an acquire's worth). DeviceLockError, with nothing
+        released, when the owner does not hold them all: a release without its acquire (or one
+        too many) would otherwise pass unseen and take another holder's turn."""
+        devices = _check_devices(devices)
+        owner = owner or self._owner()[0]
+        unheld = self._call("release", owner, devices, not DeviceLock._replaced)
+        if unheld and not DeviceLock._replaced:
+            raise DeviceLockError(
+                f"release({devices}): {owner} does not hold device(s) {unheld} (never acquired, "
+                "released already, or held by another owner); release what acquire() took, "
+                "once per acquire, or use `with lock.hold(devices):`"
+            )
 
     @contextlib.contextmanager
     def hold(
         self, devices: Iterable[int], owner: str | None = None, timeout: float | None = None
     ) -> Iterator[None]:
-        devices = list(devices)
+        devices = _check_devices(devices)
         # By default the owner is the process (actor id): re-entrancy is per process.
         owner = owner or self._owner()[0]
         self.acquire(devices, owner, timeout)
