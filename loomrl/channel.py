@@ -839,14 +839,15 @@ class Channel:
             if e.elsewhere is not None:
                 raise LoomError(e.elsewhere) from None
             srcs = sorted({got[i][1] for i in e.lost})
+            back = f"; the {len(keep)} other item(s) of this get are back, first in the queue"
+            back = back if keep else ""
             raise ChannelItemLost(
                 f"channel {self.name!r} key {key!r}: {len(e.lost)} item(s) put by "
                 f"{', '.join(srcs)} are lost ({'; '.join(sorted(set(e.lost.values())))}): the "
                 "process that put them ended before they were taken, and an item too large to "
                 f"ride inside the channel (over {self._inline_bytes} bytes) stays with the "
-                f"process that put it until taken; {len(keep)} other item(s) of this get are "
-                "back at the front of the queue. Put the lost items again (a run restarts "
-                "from its last checkpoint: run.max_restarts)"
+                f"process that put it until taken{back}. Put the lost items again (a run "
+                "restarts from its last checkpoint: run.max_restarts)"
             ) from None
 
     def wait_taken(self, key: Hashable = None, timeout: float | None = None) -> None:

@@ -75,7 +75,7 @@ def test_items_of_a_producer_that_died_are_an_error_and_the_others_stay(cluster,
         deadline = time.monotonic() + 30  # its tracker unlinks its slots soon after
         while glob.glob(f"/dev/shm/loomrl_{pid}_*") and time.monotonic() < deadline:
             time.sleep(0.05)
-        with pytest.raises(ChannelItemLost, match=r"1 item\(s\) put by .* are lost.*4 other"):
+        with pytest.raises(ChannelItemLost, match=r"1 item\(s\) put by .* are lost.*the 4 other"):
             ch.get_many(5, timeout=30)
         # The rest, in their order, for the next get; nothing else was lost.
         assert [float(x[0]) for x in ch.get_many(4, timeout=30)] == [1024, 2048, 4096, 1 << 20]
@@ -107,7 +107,9 @@ def test_an_item_whose_owner_died_in_the_object_store_is_an_error_and_the_others
             return real_get(refs, *a, **k)
 
         monkeypatch.setattr(ray, "get", get)
-        with pytest.raises(ChannelItemLost, match=r"1 item\(s\) .* \(OwnerDiedError\).*2 other"):
+        with pytest.raises(
+            ChannelItemLost, match=r"1 item\(s\) .* \(OwnerDiedError\).*the 2 other"
+        ):
             ch.get_many(3, timeout=5)
         rest = ch.get_many(2, timeout=5)
         assert float(rest[0][0]) == 2.0 and rest[1] == "small"
