@@ -197,9 +197,11 @@ class DeviceLock:
     """Client of the cluster-wide lock. ``DeviceLock.get()`` attaches to (or creates) the lock actor."""
 
     _instance: DeviceLock | None = None
-    # The lock actor died and was replaced in this process: holds taken before went with it,
-    # and releasing them finds nothing, which is then no mistake.
-    _replaced = False
+    # Times this process found the lock actor dead and attached to a new one, and the count
+    # as it was at each owner's last acquire here: holds taken before a replacement went with
+    # the old actor, and releasing them finds nothing, which is then no mistake.
+    _replacements = 0
+    _acquired_at: dict[str, int] = {}
 
     def __init__(self, actor: Any):
         self._actor = actor
@@ -247,7 +249,7 @@ class DeviceLock:
             if not isinstance(e, ray.exceptions.RayActorError) and "Can't find actor" not in str(e):
                 raise
             self._actor = DeviceLock.get(fresh=True)._actor
-            DeviceLock._replaced = True
+            DeviceLock._replacements += 1
             return ray.get(getattr(self._actor, method).remote(*args))
 
     @staticmethod
@@ -276,8 +278,10 @@ class DeviceLock:
         devices = _check_devices(devices)
         timeout = check_timeout(timeout)
         auto_owner, process = self._owner()
+        owner = owner or auto_owner
         try:
-            self._call("acquire", owner or auto_owner, devices, process, timeout)
+            self._call("acquire", owner, devices, process, timeout)
+            DeviceLock._acquired_at[owner] = DeviceLock._replacements
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, TimeoutError):
                 raise DeviceLockTimeout(
@@ -291,8 +295,10 @@ class DeviceLock:
         too many) would otherwise pass unseen and take another holder's turn."""
         devices = _check_devices(devices)
         owner = owner or self._owner()[0]
-        unheld = self._call("release", owner, devices, not DeviceLock._replaced)
-        if unheld and not DeviceLock._replaced:
+        now = DeviceLock._replacements
+        strict = DeviceLock._acquired_at.get(owner, now) == now
+        unheld = self._call("release", owner, devices, strict)
+        if unheld and strict and DeviceLock._replacements == now:  # (not replaced meanwhile)
             raise DeviceLockError(
                 f"release({devices}): {owner} does not hold device(s) {unheld} (never acquired, "
                 "released already, or held by another owner); release what acquire() took, "

@@ -33,6 +33,24 @@ def test_a_release_without_its_acquire_is_an_error_and_releases_nothing(cluster)
     assert 7 not in lock.state()
 
 
+def test_holds_that_went_with_a_replaced_lock_actor_release_quietly(cluster, monkeypatch):
+    """A lock actor that died took its holds along; the releases of holds taken before this
+    process attached to its replacement find nothing, and are no mistake. Those after are
+    checked again."""
+    import ray
+
+    lock = DeviceLock.get()
+    owner = "held-before-replacement"
+    lock.acquire([7], owner=owner)
+    ray.get(lock._actor.release.remote(owner, [7]))  # gone with the old actor, as it were
+    monkeypatch.setattr(DeviceLock, "_replacements", DeviceLock._replacements + 1)
+    lock.release([7], owner=owner)
+    lock.acquire([7], owner=owner)
+    lock.release([7], owner=owner)
+    with pytest.raises(DeviceLockError, match="does not hold"):
+        lock.release([7], owner=owner)
+
+
 def test_devices_and_timeouts_of_the_wrong_type_are_named(cluster):
     lock = DeviceLock.get()
     for devices in (3, "01", None):  # "01" locked devices '0' and '1'
