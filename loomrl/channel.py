@@ -507,8 +507,17 @@ def _check_flag(value: Any, what: str, none: str | None = None) -> None:
     raise ValueError(f"{what}={value!r} must be {allowed}")
 
 
+_PLAIN_KEYS = (str, int, type(None))
+
+
 def _check_key(key: Any, channel: str) -> None:
-    """A key names one FIFO of the broker's dict: it must be hashable (a tuple, not a list)."""
+    """A key names one FIFO of the broker's dict: it must be hashable (a tuple, not a list),
+    and the broker's copy must equal the caller's: an object equal only to itself, or NaN,
+    named a new FIFO on every call, and what was put under it could never be got."""
+    if type(key) in _PLAIN_KEYS or (
+        type(key) is tuple and all(type(k) in _PLAIN_KEYS for k in key)
+    ):
+        return  # the usual keys, without a pickle per put
     try:
         hash(key)
     except TypeError:
@@ -516,6 +525,19 @@ def _check_key(key: Any, channel: str) -> None:
             f"channel {channel!r}: key {key!r} is not hashable ({type(key).__name__}); use a "
             "str, an int or a tuple"
         ) from None
+    from ray import cloudpickle
+
+    try:
+        copy = cloudpickle.loads(cloudpickle.dumps(key))
+        same = bool(copy == key) and hash(copy) == hash(key)
+    except Exception:
+        same = False
+    if not same:
+        raise TypeError(
+            f"channel {channel!r}: key {key!r} ({type(key).__name__}) is not equal to its copy "
+            "in the channel's broker (an object equal only to itself, or NaN): nothing put "
+            "under it could be got; use a str, an int or a tuple of those"
+        )
 
 
 def _check_weights(weights: list[Any], channel: str) -> list[float]:

@@ -37,6 +37,12 @@ def test_arguments_of_the_wrong_type_are_refused_naming_them(ch):
         ch.get_many(True)
     with pytest.raises(TypeError, match=r"key \[1\] is not hashable"):
         ch.qsize([1])
+    # The broker's copy of these never equals the caller's: each put made a new FIFO.
+    for key in (object(), float("nan"), ("a", float("nan"))):
+        with pytest.raises(TypeError, match="is not equal to its copy in the channel's broker"):
+            ch.put(1, key=key)
+    ch.put("x", key=("a", 1.5, frozenset({2})))  # equal once copied: fine
+    assert ch.get(key=("a", 1.5, frozenset({2})), timeout=5) == "x"
     with pytest.raises(ValueError, match=r"timeout='x' must be None \(wait forever\) or >= 0"):
         Channel.connect(ch.name, timeout="x")
     for flag, value in (("offload", "no"), ("shared_memory", "yes")):
