@@ -117,6 +117,7 @@ class Cluster:
         self.devices: list[Device] = [d for n in nodes for d in n.devices]
         self._owns_ray = owns_ray
         self._groups: list[WorkerGroup] = []
+        self._shut = False  # shutdown() was called: no more launches
         self._cpu_reserved: dict[int, float] = {n.index: 0.0 for n in nodes}
         self.pin_cores = pin_cores
         # Seconds a launch waits for its workers' constructors (None: for ever). Generous, as a
@@ -202,6 +203,7 @@ class Cluster:
         for g in self._groups:
             g.kill()
         self._groups.clear()
+        self._shut = True
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
         _sweep_channel_slots()
@@ -330,6 +332,20 @@ class Cluster:
 
         from loomrl.worker import WorkerGroup
 
+        if isinstance(launches, GroupLaunch) or not all(
+            isinstance(x, GroupLaunch) for x in launches
+        ):
+            raise TypeError(
+                f"launch_many takes a list of loomrl.cluster.GroupLaunch, got {launches!r}; "
+                "e.g. launch_many([GroupLaunch(MyWorker, 2, devices=[0, 1])])"
+            )
+        if self._shut:
+            # Its groups were killed, and Ray stopped if it started it; where another Cluster
+            # keeps Ray running, a launch would still start workers no shutdown will stop.
+            raise PlacementError(
+                "this Cluster was shut down (shutdown(), or the end of its `with` block); "
+                "start a new one with loomrl.Cluster.start()"
+            )
         if not ray.is_initialized():
             # Ray would start a new instance of its own here, whose nodes are not this
             # inventory's, and the workers would wait for a node that no longer exists.

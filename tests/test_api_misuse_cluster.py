@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from loomrl import Cluster
+from loomrl import Cluster, Worker
+from loomrl.cluster import GroupLaunch
 from loomrl.errors import PlacementError
 
 
@@ -43,10 +44,20 @@ def test_start_arguments_are_all_refused_before_ray_starts(monkeypatch):
 def test_a_second_start_with_other_resources_says_it_shares_the_running_ray(cluster):
     """The second Cluster took the running Ray's inventory and dropped its own num_cpus and
     num_gpus without a word."""
+    import ray
+
     with pytest.warns(UserWarning, match=r"num_gpus=2 \(it has 4\).*already running"):
         second = Cluster.start(num_gpus=2)
     assert second.num_devices == cluster.num_devices
     second.shutdown()  # it did not start Ray: the session's cluster goes on
-    import ray
-
     assert ray.is_initialized()
+    # Ray still runs, yet this Cluster is done: its launches started workers that no shutdown
+    # would stop.
+    with pytest.raises(PlacementError, match=r"this Cluster was shut down.*Cluster.start\(\)"):
+        second.launch(Worker, 1, devices=[0])
+
+
+def test_launch_many_takes_a_list_of_group_launches(cluster):
+    for wrong in ([(Worker, 1)], GroupLaunch(Worker, 1)):  # a tuple: AttributeError inside
+        with pytest.raises(TypeError, match="launch_many takes a list of .*GroupLaunch"):
+            cluster.launch_many(wrong)
