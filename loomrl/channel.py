@@ -107,7 +107,9 @@ def current_component() -> str:
 
 
 # ----------------------------------------------------------------- payload encoding
-# Entry layout kept by the broker: (weight, src, nbytes, payload). Payload kinds:
+# Entry layout kept by the broker: (weight, src, nbytes, payload, producer), producer the Ray
+# actor id of the process that put a payload living with it (None: inline, or a driver's).
+# Payload kinds:
 #   ("i", skeleton, [bytearray, ...])        inline, small
 #   ("r", [ObjectRef])                        object store; the ref holds (skeleton, [uint8 arrays])
 #   ("c", [ObjectRef], node_id)               as "r" but with CUDA IPC handles for device buffers
@@ -157,6 +159,18 @@ def _node_id() -> str:
 
         _node = ray.get_runtime_context().get_node_id()
     return _node
+
+
+_actor: list[str | None] = []
+
+
+def _actor_id() -> str | None:
+    """This process's Ray actor id (None in a driver): who holds a payload it puts."""
+    if not _actor:
+        import ray
+
+        _actor.append(ray.get_runtime_context().get_actor_id())
+    return _actor[0]
 
 
 def _device_indices(buffers: list[Any]) -> tuple[int, ...]:
@@ -775,7 +789,8 @@ class Channel:
         entries = []
         for item, w in zip(items, weights, strict=True):
             nbytes, payload = _encode(item, self.offload, self.name, self._inline_bytes, self._shm)
-            entries.append((w, src, nbytes, payload))
+            holder = None if payload[0] == _INLINE else _actor_id()
+            entries.append((w, src, nbytes, payload, holder))
         if not entries:
             return
         status, done = self._call("put", key, entries, timeout, src)
@@ -860,16 +875,21 @@ class Channel:
                 self._call("untake", key, keep, dst)
             if e.elsewhere is not None:
                 raise LoomError(e.elsewhere) from None
-            srcs = sorted({got[i][1] for i in e.lost})
+            from loomrl.worker import worker_name
+
+            producers = sorted({got[i][4] for i in e.lost if got[i][4]})
+            # By worker where this process launched it (a driver's get), else by component.
+            who = sorted({worker_name(got[i][4]) or got[i][1] for i in e.lost})
             back = f"; the {len(keep)} other item(s) of this get are back, first in the queue"
             back = back if keep else ""
             raise ChannelItemLost(
                 f"channel {self.name!r} key {key!r}: {len(e.lost)} item(s) put by "
-                f"{', '.join(srcs)} are lost ({'; '.join(sorted(set(e.lost.values())))}): the "
+                f"{', '.join(who)} are lost ({'; '.join(sorted(set(e.lost.values())))}): the "
                 "process that put them ended before they were taken, and an item too large to "
                 f"ride inside the channel (over {self._inline_bytes} bytes) stays with the "
                 f"process that put it until taken{back}. Put the lost items again (a run "
-                "restarts from its last checkpoint: run.max_restarts)"
+                "restarts from its last checkpoint: run.max_restarts)",
+                producers=tuple(producers),
             ) from None
 
     def wait_taken(self, key: Hashable = None, timeout: float | None = None) -> None:

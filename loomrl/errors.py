@@ -115,7 +115,15 @@ class ChannelTimeout(LoomError, TimeoutError):
 class ChannelItemLost(LoomError):
     """A get took items whose payload is gone: the process that put them ended before they were
     taken (a payload too large to ride inside the broker stays with its producer). The other
-    items of that get went back to the front of their queue."""
+    items of that get went back to the front of their queue. ``producers``: the Ray actor ids
+    of the processes that put the lost items (a driver has none)."""
+
+    def __init__(self, message: str, producers: tuple[str, ...] = ()):
+        self.producers = tuple(producers)
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple:
+        return type(self), (str(self), self.producers)
 
 
 def check_timeout(timeout: Any, what: str = "timeout") -> float | None:

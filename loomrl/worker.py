@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loomrl.errors import (
+    ChannelItemLost,
     ConfigError,
     LoomError,
     PlacementError,
@@ -596,24 +597,43 @@ def quiet_dead_worker_noise() -> None:
 
 
 def _died_upstream(h: Handle, rank: int, cause: Any) -> WorkerDiedError | None:
-    """When ``cause`` says another worker of this run died (an argument it was to produce, or a
-    call it was to answer), that worker's death, naming it and the call that found it."""
+    """When ``cause`` says another worker of this run died (an argument it was to produce, a
+    call it was to answer, or channel items it had put), that worker's death, naming it and the
+    call that found it."""
     from ray import exceptions as rex
 
-    if not isinstance(cause, rex.RayActorError):
+    if isinstance(cause, rex.RayActorError):
+        ids, how = [str(getattr(cause, "actor_id", None) or "")], "needed it"
+    elif isinstance(cause, ChannelItemLost):
+        ids, how = list(cause.producers), "took items it had put to a channel"
+    else:
         return None
-    ref, r = _WORKER_OF.get(str(getattr(cause, "actor_id", None) or ""), (None, 0))
-    group = ref() if ref is not None else None
-    if group is None or group._killed or (group.name, r) == (h.group.name, rank):
-        return None  # unknown, stopped on purpose (a redeploy), or the called worker itself
-    text = _ANSI.sub("", str(cause)).strip()
-    return WorkerDiedError(
-        group.name,
-        r,
-        group._hosts.get(r, "?"),
-        None,
-        f"found when {h.group.name} rank {rank}'s {h.method}() needed it. {text[-2000:]}",
-    )
+    for actor_id in ids:
+        group, r = _worker_of(actor_id)
+        if group is None or group._killed or (group.name, r) == (h.group.name, rank):
+            continue  # unknown, stopped on purpose (a redeploy), or the called worker itself
+        text = _ANSI.sub("", str(cause)).strip()
+        return WorkerDiedError(
+            group.name,
+            r,
+            group._hosts.get(r, "?"),
+            None,
+            f"found when {h.group.name} rank {rank}'s {h.method}() {how}. {text[-2000:]}",
+        )
+    return None
+
+
+def _worker_of(actor_id: str | None) -> tuple[WorkerGroup | None, int]:
+    """The group this process launched that ``actor_id`` is a rank of (None if none), and
+    the rank."""
+    ref, r = _WORKER_OF.get(actor_id or "", (None, 0))
+    return (ref() if ref is not None else None), r
+
+
+def worker_name(actor_id: str | None) -> str | None:
+    """ "group rank r" for a worker this process launched, by its actor id; None otherwise."""
+    group, r = _worker_of(actor_id)
+    return None if group is None else f"{group.name} rank {r}"
 
 
 def _get(h: Handle, rank: int, ref: Any) -> Any:

@@ -81,7 +81,9 @@ def test_items_of_a_producer_that_died_are_an_error_and_the_others_stay(cluster,
         deadline = time.monotonic() + 30  # its tracker unlinks its slots soon after
         while glob.glob(f"/dev/shm/loomrl_{pid}_*") and time.monotonic() < deadline:
             time.sleep(0.05)
-        with pytest.raises(ChannelItemLost, match=r"1 item\(s\) put by .* are lost.*the 4 other"):
+        with pytest.raises(
+            ChannelItemLost, match=r"1 item\(s\) put by dead rank 0 are lost.*the 4 other"
+        ):
             ch.get_many(5, timeout=30)
         # The rest, in their order, for the next get; nothing else was lost.
         assert [float(x[0]) for x in ch.get_many(4, timeout=30)] == [1024, 2048, 4096, 1 << 20]
@@ -89,6 +91,32 @@ def test_items_of_a_producer_that_died_are_an_error_and_the_others_stay(cluster,
     finally:
         dead.kill()
         alive.kill()
+
+
+class Consumer(Worker):
+    def take(self, ch, n):
+        return [float(x[0]) for x in ch.get_many(n, timeout=30)]
+
+
+def test_a_worker_that_takes_a_dead_producers_items_reports_that_death(cluster, ch):
+    """The consumer's ChannelItemLost reaches the driver as the producer's WorkerDiedError, the
+    death a run restarts on (run.max_restarts), as when it waits on a dead worker's result."""
+    dead = cluster.launch(Producer, 1, devices=[0], name="producer")
+    consumer = cluster.launch(Consumer, 1, devices=[1], name="consumer")
+    try:
+        [pid] = wait(dead.produce(ch, [1 << 20]))
+        with pytest.raises(WorkerDiedError):
+            wait(dead.die(), timeout=60)
+        deadline = time.monotonic() + 30
+        while glob.glob(f"/dev/shm/loomrl_{pid}_*") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(
+            WorkerDiedError, match=r"^producer rank 0 .*found when consumer rank 0's take\(\) took"
+        ):
+            wait(consumer.take(ch, 1), timeout=60)
+    finally:
+        dead.kill()
+        consumer.kill()
 
 
 def test_an_item_whose_owner_died_in_the_object_store_is_an_error_and_the_others_stay(
