@@ -21,6 +21,10 @@ component (``src=``/``dst=``, or ``component(...)``/``set_component(...)``); the
 broker records which producer fed which consumer (``edges()``), the data-flow
 graph the planner uses.
 
+A payload kept by its producer (a shared-memory slot, or the object store) goes when that
+process dies: a get that takes such an item raises ChannelItemLost naming the producer, and the
+other items of that get go back to the front of their queue, in order.
+
 This module never imports torch at import time; GPU tensors inside items are
 moved to host memory when the channel was created with ``offload=True`` and
 shared by CUDA IPC (same node) otherwise.

@@ -5,6 +5,7 @@ set. Sets are acquired one device at a time in ascending global index, so two ho
 overlapping multi-device sets can never deadlock (the classic resource ordering argument). The lock
 is re-entrant for its owner and a device held by a worker whose process died, or by a driver whose
 job ended, is released as soon as a waiter notices (holders are checked while others wait).
+Each acquire takes one release; a release of devices the owner does not hold is an error.
 
 The lock state lives in one named, detached async Ray actor: it outlives the driver that created
 it, so on a cluster shared by several drivers the locks the others hold do not go with the first
