@@ -151,7 +151,7 @@ class Cluster:
         """
         import ray
 
-        _check_start(num_cpus, num_gpus, address, num_devices)
+        _check_start(num_cpus, num_gpus, address, num_devices, log_to_driver, pin_cores)
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         address = address or os.environ.get("RAY_ADDRESS") or None
         owns = False
@@ -339,6 +339,9 @@ class Cluster:
                 f"launch_many takes a list of loomrl.cluster.GroupLaunch, got {launches!r}; "
                 "e.g. launch_many([GroupLaunch(MyWorker, 2, devices=[0, 1])])"
             )
+        from loomrl.errors import check_timeout
+
+        check_timeout(self.launch_timeout_s, "Cluster.launch_timeout_s")  # before any starts
         if self._shut:
             # Its groups were killed, and Ray stopped if it started it; where another Cluster
             # keeps Ray running, a launch would still start workers no shutdown will stop.
@@ -658,7 +661,14 @@ def _check_logical_gpus(num_gpus: int, num_cpus: int | None) -> None:
         )
 
 
-def _check_start(num_cpus: Any, num_gpus: Any, address: Any, num_devices: Any) -> None:
+def _check_start(
+    num_cpus: Any,
+    num_gpus: Any,
+    address: Any,
+    num_devices: Any,
+    log_to_driver: Any = True,
+    pin_cores: Any = True,
+) -> None:
     """Cluster.start's arguments, all problems at once, before Ray starts (Ray refused some in
     its own words after starting its processes, and num_devices=0 made a cluster of no
     devices)."""
@@ -689,6 +699,9 @@ def _check_start(num_cpus: Any, num_gpus: Any, address: Any, num_devices: Any) -
             f"address={address!r} must be a Ray cluster's address such as '10.0.0.1:6379' or "
             "'auto', or None to start Ray here"
         )
+    for name, value in (("log_to_driver", log_to_driver), ("pin_cores", pin_cores)):
+        if not isinstance(value, bool):  # a string such as "no" reads as True
+            problems.append(f"{name}={value!r} must be True or False")
     if problems:
         raise PlacementError("Cluster.start: " + "; ".join(problems))
 

@@ -405,6 +405,11 @@ def check_worker_class(cls: Any, args: tuple, kwargs: dict[str, Any]) -> None:
                 f"{cls.__name__}{sig}: {e}; the arguments given after the worker class are its "
                 "constructor's"
             ) from None
+    clash = sorted(set(public_methods(cls)) & _GROUP_ATTRS)
+    if clash:  # checked here, before its processes start (the group is made after)
+        raise TypeError(
+            f"{cls.__name__}.{clash[0]} clashes with WorkerGroup.{clash[0]}; rename the method"
+        )
     for attr in dir(cls):
         fn = getattr(cls, attr, None)
         if not attr.startswith("_") and (
@@ -791,10 +796,6 @@ class WorkerGroup:
                 continue
             fn = getattr(cls, attr, None)
             if callable(fn) and not isinstance(fn, type) and attr not in _RESERVED:
-                if attr in _GROUP_ATTRS:
-                    raise TypeError(
-                        f"{cls.__name__}.{attr} clashes with WorkerGroup.{attr}; rename the method"
-                    )
                 mode = getattr(fn, "__loom_dispatch__", "all")
                 setattr(self, attr, _GroupMethod(self, attr, mode, self._ranks))
 

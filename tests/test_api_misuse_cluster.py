@@ -36,7 +36,13 @@ def test_start_arguments_are_all_refused_before_ray_starts(monkeypatch):
         "address=123 must be a Ray cluster's address",
     ):
         assert said in str(e.value)
-    for bad in ({"num_cpus": "2"}, {"num_gpus": True}, {"num_devices": "4"}, {"address": ""}):
+    for bad in (
+        {"num_cpus": "2"},
+        {"num_gpus": True},
+        {"num_devices": "4"},
+        {"address": ""},
+        {"pin_cores": "no"},  # a string read as True
+    ):
         with pytest.raises(PlacementError, match=f"{next(iter(bad))}="):
             Cluster.start(**bad)
 
@@ -61,3 +67,14 @@ def test_launch_many_takes_a_list_of_group_launches(cluster):
     for wrong in ([(Worker, 1)], GroupLaunch(Worker, 1)):  # a tuple: AttributeError inside
         with pytest.raises(TypeError, match="launch_many takes a list of .*GroupLaunch"):
             cluster.launch_many(wrong)
+
+
+def test_a_launch_timeout_that_is_no_timeout_is_named_before_any_process_starts(cluster):
+    before = cluster.launch_timeout_s
+    try:
+        for wrong in (-1, "60"):
+            cluster.launch_timeout_s = wrong
+            with pytest.raises(ValueError, match=r"Cluster.launch_timeout_s=.* must be None"):
+                cluster.launch(Worker, 1, devices=[0])
+    finally:
+        cluster.launch_timeout_s = before

@@ -52,6 +52,21 @@ def test_launch_arguments_are_checked_before_any_process_starts(cluster):
         g.kill()
 
 
+class Clash(Worker):
+    def kill(self):  # a group's own kill()
+        return 1
+
+
+def test_a_method_named_like_a_group_attribute_is_refused_before_its_processes_start(
+    cluster, monkeypatch
+):
+    from loomrl.worker import WorkerGroup
+
+    monkeypatch.setattr(WorkerGroup, "_start", lambda *a, **k: pytest.fail("a process started"))
+    with pytest.raises(TypeError, match=r"Clash.kill clashes with WorkerGroup.kill; rename"):
+        cluster.launch(Clash, 1, devices=[0])
+
+
 def test_wait_checks_its_timeout_and_takes_a_handle_twice(cluster):
     g = cluster.launch(W, 1, devices=[0])
     try:
