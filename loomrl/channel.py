@@ -583,13 +583,19 @@ class Channel:
     def __init__(
         self,
         name: str,
-        broker: Any,
-        offload: bool,
-        maxsize: int,
+        broker: Any = None,
+        offload: bool = False,
+        maxsize: int = 0,
         inline_bytes: int = INLINE_BYTES,
         shm: bool = False,
     ):
         # Use Channel.create / connect / get_or_create; this only wraps an existing broker.
+        if broker is None:  # Channel("rollouts", maxsize=4): what create is for
+            raise TypeError(
+                f"Channel({name!r}) only wraps a channel that exists: make one with "
+                f"Channel.create({name!r}, maxsize=...), or attach to one with "
+                f"Channel.connect({name!r}) or Channel.get_or_create({name!r})"
+            )
         self.name = name
         self.maxsize = maxsize
         self.offload = offload

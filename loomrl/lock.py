@@ -204,7 +204,12 @@ class DeviceLock:
     _replacements = 0
     _acquired_at: dict[str, int] = {}
 
-    def __init__(self, actor: Any):
+    def __init__(self, actor: Any = None):
+        if actor is None:  # DeviceLock(): what get() is for
+            raise TypeError(
+                "DeviceLock() only wraps the lock actor; use DeviceLock.get(), which attaches "
+                "to (or creates) the cluster's lock"
+            )
         self._actor = actor
 
     @classmethod

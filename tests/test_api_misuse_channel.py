@@ -23,6 +23,11 @@ def ch(ray_session):
     c.delete()
 
 
+def test_a_channel_made_like_a_queue_points_to_create():
+    with pytest.raises(TypeError, match=r"make one with Channel.create\('rollouts', maxsize"):
+        Channel("rollouts", maxsize=4)
+
+
 def test_arguments_of_the_wrong_type_are_refused_naming_them(ch):
     with pytest.raises(TypeError, match="put_many takes a list of items, got str; .*use put"):
         ch.put_many("ab")  # it went as two items, 'a' and 'b'

@@ -52,6 +52,8 @@ def test_holds_that_went_with_a_replaced_lock_actor_release_quietly(cluster, mon
 
 
 def test_devices_and_timeouts_of_the_wrong_type_are_named(cluster):
+    with pytest.raises(TypeError, match=r"use DeviceLock.get\(\)"):
+        DeviceLock()
     lock = DeviceLock.get()
     for devices in (3, "01", None):  # "01" locked devices '0' and '1'
         with pytest.raises(TypeError, match=r"give a list of device indices"):
