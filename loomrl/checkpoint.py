@@ -34,9 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from loomrl.errors import LoomError
+from loomrl.runlog import RunDirWriteError, write_failure
 
 __all__ = [
     "CheckpointError",
+    "CheckpointWriteError",
     "save_checkpoint",
     "latest_checkpoint",
     "load_checkpoint",
@@ -64,6 +66,11 @@ _after_file_hook: Callable[[Path], None] | None = None
 
 class CheckpointError(LoomError):
     """A checkpoint is missing, incomplete or does not match its manifest."""
+
+
+class CheckpointWriteError(CheckpointError, RunDirWriteError):
+    """A checkpoint could not be written (a full disk): the earlier ones stay intact. An
+    OSError too, as the bare one it replaces was."""
 
 
 def _checkpoints_dir(run_dir: str | os.PathLike) -> Path:
@@ -115,8 +122,13 @@ def save_checkpoint(
         _fsync_dir(tmp)
         _move_into_place(tmp, final)
         _fsync_dir(root)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        # torch.save on a full disk raises a RuntimeError ("unexpected pos") around the
+        # OSError: either way it is the disk, which the user can fix and resume from.
+        if isinstance(e, OSError) or isinstance(e.__context__ or e.__cause__, OSError):
+            what = f"the checkpoint of step {step}"
+            raise write_failure(e, what, final, Path(run_dir), CheckpointWriteError) from e
         raise
     _clean_stale_temp_dirs(root)
     if keep is not None:

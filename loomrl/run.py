@@ -629,6 +629,7 @@ class Run:
             # the attempts before it, which no summary lists if this one is killed too
             "earlier": self.attempts,
             "fixed_on_resume": self.fixed,
+            "metrics_restarted_at": self.logger.metrics_restarted_at,
         }
         path = self.dir / ATTEMPT_FILE
         tmp = self.dir / ATTEMPT_TMP  # one writer: the run directory is locked

@@ -22,9 +22,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from loomrl.errors import ConfigError
+from loomrl.errors import ConfigError, LoomError
 
-__all__ = ["RunLogger", "read_metrics", "read_summary", "say", "METRICS_FILE", "SUMMARY_FILE"]
+__all__ = [
+    "RunLogger",
+    "RunDirWriteError",
+    "write_failure",
+    "read_metrics",
+    "read_summary",
+    "say",
+    "METRICS_FILE",
+    "SUMMARY_FILE",
+]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +44,44 @@ TENSORBOARD_DIR = "tensorboard"
 _RESERVED = ("step", "time", "elapsed_s")
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _WANDB_MODES = ("off", "offline", "online")
+
+
+class RunDirWriteError(LoomError, OSError):
+    """A run's record (metrics, a checkpoint) could not be written: a full disk, a lost mount.
+    An OSError still, so code that handled the bare one goes on handling it."""
+
+
+def write_failure(
+    error: BaseException,
+    what: str,
+    path: Path,
+    run_dir: Path,
+    kind: type[RunDirWriteError] = RunDirWriteError,
+) -> RunDirWriteError:
+    """The error a failed write of ``what`` at ``path`` stops a run with: what failed, why
+    (a full filesystem said as such, with the space left) and how to go on. torch.save wraps
+    the OSError in a RuntimeError of its own, so the whole chain is searched for the cause."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    import errno
+    import shutil
+
+    where = path if path.exists() else path.parent
+    try:
+        free = f"{shutil.disk_usage(where).free / 2**20:.1f} MB free there"
+    except OSError:
+        free = "its free space unknown"
+    if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+        why = f"the filesystem is full ({cause.strerror}; {free})"
+        fix = f"free space there, or copy {run_dir} to a disk with room"
+    else:
+        why = str(cause or error)
+        fix = f"make {path.parent} writable again"
+    return kind(
+        f"could not write {what} to {path}: {why}; the run stopped. The checkpoints already "
+        f"saved are intact: {fix}, then `loomrl resume {run_dir}` continues from the last one"
+    )
 
 
 class RunLogger:
@@ -106,7 +153,8 @@ class RunLogger:
         self._show_bar = progress == "always" or (progress is True and _stderr_is_tty())
         self._bar = None  # created at the first log(), so the ETA ignores start-up time
         # Line-buffered append: each record reaches the file when log() returns.
-        metrics_path = self.run_dir / METRICS_FILE
+        self.metrics_restarted_at: list[int] = []  # steps where a deleted file began anew
+        metrics_path = self._file_path = self.run_dir / METRICS_FILE
         torn = _ends_mid_line(metrics_path)
         self._file = open(metrics_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
         if torn:
@@ -129,7 +177,11 @@ class RunLogger:
         values = {str(k): _plain_value(k, v) for k, v in metrics.items()}
         record = {"step": step, "time": time.time(), "elapsed_s": time.monotonic() - self._start}
         record.update(values)
-        self._file.write(json.dumps(_encode(record), allow_nan=False) + "\n")
+        self._reopen_if_deleted(step)
+        try:
+            self._file.write(json.dumps(_encode(record), allow_nan=False) + "\n")
+        except OSError as e:  # a full disk: said as such, not as a bare errno traceback
+            raise write_failure(e, f"step {step}'s metrics", self._file_path, self.run_dir) from e
         self.last_metrics.update(values)
 
         scalars = {
@@ -147,6 +199,27 @@ class RunLogger:
                 self._advance_bar(step, scalars)
             except BrokenPipeError:  # stderr's reader left: the bar goes, the run goes on
                 _to_devnull(sys.stderr)
+
+    def _reopen_if_deleted(self, step: int) -> None:
+        """A metrics.jsonl deleted (or moved) while the run holds it open would take every
+        later record with it, unseen: write a new one, and say and keep at which step."""
+        try:
+            gone = os.fstat(self._file.fileno()).st_nlink == 0 or not self._file_path.exists()
+        except OSError:
+            gone = True
+        if not gone:
+            return
+        self.metrics_restarted_at.append(step)
+        try:
+            self._file.close()
+        except OSError:  # its rows have nowhere to go now
+            pass
+        self._file = open(self._file_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        self.echo(
+            f"{self._file_path} was deleted or moved while the run wrote it; a new one starts "
+            f"at step {step} (earlier rows are lost; run_summary.json lists the step under "
+            f"metrics_restarted_at)"
+        )
 
     def _advance_bar(self, step: int, scalars: Mapping[str, float]) -> None:
         if self._bar is None:
@@ -194,7 +267,15 @@ class RunLogger:
         if self._closed:
             return
         self._closed = True
-        self._file.close()
+        failing = sys.exc_info()[1]  # read here: inside the except below it is that OSError
+        lost = None
+        try:
+            self._file.close()
+        except OSError as e:
+            # A record that did not fit (full disk) is still buffered and fails again here:
+            # the error already on its way out (the failed log()) is the one to report.
+            if failing is None:
+                lost = write_failure(e, METRICS_FILE, self._file_path, self.run_dir)
         if self._bar is not None:
             try:
                 self._bar.close()  # its last line
@@ -205,6 +286,8 @@ class RunLogger:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+        if lost is not None:
+            raise lost
 
     def __enter__(self) -> RunLogger:
         return self
