@@ -558,22 +558,37 @@ def _check_key(key: Any, channel: str) -> None:
         )
 
 
+def _as_number(value: Any) -> float | None:
+    """``value`` as a float when it is a real number: Python's, numpy's or a one-element
+    tensor's (``mask.sum()`` is a natural token count); None for anything else, bools and
+    text included (``"2"`` would read as a number only by accident)."""
+    if isinstance(value, (bool, str, bytes)):
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several elements
+        return None
+    return out
+
+
 def _check_weights(weights: list[Any], channel: str) -> list[float]:
     """A weight is an item's share of a get_batch target: a negative one would let a batch
     take more items than its target allows, and a NaN one would never reach it."""
-    bad = [
-        w
-        for w in weights
-        if isinstance(w, bool)
-        or not isinstance(w, numbers.Real)
-        or not (math.isfinite(w) and w >= 0)
-    ]
-    if bad:
-        raise ValueError(
-            f"channel {channel!r}: item weights must be finite and >= 0 (e.g. token "
-            f"counts), got {bad[0]!r}"
-        )
-    return [float(w) for w in weights]
+    out = []
+    for w in weights:
+        f = _as_number(w)
+        if f is None:
+            raise ValueError(
+                f"channel {channel!r}: weight={w!r} ({type(w).__name__}) is not a number; give "
+                "each item's weight as a number >= 0 (e.g. its token count)"
+            )
+        if not (math.isfinite(f) and f >= 0):
+            raise ValueError(
+                f"channel {channel!r}: item weights must be finite and >= 0 (e.g. token "
+                f"counts), got weight={w!r}"
+            )
+        out.append(f)
+    return out
 
 
 # ----------------------------------------------------------------- public handle
@@ -836,7 +851,7 @@ class Channel:
     ) -> list[Any]:
         """Remove and return the next ``n`` items (fewer only when the channel closes first)."""
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-            raise ValueError(f"get_many needs n >= 1, got n={n!r}")
+            raise ValueError(f"get_many: n={n!r} must be a whole number >= 1 (how many items to take)")
         n = int(n)
         return self._take(key, n, None, timeout, dst)
 
@@ -853,13 +868,10 @@ class Channel:
         (e.g. token counts) whatever the item sizes. On timeout nothing is taken.
         When the channel closes, the last batch may be lighter.
         """
-        if (
-            isinstance(target_weight, bool)
-            or not isinstance(target_weight, numbers.Real)
-            or not target_weight > 0
-        ):
+        target = _as_number(target_weight)
+        if target is None or not target > 0:
             raise ValueError(f"target_weight={target_weight!r} must be a number > 0")
-        return self._take(key, None, float(target_weight), timeout, dst)
+        return self._take(key, None, target, timeout, dst)
 
     def _take(self, key, count, weight, timeout, dst) -> list[Any]:
         timeout = check_timeout(timeout)

@@ -27,7 +27,7 @@ import math
 import numbers
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -332,9 +332,13 @@ class Cluster:
 
         from loomrl.worker import WorkerGroup
 
-        if isinstance(launches, GroupLaunch) or not all(
-            isinstance(x, GroupLaunch) for x in launches
-        ):
+        if isinstance(launches, GroupLaunch) or not isinstance(launches, Iterable):
+            raise TypeError(
+                f"launch_many takes a list of loomrl.cluster.GroupLaunch, got {launches!r}; "
+                "e.g. launch_many([GroupLaunch(MyWorker, 2, devices=[0, 1])])"
+            )
+        launches = list(launches)  # a generator would be used up by the check below
+        if not all(isinstance(x, GroupLaunch) for x in launches):
             raise TypeError(
                 f"launch_many takes a list of loomrl.cluster.GroupLaunch, got {launches!r}; "
                 "e.g. launch_many([GroupLaunch(MyWorker, 2, devices=[0, 1])])"

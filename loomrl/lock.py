@@ -198,11 +198,13 @@ class DeviceLock:
     """Client of the cluster-wide lock. ``DeviceLock.get()`` attaches to (or creates) the lock actor."""
 
     _instance: DeviceLock | None = None
-    # Times this process found the lock actor dead and attached to a new one, and the count
-    # as it was at each owner's last acquire here: holds taken before a replacement went with
-    # the old actor, and releasing them finds nothing, which is then no mistake.
+    # Times this process found the lock actor dead and attached to a new one, and for each
+    # owner and device the count as it was at each of its holds taken here (a stack: holds
+    # nest): holds taken before a replacement went with the old actor, and releasing them finds
+    # nothing, which is then no mistake, while a hold nested inside one of them and taken after
+    # the replacement is checked.
     _replacements = 0
-    _acquired_at: dict[str, int] = {}
+    _acquired_at: dict[str, dict[int, list[int]]] = {}
 
     def __init__(self, actor: Any = None):
         if actor is None:  # DeviceLock(): what get() is for
@@ -287,7 +289,9 @@ class DeviceLock:
         owner = owner or auto_owner
         try:
             self._call("acquire", owner, devices, process, timeout)
-            DeviceLock._acquired_at[owner] = DeviceLock._replacements
+            held = DeviceLock._acquired_at.setdefault(owner, {})
+            for d in devices:  # the count after the call: it may have replaced the actor
+                held.setdefault(d, []).append(DeviceLock._replacements)
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, TimeoutError):
                 raise DeviceLockTimeout(
@@ -302,7 +306,10 @@ class DeviceLock:
         devices = _check_devices(devices)
         owner = owner or self._owner()[0]
         now = DeviceLock._replacements
-        strict = DeviceLock._acquired_at.get(owner, now) == now
+        held = DeviceLock._acquired_at.get(owner, {})
+        # Strict unless a device's latest hold here predates a replacement (holds this process
+        # did not take, another process's under a shared owner name, are checked).
+        strict = all(held[d][-1] == now for d in devices if held.get(d))
         unheld = self._call("release", owner, devices, strict)
         if unheld and strict and DeviceLock._replacements == now:  # (not replaced meanwhile)
             raise DeviceLockError(
@@ -310,6 +317,13 @@ class DeviceLock:
                 "released already, or held by another owner); release what acquire() took, "
                 "once per acquire, or use `with lock.hold(devices):`"
             )
+        for d in devices:  # released: that hold's record goes
+            if held.get(d):
+                held[d].pop()
+                if not held[d]:
+                    del held[d]
+        if not held:
+            DeviceLock._acquired_at.pop(owner, None)
 
     @contextlib.contextmanager
     def hold(

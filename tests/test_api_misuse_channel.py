@@ -11,6 +11,7 @@ import uuid
 
 import numpy as np
 import pytest
+import torch
 
 from loomrl import Channel, Worker, wait
 from loomrl.errors import ChannelClosed, ChannelItemLost, LoomError, WorkerDiedError
@@ -33,12 +34,12 @@ def test_arguments_of_the_wrong_type_are_refused_naming_them(ch):
         ch.put_many("ab")  # it went as two items, 'a' and 'b'
     with pytest.raises(TypeError, match="put_many takes a list of items, got int"):
         ch.put_many(5)
-    for w in ("2", None, True):
-        with pytest.raises(ValueError, match=r"item weights must be finite and >= 0.*got"):
+    for w, kind in (("2", "str"), (None, "NoneType"), (True, "bool"), (torch.ones(2), "Tensor")):
+        with pytest.raises(ValueError, match=rf"weight=.* \({kind}\) is not a number; give"):
             ch.put(1, weight=w)
     with pytest.raises(ValueError, match=r"target_weight='5' must be a number > 0"):
         ch.get_batch("5")
-    with pytest.raises(ValueError, match=r"get_many needs n >= 1, got n=True"):
+    with pytest.raises(ValueError, match=r"get_many: n=True must be a whole number >= 1"):
         ch.get_many(True)
     with pytest.raises(TypeError, match=r"key \[1\] is not hashable"):
         ch.qsize([1])
@@ -58,6 +59,10 @@ def test_arguments_of_the_wrong_type_are_refused_naming_them(ch):
     assert ch.qsize() == 0  # nothing was put by the refused calls
     assert Channel.connect(ch.name, timeout=None).name == ch.name  # None: wait for ever
     ch.put_many([1, 2], weights=[np.float32(1.5), np.int64(2)])  # numpy numbers are numbers
+    # and so are 0-d arrays and one-element tensors (a mask's sum is a natural token count)
+    ch.put_many([3, 4], weights=[np.array(3.0), torch.tensor(2)])
+    with pytest.raises(ValueError, match=r"item weights must be finite and >= 0.*got weight=tensor"):
+        ch.put(5, weight=torch.tensor(-1.0))
     assert ch.get_many(np.int64(2), timeout=5) == [1, 2]
 
 

@@ -67,6 +67,23 @@ def test_launch_many_takes_a_list_of_group_launches(cluster):
     for wrong in ([(Worker, 1)], GroupLaunch(Worker, 1)):  # a tuple: AttributeError inside
         with pytest.raises(TypeError, match="launch_many takes a list of .*GroupLaunch"):
             cluster.launch_many(wrong)
+    with pytest.raises(TypeError, match="launch_many takes a list of .*GroupLaunch, got 5"):
+        cluster.launch_many(5)
+
+
+class Echo(Worker):
+    def rank_of(self):
+        return self.rank
+
+
+def test_launch_many_takes_a_generator_of_group_launches(cluster):
+    # The check of every element used a generator up: nothing was launched, and no error said so
+    groups = cluster.launch_many(GroupLaunch(Echo, 1, devices=[i]) for i in range(2))
+    try:
+        assert len(groups) == 2
+    finally:
+        for g in groups:
+            g.kill()
 
 
 def test_a_launch_timeout_that_is_no_timeout_is_named_before_any_process_starts(cluster):

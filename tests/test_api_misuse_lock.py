@@ -51,6 +51,26 @@ def test_holds_that_went_with_a_replaced_lock_actor_release_quietly(cluster, mon
         lock.release([7], owner=owner)
 
 
+def test_a_hold_nested_inside_one_from_before_a_replacement_leaves_the_outer_quiet(
+    cluster, monkeypatch
+):
+    """An acquire after the replacement re-armed the check for the owner's older hold too: the
+    outer release raised, and inside `hold()` that replaced the body's own exception."""
+    import ray
+
+    lock = DeviceLock.get()
+    owner = "nested-across-replacement"
+    lock.acquire([7], owner=owner)
+    ray.get(lock._actor.release.remote(owner, [7]))  # gone with the old actor, as it were
+    monkeypatch.setattr(DeviceLock, "_replacements", DeviceLock._replacements + 1)
+    with lock.hold([8], owner=owner):  # taken from the new actor, inside the outer hold
+        pass
+    lock.release([7], owner=owner)  # the outer hold: it went with the old actor
+    with pytest.raises(DeviceLockError, match="does not hold"):
+        lock.release([7], owner=owner)  # one release too many is still one
+    assert not {7, 8} & set(lock.state())
+
+
 def test_devices_and_timeouts_of_the_wrong_type_are_named(cluster):
     with pytest.raises(TypeError, match=r"use DeviceLock.get\(\)"):
         DeviceLock()
