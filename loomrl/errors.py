@@ -60,15 +60,20 @@ class RemoteError(LoomError):
 
     def __reduce__(self) -> tuple:
         # Rebuilt from its parts when it crosses processes (a worker that waited on another
-        # group raises it to its own caller); Exception's default passes only the message.
-        return type(self), (
-            self.worker,
-            self.rank,
-            self.host,
-            self.method,
-            self.cause,
-            self.remote_traceback,
-            self.expected,
+        # group raises it to its own caller); Exception's default passes only the message. The
+        # state keeps what was set after (add_note's notes, a caller's own attributes).
+        return (
+            type(self),
+            (
+                self.worker,
+                self.rank,
+                self.host,
+                self.method,
+                self.cause,
+                self.remote_traceback,
+                self.expected,
+            ),
+            self.__dict__,
         )
 
 
@@ -87,7 +92,11 @@ class WorkerDiedError(LoomError):
 
     def __reduce__(self) -> tuple:
         # As RemoteError: a worker that found another dead raises this to its own caller.
-        return type(self), (self.worker, self.rank, self.host, self.method, self.detail)
+        return (
+            type(self),
+            (self.worker, self.rank, self.host, self.method, self.detail),
+            self.__dict__,
+        )
 
 
 class TrainingError(LoomError):
@@ -123,7 +132,7 @@ class ChannelItemLost(LoomError):
         super().__init__(message)
 
     def __reduce__(self) -> tuple:
-        return type(self), (str(self), self.producers)
+        return type(self), (str(self), self.producers), self.__dict__
 
 
 def check_timeout(timeout: Any, what: str = "timeout") -> float | None:

@@ -355,6 +355,13 @@ def _ray_dirs() -> tuple[str, str]:
     return str(root) + os.sep, str(root / "util" / "tracing") + os.sep
 
 
+def _wrapped(h: Any) -> bool:
+    """Whether ``h``'s method runs inside ``_returns_values``' wrapper on its worker (a plain
+    public method; see ``_hosted_class``)."""
+    fn = inspect.getattr_static(getattr(h.group, "cls", object), h.method, None)
+    return not h.method.startswith("_") and inspect.isfunction(fn) and not _is_async(fn)
+
+
 def _is_async(fn: Callable) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
 
@@ -676,8 +683,9 @@ def _get(h: Handle, rank: int, ref: Any) -> Any:
         said = f"{type(cause).__name__}: {cause}"
         if isinstance(cause, RemoteError):  # a worker this one called failed: its headline
             said = f"{type(cause).__name__}: {cause.headline}"
-        elif "cloudpickle" in tb and "in _loom_method" not in tb:
-            # Failed after the method returned: Ray could not pickle its value.
+        elif "cloudpickle" in tb and "in _loom_method" not in tb and _wrapped(h):
+            # Failed after the method returned: Ray could not pickle its value. (Only for a
+            # method the wrapper runs: for others the frame is never there to tell.)
             said = (
                 f"its return value cannot be sent to the caller ({said}); return plain data "
                 "(numbers, strings, lists, dicts, numpy arrays, tensors) and keep objects such "

@@ -104,8 +104,10 @@ def test_errors_of_a_worker_another_worker_called_cross_as_themselves(cluster):
     a message): a worker that waited on a dead one reported Ray's text as a RemoteError, which
     a run does not restart on."""
     for err in (RemoteError("w", 1, "h", "m", "c", "tb", True), WorkerDiedError("w", 1, "h", "m")):
+        err.add_note("seen in step 3")  # what was set after construction crosses too
         again = pickle.loads(pickle.dumps(err))
         assert type(again) is type(err) and str(again) == str(err)
+        assert again.__notes__ == ["seen in step 3"]
     callee = cluster.launch(W, 1, devices=[0], name="callee")
     caller = cluster.launch(Caller, 1, devices=[1], name="caller")
     try:
@@ -148,3 +150,28 @@ def test_calls_once_ray_has_stopped_say_so_and_start_no_ray(cluster, monkeypatch
     finally:
         monkeypatch.undo()
         g.kill()
+
+
+def test_only_methods_the_wrapper_runs_are_read_for_a_return_value_that_cannot_be_sent():
+    """The wrapper's frame tells a failure inside the method from one after it; async and
+    underscore methods run without it, so a cloudpickle frame in their traceback (arguments
+    that could not be unpickled, say) said nothing about their return value."""
+    from types import SimpleNamespace
+
+    from loomrl.worker import _wrapped
+
+    class K(Worker):
+        def plain(self):
+            return 1
+
+        async def later(self):
+            return 1
+
+        def _inner(self):
+            return 1
+
+    def handle(method):
+        return SimpleNamespace(group=SimpleNamespace(cls=K), method=method)
+
+    assert _wrapped(handle("plain"))
+    assert not _wrapped(handle("later")) and not _wrapped(handle("_inner"))
