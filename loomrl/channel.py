@@ -23,7 +23,9 @@ graph the planner uses.
 
 A payload kept by its producer (a shared-memory slot, or the object store) goes when that
 process dies: a get that takes such an item raises ChannelItemLost naming the producer, and the
-other items of that get go back to the front of their queue, in order.
+other items of that get go back to the front of their queue, in order. Until they are back they
+count as taken: a ``wait_taken`` may return meanwhile, and a bounded queue may hold up to that
+many items past its maxsize for a while (producers that waited for room were let in).
 
 This module never imports torch at import time; GPU tensors inside items are
 moved to host memory when the channel was created with ``offload=True`` and
