@@ -199,6 +199,9 @@ class _NotHere(Exception):
         self.lost, self.elsewhere = lost, elsewhere
 
 
+_SLOT_GONE = "its shared-memory slot is gone"  # why a shared-memory payload was lost
+
+
 def _decode_all(payloads: list[tuple], channel: str) -> list[Any]:
     """The items of ``payloads``, in order. Everything is fetched or attached first and only then
     read: a payload that cannot be read here raises ``_NotHere`` while the others are untouched
@@ -235,7 +238,7 @@ def _decode_all(payloads: list[tuple], channel: str) -> list[Any]:
             try:
                 attach(p[2])
             except FileNotFoundError:
-                lost[i] = "its shared-memory slot is gone"
+                lost[i] = _SLOT_GONE
         elif p[0] == _IPC and i in fetched and here != p[2]:
             elsewhere = (
                 f"channel {channel!r}: an item holds GPU tensors shared by CUDA IPC from node "
@@ -906,10 +909,13 @@ class Channel:
             who = sorted({worker_name(got[i][4]) or got[i][1] for i in e.lost})
             back = f"; the {len(keep)} other item(s) of this get are back, first in the queue"
             back = back if keep else ""
+            why = sorted(set(e.lost.values()))
+            # Ray loses an object with its owner (OwnerDiedError) or with the node that held it
+            ended = "ended" if set(why) <= {"OwnerDiedError", _SLOT_GONE} else "or its node ended"
             raise ChannelItemLost(
                 f"channel {self.name!r} key {key!r}: {len(e.lost)} item(s) put by "
-                f"{', '.join(who)} are lost ({'; '.join(sorted(set(e.lost.values())))}): the "
-                "process that put them ended before they were taken, and an item too large to "
+                f"{', '.join(who)} are lost ({'; '.join(why)}): the process that put them "
+                f"{ended} before they were taken, and an item too large to "
                 f"ride inside the channel (over {self._inline_bytes} bytes) stays with the "
                 f"process that put it until taken{back}. Put the lost items again (a run "
                 "restarts from its last checkpoint: run.max_restarts)",
