@@ -856,7 +856,9 @@ class Channel:
     ) -> list[Any]:
         """Remove and return the next ``n`` items (fewer only when the channel closes first)."""
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-            raise ValueError(f"get_many: n={n!r} must be a whole number >= 1 (how many items to take)")
+            raise ValueError(
+                f"get_many: n={n!r} must be a whole number >= 1 (how many items to take)"
+            )
         n = int(n)
         return self._take(key, n, None, timeout, dst)
 

@@ -61,7 +61,9 @@ def test_arguments_of_the_wrong_type_are_refused_naming_them(ch):
     ch.put_many([1, 2], weights=[np.float32(1.5), np.int64(2)])  # numpy numbers are numbers
     # and so are 0-d arrays and one-element tensors (a mask's sum is a natural token count)
     ch.put_many([3, 4], weights=[np.array(3.0), torch.tensor(2)])
-    with pytest.raises(ValueError, match=r"item weights must be finite and >= 0.*got weight=tensor"):
+    with pytest.raises(
+        ValueError, match=r"item weights must be finite and >= 0.*got weight=tensor"
+    ):
         ch.put(5, weight=torch.tensor(-1.0))
     assert ch.get_many(np.int64(2), timeout=5) == [1, 2]
 
