@@ -44,7 +44,14 @@ from collections import deque
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import Any
 
-from loomrl.errors import ChannelClosed, ChannelItemLost, ChannelTimeout, LoomError, check_timeout
+from loomrl.errors import (
+    ChannelClosed,
+    ChannelItemLost,
+    ChannelTimeout,
+    LoomError,
+    check_timeout,
+    require_ray,
+)
 from loomrl.transport import as_host_array, buffer_nbytes, flatten, unflatten
 
 __all__ = [
@@ -502,13 +509,7 @@ def _broker_class():
 
 
 def _require_ray(what: str = "") -> None:
-    import ray
-
-    if not ray.is_initialized():
-        raise LoomError(
-            f"{what}Ray is not running in this process (never started, or its Cluster was shut "
-            "down); start it with loomrl.Cluster.start() (channels live on a Ray cluster)"
-        )
+    require_ray(what, "channels live on a Ray cluster: start one with loomrl.Cluster.start()")
 
 
 def _check_name(name: Any) -> None:

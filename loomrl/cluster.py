@@ -332,15 +332,13 @@ class Cluster:
 
         from loomrl.worker import WorkerGroup
 
-        if isinstance(launches, GroupLaunch) or not isinstance(launches, Iterable):
+        given = launches
+        # A list once: a generator would be used up by the check of its elements
+        ok = isinstance(launches, Iterable) and not isinstance(launches, GroupLaunch)
+        launches = list(launches) if ok else []
+        if not ok or not all(isinstance(x, GroupLaunch) for x in launches):
             raise TypeError(
-                f"launch_many takes a list of loomrl.cluster.GroupLaunch, got {launches!r}; "
-                "e.g. launch_many([GroupLaunch(MyWorker, 2, devices=[0, 1])])"
-            )
-        launches = list(launches)  # a generator would be used up by the check below
-        if not all(isinstance(x, GroupLaunch) for x in launches):
-            raise TypeError(
-                f"launch_many takes a list of loomrl.cluster.GroupLaunch, got {launches!r}; "
+                f"launch_many takes a list of loomrl.cluster.GroupLaunch, got {given!r}; "
                 "e.g. launch_many([GroupLaunch(MyWorker, 2, devices=[0, 1])])"
             )
         from loomrl.errors import check_timeout

@@ -135,6 +135,19 @@ class ChannelItemLost(LoomError):
         return type(self), (str(self), self.producers), self.__dict__
 
 
+def require_ray(what: str, fix: str) -> None:
+    """LoomError unless Ray runs in this process: a first remote call without it would start a
+    new Ray instance, where nothing of this process's cluster lives, and fail there in Ray's
+    words. ``what``: the handle used (a prefix), ``fix``: what to start."""
+    import ray  # here, not at import: errors is imported everywhere
+
+    if not ray.is_initialized():
+        raise LoomError(
+            f"{what}Ray is not running in this process (not started yet, or its Cluster was "
+            f"shut down); {fix}"
+        )
+
+
 def check_timeout(timeout: Any, what: str = "timeout") -> float | None:
     """``timeout`` as seconds to wait: None (for ever, as is ``inf``) or a number >= 0. Anything
     else (a string, NaN, a negative number) is a ValueError naming it, not a failure inside a

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from loomrl.errors import LoomError, check_timeout
+from loomrl.errors import LoomError, check_timeout, require_ray
 
 # The version names the protocol between clients and the lock actor, which, detached, can outlive
 # the loomrl that started it on a long-lived cluster: another version is another lock.
@@ -182,16 +182,9 @@ class _LockServer:
 
 
 def _require_ray() -> None:
-    """Ray's first call in a process without Ray starts a new instance, without this lock, and
-    Ray's own word for it names its state API, not the lock or what starts Ray."""
-    import ray
-
-    if not ray.is_initialized():
-        raise LoomError(
-            "Ray is not running in this process (not started yet, or its Cluster was shut "
-            "down); the device lock lives on the Ray cluster: start one with "
-            "loomrl.Cluster.start()"
-        )
+    require_ray(
+        "", "the device lock lives on the Ray cluster: start one with loomrl.Cluster.start()"
+    )
 
 
 class DeviceLock:

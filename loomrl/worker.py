@@ -38,6 +38,7 @@ from loomrl.errors import (
     RemoteError,
     WorkerDiedError,
     check_timeout,
+    require_ray,
 )
 
 if TYPE_CHECKING:
@@ -530,16 +531,11 @@ def wait(*handles: Handle, timeout: float | None = None) -> Any:
 
 
 def _require_ray(what: str) -> None:
-    """A remote call without Ray would start a new Ray instance (Ray does on a first call),
-    where no worker of this process's groups lives, and fail there in Ray's words."""
-    import ray
-
-    if not ray.is_initialized():
-        raise LoomError(
-            f"{what}: Ray is not running in this process: the Cluster these workers ran on was "
-            "shut down (which stops them); start one with loomrl.Cluster.start() and launch "
-            "the group again"
-        )
+    require_ray(
+        f"{what}: ",
+        "the Cluster these workers ran on stopped them; start one with loomrl.Cluster.start() "
+        "and launch the group again",
+    )
 
 
 def _require_live(group: WorkerGroup) -> None:
