@@ -1056,11 +1056,22 @@ def finite_number(v: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def read_utf8(path: Path) -> str:
-    """The text of a UTF-8 file; ``ValueError`` naming ``path:line`` and the byte that is not
-    UTF-8 (a data file saved in another encoding), for the caller to say as its own error."""
+class FileTooLarge(Exception):
+    """``read_utf8(path, max_bytes)`` found more than ``max_bytes`` (args: the bytes read)."""
+
+
+def read_utf8(path: Path, max_bytes: int | None = None) -> str:
+    """The text of a UTF-8 file, newlines as ``\\n``; ``ValueError`` naming ``path:line`` and
+    the byte that is not UTF-8 (a data file saved in another encoding), for the caller to say as
+    its own error. ``max_bytes``: read no more (``FileTooLarge``): a pipe has no size to check
+    first, and a file named by mistake (a checkpoint) would be read whole into memory."""
+    with open(path, "rb") as f:
+        data = f.read() if max_bytes is None else f.read(max_bytes + 1)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise FileTooLarge(len(data))
     try:
-        return path.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        line = data[: e.start].count(b"\n") + 1
         raise ValueError(f"{path}:{line}", f"byte {e.object[e.start]:#x}") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # as open()'s text mode reads

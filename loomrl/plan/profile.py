@@ -54,7 +54,14 @@ from typing import Any
 
 import numpy as np
 
-from loomrl.config import DuplicateKeyError, finite_number, load_json, load_yaml
+from loomrl.config import (
+    DuplicateKeyError,
+    FileTooLarge,
+    finite_number,
+    load_json,
+    load_yaml,
+    read_utf8,
+)
 from loomrl.errors import ConfigError
 
 __all__ = [
@@ -584,10 +591,6 @@ def parse_error_text(e: Exception) -> str:
     return " ".join(x.strip() for x in str(e).splitlines() if x.strip())
 
 
-class _TooBig(Exception):
-    """A profile file past ``MAX_PROFILE_BYTES`` (args: bytes read, at least)."""
-
-
 def _too_big(path: Path, size: int) -> str:
     return (
         f"profile file {str(path)!r} holds more than {MAX_PROFILE_BYTES // 2**20} MB"
@@ -595,21 +598,6 @@ def _too_big(path: Path, size: int) -> str:
         + "; a workload profile is a small YAML or JSON file (is it the right file? `loomrl "
         "profile CONFIG` writes one as profile.yaml)"
     )
-
-
-def _read_profile_text(path: Path) -> str:
-    """The UTF-8 text of ``path``, read up to ``MAX_PROFILE_BYTES`` (a pipe, as with
-    ``loomrl plan <(...)``, has no size to check first): ``_TooBig`` past it, ``ValueError`` as
-    ``read_utf8`` for a byte that is not UTF-8."""
-    with open(path, "rb") as f:
-        data = f.read(MAX_PROFILE_BYTES + 1)
-    if len(data) > MAX_PROFILE_BYTES:
-        raise _TooBig(len(data))
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise ValueError(f"{path}:{line}", f"byte {e.object[e.start]:#x}") from None
 
 
 def load_profile(
@@ -642,8 +630,8 @@ def load_profile(
             # a checkpoint or a model named by mistake: reading it whole took seconds and GBs
             raise ConfigError([_too_big(path, path.stat().st_size)], source=where)
         try:
-            text = _read_profile_text(path)
-        except _TooBig as e:
+            text = read_utf8(path, MAX_PROFILE_BYTES)
+        except FileTooLarge as e:
             raise ConfigError([_too_big(path, e.args[0])], source=where) from None
         except ValueError as e:
             at, byte = e.args
