@@ -19,6 +19,7 @@ _LAZY = {
     "dispatch": ("loomrl.worker", "dispatch"),
     "RemoteError": ("loomrl.errors", "RemoteError"),
     "WorkerDiedError": ("loomrl.errors", "WorkerDiedError"),
+    "ChannelPeerDied": ("loomrl.errors", "ChannelPeerDied"),
     "ConfigError": ("loomrl.errors", "ConfigError"),
     "Channel": ("loomrl.channel", "Channel"),
     "DeviceLock": ("loomrl.lock", "DeviceLock"),

@@ -27,6 +27,15 @@ other items of that get go back to the front of their queue, in order. Until the
 count as taken: a ``wait_taken`` may return meanwhile, and a bounded queue may hold up to that
 many items past its maxsize for a while (producers that waited for room were let in).
 
+A get (put) with no timeout in a process that is no Ray actor (the driver, a Ray task) does not
+wait for ever on producers (consumers) that died: it waits in slices of ``DEAD_PEER_CHECK_S``, and
+after each empty (full) one the broker checks the Ray actors that have put to (taken from) the
+key; once every one of them has died it raises ChannelPeerDied (a WorkerDiedError) naming them.
+It keeps waiting, as before, while no producer (consumer) of the key is known yet, or while one of
+them is a driver or a Ray task (whose liveness Ray cannot be asked). Inside actors nothing
+changes: a worker's death reaches the driver through ``loomrl.worker.wait``, and a flow's stages
+wait on each other on purpose.
+
 This module never imports torch at import time; GPU tensors inside items are
 moved to host memory when the channel was created with ``offload=True`` and
 shared by CUDA IPC (same node) otherwise.
@@ -47,6 +56,7 @@ from typing import Any
 from loomrl.errors import (
     ChannelClosed,
     ChannelItemLost,
+    ChannelPeerDied,
     ChannelTimeout,
     LoomError,
     check_timeout,
@@ -69,6 +79,11 @@ _ACTOR_PREFIX = "loomrl.channel."
 # object-store write, a ref-count registration and a fetch.
 INLINE_BYTES = 64 * 1024
 _BROKER_CONCURRENCY = 4096
+# A driver's get/put without a timeout waits this long at a time, then asks whether the key's
+# producers/consumers are all dead (a dead peer is found within about this much).
+DEAD_PEER_CHECK_S = 2.0
+# How long one liveness check waits for an actor's ping before counting it alive (or busy).
+_PING_S = 1.0
 
 
 class ChannelExistsError(LoomError, ValueError):
@@ -186,6 +201,38 @@ def _actor_id() -> str | None:
     return _actor[0]
 
 
+_self_handle: list[Any] = []
+
+
+def _actor_handle() -> Any:
+    """This actor's own handle (only in an actor process): how the broker pings it."""
+    if not _self_handle:
+        import ray
+
+        _self_handle.append(ray.get_runtime_context().current_actor)
+    return _self_handle[0]
+
+
+# (channel name, broker handle hash, key, "put"/"take") this process has told its broker of.
+# Cleared when large (a flow uses a key per micro-batch): telling again is harmless.
+_told: set[tuple] = set()
+_TOLD_MAX = 65536
+
+
+def _peer(name: str, broker: Any, key: Hashable, side: str) -> tuple[str | None, Any] | None:
+    """What the broker records of this process as a producer (side "put") or consumer ("take")
+    of ``key``, the first time it touches it: (actor id, own handle), or (None, None) in a driver
+    or task (alive as far as anyone can tell). None once told."""
+    mark = (name, hash(broker), key, side)
+    if mark in _told:
+        return None
+    if len(_told) >= _TOLD_MAX:
+        _told.clear()
+    _told.add(mark)
+    actor = _actor_id()
+    return (actor, _actor_handle()) if actor else (None, None)
+
+
 def _device_indices(buffers: list[Any]) -> tuple[int, ...]:
     if not buffers:
         return ()
@@ -273,8 +320,21 @@ def _decode_all(payloads: list[tuple], channel: str) -> list[Any]:
 
 
 # ----------------------------------------------------------------- broker actor
+class _Peer:
+    """A process that put to (took from) a key: its Ray actor handle (None for a driver or a
+    task: no way to ask whether it lives), its component name, and the one ping to it in flight
+    (kept until it lands, so that a busy actor is not sent a ping per check)."""
+
+    __slots__ = ("handle", "name", "ping", "dead")
+
+    def __init__(self, handle: Any, name: str) -> None:
+        self.handle, self.name = handle, name
+        self.ping: tuple[Any, asyncio.Future] | None = None
+        self.dead = False
+
+
 class _KeyQueue:
-    __slots__ = ("items", "weight", "lock", "not_empty", "not_full", "taken", "stats")
+    __slots__ = ("items", "weight", "lock", "not_empty", "not_full", "taken", "stats", "peers")
 
     def __init__(self) -> None:
         self.items: deque = deque()
@@ -286,6 +346,8 @@ class _KeyQueue:
         # Producers in wait_taken wait for a get to complete (stats["got"] to grow).
         self.taken = asyncio.Condition(self.lock)
         self.stats = {"put": 0, "got": 0, "bytes_put": 0, "bytes_got": 0}
+        # Producers ("put") and consumers ("take") by Ray actor id ("" for drivers and tasks).
+        self.peers: dict[str, dict[str, _Peer]] = {"put": {}, "take": {}}
 
 
 async def _wait(cond: asyncio.Condition, deadline: float | None) -> bool:
@@ -341,12 +403,22 @@ class _Broker:
             q = self.queues[key] = _KeyQueue()
         return q
 
-    async def put(self, key: Hashable, entries: list[tuple], timeout: float | None, src: str):
-        """Append entries in order, waiting for room. Returns (status, number appended)."""
+    async def put(
+        self,
+        key: Hashable,
+        entries: list[tuple],
+        timeout: float | None,
+        src: str,
+        peer: tuple[str | None, Any] | None = None,
+    ):
+        """Append entries in order, waiting for room. Returns (status, number appended).
+        ``peer``: the calling process, on its first put to ``key`` (``_peer``)."""
         if self.closed:
             return self._closed(), 0
         q = self._queue(key)
         self.producers.add(src)
+        if peer is not None:
+            q.peers["put"].setdefault(peer[0] or "", _Peer(peer[1], src))
         deadline = _deadline(timeout)
         done = 0
         async with q.lock:
@@ -375,6 +447,7 @@ class _Broker:
         weight: float | None,
         timeout: float | None,
         dst: str,
+        peer: tuple[str | None, Any] | None = None,
     ):
         """Pop items FIFO until ``count`` items or ``weight`` summed weight are taken.
 
@@ -384,6 +457,8 @@ class _Broker:
         """
         q = self._queue(key)
         self.consumers.add(dst)
+        if peer is not None:
+            q.peers["take"].setdefault(peer[0] or "", _Peer(peer[1], dst))
         deadline = _deadline(timeout)
         taken: list[tuple] = []
         got_weight = 0.0
@@ -453,6 +528,45 @@ class _Broker:
                     return "timeout"
         return "ok"
 
+    async def dead_peers(
+        self,
+        key: Hashable,
+        side: str,
+        count: int | None = None,
+        weight: float | None = None,
+    ) -> list[tuple[str, str]] | None:
+        """For a caller whose ``side`` ("put"/"take") of ``key`` found no room (too few items
+        for a take of ``count`` items or ``weight``): the peers of the other side, as (actor id,
+        component name), when there is at least one, all are dead, and the queue still has no
+        room (too few items). None otherwise: the wait goes on.
+
+        Checked here rather than by the caller: the queue's state is read in the same place, the
+        handles stay in the broker, and every waiting caller shares one ping per peer. A ping is
+        awaited, never waited for with a blocking call: this event loop serves every put/get.
+        """
+        q = self.queues.get(key)
+        if q is None:
+            return None
+        known = q.peers["take" if side == "put" else "put"]
+        others = list(known.items())
+
+        def stuck() -> bool:
+            if self.closed:
+                return False  # the caller's next call says so
+            if side == "take":
+                if count is not None:
+                    return len(q.items) < count
+                return not q.items or q.weight < (weight or 0.0)
+            return bool(self.maxsize) and len(q.items) >= self.maxsize
+
+        if not others or not stuck():
+            return None
+        alive = await asyncio.gather(*(_alive(p) for _, p in others))
+        # The key may have moved while the pings were out: an item, room, or a new peer came.
+        if any(alive) or not stuck() or len(known) != len(others):
+            return None
+        return [(actor, p.name) for actor, p in others]
+
     def qsize(self, key: Hashable) -> int:
         q = self.queues.get(key)
         return len(q.items) if q else 0
@@ -494,6 +608,30 @@ class _Broker:
 
     def edge_set(self) -> set[tuple[str, str]]:
         return set(self.edges)
+
+
+async def _alive(peer: _Peer) -> bool:
+    """False only when Ray says the peer's actor died for good; a ping still out after
+    ``_PING_S`` means alive or busy (a threaded actor runs it after its current call). A driver
+    or task peer (no handle) counts as alive: nothing can tell."""
+    if peer.handle is None:
+        return True
+    if peer.dead:
+        return False
+    if peer.ping is None:
+        ref = peer.handle.__ray_ready__.remote()
+        peer.ping = (ref, asyncio.wrap_future(ref.future()))  # the ref kept: the ping's object
+    done, _ = await asyncio.wait({peer.ping[1]}, timeout=_PING_S)
+    if not done:
+        return True
+    future, peer.ping = peer.ping[1], None
+    from ray import exceptions as rex
+
+    err = future.exception()
+    # ActorUnavailableError: restarting, or not reachable for now; it may come back.
+    if isinstance(err, rex.RayActorError) and not isinstance(err, rex.ActorUnavailableError):
+        peer.dead = True
+    return not peer.dead
 
 
 _remote_broker = None
@@ -824,11 +962,30 @@ class Channel:
             entries.append((w, src, nbytes, payload, holder))
         if not entries:
             return
-        status, done = self._call("put", key, entries, timeout, src)
+        peer = _peer(self.name, self._broker, key, "put")
+        sliced = timeout is None and _actor_id() is None
+        done = 0
+        while True:
+            status, n = self._call(
+                "put",
+                key,
+                entries[done:] if done else entries,
+                DEAD_PEER_CHECK_S if sliced else timeout,
+                src,
+                peer,
+            )
+            done, peer = done + n, None
+            if status != "timeout" or not sliced:
+                break
+            dead = self._call("dead_peers", key, "put")
+            if dead:
+                err: Exception = self._peer_died(key, "put", dead, done, len(entries))
+                err.items_put = done  # type: ignore[attr-defined]
+                raise err
         if status == "ok":
             return
         if status == "timeout":
-            err: Exception = ChannelTimeout(
+            err = ChannelTimeout(
                 f"channel {self.name!r} key {key!r}: no room after {timeout}s "
                 f"(maxsize={self.maxsize}, {done} of {len(entries)} items put); "
                 "consumers are slower than producers, or none is running"
@@ -886,7 +1043,18 @@ class Channel:
         _check_key(key, self.name)
         _require_ray(f"channel {self.name!r}: ")  # before current_component, as in put_many
         dst = dst or current_component()
-        status, got = self._call("take", key, count, weight, timeout, dst)
+        peer = _peer(self.name, self._broker, key, "take")
+        sliced = timeout is None and _actor_id() is None
+        while True:
+            status, got = self._call(
+                "take", key, count, weight, DEAD_PEER_CHECK_S if sliced else timeout, dst, peer
+            )
+            peer = None
+            if status != "timeout" or not sliced:
+                break
+            dead = self._call("dead_peers", key, "take", count, weight)
+            if dead:
+                raise self._peer_died(key, "take", dead)
         if status == "deleted":
             raise self._deleted_error()
         if status == "closed":
@@ -961,6 +1129,42 @@ class Channel:
     def edges(self) -> set[tuple[str, str]]:
         """(producer, consumer) component pairs that actually exchanged items through this channel."""
         return self._call("edge_set")
+
+    def _peer_died(
+        self, key: Hashable, side: str, dead: list[tuple[str, str]], done: int = 0, of: int = 0
+    ) -> ChannelPeerDied:
+        """ChannelPeerDied for a wait on ``side`` of ``key`` whose other side (``dead``: actor
+        id, component name) has all died; named by worker where this process launched it."""
+        from loomrl.worker import _worker_of
+
+        who = []
+        for actor, name in dead:
+            group, rank = _worker_of(actor)
+            who.append(f"{group.name} rank {rank}" if group else f"actor-{actor[:8]} {name!r}")
+        group, rank = _worker_of(dead[0][0])
+        worker, host = (
+            (group.name, group._hosts.get(rank, "unknown")) if group else (dead[0][1], "unknown")
+        )
+        if side == "take":
+            head = (
+                f"every producer of this key has died ({', '.join(who)}); nothing more can arrive"
+            )
+            fix = "Pass a timeout to get() or restart the producers"
+        else:
+            head = (
+                f"every consumer of this key has died ({', '.join(who)}); no room can come "
+                f"({done} of {of} items put)"
+            )
+            fix = "Pass a timeout to put() or restart the consumers"
+        return ChannelPeerDied(
+            f"channel {self.name!r} key {key!r}: {head}. {fix}",
+            self.name,
+            key,
+            tuple(actor for actor, _ in dead),
+            worker,
+            rank if group else -1,
+            host,
+        )
 
     def _deleted_error(self) -> ChannelClosed:
         return ChannelClosed(f"channel {self.name!r} was deleted (its broker is gone)")

@@ -99,6 +99,38 @@ class WorkerDiedError(LoomError):
         )
 
 
+class ChannelPeerDied(WorkerDiedError):
+    """A channel get (put) that waits with no timeout, in a process that is no worker (the
+    driver, a Ray task), found every producer (consumer) of its key dead: nothing more can arrive
+    (no room can come). ``channel``, ``key``; ``peers``: the Ray actor ids of the dead ones;
+    ``worker``/``rank``: the first of them (its group and rank where this process launched it,
+    else its component name and rank -1), so that a run restarts on it as on any worker's
+    death. A put sets ``items_put``, as on ChannelTimeout."""
+
+    def __init__(
+        self,
+        message: str,
+        channel: str,
+        key: Any,
+        peers: tuple[str, ...] = (),
+        worker: str = "unknown",
+        rank: int = -1,
+        host: str = "unknown",
+    ):
+        self.channel, self.key, self.peers = channel, key, tuple(peers)
+        # method None: known dead from another's call, as WorkerDiedError says it.
+        self.worker, self.rank, self.host, self.method = worker, rank, host, None
+        self.detail = message
+        LoomError.__init__(self, message)  # its own message, not WorkerDiedError's "X died"
+
+    def __reduce__(self) -> tuple:
+        return (
+            type(self),
+            (self.detail, self.channel, self.key, self.peers, self.worker, self.rank, self.host),
+            self.__dict__,
+        )
+
+
 class TrainingError(LoomError):
     """Training cannot go on: e.g. every recent update's gradients were not finite."""
 

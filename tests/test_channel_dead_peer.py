@@ -1,0 +1,182 @@
+"""A driver's channel get/put with no timeout, once every producer/consumer of its key died:
+ChannelPeerDied naming them within seconds, not a wait for ever. Waits on live peers, however
+late they come, still end as before."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import pickle
+import threading
+import time
+import uuid
+from types import SimpleNamespace
+
+import pytest
+
+from loomrl import channel as channel_mod
+from loomrl.channel import DEAD_PEER_CHECK_S, Channel
+from loomrl.errors import ChannelPeerDied, WorkerDiedError
+
+
+@pytest.fixture
+def make_channel(ray_session):
+    made = []
+
+    def make(maxsize=0):
+        ch = Channel.create(f"test-dead-peer-{uuid.uuid4().hex[:8]}", maxsize=maxsize)
+        made.append(ch)
+        return ch
+
+    yield make
+    for ch in made:
+        ch.delete()
+
+
+@pytest.fixture
+def peer_class(ray_session):
+    ray = ray_session
+
+    @ray.remote(num_cpus=0)
+    class Peer:
+        """A producer or consumer actor; ``delay`` keeps it busy first (a ping waits behind)."""
+
+        def actor_id(self):
+            return ray.get_runtime_context().get_actor_id()
+
+        def put(self, ch, item, delay=0.0):
+            time.sleep(delay)
+            ch.put(item, src="rollout")
+
+        def get(self, ch):
+            return ch.get(dst="learner")
+
+    return Peer
+
+
+@pytest.mark.timeout(60)
+def test_driver_get_raises_once_the_only_producer_died(make_channel, peer_class, ray_session):
+    ch = make_channel()
+    producer = peer_class.remote()
+    actor = ray_session.get(producer.actor_id.remote())
+    ray_session.get(producer.put.remote(ch, "first"))
+    assert ch.get() == "first"
+    ray_session.kill(producer)
+    t0 = time.monotonic()
+    with pytest.raises(
+        ChannelPeerDied,
+        match=rf"channel '{ch.name}' key None: every producer of this key has died "
+        rf"\(actor-{actor[:8]} 'rollout'\); nothing more can arrive\. Pass a timeout to get\(\)",
+    ) as info:
+        ch.get()
+    assert time.monotonic() - t0 < 10
+    err = info.value
+    assert isinstance(err, WorkerDiedError)  # a run restarts on it (run.max_restarts)
+    assert (err.channel, err.key, err.peers, err.worker, err.rank) == (
+        ch.name,
+        None,
+        (actor,),
+        "rollout",
+        -1,
+    )
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is ChannelPeerDied and str(back) == str(err) and back.peers == (actor,)
+
+
+@pytest.mark.timeout(60)
+def test_driver_put_raises_once_the_only_consumer_died(make_channel, peer_class, ray_session):
+    ch = make_channel(maxsize=1)
+    consumer = peer_class.remote()
+    actor = ray_session.get(consumer.actor_id.remote())
+    ch.put("a")
+    assert ray_session.get(consumer.get.remote(ch)) == "a"
+    ray_session.kill(consumer)
+    t0 = time.monotonic()
+    with pytest.raises(
+        ChannelPeerDied,
+        match=rf"key None: every consumer of this key has died \(actor-{actor[:8]} 'learner'\); "
+        r"no room can come \(1 of 2 items put\)\. Pass a timeout to put\(\)",
+    ) as info:
+        ch.put_many(["b", "c"])  # "b" fills the queue, "c" finds no room
+    assert time.monotonic() - t0 < 10
+    assert info.value.items_put == 1 and ch.qsize() == 1 and ch.get() == "b"
+
+
+@pytest.mark.timeout(60)
+def test_a_get_waits_past_a_check_for_a_live_producer_and_for_one_not_known_yet(
+    make_channel, peer_class, ray_session
+):
+    ch = make_channel()
+    # Nobody has put to this key yet: nothing to check, the get waits as before.
+    box: dict = {}
+    waiter = threading.Thread(target=lambda: box.update(item=ch.get(key="later")), daemon=True)
+    waiter.start()
+    producer = peer_class.remote()
+    ray_session.get(producer.put.remote(ch, "first"))
+    assert ch.get() == "first"
+    # Busy past a check (sleeping in a call): its ping waits, and it counts as alive.
+    producer.put.remote(ch, "late", delay=DEAD_PEER_CHECK_S + 1.0)
+    t0 = time.monotonic()
+    assert ch.get() == "late"
+    assert time.monotonic() - t0 > DEAD_PEER_CHECK_S
+    assert waiter.is_alive()
+    ch.put("now", key="later")
+    waiter.join(timeout=10)
+    assert box == {"item": "now"}
+
+
+@pytest.mark.timeout(60)
+def test_a_get_waits_while_one_producer_of_the_key_lives(make_channel, peer_class, ray_session):
+    ch = make_channel()
+    dead, live = peer_class.remote(), peer_class.remote()
+    ray_session.get([dead.put.remote(ch, "x"), live.put.remote(ch, "y")])
+    assert sorted(ch.get_many(2)) == ["x", "y"]
+    ray_session.kill(dead)
+    live.put.remote(ch, "z", delay=DEAD_PEER_CHECK_S + 1.0)
+    assert ch.get() == "z"
+
+
+def test_the_error_crosses_processes_with_its_parts():
+    err = ChannelPeerDied("channel 'c' key ('k', 1): ...", "c", ("k", 1), ("ab12",), "gen", 3, "h")
+    err.items_put = 2
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is ChannelPeerDied and isinstance(back, WorkerDiedError)
+    assert str(back) == str(err) == back.detail
+    assert (back.channel, back.key, back.peers, back.worker, back.rank, back.host) == (
+        "c",
+        ("k", 1),
+        ("ab12",),
+        "gen",
+        3,
+        "h",
+    )
+    assert back.method is None and back.items_put == 2
+
+
+def test_a_busy_peer_has_one_ping_out_and_a_died_one_is_dead(monkeypatch):
+    from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+    monkeypatch.setattr(channel_mod, "_PING_S", 0.01)
+    pings: list[concurrent.futures.Future] = []
+
+    def ping():
+        pings.append(concurrent.futures.Future())
+        return SimpleNamespace(future=lambda: pings[-1])
+
+    handle = SimpleNamespace(__ray_ready__=SimpleNamespace(remote=ping))
+    peer = channel_mod._Peer(handle, "rollout")
+
+    async def check(n):
+        return [await channel_mod._alive(peer) for _ in range(n)]
+
+    async def scenario():
+        assert await check(3) == [True] * 3 and len(pings) == 1  # busy: the one ping waits
+        pings[0].set_exception(ActorUnavailableError("restarting", None))
+        await asyncio.sleep(0.01)
+        assert await check(2) == [True, True] and len(pings) == 2  # may come back: new ping
+        pings[1].set_exception(ActorDiedError())
+        await asyncio.sleep(0.01)
+        assert await check(2) == [False, False] and len(pings) == 2  # dead stays dead
+        assert await channel_mod._alive(channel_mod._Peer(None, "driver")) is True
+
+    asyncio.run(scenario())
