@@ -664,10 +664,13 @@ class VecEnv:
         if not self.cfg.pixels:
             import gymnasium as gym
 
-            flat = [
-                np.asarray(gym.spaces.flatten(s.env.observation_space, raw), dtype=np.float32)
-                for s, raw in zip(slots, raws, strict=True)
-            ]
+            try:
+                flat = [
+                    np.asarray(gym.spaces.flatten(s.env.observation_space, raw), dtype=np.float32)
+                    for s, raw in zip(slots, raws, strict=True)
+                ]
+            except (TypeError, ValueError) as e:  # text, None in a dict, ...: not numbers
+                raise self._not_numbers(ids, raws, e) from e
             want = gym.spaces.flatdim(slots[0].env.observation_space) if slots else 0
             for n, f in enumerate(flat):
                 if f.size != want:  # stacked with the others, it would fail with numpy's words
@@ -688,7 +691,7 @@ class VecEnv:
         envs, gids = [slots[n].env for n in tiled], [self.index_offset + ids[n] for n in tiled]
         keys = tiles.draw(envs, gids, second) if tiled else []
         for n in sorted(set(range(len(ids))) - set(tiled)):  # drawn, read back by themselves
-            frames[n] = self._rgb(_gym_frame(slots[n].env), ids[n])
+            frames[n] = self._rgb(self._gym_frame(slots[n].env, ids[n]), ids[n])
             self.render_reads += 1
         self._count_reads()  # a draw reads back first where a cell is taken
         self.render_s += time.perf_counter() - t
@@ -704,6 +707,49 @@ class VecEnv:
             return out
 
         return finish
+
+    def _not_numbers(self, ids: list[int], raws: list[Any], e: BaseException) -> EnvFailureError:
+        """The error of an observation among ``raws`` (of envs ``ids``) that is not numbers of
+        the env's observation space (found again, one by one, only after the batch failed)."""
+        import gymnasium as gym
+
+        def numbers(i: int, raw: Any) -> bool:
+            try:
+                np.asarray(
+                    gym.spaces.flatten(self._slots[i].env.observation_space, raw), np.float32
+                )
+            except (TypeError, ValueError):
+                return False
+            return True
+
+        n = next(
+            (n for n, (i, raw) in enumerate(zip(ids, raws, strict=True)) if not numbers(i, raw)), 0
+        )
+        raw, space = raws[n], self._slots[ids[n]].env.observation_space
+        return EnvFailureError(
+            f"{self.cfg.env_id}: env {self.index_offset + ids[n]} returned an observation that "
+            f"is not numbers of its observation space {space}: {type(raw).__name__} "
+            f"{str(raw)[:80]!r} ({type(e).__name__}: {e}); fix the env's observations"
+        )
+
+    def _gym_frame(self, env: Any, i: int) -> Any:
+        """``_gym_frame(env)``, env i's; a ``ConfigError`` naming env.pixels where its
+        renderer needs a package that is not installed (pygame for the classic-control envs),
+        which gymnasium says only at the first frame."""
+        try:
+            return _gym_frame(env)
+        except Exception as e:
+            import gymnasium as gym  # here, not on every frame
+
+            if not isinstance(e, gym.error.DependencyNotInstalled):
+                raise
+            raise ConfigError(
+                [
+                    f"env.pixels=true: {self.cfg.env_id} env {self.index_offset + i} cannot draw "
+                    f"frames here ({e}); install what it names, or use state observations "
+                    "(env.pixels=false)"
+                ]
+            ) from None
 
     def _rgb(self, frame: Any, i: int) -> np.ndarray:
         """``frame``, env i's ``render()``, as an RGB image [H, W, 3] (an alpha channel
@@ -830,7 +876,13 @@ class VecEnv:
         import gymnasium as gym
 
         space = self.single_action_space
-        a = np.asarray(actions.detach().cpu() if hasattr(actions, "detach") else actions)
+        if hasattr(actions, "detach"):
+            actions = actions.detach().cpu()
+            # numpy has no bfloat16 (a policy run in bf16 would fail here with torch's words);
+            # float32 holds every bfloat16 value exactly.
+            if str(actions.dtype) == "torch.bfloat16":
+                actions = actions.float()
+        a = np.asarray(actions)
         expected = (n, *space.shape)
         if a.shape != expected:
             raise ActionShapeError(
@@ -854,6 +906,14 @@ class VecEnv:
                 )
             return a
         if isinstance(space, gym.spaces.Box):
+            # Text fails the cast below with numpy's words, None becomes NaN, and a complex
+            # number loses its imaginary part without a word: none of them is an action.
+            if a.dtype.kind not in "biuf":
+                raise ActionShapeError(
+                    f"{self!r}.step(actions): Box actions must be real numbers, got dtype "
+                    f"{a.dtype} (e.g. {a.reshape(-1)[:3].tolist()}); return a float tensor or "
+                    "array of actions from the policy"
+                )
             a = a.astype(space.dtype, copy=False)
             if not np.isfinite(a).all():
                 raise ActionShapeError(

@@ -281,7 +281,10 @@ class PolicyWorker(Worker):
             else:
                 out = self.net.act(o.to(self.device))
         a, logp, v = self._three_tensors(out)
-        a, logp, v = a.cpu(), logp.float().cpu(), v.float().cpu()
+        # numpy has no bfloat16: a policy run in bf16 would fail at the actions' first .numpy()
+        # with torch's words; float32 holds every bfloat16 value exactly.
+        a = a.float().cpu() if a.dtype == torch.bfloat16 else a.cpu()
+        logp, v = logp.float().cpu(), v.float().cpu()
         self._check_outputs(len(raw), a, logp, v)
         return o, a, logp, v
 

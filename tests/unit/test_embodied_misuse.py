@@ -1,0 +1,151 @@
+"""Embodied RL under bad input: actions, observations and rendering a user's policy or env
+gets wrong, each said in words that name the cause (no Ray)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import loomrl.envs.testing  # noqa: F401  (registers loomrl-test/* envs)
+from loomrl.envs import ActionShapeError, EnvConfig, EnvFailureError, VecEnv
+from loomrl.errors import ConfigError
+
+
+def _counting(n: int = 2) -> VecEnv:
+    env = VecEnv(EnvConfig("loomrl-test/Counting-v0", num_envs=n))
+    env.reset()
+    return env
+
+
+@pytest.mark.parametrize(
+    "actions, dtype",
+    [
+        (np.array([["a"], ["b"]]), "<U1"),  # numpy's words were "could not convert string"
+        (np.array([[None], [None]], dtype=object), "object"),  # had been taken as NaN
+        (np.array([[1 + 2j], [0j]]), "complex128"),  # had lost its imaginary part silently
+    ],
+)
+def test_box_actions_that_are_not_real_numbers_are_refused_naming_the_dtype(actions, dtype):
+    env = _counting()
+    with pytest.raises(
+        ActionShapeError, match=rf"Box actions must be real numbers, got dtype {dtype}"
+    ):
+        env.step(actions)
+    assert env.step(np.zeros((2, 1), np.float32)).reward.tolist() == [1.0, 1.0]  # still steps
+
+
+def test_bfloat16_actions_step_as_their_float32_values():
+    """A policy run in bf16 hands bf16 tensors; numpy has no such dtype (torch's TypeError
+    before). Every bf16 value is a float32 one, so the step is the float32 actions' step."""
+    a, b = _counting(), _counting()
+    acts = torch.tensor([[0.5], [-0.25]], dtype=torch.bfloat16)
+    ra, rb = a.step(acts), b.step(acts.float())
+    assert np.array_equal(ra.obs, rb.obs) and np.array_equal(ra.reward, rb.reward)
+
+
+class _TextObs(gym.Env):
+    """Observations of text from the second step on (an env whose step returns the wrong thing)."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return ("abc" if self.t >= 2 else np.zeros(2, np.float32)), 0.0, False, False, {}
+
+
+def test_an_observation_that_is_not_numbers_names_the_env_and_what_came():
+    if "loomrl-test/TextObs-v0" not in gym.registry:
+        gym.register(id="loomrl-test/TextObs-v0", entry_point=_TextObs)
+    env = VecEnv(EnvConfig("loomrl-test/TextObs-v0", num_envs=2))
+    env.reset()
+    env.step(np.zeros((2, 1), np.float32))
+    with pytest.raises(
+        EnvFailureError,
+        match=r"env 0 returned an observation that is not numbers of its observation space "
+        r"Box.*str 'abc'.*fix the env's observations",
+    ):
+        env.step(np.zeros((2, 1), np.float32))
+
+
+class _NoPygame(gym.Env):
+    """An env whose renderer needs a package that is missing, as CartPole without pygame."""
+
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+    def render(self):
+        raise gym.error.DependencyNotInstalled('pygame is not installed, run `pip install "x"`')
+
+
+def test_pixels_on_an_env_whose_renderer_is_not_installed_is_a_config_error(monkeypatch):
+    import loomrl.envs.vec as vec
+
+    # The GL probe is not what is tested (and needs a working backend): pass it.
+    monkeypatch.setattr(vec, "select_render_backend", lambda preferred, timeout_s=60.0: "egl")
+    if "loomrl-test/NoPygame-v0" not in gym.registry:
+        gym.register(id="loomrl-test/NoPygame-v0", entry_point=_NoPygame)
+    env = VecEnv(EnvConfig("loomrl-test/NoPygame-v0", num_envs=1, pixels=True, image_size=16))
+    with pytest.raises(
+        ConfigError,
+        match=r"env.pixels=true: loomrl-test/NoPygame-v0 env 0 cannot draw frames here "
+        r"\(pygame is not installed.*env.pixels=false",
+    ):
+        env.reset()
+
+
+_BF16_POLICY = """
+import torch
+
+from loomrl.policies import MLPActorCritic
+
+
+class Bf16(MLPActorCritic):
+    def act(self, obs, generators=None):
+        a, logp, v = super().act(obs, generators=generators)
+        return a.bfloat16(), logp, v
+
+
+def make(observation_space, action_space, seed=0):
+    return Bf16(observation_space.shape[0], action_space, seed=seed)
+"""
+
+
+def test_a_user_policy_acting_in_bfloat16_gives_float32_actions(tmp_path, monkeypatch):
+    """Its act() returns bf16 actions; the policy worker's first .numpy() of them raised
+    torch's "unsupported ScalarType BFloat16" before."""
+    from loomrl.embodied import PPOConfig
+    from loomrl.workers.policy import PolicyWorker
+
+    (tmp_path / "bf16_policy.py").write_text(_BF16_POLICY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    obs = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    act = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    reply = {"obs": np.zeros((3, 4), np.float32), "env_ids": np.arange(3)}
+    reply["env_steps"] = np.zeros(3, np.int64)
+    pol = PolicyWorker(
+        obs, act, 3, PPOConfig(rollout_steps=6, num_minibatches=1), 0, policy="bf16_policy:make"
+    )
+    pol.begin(2)
+    (out,) = pol.act(0, reply)
+    assert out.dtype == np.float32 and out.shape == (3, 2)
+    assert np.array_equal(out, torch.as_tensor(out).bfloat16().float().numpy())  # bf16 values
