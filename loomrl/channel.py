@@ -217,12 +217,15 @@ def _actor_handle() -> Any:
 # Cleared when large (a flow uses a key per micro-batch): telling again is harmless.
 _told: set[tuple] = set()
 _TOLD_MAX = 65536
+# (channel name, broker handle hash) whose broker has this actor's handle: sent once per broker,
+# not per key (a handle costs a registration on each side; a flow makes keys by the thousand).
+_told_handle: set[tuple[str, int]] = set()
 
 
 def _peer(name: str, broker: Any, key: Hashable, side: str) -> tuple[str | None, Any] | None:
     """What the broker records of this process as a producer (side "put") or consumer ("take")
-    of ``key``, the first time it touches it: (actor id, own handle), or (None, None) in a driver
-    or task (alive as far as anyone can tell). None once told."""
+    of ``key``, the first time it touches it: (actor id, own handle, or None once the broker has
+    it), or (None, None) in a driver or task (alive as far as anyone can tell). None once told."""
     mark = (name, hash(broker), key, side)
     if mark in _told:
         return None
@@ -230,7 +233,12 @@ def _peer(name: str, broker: Any, key: Hashable, side: str) -> tuple[str | None,
         _told.clear()
     _told.add(mark)
     actor = _actor_id()
-    return (actor, _actor_handle()) if actor else (None, None)
+    if actor is None:
+        return None, None
+    if mark[:2] in _told_handle:
+        return actor, None
+    _told_handle.add(mark[:2])
+    return actor, _actor_handle()
 
 
 def _device_indices(buffers: list[Any]) -> tuple[int, ...]:
@@ -321,16 +329,15 @@ def _decode_all(payloads: list[tuple], channel: str) -> list[Any]:
 
 # ----------------------------------------------------------------- broker actor
 class _Peer:
-    """A process that put to (took from) a key: its Ray actor handle (None for a driver or a
-    task: no way to ask whether it lives), its component name, and the one ping to it in flight
-    (kept until it lands, so that a busy actor is not sent a ping per check)."""
+    """An actor process that put to or took from the channel: its Ray actor handle, and the one
+    ping to it in flight (kept until it lands, so that a busy actor is not sent a ping per
+    check, whichever keys are checked)."""
 
-    __slots__ = ("handle", "name", "ping", "dead")
+    __slots__ = ("handle", "ping")
 
-    def __init__(self, handle: Any, name: str) -> None:
-        self.handle, self.name = handle, name
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
         self.ping: tuple[Any, asyncio.Future] | None = None
-        self.dead = False
 
 
 class _KeyQueue:
@@ -346,8 +353,9 @@ class _KeyQueue:
         # Producers in wait_taken wait for a get to complete (stats["got"] to grow).
         self.taken = asyncio.Condition(self.lock)
         self.stats = {"put": 0, "got": 0, "bytes_put": 0, "bytes_got": 0}
-        # Producers ("put") and consumers ("take") by Ray actor id ("" for drivers and tasks).
-        self.peers: dict[str, dict[str, _Peer]] = {"put": {}, "take": {}}
+        # Producers ("put") and consumers ("take"): Ray actor id ("" for drivers and tasks) ->
+        # the component name of its first call.
+        self.peers: dict[str, dict[str, str]] = {"put": {}, "take": {}}
 
 
 async def _wait(cond: asyncio.Condition, deadline: float | None) -> bool:
@@ -388,6 +396,13 @@ class _Broker:
         self.edges: dict[tuple[str, str], int] = {}
         self.producers: set[str] = set()
         self.consumers: set[str] = set()
+        self.peers: dict[str, _Peer] = {}  # actor processes that put or took, by Ray actor id
+
+    def _add_peer(self, q: _KeyQueue, side: str, peer: tuple, name: str) -> None:
+        actor, handle = peer
+        if handle is not None and actor not in self.peers:
+            self.peers[actor] = _Peer(handle)
+        q.peers[side].setdefault(actor or "", name)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -418,7 +433,7 @@ class _Broker:
         q = self._queue(key)
         self.producers.add(src)
         if peer is not None:
-            q.peers["put"].setdefault(peer[0] or "", _Peer(peer[1], src))
+            self._add_peer(q, "put", peer, src)
         deadline = _deadline(timeout)
         done = 0
         async with q.lock:
@@ -458,7 +473,7 @@ class _Broker:
         q = self._queue(key)
         self.consumers.add(dst)
         if peer is not None:
-            q.peers["take"].setdefault(peer[0] or "", _Peer(peer[1], dst))
+            self._add_peer(q, "take", peer, dst)
         deadline = _deadline(timeout)
         taken: list[tuple] = []
         got_weight = 0.0
@@ -561,11 +576,11 @@ class _Broker:
 
         if not others or not stuck():
             return None
-        alive = await asyncio.gather(*(_alive(p) for _, p in others))
+        alive = await asyncio.gather(*(_alive(self.peers.get(actor)) for actor, _ in others))
         # The key may have moved while the pings were out: an item, room, or a new peer came.
         if any(alive) or not stuck() or len(known) != len(others):
             return None
-        return [(actor, p.name) for actor, p in others]
+        return others
 
     def qsize(self, key: Hashable) -> int:
         q = self.queues.get(key)
@@ -610,14 +625,13 @@ class _Broker:
         return set(self.edges)
 
 
-async def _alive(peer: _Peer) -> bool:
-    """False only when Ray says the peer's actor died for good; a ping still out after
-    ``_PING_S`` means alive or busy (a threaded actor runs it after its current call). A driver
-    or task peer (no handle) counts as alive: nothing can tell."""
-    if peer.handle is None:
+async def _alive(peer: _Peer | None) -> bool:
+    """False only when Ray says the peer's actor died; a ping still out after ``_PING_S`` means
+    alive or busy (a threaded actor runs it after its current call). A driver or task (None: no
+    handle) counts as alive: nothing can tell. Each check after a landed ping sends a new one: an
+    actor Ray restarts (its max_restarts) comes back under the same handle."""
+    if peer is None:
         return True
-    if peer.dead:
-        return False
     if peer.ping is None:
         ref = peer.handle.__ray_ready__.remote()
         peer.ping = (ref, asyncio.wrap_future(ref.future()))  # the ref kept: the ping's object
@@ -629,9 +643,9 @@ async def _alive(peer: _Peer) -> bool:
 
     err = future.exception()
     # ActorUnavailableError: restarting, or not reachable for now; it may come back.
-    if isinstance(err, rex.RayActorError) and not isinstance(err, rex.ActorUnavailableError):
-        peer.dead = True
-    return not peer.dead
+    return not (
+        isinstance(err, rex.RayActorError) and not isinstance(err, rex.ActorUnavailableError)
+    )
 
 
 _remote_broker = None

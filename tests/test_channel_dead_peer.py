@@ -153,7 +153,7 @@ def test_the_error_crosses_processes_with_its_parts():
     assert back.method is None and back.items_put == 2
 
 
-def test_a_busy_peer_has_one_ping_out_and_a_died_one_is_dead(monkeypatch):
+def test_a_busy_peer_has_one_ping_out_and_a_died_one_counts_dead(monkeypatch):
     from ray.exceptions import ActorDiedError, ActorUnavailableError
 
     monkeypatch.setattr(channel_mod, "_PING_S", 0.01)
@@ -164,7 +164,7 @@ def test_a_busy_peer_has_one_ping_out_and_a_died_one_is_dead(monkeypatch):
         return SimpleNamespace(future=lambda: pings[-1])
 
     handle = SimpleNamespace(__ray_ready__=SimpleNamespace(remote=ping))
-    peer = channel_mod._Peer(handle, "rollout")
+    peer = channel_mod._Peer(handle)
 
     async def check(n):
         return [await channel_mod._alive(peer) for _ in range(n)]
@@ -176,7 +176,21 @@ def test_a_busy_peer_has_one_ping_out_and_a_died_one_is_dead(monkeypatch):
         assert await check(2) == [True, True] and len(pings) == 2  # may come back: new ping
         pings[1].set_exception(ActorDiedError())
         await asyncio.sleep(0.01)
-        assert await check(2) == [False, False] and len(pings) == 2  # dead stays dead
-        assert await channel_mod._alive(channel_mod._Peer(None, "driver")) is True
+        assert await check(1) == [False] and len(pings) == 2
+        assert await channel_mod._alive(None) is True  # a driver or a task: nothing to ask
 
     asyncio.run(scenario())
+
+
+def test_an_actor_tells_a_broker_its_handle_once_and_each_key_once(monkeypatch):
+    monkeypatch.setattr(channel_mod, "_told", set())
+    monkeypatch.setattr(channel_mod, "_told_handle", set())
+    monkeypatch.setattr(channel_mod, "_actor", ["a1"])
+    monkeypatch.setattr(channel_mod, "_self_handle", ["own handle"])
+    broker, other = object(), object()
+    told = [channel_mod._peer("c", broker, k, "put") for k in ("k1", "k2", "k1")]
+    assert told == [("a1", "own handle"), ("a1", None), None]
+    assert channel_mod._peer("c", broker, "k1", "take") == ("a1", None)
+    assert channel_mod._peer("c", other, "k1", "put") == ("a1", "own handle")
+    monkeypatch.setattr(channel_mod, "_actor", [None])  # a driver: nothing to ping
+    assert channel_mod._peer("d", broker, None, "take") == (None, None)
