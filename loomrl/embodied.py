@@ -405,6 +405,14 @@ class PPOConfig:
             )
         if any(type(h) is not int or h < 1 for h in self.hidden):
             p.append(f"hidden={list(self.hidden)}: layer widths must be positive integers")
+        # torch seeds from a 64-bit integer: past that range the policy worker failed to start
+        # with torch's "Overflow when unpacking long long", naming no key.
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
+            p.append(f"seed={self.seed!r}: must be a whole number, e.g. 0")
+        elif not -(2**63) <= self.seed < 2**64:
+            p.append(
+                f"seed={self.seed}: must fit torch's 64-bit seed, in [0, 2**64 = {2**64}), e.g. 0"
+            )
         if p:
             raise ConfigError(p, source="PPOConfig")
 

@@ -149,3 +149,19 @@ def test_a_user_policy_acting_in_bfloat16_gives_float32_actions(tmp_path, monkey
     (out,) = pol.act(0, reply)
     assert out.dtype == np.float32 and out.shape == (3, 2)
     assert np.array_equal(out, torch.as_tensor(out).bfloat16().float().numpy())  # bf16 values
+
+
+def test_a_ppo_seed_torch_cannot_take_is_a_config_error_with_the_others():
+    """Past 64 bits the policy worker failed to start with torch's "Overflow when unpacking
+    long long"; now said with the section's other problems."""
+    from loomrl.embodied import PPOConfig
+
+    with pytest.raises(ConfigError) as e:
+        PPOConfig(seed=2**64, clip=-1.0)
+    assert "seed=18446744073709551616: must fit torch's 64-bit seed" in str(e.value)
+    assert "clip=-1.0" in str(e.value)
+    with pytest.raises(ConfigError, match=r"seed=1.5: must be a whole number"):
+        PPOConfig(seed=1.5)
+    for ok in (0, 2**64 - 1, -1, np.int64(3)):  # what torch takes still passes
+        assert PPOConfig(seed=ok).seed == ok
+        torch.Generator().manual_seed(int(ok))
