@@ -535,6 +535,8 @@ class VecEnv:
         slot.env.unwrapped.np_random = _generator_from_state(rng_state)
         raw = slot.env.reset()[0]
         slot.episode_return, slot.episode_length = 0.0, 0
+        if not self.cfg.pixels and not _all_finite(raw):  # as in _reset_env
+            raise NonFiniteStep("the reset returned an observation holding NaN or inf")
         return raw
 
     @property
@@ -644,6 +646,10 @@ class VecEnv:
             raw, _ = slot.env.reset(seed=self.cfg.seed + self.index_offset + i)
             slot.seeded = True
         slot.episode_return, slot.episode_length = 0.0, 0
+        # As a step's (``_step_one``): a NaN here would reach the normaliser and the policy,
+        # whose NaN actions would then be blamed on the policy.
+        if not self.cfg.pixels and not _all_finite(raw):
+            raise NonFiniteStep("the reset returned an observation holding NaN or inf")
         return raw
 
     def _observe(self, i: int, raw: Any) -> np.ndarray:

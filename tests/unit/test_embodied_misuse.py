@@ -165,3 +165,49 @@ def test_a_ppo_seed_torch_cannot_take_is_a_config_error_with_the_others():
     for ok in (0, 2**64 - 1, -1, np.int64(3)):  # what torch takes still passes
         assert PPOConfig(seed=ok).seed == ok
         torch.Generator().manual_seed(int(ok))
+
+
+class _NanReset(gym.Env):
+    """The resets listed in ``nan_on`` (counted from 1 over every instance sharing ``count``)
+    return an observation holding NaN."""
+
+    def __init__(self, nan_on=(3, 4), count=None, length=2):
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.nan_on, self.length, self.t = set(nan_on), length, 0
+        self.count = {"resets": 0} if count is None else count
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.count["resets"] += 1
+        self.t = 0
+        obs = np.zeros(2, np.float32)
+        if self.count["resets"] in self.nan_on:
+            obs[0] = np.nan
+        return obs, {}
+
+    def step(self, action):
+        self.t += 1
+        return np.full(2, self.t, np.float32), 1.0, self.t >= self.length, False, {}
+
+
+def test_a_reset_observation_holding_nan_is_a_recorded_failure_not_an_observation():
+    """A step's NaN observation was a recorded failure but a reset's went on to the normaliser
+    and the policy (whose NaN actions were then blamed on it)."""
+    if "loomrl-test/NanReset-v0" not in gym.registry:
+        gym.register(id="loomrl-test/NanReset-v0", entry_point=_NanReset)
+    count = {"resets": 0}
+    env = VecEnv(EnvConfig("loomrl-test/NanReset-v0", num_envs=2, env_kwargs={"count": count}))
+    assert np.isfinite(env.reset()).all()  # resets 1, 2
+    env.step(np.zeros((2, 1), np.float32))
+    res = env.step(np.zeros((2, 1), np.float32))  # episodes end; resets 3, 4 give NaN
+    assert res.terminated.all() and np.isfinite(res.obs).all()
+    events = env.pop_events()
+    assert [e.kind for e in events] == ["env_error", "env_recreated"] * 2
+    assert "reset returned an observation holding NaN" in events[0].message
+    # Every reset NaN from the first: nothing ever worked, and the VecEnv says so at once.
+    env = VecEnv(
+        EnvConfig("loomrl-test/NanReset-v0", num_envs=1, env_kwargs={"nan_on": range(1, 9)})
+    )
+    with pytest.raises(ConfigError, match=r"failed on its first reset .*NaN or inf"):
+        env.reset()
