@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from loomrl.errors import ConfigError
+from loomrl.errors import ConfigError, LoomError
 from loomrl.worker import Worker
 
 __all__ = [
@@ -42,9 +42,11 @@ __all__ = [
 BUILT_IN_POLICIES = ("auto", "mlp", "cnn")
 
 
-class HandoffError(RuntimeError):
+class HandoffError(LoomError, RuntimeError):
     """A rollout over sockets (``serve_pipe``) stopped: an env worker raised, died or went
-    silent; the message names which, and at which step."""
+    silent; the message names which, and at which step. One of loomrl's own errors: its
+    message says what happened (an env worker's error, such as too many simulator failures,
+    in full), and serve_pipe's traceback under it on the command line was no news."""
 
 
 def policy_spec_problems(spec: Any) -> list[str]:
@@ -226,6 +228,15 @@ class PolicyWorker(Worker):
         # Row counts of the calls the layouts served since the graphs were last released can make.
         self._call_sizes: set[int] = set()
         self.action_shape = tuple(getattr(action_space, "shape", ()) or ())
+        import gymnasium as gym
+
+        # Discrete actions' (start, n): a user policy's actions are checked against them here,
+        # where the error can name the policy, not in the env worker that steps them.
+        self.discrete = (
+            (int(action_space.start), int(action_space.n))
+            if isinstance(action_space, gym.spaces.Discrete)
+            else None
+        )
         self.action_dtype = torch.long if not self.action_shape else torch.float32
         self.buffer: Any = None
         self._listener: Any = None  # serve_pipe's socket, made by listen()
@@ -308,6 +319,10 @@ class PolicyWorker(Worker):
                 for k, x in (("actions", a), ("log-probs", logp), ("values", v))
                 if x.is_floating_point() and not bool(x.isfinite().all())
             ]
+            if not bad and self.discrete is not None and len(a):
+                bad_discrete = self._discrete_problem(a)
+                if bad_discrete:
+                    raise ConfigError([f"policy={self.spec!r}: act() returned {bad_discrete}"])
             if bad:
                 raise ConfigError(
                     [
@@ -329,6 +344,26 @@ class PolicyWorker(Worker):
                 + " (it returns actions, log-probs and values, one row per observation)"
             ]
         )
+
+    def _discrete_problem(self, a: Any) -> str | None:
+        """What is wrong with actions ``a`` for a Discrete space, or None: integer indices in
+        [start, start + n), not floats, booleans or one-hot rows (those the shape check finds)."""
+        import torch
+
+        start, n = self.discrete  # type: ignore[misc]
+        space = f"Discrete({n}{f', start={start}' if start else ''})"
+        if a.is_floating_point() or a.is_complex() or a.dtype == torch.bool:
+            return (
+                f"actions of dtype {a.dtype} for {space}: return integer indices "
+                "(e.g. torch.long), such as a Categorical's sample()"
+            )
+        lo, hi = (int(x) for x in torch.aminmax(a))
+        if lo < start or hi >= start + n:
+            return (
+                f"actions from {lo} to {hi} for {space}, whose actions lie in "
+                f"[{start}, {start + n})"
+            )
+        return None
 
     # -- the rollout ------------------------------------------------------------------------------
     def begin(self, steps: int) -> None:

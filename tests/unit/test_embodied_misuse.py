@@ -211,3 +211,74 @@ def test_a_reset_observation_holding_nan_is_a_recorded_failure_not_an_observatio
     )
     with pytest.raises(ConfigError, match=r"failed on its first reset .*NaN or inf"):
         env.reset()
+
+
+_DISCRETE_POLICIES = """
+from loomrl.policies import make_policy
+
+
+class _Off(__import__("torch").nn.Module):
+    def __init__(self, o, a, seed, fix):
+        super().__init__()
+        self.inner, self.fix = make_policy(o, a, seed=seed), fix
+
+    def act(self, obs):
+        return self.fix(*self.inner.act(obs))
+
+    def evaluate(self, obs, actions):
+        return self.inner.evaluate(obs, actions)
+
+
+def floats(o, a, seed=0):
+    return _Off(o, a, seed, lambda a, l, v: (a.float(), l, v))
+
+
+def past_n(o, a, seed=0):
+    return _Off(o, a, seed, lambda a, l, v: (a + 5, l, v))
+
+
+def right(o, a, seed=0):
+    return _Off(o, a, seed, lambda a, l, v: (a, l, v))
+"""
+
+
+def test_a_user_policys_discrete_actions_are_checked_where_the_policy_is_named(
+    tmp_path, monkeypatch
+):
+    """Float or out-of-range Discrete actions had reached the env worker (its error blamed on
+    the policy's next call) or, in the cost probe, the PPO update (torch's Categorical support
+    error on a tensor dump); now the policy's act() is named with what came and what fits."""
+    from loomrl.embodied import PPOConfig
+    from loomrl.workers.policy import PolicyWorker
+
+    (tmp_path / "discrete_policies.py").write_text(_DISCRETE_POLICIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    obs = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    act = gym.spaces.Discrete(2)
+    reply = {"obs": np.zeros((3, 4), np.float32), "env_ids": np.arange(3)}
+    reply["env_steps"] = np.zeros(3, np.int64)
+    ppo = PPOConfig(rollout_steps=6, num_minibatches=1)
+    for spec, said in [
+        ("floats", r"actions of dtype torch.float32 for Discrete\(2\): return integer indices"),
+        ("past_n", r"actions from [5-6] to [5-6] for Discrete\(2\), whose actions lie in \[0, 2\)"),
+    ]:
+        pol = PolicyWorker(obs, act, 3, ppo, 0, policy=f"discrete_policies:{spec}")
+        pol.begin(2)
+        with pytest.raises(
+            ConfigError, match=rf"policy='discrete_policies:{spec}': act\(\) returned {said}"
+        ):
+            pol.act(0, reply)
+    pol = PolicyWorker(obs, act, 3, ppo, 0, policy="discrete_policies:right")
+    pol.begin(2)
+    (out,) = pol.act(0, reply)
+    assert out.shape == (3,) and set(out.tolist()) <= {0, 1}
+
+
+def test_a_pipe_rollout_stopped_by_an_env_worker_is_one_of_loomrls_own_errors():
+    """serve_pipe's HandoffError carries an env worker's error (too many simulator failures,
+    say) in its message; as a LoomError the command line says it without serve_pipe's
+    traceback, as it does for the same error in a driver-handed rollout."""
+    from loomrl.errors import LoomError
+    from loomrl.workers.policy import HandoffError
+
+    assert issubclass(HandoffError, LoomError) and issubclass(HandoffError, RuntimeError)
