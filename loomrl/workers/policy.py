@@ -98,6 +98,19 @@ def build_policy(
                 "(env.pixels=true), the MLP flat vectors; or give policy=package.module:factory"
             ]
         )
+    import gymnasium as gym
+
+    # Said here, naming the key, rather than by the policy's constructor inside the worker.
+    if spec in BUILT_IN_POLICIES and not isinstance(
+        action_space, (gym.spaces.Box, gym.spaces.Discrete)
+    ):
+        raise ConfigError(
+            [
+                f"policy={spec!r}: the built-in policies act in Box and Discrete action spaces, "
+                f"and the env's is {action_space}; give policy=package.module:factory, an "
+                "nn.Module with act()/evaluate() for that space"
+            ]
+        )
     if spec == "auto":
         if len(shape) == 1:
             kwargs.setdefault("hidden", hidden)

@@ -282,3 +282,18 @@ def test_a_pipe_rollout_stopped_by_an_env_worker_is_one_of_loomrls_own_errors():
     from loomrl.workers.policy import HandoffError
 
     assert issubclass(HandoffError, LoomError) and issubclass(HandoffError, RuntimeError)
+
+
+@pytest.mark.parametrize("spec", ["auto", "mlp"])
+def test_a_built_in_policy_for_an_action_space_it_cannot_act_in_is_a_config_error(spec):
+    """A MultiDiscrete env with policy auto had failed in the policy worker's constructor with
+    a TypeError and its traceback."""
+    from loomrl.workers.policy import build_policy
+
+    obs = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    with pytest.raises(
+        ConfigError,
+        match=rf"policy='{spec}': the built-in policies act in Box and Discrete action spaces, "
+        r"and the env's is MultiDiscrete\(\[3 2\]\); give policy=package.module:factory",
+    ):
+        build_policy(spec, obs, gym.spaces.MultiDiscrete([3, 2]), seed=0)
