@@ -946,7 +946,8 @@ class VecEnv:
         err = EnvFailureError(
             f"{self.cfg.env_id}: {len(self._failures)} simulator failures within the last "
             f"{self.cfg.failure_window} steps (max_failures={self.cfg.max_failures}); the last, in "
-            f"env {gi} at episode step {slot.episode_length}: {msg}. {self._kwargs_hint(e)}Fix "
+            f"env {gi} at episode step {slot.episode_length}: {msg}. {_api_hint(e)}"
+            f"{self._kwargs_hint(e)}Fix "
             "the environment, or raise env.max_failures / lower env.failure_window if such "
             "failures are expected."
         )
@@ -1056,6 +1057,18 @@ def _all_finite(raw: Any) -> bool:
         return all(_all_finite(v) for v in raw)
     a = np.asarray(raw)
     return not np.issubdtype(a.dtype, np.inexact) or bool(np.isfinite(a).all())
+
+
+def _api_hint(e: BaseException) -> str:
+    """Where ``e`` is what an env of the old gym API raises inside gymnasium's wrappers (a step
+    of 4 values: obs, reward, done, info), a sentence saying so; else ''."""
+    if isinstance(e, ValueError) and re.search(r"unpack \(expected 5, got 4\)", str(e)):
+        return (
+            "gymnasium's step() returns 5 values (observation, reward, terminated, truncated, "
+            "info); 4 (observation, reward, done, info) is the old gym API: split done into "
+            "terminated and truncated. "
+        )
+    return ""
 
 
 def _show_kwargs(kwargs: dict[str, Any]) -> str:

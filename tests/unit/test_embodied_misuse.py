@@ -297,3 +297,35 @@ def test_a_built_in_policy_for_an_action_space_it_cannot_act_in_is_a_config_erro
         r"and the env's is MultiDiscrete\(\[3 2\]\); give policy=package.module:factory",
     ):
         build_policy(spec, obs, gym.spaces.MultiDiscrete([3, 2]), seed=0)
+
+
+class _OldGymStep(gym.Env):
+    """A step of the old gym API: (obs, reward, done, info)."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, {}
+
+
+def test_an_env_of_the_old_gym_step_api_is_named_so_when_its_failures_stop_it():
+    """Each step is a recorded failure (numpy's "not enough values to unpack"); the error that
+    stops the VecEnv says which API the step followed and what gymnasium's returns."""
+    if "loomrl-test/OldGymStep-v0" not in gym.registry:
+        gym.register(id="loomrl-test/OldGymStep-v0", entry_point=_OldGymStep)
+    env = VecEnv(EnvConfig("loomrl-test/OldGymStep-v0", num_envs=1, max_failures=2))
+    env.reset()
+    for _ in range(2):
+        assert env.step(np.zeros((1, 1), np.float32)).failed.all()
+    with pytest.raises(
+        EnvFailureError,
+        match=r"unpack \(expected 5, got 4\)\. gymnasium's step\(\) returns 5 values .* old gym "
+        r"API: split done into terminated and truncated",
+    ):
+        env.step(np.zeros((1, 1), np.float32))
