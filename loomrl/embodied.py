@@ -915,8 +915,9 @@ def _train_ppo(
     )
 
 
-def _main() -> None:
+def _main(argv: Sequence[str] | None = None) -> None:
     import argparse
+    import sys
 
     p = argparse.ArgumentParser(description="Single-process PPO on a gymnasium MuJoCo env.")
     p.add_argument("env_id")
@@ -926,7 +927,7 @@ def _main() -> None:
     p.add_argument("--time-limit", type=float, default=None)
     p.add_argument("--target-return", type=float, default=None)
     p.add_argument("--groups", type=int, default=1)
-    a = p.parse_args()
+    a = p.parse_args(argv)
 
     def log(pt: dict[str, float]) -> None:
         print(
@@ -935,15 +936,19 @@ def _main() -> None:
             flush=True,
         )
 
-    r = train_ppo(
-        EnvConfig(a.env_id, num_envs=a.num_envs, seed=a.seed),
-        PPOConfig(seed=a.seed),
-        a.total_steps,
-        a.time_limit,
-        target_return=a.target_return,
-        groups=a.groups,
-        log=log,
-    )
+    try:
+        r = train_ppo(
+            EnvConfig(a.env_id, num_envs=a.num_envs, seed=a.seed),
+            PPOConfig(seed=a.seed),
+            a.total_steps,
+            a.time_limit,
+            target_return=a.target_return,
+            groups=a.groups,
+            log=log,
+        )
+    except ConfigError as e:  # a mistyped env id or flag: said as `loomrl run` says it
+        print(f"python -m loomrl.embodied: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     print(
         f"done: {r.steps} steps in {r.time_s:.1f}s ({r.steps_per_s:.0f} steps/s), "
         f"final mean return {r.final_mean_return:.1f}, target at {r.target_step} steps / {r.target_time_s} s"

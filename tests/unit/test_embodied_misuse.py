@@ -329,3 +329,15 @@ def test_an_env_of_the_old_gym_step_api_is_named_so_when_its_failures_stop_it():
         r"API: split done into terminated and truncated",
     ):
         env.step(np.zeros((1, 1), np.float32))
+
+
+def test_the_single_process_trainer_says_a_config_mistake_and_exits_2(capsys):
+    """``python -m loomrl.embodied`` with a mistyped env id had ended in a traceback (status 1)."""
+    from loomrl.embodied import _main
+
+    with pytest.raises(SystemExit) as e:
+        _main(["InvertedPendulm-v5", "--total-steps", "64", "--num-envs", "0"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "num_envs=0: need at least one env" in err
+    assert "env_id='InvertedPendulm-v5' is not a registered" in err and "Traceback" not in err
