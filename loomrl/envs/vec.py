@@ -152,6 +152,15 @@ class EnvConfig:
             problems.append(f"max_failures={self.max_failures}: must be >= 1")
         if "failure_window" not in wrong and self.failure_window < 1:
             problems.append(f"failure_window={self.failure_window}: must be >= 1 (vector steps)")
+        # "human" opens a window from every simulator on every step: without a display GLFW
+        # aborts the env worker's process (a C assertion, no Python error to record).
+        mode = self.env_kwargs.get("render_mode") if isinstance(self.env_kwargs, dict) else None
+        if mode == "human" and not os.environ.get("DISPLAY"):
+            problems.append(
+                "env_kwargs.render_mode='human': it opens a window from every simulator, and "
+                "this node has no display (DISPLAY is unset), where the env workers' processes "
+                "would abort; remove it (env.pixels=true gives the policy rgb_array frames)"
+            )
         if problems:
             # The id's check imports gymnasium (and, for an unknown id, gymnasium-robotics), so
             # it is left to VecEnv and the recipe's validate() when nothing else is wrong; when

@@ -341,3 +341,16 @@ def test_the_single_process_trainer_says_a_config_mistake_and_exits_2(capsys):
     err = capsys.readouterr().err
     assert "num_envs=0: need at least one env" in err
     assert "env_id='InvertedPendulm-v5' is not a registered" in err and "Traceback" not in err
+
+
+def test_render_mode_human_in_env_kwargs_without_a_display_is_refused_with_the_others(
+    monkeypatch,
+):
+    """It had aborted the env worker's process on a headless node (GLFW's C assertion)."""
+    monkeypatch.delenv("DISPLAY", raising=False)
+    with pytest.raises(ConfigError) as e:
+        EnvConfig(num_envs=0, env_kwargs={"render_mode": "human"})
+    assert "env_kwargs.render_mode='human': it opens a window" in str(e.value)
+    assert "no display (DISPLAY is unset)" in str(e.value)
+    assert "num_envs=0" in str(e.value)
+    assert EnvConfig(env_kwargs={"render_mode": "rgb_array"}).env_kwargs  # harmless, kept
