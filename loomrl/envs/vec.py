@@ -256,11 +256,22 @@ class _Slot:
 # env ids and rendering
 
 
+# Ids of common packages that register their envs only once imported: (the id's start, the
+# package to install, the module to name in env_id as "module:id").
+_ENV_PACKAGES = (
+    ("ALE/", "ale-py", "ale_py"),
+    ("dm_control/", "shimmy[dm-control]", "shimmy"),
+    ("MiniGrid-", "minigrid", "minigrid"),
+    ("BabyAI-", "minigrid", "minigrid"),
+)
+
+
 def check_env_id(env_id: str) -> None:
     """Raise ``ConfigError`` naming close matches when ``env_id`` is not registered with gymnasium."""
     import gymnasium as gym
 
-    if ":" in env_id:  # gymnasium's "package.module:EnvId": the module registers the id
+    named = ":" in env_id
+    if named:  # gymnasium's "package.module:EnvId": the module registers the id
         module, _, env_id = env_id.partition(":")
         try:
             importlib.import_module(module)
@@ -285,6 +296,16 @@ def check_env_id(env_id: str) -> None:
         pass
     if env_id in gym.registry:
         return
+    for start, package, module in _ENV_PACKAGES:
+        if env_id.startswith(start) and not named:
+            raise ConfigError(
+                [
+                    f"env_id={env_id!r}: {start}* ids are registered by the {module} package "
+                    f"when it is imported; pip install {package}, and write env_id: "
+                    f"{module}:{env_id} so that the env workers import it"
+                ],
+                source="EnvConfig",
+            )
     close = difflib.get_close_matches(env_id, list(gym.registry), n=5, cutoff=0.6)
     hint = f"close matches: {', '.join(close)}" if close else "no close match among registered ids"
     raise ConfigError(

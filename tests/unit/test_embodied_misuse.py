@@ -354,3 +354,26 @@ def test_render_mode_human_in_env_kwargs_without_a_display_is_refused_with_the_o
     assert "no display (DISPLAY is unset)" in str(e.value)
     assert "num_envs=0" in str(e.value)
     assert EnvConfig(env_kwargs={"render_mode": "rgb_array"}).env_kwargs  # harmless, kept
+
+
+@pytest.mark.parametrize(
+    "env_id, package, module",
+    [
+        ("ALE/Pong-v5", "ale-py", "ale_py"),
+        ("dm_control/cartpole-balance-v0", "shimmy[dm-control]", "shimmy"),
+        ("MiniGrid-Empty-5x5-v0", "minigrid", "minigrid"),
+    ],
+)
+def test_an_env_id_of_a_package_that_registers_on_import_names_the_package(env_id, package, module):
+    """Those ids had been told "no close match" and pointed at gymnasium-robotics."""
+    from loomrl.envs.vec import check_env_id
+
+    if env_id in gym.registry:
+        pytest.skip(f"{module} is imported here: {env_id} is registered")
+    with pytest.raises(ConfigError) as e:
+        check_env_id(env_id)
+    said = str(e.value)
+    assert f"pip install {package}" in said and f"env_id: {module}:{env_id}" in said
+    # Its module named and imported, yet the id unknown: not told to name the module again.
+    with pytest.raises(ConfigError, match="is not a registered gymnasium environment"):
+        check_env_id(f"json:{env_id}")
