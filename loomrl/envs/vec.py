@@ -43,6 +43,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from loomrl.config import finite_number
+from loomrl.envs.memory import BuildGuard, MemorySource, frame_bytes
 from loomrl.errors import ConfigError, LoomError
 
 # MuJoCo picks its GL backend once, when `mujoco` is first imported (by the first gym.make of a
@@ -414,11 +415,21 @@ class VecEnv:
     that the union behaves exactly like one VecEnv of all envs (same seeds, same streams).
     """
 
-    def __init__(self, cfg: EnvConfig, index_offset: int = 0):
+    def __init__(
+        self,
+        cfg: EnvConfig,
+        index_offset: int = 0,
+        memory: MemorySource | None = None,
+        memory_share: int = 1,
+    ):
+        """``memory``: where ``onload`` reads the memory figures that its check of the
+        simulators' projected memory compares (``loomrl.envs.memory``; None: this node's);
+        ``memory_share``: env workers that may build on this node at the same time."""
         import gymnasium as gym
 
         self.cfg = cfg
         self.index_offset = index_offset
+        self._memory, self._memory_share = memory, memory_share
         self.num_envs = cfg.num_envs
         check_env_id(cfg.env_id)
         if cfg.pixels:
@@ -546,8 +557,14 @@ class VecEnv:
         offload/onload at the same step are identical except that episodes were cut there."""
         if self._loaded:
             return
-        for slot in self._slots:
+        # Too many simulators (or frames too large) for the node: a ConfigError naming the
+        # keys, before the memory runs out, not a hang in swap or the OOM killer.
+        floor = 2 * frame_bytes(self.cfg.image_size) if self.cfg.pixels else 0  # obs + read-back
+        guard = BuildGuard(self.cfg, self._memory, share=self._memory_share, floor_bytes=floor)
+        guard.start()
+        for made, slot in enumerate(self._slots, 1):
             slot.env = self._make()
+            guard.built(made)
         if self.cfg.pixels:
             self._start_tiles()
         for i, slot in enumerate(self._slots):

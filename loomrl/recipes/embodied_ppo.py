@@ -27,6 +27,7 @@ from loomrl.config import finite_in
 from loomrl.cycle import CYCLE_MODELS, HANDOFFS
 from loomrl.cycle_trial import plan_cycle, start_cycle
 from loomrl.embodied import PPOConfig
+from loomrl.envs.memory import MemorySource, check_env_memory, estimate_env_memory, frame_bytes
 from loomrl.envs.vec import EnvConfig, check_env_id
 from loomrl.errors import ConfigError
 from loomrl.run import Run, RunConfig
@@ -313,6 +314,18 @@ def _check_policy(cfg: Config) -> list[str]:
     return []
 
 
+def check_memory(cfg: Config, source: MemorySource | None = None) -> None:
+    """Refuse, before any worker starts, envs and rollout buffers that the node's memory
+    cannot hold, from what the config fixes: the buffers of ``ppo.rollout_steps`` rows and,
+    for pixels, the two frames each env holds (its observation and the read-back). What a
+    simulator costs beyond that is measured by each env worker as it makes them (VecEnv)."""
+    env = cfg.env
+    per_env = 2 * frame_bytes(env.image_size) if env.pixels else 0
+    est = estimate_env_memory(env, per_env, rollout_steps=cfg.ppo.rollout_steps)
+    what = "the envs' pixel frames and the rollout buffers" if env.pixels else "the rollout buffers"
+    check_env_memory(est, source, what=what)
+
+
 @dataclass
 class _Iteration:  # what Run.record reads
     measured_s: float
@@ -328,6 +341,7 @@ def main(cfg: Config) -> dict:
     problems = cfg.validate() + [f"run.{x}" for x in cfg.run.validate()]
     if problems:
         raise ConfigError(problems)
+    check_memory(cfg)
     S = cfg.ppo.rollout_steps // cfg.env.num_envs
     run = Run(cfg, cfg.run)
     try:

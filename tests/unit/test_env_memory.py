@@ -1,0 +1,125 @@
+"""Envs and rollout buffers that cannot fit the node's memory: a ConfigError naming the keys,
+from the driver's estimate and from an env worker's measured build, never a hang."""
+
+from __future__ import annotations
+
+import pytest
+
+from loomrl.embodied import PPOConfig
+from loomrl.envs import EnvConfig, VecEnv
+from loomrl.envs.memory import (
+    MEMORY_FRACTION,
+    estimate_env_memory,
+    frame_bytes,
+    memory_verdict,
+)
+from loomrl.errors import ConfigError
+from loomrl.recipes.embodied_ppo import Config, check_memory
+
+GiB = 2**30
+
+
+class FakeMemory:
+    """``available`` fixed; ``rss`` grows by ``per_env`` for every simulator made (``made``,
+    counted by the ``counted`` fixture) and by 300 MB for the first (its imports)."""
+
+    def __init__(self, available: float, per_env: float = 0.0):
+        self._available, self._per_env = available, per_env
+        self.made = self.rss_reads = 0
+
+    def available(self) -> float:
+        return self._available
+
+    def rss(self) -> float:
+        self.rss_reads += 1
+        return 100e6 + (300e6 if self.made else 0) + self.made * self._per_env
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Memory figures whose resident set follows the simulators VecEnv makes."""
+    made = []
+    real = VecEnv._make
+
+    def make(self):
+        if self._memory is not None:
+            self._memory.made += 1
+        made.append(1)
+        return real(self)
+
+    monkeypatch.setattr(VecEnv, "_make", make)
+    return made
+
+
+def test_estimate_counts_envs_and_the_rollout_buffers():
+    env = EnvConfig("CartPole-v1", num_envs=4, pixels=True, image_size=64)
+    est = estimate_env_memory(env, 1e6, rollout_steps=256)
+    assert est.envs_bytes == 4e6
+    assert est.buffer_bytes >= 256 * frame_bytes(64)
+    assert "env.image_size=64" in est.keys and "ppo.rollout_steps=256" in est.keys
+    state = estimate_env_memory(EnvConfig("CartPole-v1", num_envs=4), 0, rollout_steps=256)
+    normed = estimate_env_memory(
+        EnvConfig("CartPole-v1", num_envs=4), 0, rollout_steps=256, obs_elems=4, normalize_obs=True
+    )
+    assert normed.buffer_bytes == state.buffer_bytes + 256 * 4 * 4 * 2
+
+
+def test_verdict_fits_and_unknown_memory_pass():
+    est = estimate_env_memory(EnvConfig("CartPole-v1", num_envs=8), 1e6, rollout_steps=2048)
+    assert memory_verdict(est, 16 * GiB, what="x") is None
+    assert memory_verdict(est, None, what="x") is None  # nothing readable: nothing refused
+
+
+def test_verdict_that_does_not_fit_names_keys_values_sizes_and_fix():
+    env = EnvConfig("CartPole-v1", num_envs=100_000)
+    est = estimate_env_memory(env, 2e6, rollout_steps=200_000)
+    msg = memory_verdict(est, 16e9, what="the envs")
+    assert msg is not None
+    assert "env.num_envs=100000" in msg and "ppo.rollout_steps=200000" in msg
+    assert "200 GB" in msg and "16 GB available" in msg
+    fit = int((MEMORY_FRACTION * 16e9 - est.buffer_bytes) // 2e6)
+    assert f"about {fit} fit" in msg and "lower env.num_envs" in msg
+
+
+def test_the_driver_refuses_huge_pixel_frames_before_any_worker_starts():
+    cfg = Config(
+        env=EnvConfig("CartPole-v1", num_envs=8, pixels=True, image_size=100_000),
+        ppo=PPOConfig(rollout_steps=64, num_minibatches=4),
+    )
+    with pytest.raises(ConfigError) as e:
+        check_memory(cfg, FakeMemory(64 * GiB))
+    msg = str(e.value)
+    assert "env.image_size=100000" in msg and "lower env.image_size" in msg
+    check_memory(  # the example's own settings fit
+        Config(env=EnvConfig("CartPole-v1", num_envs=8), ppo=PPOConfig(rollout_steps=2048)),
+        FakeMemory(8 * GiB),
+    )
+
+
+def test_a_vecenv_refuses_envs_whose_measured_projection_exceeds_the_available_memory(counted):
+    mem = FakeMemory(available=1e9, per_env=50e6)  # 50 MB a simulator, 1 GB available
+    with pytest.raises(ConfigError) as e:
+        VecEnv(EnvConfig("CartPole-v1", num_envs=64), memory=mem)
+    msg = str(e.value)
+    assert "env.num_envs=64" in msg and "lower env.num_envs" in msg
+    assert "measured over the first 5 simulators" in msg
+    assert mem.rss_reads == 2  # stopped at the first check, 59 simulators before the end
+    assert len(counted) == 5
+    assert "59 env(s) x 50 MB" in msg
+
+
+def test_a_vecenv_that_fits_is_built_and_reads_memory_rarely(counted):
+    mem = FakeMemory(available=64 * GiB, per_env=1e6)
+    venv = VecEnv(EnvConfig("CartPole-v1", num_envs=64), memory=mem)
+    try:
+        assert venv.reset().shape[0] == 64
+        assert mem.rss_reads == 5  # after envs 1, 5, 10, 20 and 40: logarithmic in num_envs
+    finally:
+        venv.close()
+
+
+def test_env_workers_sharing_a_node_count_each_others_simulators(counted):
+    # 64 envs x 5 MB fit alone (~0.3 GB); four workers building at once do not (~1.2 GB).
+    VecEnv(EnvConfig("CartPole-v1", num_envs=64), memory=FakeMemory(1e9, 5e6)).close()
+    with pytest.raises(ConfigError, match="4 env workers"):
+        VecEnv(EnvConfig("CartPole-v1", num_envs=64), memory=FakeMemory(1e9, 5e6), memory_share=4)
