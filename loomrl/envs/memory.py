@@ -110,9 +110,8 @@ def memory_verdict(est: EnvMemory, available_bytes: float | None, *, what: str) 
         parts.append(f"rollout buffers {est.buffer_bytes / GB:.3g} GB")
     room = budget - est.buffer_bytes
     fit = int(max(room, 0) // est.per_env_bytes) if est.per_env_bytes > 0 else est.num_envs
-    fixes = [
-        f"lower env.num_envs (about {fit} fit beside the buffers)" if fit else "lower env.num_envs"
-    ]
+    beside = " beside the buffers" if est.buffer_bytes else ""
+    fixes = [f"lower env.num_envs (about {fit} fit{beside})" if fit else "lower env.num_envs"]
     if pixels:
         fixes.append("lower env.image_size (a frame is 3 x size^2 bytes)")
     if est.buffer_bytes:
