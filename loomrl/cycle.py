@@ -674,8 +674,21 @@ def _refs(handles: list[Handle]) -> list[Any]:
 
 def host_env_workers(num_envs: int, env_cores: float, node_cores: float) -> int:
     """Env workers on host cores: the largest divisor of ``num_envs`` whose workers, at
-    ``env_cores`` each, fit in ``node_cores`` (at least 1; check_cores refuses what does not fit)."""
-    fit = [w for w in range(1, num_envs + 1) if num_envs % w == 0 and w * env_cores <= node_cores]
+    ``env_cores`` each, fit in ``node_cores``, and that is at most ``node_cores`` (at least 1;
+    check_cores refuses what does not fit).
+
+    The bound on the count, not only on the cores reserved: a simulator process keeps a core
+    busy while it steps, so workers beyond the node's cores only time-share them (no more
+    steps per second) while each adds a process's memory and start-up. Without it a small
+    share such as env.cpu_cores=0.01 started one process per env (100 envs, 100 processes on
+    a 16-core node). A fraction below 1 still counts: the workers reserve less than the node
+    and leave cores to the policy and the driver."""
+    cap = max(int(node_cores), 1)
+    fit = [
+        w
+        for w in range(1, min(num_envs, cap) + 1)
+        if num_envs % w == 0 and w * env_cores <= node_cores
+    ]
     return max(fit, default=1)
 
 
