@@ -27,7 +27,13 @@ from loomrl.config import finite_in
 from loomrl.cycle import CYCLE_MODELS, HANDOFFS
 from loomrl.cycle_trial import plan_cycle, start_cycle
 from loomrl.embodied import PPOConfig
-from loomrl.envs.memory import MemorySource, check_env_memory, estimate_env_memory, frame_bytes
+from loomrl.envs.memory import (
+    MemorySource,
+    NodeMemory,
+    estimate_env_memory,
+    frame_bytes,
+    memory_verdict,
+)
 from loomrl.envs.vec import EnvConfig, check_env_id
 from loomrl.errors import ConfigError
 from loomrl.run import Run, RunConfig
@@ -130,7 +136,10 @@ class Config:
                 f"ppo.rollout_steps={self.ppo.rollout_steps} is not a multiple of env.num_envs="
                 f"{self.env.num_envs}; their ratio is the steps S per env per iteration"
             )
-        p += _check_policy(self)
+        # Before the policy's check: that builds the CNN on a stand-in image of the run's size,
+        # which a frame too large for memory would take down with it.
+        mem = memory_problem(self)
+        p += [mem] if mem else _check_policy(self)
         if self.groups is not None and not 1 <= self.groups <= self.env.num_envs:
             p.append(f"groups: must be in [1, env.num_envs={self.env.num_envs}], got {self.groups}")
         # A NaN or infinite target is never reached (or, -inf, reached at once): a slip, not a
@@ -314,16 +323,25 @@ def _check_policy(cfg: Config) -> list[str]:
     return []
 
 
-def check_memory(cfg: Config, source: MemorySource | None = None) -> None:
-    """Refuse, before any worker starts, envs and rollout buffers that the node's memory
-    cannot hold, from what the config fixes: the buffers of ``ppo.rollout_steps`` rows and,
-    for pixels, the two frames each env holds (its observation and the read-back). What a
-    simulator costs beyond that is measured by each env worker as it makes them (VecEnv)."""
-    env = cfg.env
+def memory_problem(cfg: Config, source: MemorySource | None = None) -> str | None:
+    """The problem, where the envs and rollout buffers cannot fit the node's memory, from what
+    the config fixes: the buffers of ``ppo.rollout_steps`` rows and, for pixels, the two frames
+    each env holds (its observation and the read-back). What a simulator costs beyond that is
+    measured by each env worker as it makes them (VecEnv). None where they fit, and where the
+    node's memory cannot be read."""
+    env, ppo = cfg.env, cfg.ppo
+    if not (isinstance(ppo.rollout_steps, int) and ppo.rollout_steps > 0):
+        return None  # said by PPOConfig
     per_env = 2 * frame_bytes(env.image_size) if env.pixels else 0
-    est = estimate_env_memory(env, per_env, rollout_steps=cfg.ppo.rollout_steps)
+    est = estimate_env_memory(env, per_env, rollout_steps=ppo.rollout_steps)
     what = "the envs' pixel frames and the rollout buffers" if env.pixels else "the rollout buffers"
-    check_env_memory(est, source, what=what)
+    return memory_verdict(est, (source or NodeMemory()).available(), what=what)
+
+
+def check_memory(cfg: Config, source: MemorySource | None = None) -> None:
+    """Raise ``ConfigError`` where ``memory_problem`` finds one."""
+    if (problem := memory_problem(cfg, source)) is not None:
+        raise ConfigError([problem])
 
 
 @dataclass
@@ -341,7 +359,6 @@ def main(cfg: Config) -> dict:
     problems = cfg.validate() + [f"run.{x}" for x in cfg.run.validate()]
     if problems:
         raise ConfigError(problems)
-    check_memory(cfg)
     S = cfg.ppo.rollout_steps // cfg.env.num_envs
     run = Run(cfg, cfg.run)
     try:

@@ -123,3 +123,13 @@ def test_env_workers_sharing_a_node_count_each_others_simulators(counted):
     VecEnv(EnvConfig("CartPole-v1", num_envs=64), memory=FakeMemory(1e9, 5e6)).close()
     with pytest.raises(ConfigError, match="4 env workers"):
         VecEnv(EnvConfig("CartPole-v1", num_envs=64), memory=FakeMemory(1e9, 5e6), memory_share=4)
+
+
+def test_validate_says_memory_before_building_the_cnn_on_a_stand_in_of_that_size():
+    cfg = Config(
+        env=EnvConfig("CartPole-v1", num_envs=8, pixels=True, image_size=100_000),
+        ppo=PPOConfig(rollout_steps=64, num_minibatches=4),
+    )
+    problems = cfg.validate()  # 8 x 60 GB of frames and 64 x 30 GB of buffers: no node has it
+    assert len(problems) == 1 and "env.image_size=100000" in problems[0], problems
+    assert "GB available" in problems[0] and "CNNActorCritic" not in problems[0]
