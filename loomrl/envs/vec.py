@@ -143,7 +143,8 @@ class EnvConfig:
         if isinstance(c, str) or not (finite_number(c) or 0) > 0:
             problems.append(
                 f"cpu_cores={c}: simulators need CPU; declare a positive, finite share "
-                "(e.g. 1, or 0.5 for two env workers per core)"
+                "(e.g. 1, or 0.5 to reserve half a core per env worker; on host cores beside a GPU "
+                "no more env workers start than the node has cores)"
             )
         if self.render_backend not in RENDER_BACKENDS:
             problems.append(
