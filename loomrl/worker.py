@@ -26,6 +26,7 @@ import socket
 import time
 import uuid
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,11 +70,13 @@ class Worker:
     """Base class of every loomrl worker. Subclasses call ``super().__init__()``.
 
     Attributes set before the subclass's ``__init__`` body runs: ``rank``, ``world_size``,
-    ``devices`` (global device indices), ``name`` and ``group_name``.
+    ``local_world_size`` (the group's ranks on this rank's node, itself included), ``devices``
+    (global device indices), ``name`` and ``group_name``.
     """
 
     rank: int = 0
     world_size: int = 1
+    local_world_size: int = 1
     devices: tuple[int, ...] = ()
     device_kind: str = "cpu"
     name: str = "worker"
@@ -216,6 +219,14 @@ def _rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def ranks_on_node(per_rank: Sequence[Sequence[Any]]) -> list[int]:
+    """For each rank (its devices, all on one node: ``per_rank[r][0].node``), how many ranks of
+    the group share its node, itself included: what a rank may count on sharing with at once
+    (a node's memory, its cores)."""
+    count = Counter(ds[0].node for ds in per_rank)
+    return [count[ds[0].node] for ds in per_rank]
+
+
 def _setup_worker(obj: Worker, ctx: dict[str, Any]) -> None:
     if ctx["device_kind"] == "gpu" and ctx["visible"] is not None:
         # Set before anything touches CUDA in this process, so torch sees exactly its devices.
@@ -231,6 +242,7 @@ def _setup_worker(obj: Worker, ctx: dict[str, Any]) -> None:
         _set_threads(int(os.environ["LOOMRL_THREADS"]))
     obj.rank = ctx["rank"]
     obj.world_size = ctx["world_size"]
+    obj.local_world_size = ctx.get("local_world_size", ctx["world_size"])
     obj.devices = tuple(ctx["devices"])
     obj.device_kind = ctx["device_kind"]
     obj.group_name = ctx["group"]
@@ -827,12 +839,14 @@ class WorkerGroup:
         launch_id = uuid.uuid4().hex  # tells this launch's ranks from a replaced group's
         # Until each rank reports its host name (``_ready``), errors name its node's address.
         hosts = {r: cluster.nodes[ds[0].node].ip or "?" for r, ds in enumerate(per_rank)}
+        local = ranks_on_node(per_rank)
         try:
             for r, ds in enumerate(per_rank):
                 node = cluster.nodes[ds[0].node]
                 ctx = {
                     "rank": r,
                     "world_size": n,
+                    "local_world_size": local[r],
                     "devices": [d.index for d in ds],
                     "device_kind": ds[0].kind,
                     "visible": ",".join(str(d.local) for d in ds),

@@ -63,9 +63,12 @@ class EnvWorker(Worker):
             dev = egl_device_for(os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ)
             if dev is not None:  # before the first render creates the EGL display
                 os.environ["MUJOCO_EGL_DEVICE_ID"] = dev
-        # Every env worker of the group may build on this node at once: each projects its
-        # simulators times world_size against the memory available (loomrl.envs.memory).
-        self.venv = VecEnv(env, index_offset=self.rank * env.num_envs, memory_share=self.world_size)
+        # Every env worker of the group on this node may build at once: each projects its
+        # simulators times their count against this node's available memory
+        # (loomrl.envs.memory); ranks on other nodes use other nodes' memory.
+        self.venv = VecEnv(
+            env, index_offset=self.rank * env.num_envs, memory_share=self.local_world_size
+        )
         self.busy_s = 0.0  # time spent inside step(), for the cycle's timing report
         self.calls = 0
 

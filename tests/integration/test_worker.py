@@ -43,6 +43,7 @@ class Echo(Worker):
             "devices": self.devices,
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "world_size": self.world_size,
+            "local_world_size": self.local_world_size,
             "init_rank": self.seen_rank_in_init,
             "node": ray.get_runtime_context().get_node_id(),
             "affinity": sorted(os.sched_getaffinity(0)),
@@ -77,6 +78,7 @@ def test_handles_dispatch_and_placement(cluster):
         assert [w["devices"] for w in where] == [(0,), (1,), (2,), (3,)]
         assert [w["visible"] for w in where] == ["0", "1", "2", "3"]
         assert all(w["world_size"] == 4 and w["init_rank"] == i for i, w in enumerate(where))
+        assert [w["local_world_size"] for w in where] == [4, 4, 4, 4]  # one node
         a, b = wait(g.mul(1), g.on(0).mul(5))
         assert a[0] == (0, 3) and b == [(0, 15)]
     finally:

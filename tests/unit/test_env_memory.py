@@ -133,3 +133,18 @@ def test_validate_says_memory_before_building_the_cnn_on_a_stand_in_of_that_size
     problems = cfg.validate()  # 8 x 60 GB of frames and 64 x 30 GB of buffers: no node has it
     assert len(problems) == 1 and "env.image_size=100000" in problems[0], problems
     assert "GB available" in problems[0] and "CNNActorCritic" not in problems[0]
+
+
+def test_ranks_count_only_the_group_s_ranks_on_their_own_node():
+    # An env worker multiplies its projection by the ranks that build beside it: on two nodes
+    # of two ranks each that is 2, not the group's 4 (each node has its own memory).
+    from types import SimpleNamespace
+
+    from loomrl.worker import ranks_on_node
+
+    def on(node):
+        return [SimpleNamespace(node=node)]
+
+    assert ranks_on_node([on(0), on(0), on(1), on(1)]) == [2, 2, 2, 2]
+    assert ranks_on_node([on(0), on(1), on(1), on(1)]) == [1, 3, 3, 3]
+    assert ranks_on_node([on(3)]) == [1]
