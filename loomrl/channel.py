@@ -36,6 +36,17 @@ them is a driver or a Ray task (whose liveness Ray cannot be asked). Inside acto
 changes: a worker's death reaches the driver through ``loomrl.worker.wait``, and a flow's stages
 wait on each other on purpose.
 
+A get's call to the broker outlives a consumer actor killed while it waits: Ray does not cancel
+it, and the items it took would go to a process that is gone. So the broker pings a consumer
+actor whose get has waited ``DEAD_PEER_CHECK_S`` (and again each ``DEAD_PEER_CHECK_S`` after),
+and once a ping has failed because the actor died, that get takes nothing more and its items
+stay first in their queue for the next consumer. Gets that wait less ping nothing. What is left:
+items that arrive for a consumer that died shortly before them still go to it and are lost:
+within about ``DEAD_PEER_CHECK_S`` (twice that for a threaded or async actor, which answers
+pings while it waits: one ping a period per actor), plus the time Ray takes to see the death
+(seconds when a node is lost rather than a process killed); so are those of a get that returned
+to a consumer that died before reading the reply.
+
 This module never imports torch at import time; GPU tensors inside items are
 moved to host memory when the channel was created with ``offload=True`` and
 shared by CUDA IPC (same node) otherwise.
@@ -331,13 +342,45 @@ def _decode_all(payloads: list[tuple], channel: str) -> list[Any]:
 class _Peer:
     """An actor process that put to or took from the channel: its Ray actor handle, and the one
     ping to it in flight (kept until it lands, so that a busy actor is not sent a ping per
-    check, whichever keys are checked)."""
+    check, whichever keys are checked) with the time it was sent."""
 
-    __slots__ = ("handle", "ping")
+    __slots__ = ("handle", "ping", "sent")
 
     def __init__(self, handle: Any) -> None:
         self.handle = handle
         self.ping: tuple[Any, asyncio.Future] | None = None
+        self.sent = 0.0
+
+    def send(self) -> None:
+        """Send a ping (in the broker's event loop); the ref is kept: it owns the ping's object."""
+        ref = self.handle.__ray_ready__.remote()
+        self.ping, self.sent = (ref, asyncio.wrap_future(ref.future())), time.monotonic()
+
+
+def _died(err: BaseException | None) -> bool:
+    """Whether a ping's outcome says its actor died. ActorUnavailableError: restarting, or not
+    reachable for now; it may come back."""
+    from ray import exceptions as rex
+
+    return isinstance(err, rex.RayActorError) and not isinstance(err, rex.ActorUnavailableError)
+
+
+def _caller_died(peer: _Peer, since: float, send: bool = True) -> bool:
+    """Whether a ping sent to ``peer`` at or after ``since`` failed because its actor died; with
+    ``send``, sends a ping when none is out. Never waits: a synchronous actor blocked in the get
+    this checks for answers no ping until that get returns, so a ping still out says nothing. A
+    ping sent before ``since`` is not trusted: an actor Ray restarted may have died in an earlier
+    life. A ping that landed is sent again only once it is ``DEAD_PEER_CHECK_S`` old: one ping a
+    period per actor, however many of its gets wait (an async or threaded actor's may be many)."""
+    ping = peer.ping
+    if ping is not None and ping[1].done():
+        if peer.sent >= since and _died(ping[1].exception()):
+            return True  # left in place: other waits on this peer read it too
+        if send and time.monotonic() - peer.sent >= DEAD_PEER_CHECK_S:
+            peer.ping = None
+    if send and peer.ping is None:
+        peer.send()
+    return False
 
 
 class _KeyQueue:
@@ -369,6 +412,19 @@ async def _wait(cond: asyncio.Condition, deadline: float | None) -> bool:
     try:
         await asyncio.wait_for(cond.wait(), remaining)
     except asyncio.TimeoutError:
+        return False
+    return True
+
+
+async def _wait_until(cond: asyncio.Condition, when: float) -> bool:
+    """``_wait`` for a wait on the hot path: a timer, where ``asyncio.wait_for`` makes a task
+    (Python 3.11 on; 3.10 has only ``wait_for``)."""
+    if not hasattr(asyncio, "timeout_at"):
+        return await _wait(cond, when)
+    try:
+        async with asyncio.timeout_at(asyncio.get_running_loop().time() + when - time.monotonic()):
+            await cond.wait()
+    except TimeoutError:
         return False
     return True
 
@@ -436,6 +492,11 @@ class _Broker:
             self._add_peer(q, "put", peer, src)
         deadline = _deadline(timeout)
         done = 0
+        # A producer that died while this call waits for room is not checked for, unlike a
+        # consumer in take: its items are still appended. An inline item's bytes are here and
+        # as valid as those of a put that returned before the death; a payload that lived with
+        # the producer is then reported lost, naming it, by the get that takes it (as for any
+        # item its producer outlived). Dropping them would lose data a consumer could read.
         async with q.lock:
             for entry in entries:
                 while self.maxsize and len(q.items) >= self.maxsize and not self.closed:
@@ -463,18 +524,31 @@ class _Broker:
         timeout: float | None,
         dst: str,
         peer: tuple[str | None, Any] | None = None,
+        caller: str | None = None,
     ):
         """Pop items FIFO until ``count`` items or ``weight`` summed weight are taken.
 
         Takes incrementally (room frees for producers while the batch fills). On
         timeout the taken items go back to the front, in order: nothing is lost.
-        Returns (status, entries); status "ok", "closed" or "timeout".
+        ``caller``: the calling actor's Ray actor id (None in a driver or task).
+        Returns (status, entries); status "ok", "closed", "timeout" or "caller_dead".
+
+        A call outlives the process that made it: Ray does not cancel it when its caller dies,
+        and items it took would go nowhere. So a wait of an actor whose handle this broker holds
+        wakes every ``DEAD_PEER_CHECK_S``; from the first wake on, the caller is pinged, and once
+        a ping has failed because it died (seen at a wake, or when items come) the items taken go
+        back as on timeout and the call returns "caller_dead". A wait that ends before the first
+        wake pings nothing.
         """
         q = self._queue(key)
         self.consumers.add(dst)
         if peer is not None:
             self._add_peer(q, "take", peer, dst)
         deadline = _deadline(timeout)
+        watch = self.peers.get(caller) if caller is not None else None
+        began: float | None = None  # when this take began to wait, if it waits on a watched actor
+        wake = 0.0  # its next look at the caller
+        pinged = False
         taken: list[tuple] = []
         got_weight = 0.0
         async with q.lock:
@@ -494,12 +568,25 @@ class _Broker:
                     if taken:
                         break
                     return self._closed(), []
-                if not await _wait(q.not_empty, deadline):
-                    q.items.extendleft(reversed(taken))
-                    q.weight += got_weight
-                    if q.items:
-                        q.not_empty.notify()
-                    return "timeout", []
+                if watch is None:
+                    if not await _wait(q.not_empty, deadline):
+                        return self._give_back(q, taken, got_weight, "timeout")
+                    continue
+                if began is None:
+                    began = time.monotonic()
+                    wake = began + DEAD_PEER_CHECK_S
+                if deadline is not None and deadline <= wake:
+                    if not await _wait(q.not_empty, deadline):
+                        return self._give_back(q, taken, got_weight, "timeout")
+                    continue
+                if await _wait_until(q.not_empty, wake):
+                    continue
+                if _caller_died(watch, began):
+                    return self._give_back(q, taken, got_weight, "caller_dead")
+                pinged = True
+                wake = time.monotonic() + DEAD_PEER_CHECK_S
+            if pinged and _caller_died(watch, began, send=False):
+                return self._give_back(q, taken, got_weight, "caller_dead")
             if q.items:
                 q.not_empty.notify()  # pass on items a woken consumer did not take
             for entry in taken:
@@ -510,6 +597,16 @@ class _Broker:
             if taken:
                 q.taken.notify_all()
         return "ok", taken
+
+    @staticmethod
+    def _give_back(q: _KeyQueue, taken: list[tuple], got_weight: float, status: str):
+        """End a take that will not return its items (lock held): they go back to the front of
+        the queue, in order, uncounted (stats and edges count a take only once it returns)."""
+        q.items.extendleft(reversed(taken))
+        q.weight += got_weight
+        if q.items:
+            q.not_empty.notify()
+        return status, []
 
     async def untake(self, key: Hashable, entries: list[tuple], dst: str) -> None:
         """Put back, at the front of ``key``'s FIFO and in order, entries a get took but did not
@@ -633,19 +730,15 @@ async def _alive(peer: _Peer | None) -> bool:
     if peer is None:
         return True
     if peer.ping is None:
-        ref = peer.handle.__ray_ready__.remote()
-        peer.ping = (ref, asyncio.wrap_future(ref.future()))  # the ref kept: the ping's object
-    done, _ = await asyncio.wait({peer.ping[1]}, timeout=_PING_S)
+        peer.send()
+    # Held here: another check of this peer may drop or replace peer.ping while this one waits.
+    future = peer.ping[1]
+    done, _ = await asyncio.wait({future}, timeout=_PING_S)
     if not done:
         return True
-    future, peer.ping = peer.ping[1], None
-    from ray import exceptions as rex
-
-    err = future.exception()
-    # ActorUnavailableError: restarting, or not reachable for now; it may come back.
-    return not (
-        isinstance(err, rex.RayActorError) and not isinstance(err, rex.ActorUnavailableError)
-    )
+    if peer.ping is not None and peer.ping[1] is future:
+        peer.ping = None
+    return not _died(future.exception())
 
 
 _remote_broker = None
@@ -1058,12 +1151,26 @@ class Channel:
         _require_ray(f"channel {self.name!r}: ")  # before current_component, as in put_many
         dst = dst or current_component()
         peer = _peer(self.name, self._broker, key, "take")
-        sliced = timeout is None and _actor_id() is None
+        caller = _actor_id()
+        sliced = timeout is None and caller is None
         while True:
             status, got = self._call(
-                "take", key, count, weight, DEAD_PEER_CHECK_S if sliced else timeout, dst, peer
+                "take",
+                key,
+                count,
+                weight,
+                DEAD_PEER_CHECK_S if sliced else timeout,
+                dst,
+                peer,
+                caller,
             )
             peer = None
+            if status == "caller_dead":
+                # Meant for a caller that died; a live one (Ray was wrong) took nothing: without
+                # a timeout it asks again, with one it reports a timeout.
+                if timeout is None:
+                    continue
+                status = "timeout"
             if status != "timeout" or not sliced:
                 break
             dead = self._call("dead_peers", key, "take", count, weight)

@@ -51,7 +51,18 @@ def peer_class(ray_session):
         def get(self, ch):
             return ch.get(dst="learner")
 
+        def get_many(self, ch, n):
+            return ch.get_many(n, dst="learner")
+
     return Peer
+
+
+def _wait_for_consumer(ch, name, timeout=10.0):
+    """Until a get of component ``name`` has reached the broker (it waits there)."""
+    deadline = time.monotonic() + timeout
+    while name not in ch.stats()["consumers"]:
+        assert time.monotonic() < deadline, f"no get from {name!r} reached channel {ch.name!r}"
+        time.sleep(0.05)
 
 
 @pytest.mark.timeout(60)
@@ -194,3 +205,125 @@ def test_an_actor_tells_a_broker_its_handle_once_and_each_key_once(monkeypatch):
     assert channel_mod._peer("c", other, "k1", "put") == ("a1", "own handle")
     monkeypatch.setattr(channel_mod, "_actor", [None])  # a driver: nothing to ping
     assert channel_mod._peer("d", broker, None, "take") == (None, None)
+
+
+@pytest.mark.timeout(60)
+def test_items_for_a_consumer_killed_in_its_get_go_to_the_next_consumer(
+    make_channel, peer_class, ray_session
+):
+    ch = make_channel()
+    consumer = peer_class.remote()
+    ray_session.get(consumer.actor_id.remote())
+    pending = consumer.get_many.remote(ch, 2)
+    _wait_for_consumer(ch, "learner")
+    ch.put("first")  # taken into the blocked get's batch, which waits for a second item
+    time.sleep(0.2)
+    assert ch.qsize() == 0
+    ray_session.kill(consumer)
+    time.sleep(DEAD_PEER_CHECK_S + 2.0)  # its broker call outlives it; it is found dead
+    ch.put("second")
+    # Both go to the next consumer, in order; nothing to the dead one.
+    assert ch.get_many(2, timeout=5) == ["first", "second"]
+    stats = ch.stats()
+    assert (stats["put"], stats["got"], stats["qsize"]) == (2, 2, 0)
+    assert stats["edges"] == {("driver", "driver"): 2}
+    with pytest.raises(ray_session.exceptions.RayActorError):
+        ray_session.get(pending, timeout=10)
+
+
+@pytest.mark.timeout(60)
+def test_a_live_consumer_blocked_past_the_check_still_gets_its_item(
+    make_channel, peer_class, ray_session
+):
+    ch = make_channel()
+    consumer = peer_class.remote()
+    pending = consumer.get.remote(ch)
+    _wait_for_consumer(ch, "learner")
+    time.sleep(2 * DEAD_PEER_CHECK_S + 0.5)  # its ping waits behind the get: no answer, no death
+    ch.put("late")
+    assert ray_session.get(pending, timeout=10) == "late"
+    assert ch.stats()["edges"] == {("driver", "learner"): 1}
+
+
+@pytest.mark.timeout(60)
+def test_threaded_and_async_consumers_blocked_past_the_check_still_get_their_items(
+    make_channel, ray_session
+):
+    ray = ray_session
+
+    @ray.remote(num_cpus=0, max_concurrency=4)
+    class Threaded:
+        def get(self, ch):
+            return ch.get(key="t", dst="threaded")
+
+    @ray.remote(num_cpus=0)
+    class Async:
+        async def get(self, ch):
+            return await asyncio.to_thread(ch.get, key="a", dst="async")
+
+    ch = make_channel()
+    threaded, async_ = Threaded.remote(), Async.remote()
+    pending = [threaded.get.remote(ch), async_.get.remote(ch)]
+    _wait_for_consumer(ch, "threaded")
+    _wait_for_consumer(ch, "async")
+    time.sleep(2 * DEAD_PEER_CHECK_S + 0.5)  # both answer their pings while they wait
+    ch.put("for threaded", key="t")
+    ch.put("for async", key="a")
+    assert ray.get(pending, timeout=10) == ["for threaded", "for async"]
+
+
+def _fake_peer():
+    pings: list[concurrent.futures.Future] = []
+
+    def ping():
+        pings.append(concurrent.futures.Future())
+        return SimpleNamespace(future=lambda: pings[-1])
+
+    handle = SimpleNamespace(__ray_ready__=SimpleNamespace(remote=ping))
+    return channel_mod._Peer(handle), pings
+
+
+def test_a_waiting_take_trusts_only_a_failed_ping_sent_since_it_began():
+    from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+    peer, pings = _fake_peer()
+    died = channel_mod._caller_died
+
+    async def scenario():
+        began = time.monotonic()
+        assert not died(peer, began) and len(pings) == 1  # first look: a ping goes out
+        assert not died(peer, began) and len(pings) == 1  # still out (blocked in its get)
+        assert not died(peer, began, send=False) and len(pings) == 1
+        pings[0].set_result(None)
+        await asyncio.sleep(0.01)
+        assert not died(peer, began, send=False) and len(pings) == 1  # answered: alive
+        assert not died(peer, began) and len(pings) == 1  # answered just now: no new one yet
+        peer.sent -= DEAD_PEER_CHECK_S
+        assert not died(peer, began) and len(pings) == 2  # a period old: a new one
+        pings[1].set_exception(ActorUnavailableError("restarting", None))
+        await asyncio.sleep(0.01)
+        peer.sent -= DEAD_PEER_CHECK_S
+        assert not died(peer, began - DEAD_PEER_CHECK_S) and len(pings) == 3  # may come back
+        pings[2].set_exception(ActorDiedError())
+        await asyncio.sleep(0.01)
+        assert died(peer, began) and died(peer, began, send=False) and len(pings) == 3
+        # A take that began after that ping went out: it may be from the actor's next life.
+        peer.sent -= DEAD_PEER_CHECK_S
+        assert not died(peer, time.monotonic()) and len(pings) == 4
+
+    asyncio.run(scenario())
+
+
+def test_checks_of_one_peer_that_wait_together_both_read_its_answer(monkeypatch):
+    monkeypatch.setattr(channel_mod, "_PING_S", 5.0)
+    peer, pings = _fake_peer()
+
+    async def scenario():
+        checks = [asyncio.ensure_future(channel_mod._alive(peer)) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        assert len(pings) == 1
+        pings[0].set_result(None)
+        assert await asyncio.gather(*checks) == [True, True]
+        assert peer.ping is None
+
+    asyncio.run(scenario())
