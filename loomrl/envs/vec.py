@@ -584,7 +584,10 @@ class VecEnv:
         raw = slot.env.reset()[0]
         slot.episode_return, slot.episode_length = 0.0, 0
         if not self.cfg.pixels and not _all_finite(raw):  # as in _reset_env
-            raise NonFiniteStep("the reset returned an observation holding NaN or inf")
+            raise NonFiniteStep(
+                "the reset returned an observation holding NaN or inf (or a number past "
+                "float32's range)"
+            )
         return raw
 
     @property
@@ -697,7 +700,10 @@ class VecEnv:
         # As a step's (``_step_one``): a NaN here would reach the normaliser and the policy,
         # whose NaN actions would then be blamed on the policy.
         if not self.cfg.pixels and not _all_finite(raw):
-            raise NonFiniteStep("the reset returned an observation holding NaN or inf")
+            raise NonFiniteStep(
+                "the reset returned an observation holding NaN or inf (or a number past "
+                "float32's range)"
+            )
         return raw
 
     def _observe(self, i: int, raw: Any) -> np.ndarray:
@@ -920,10 +926,14 @@ class VecEnv:
                 break
         # A NaN or inf would poison the observation normaliser and the reward scaler for the
         # rest of the run (and the policy's next action): a failure of this step, as a raise is.
-        if not np.isfinite(total):
-            raise NonFiniteStep(f"the step returned a reward of {total}")
+        if not abs(total) <= _F32_MAX:  # NaN compares False; the buffer keeps float32
+            past = " (past float32's range, where rewards are kept)" if np.isfinite(total) else ""
+            raise NonFiniteStep(f"the step returned a reward of {total}{past}")
         if not self.cfg.pixels and not _all_finite(raw):
-            raise NonFiniteStep("the step returned an observation holding NaN or inf")
+            raise NonFiniteStep(
+                "the step returned an observation holding NaN or inf (or a number past float32's "
+                "range)"
+            )
         return raw, total, bool(te), bool(tr), info
 
     def _check_actions(self, actions: Any, n: int) -> np.ndarray:
@@ -1097,14 +1107,23 @@ class NonFiniteStep(ArithmeticError):
     """A simulator step gave a NaN or infinite reward or observation (counted as a failure)."""
 
 
+# Observations and rewards are kept as float32: a float64 past this is inf there.
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
 def _all_finite(raw: Any) -> bool:
-    """Whether every number of a raw observation (an array, or a dict / tuple of them) is finite."""
+    """Whether every number of a raw observation (an array, or a dict / tuple of them) is finite,
+    and stays so as the float32 the buffers keep."""
     if isinstance(raw, dict):
         return all(_all_finite(v) for v in raw.values())
     if isinstance(raw, (tuple, list)):
         return all(_all_finite(v) for v in raw)
     a = np.asarray(raw)
-    return not np.issubdtype(a.dtype, np.inexact) or bool(np.isfinite(a).all())
+    if not np.issubdtype(a.dtype, np.inexact):
+        return True
+    if a.dtype.itemsize <= 4 and not np.iscomplexobj(a):
+        return bool(np.isfinite(a).all())
+    return bool((np.abs(a) <= _F32_MAX).all())  # NaN compares False, inf is past the bound
 
 
 def _api_hint(e: BaseException) -> str:

@@ -648,3 +648,31 @@ def test_an_env_whose_first_reset_fails_is_made_again_with_its_seed_and_recorded
     # the new simulator started from seed + 0, as the first would have
     assert env._slots[0].env.unwrapped.np_random_seed == 5
     assert env.step(np.zeros((2, 1), np.float32)).obs.tolist() == [[0, 1], [0, 1]]
+
+
+class _PastFloat32(loomrl.envs.testing.CountingEnv):
+    """Counting, with an observation past float32's range on its 2nd step and such a reward on
+    its 4th: finite as float64, inf in the float32 the buffers keep."""
+
+    def step(self, action):
+        obs, r, te, tr, info = super().step(action)
+        if self.total == 2:
+            obs = obs.astype(np.float64) + 1e39
+        if self.total == 4:
+            r = 1e39
+        return obs, r, te, tr, info
+
+
+def test_numbers_past_float32_s_range_are_recorded_failures_as_inf_is():
+    if "loomrl-test/PastFloat32-v0" not in gym.registry:
+        gym.register(id="loomrl-test/PastFloat32-v0", entry_point=_PastFloat32)
+    env = make("loomrl-test/PastFloat32-v0", num_envs=2, env_kwargs={"length": 10})
+    env.reset()
+    results = [env.step(np.zeros((2, 1), np.float32)) for _ in range(5)]
+    for r in results:
+        assert np.isfinite(r.obs).all() and np.isfinite(r.final_obs).all()
+        assert np.isfinite(r.reward).all()
+    assert results[1].failed.all() and results[3].failed.all()
+    messages = [e.message for e in env.events]
+    assert len(messages) == 4 and "past float32's range" in messages[0]
+    assert "reward of 1e+39 (past float32's range" in messages[2]
