@@ -1267,8 +1267,12 @@ class Channel:
             (group.name, group._hosts.get(rank, "unknown")) if group else (dead[0][1], "unknown")
         )
         if side == "take":
+            # Items may wait that are too few (or too light) for a get_many / get_batch: say so,
+            # they are still there for a smaller get.
+            waiting = self.qsize(key)
             head = (
                 f"every producer of this key has died ({', '.join(who)}); nothing more can arrive"
+                + (f" ({waiting} item(s) wait, fewer than this get asks for)" if waiting else "")
             )
             fix = "Pass a timeout to get() or restart the producers"
         else:

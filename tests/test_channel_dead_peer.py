@@ -95,6 +95,19 @@ def test_driver_get_raises_once_the_only_producer_died(make_channel, peer_class,
 
 
 @pytest.mark.timeout(60)
+def test_a_get_of_more_items_than_wait_says_how_many_wait(make_channel, peer_class, ray_session):
+    ch = make_channel()
+    producer = peer_class.remote()
+    ray_session.get(producer.put.remote(ch, "only"))
+    ray_session.kill(producer)
+    with pytest.raises(
+        ChannelPeerDied, match=r"nothing more can arrive \(1 item\(s\) wait, fewer than this get"
+    ):
+        ch.get_many(2)
+    assert ch.get() == "only"  # still there for a smaller get
+
+
+@pytest.mark.timeout(60)
 def test_driver_put_raises_once_the_only_consumer_died(make_channel, peer_class, ray_session):
     ch = make_channel(maxsize=1)
     consumer = peer_class.remote()
