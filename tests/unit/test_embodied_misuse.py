@@ -76,8 +76,9 @@ def test_an_observation_that_is_not_numbers_names_the_env_and_what_came():
         env.step(np.zeros((2, 1), np.float32))
 
 
-class _NoPygame(gym.Env):
-    """An env whose renderer needs a package that is missing, as CartPole without pygame."""
+class _Still(gym.Env):
+    """Two zeros of observation, one action, reward 0, never done: the envs below change one
+    part of it each."""
 
     metadata = {"render_modes": ["rgb_array"]}
 
@@ -92,6 +93,10 @@ class _NoPygame(gym.Env):
 
     def step(self, action):
         return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+class _NoPygame(_Still):
+    """An env whose renderer needs a package that is missing, as CartPole without pygame."""
 
     def render(self):
         raise gym.error.DependencyNotInstalled('pygame is not installed, run `pip install "x"`')
@@ -299,16 +304,8 @@ def test_a_built_in_policy_for_an_action_space_it_cannot_act_in_is_a_config_erro
         build_policy(spec, obs, gym.spaces.MultiDiscrete([3, 2]), seed=0)
 
 
-class _OldGymStep(gym.Env):
+class _OldGymStep(_Still):
     """A step of the old gym API: (obs, reward, done, info)."""
-
-    def __init__(self):
-        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return np.zeros(2, np.float32), {}
 
     def step(self, action):
         return np.zeros(2, np.float32), 0.0, False, {}

@@ -603,20 +603,27 @@ class _NonFinite(loomrl.envs.testing.CountingEnv):
 def test_a_nan_observation_or_infinite_reward_is_a_recorded_failure_not_data():
     # Passed on, one NaN would make the observation normaliser's mean NaN for good, and the
     # policy's next actions NaN (reported as the policy's fault).
-    if "loomrl-test/NonFinite-v0" not in gym.registry:
-        gym.register(id="loomrl-test/NonFinite-v0", entry_point=_NonFinite)
-    env = make("loomrl-test/NonFinite-v0", num_envs=2, env_kwargs={"length": 10})
+    results, messages = _five_steps_of(_NonFinite)
+    assert not results[0].failed.any() and not results[2].failed.any()
+    np.testing.assert_array_equal(results[1].obs, [[1, 0], [1, 0]])  # reset, a new episode
+    assert len(messages) == 4 and "observation holding NaN" in messages[0]
+    assert "reward of inf" in messages[2]
+
+
+def _five_steps_of(env_class: type) -> tuple[list, list[str]]:
+    """Five steps of two envs of ``env_class`` (whose 2nd and 4th steps go wrong): the results,
+    checked to hold only finite numbers with both bad steps failed, and the events' messages."""
+    env_id = f"loomrl-test/{env_class.__name__.strip('_')}-v0"
+    if env_id not in gym.registry:
+        gym.register(id=env_id, entry_point=env_class)
+    env = make(env_id, num_envs=2, env_kwargs={"length": 10})
     env.reset()
     results = [env.step(np.zeros((2, 1), np.float32)) for _ in range(5)]
     for r in results:
         assert np.isfinite(r.obs).all() and np.isfinite(r.final_obs).all()
         assert np.isfinite(r.reward).all()
     assert results[1].failed.all() and results[3].failed.all()
-    assert not results[0].failed.any() and not results[2].failed.any()
-    np.testing.assert_array_equal(results[1].obs, [[1, 0], [1, 0]])  # reset, a new episode
-    messages = [e.message for e in env.events]
-    assert len(messages) == 4 and "observation holding NaN" in messages[0]
-    assert "reward of inf" in messages[2]
+    return results, [e.message for e in env.events]
 
 
 class _FirstResetFails(loomrl.envs.testing.CountingEnv):
@@ -664,15 +671,6 @@ class _PastFloat32(loomrl.envs.testing.CountingEnv):
 
 
 def test_numbers_past_float32_s_range_are_recorded_failures_as_inf_is():
-    if "loomrl-test/PastFloat32-v0" not in gym.registry:
-        gym.register(id="loomrl-test/PastFloat32-v0", entry_point=_PastFloat32)
-    env = make("loomrl-test/PastFloat32-v0", num_envs=2, env_kwargs={"length": 10})
-    env.reset()
-    results = [env.step(np.zeros((2, 1), np.float32)) for _ in range(5)]
-    for r in results:
-        assert np.isfinite(r.obs).all() and np.isfinite(r.final_obs).all()
-        assert np.isfinite(r.reward).all()
-    assert results[1].failed.all() and results[3].failed.all()
-    messages = [e.message for e in env.events]
+    _, messages = _five_steps_of(_PastFloat32)
     assert len(messages) == 4 and "past float32's range" in messages[0]
     assert "reward of 1e+39 (past float32's range" in messages[2]
