@@ -1256,12 +1256,9 @@ class Channel:
     ) -> ChannelPeerDied:
         """ChannelPeerDied for a wait on ``side`` of ``key`` whose other side (``dead``: actor
         id, component name) has all died; named by worker where this process launched it."""
-        from loomrl.worker import _worker_of
+        from loomrl.worker import _worker_of, worker_name
 
-        who = []
-        for actor, name in dead:
-            group, rank = _worker_of(actor)
-            who.append(f"{group.name} rank {rank}" if group else f"actor-{actor[:8]} {name!r}")
+        who = [worker_name(actor) or f"actor-{actor[:8]} {name!r}" for actor, name in dead]
         group, rank = _worker_of(dead[0][0])
         worker, host = (
             (group.name, group._hosts.get(rank, "unknown")) if group else (dead[0][1], "unknown")

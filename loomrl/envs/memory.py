@@ -4,7 +4,8 @@ Making more simulators than memory holds used to end in a silent hang (the node 
 the kernel's OOM killer, with nothing naming the setting at fault. Two checks say it in a
 ``ConfigError`` instead, before the memory runs out:
 
-* the driver's (``check_env_memory`` on ``estimate_env_memory``), before any worker starts,
+* the driver's (``memory_verdict`` on ``estimate_env_memory``; the embodied recipe's
+  ``memory_problem``), before any worker starts,
   from what the config alone fixes: the rollout buffers the policy worker allocates
   (``PolicyWorker.begin``: ``ppo.rollout_steps`` rows of observations and per-row scalars) and,
   for pixels, the frames every env holds (a lower bound of what a simulator costs);
@@ -19,7 +20,7 @@ Where the figures cannot be read (no psutil and no /proc), nothing is checked.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 __all__ = [
@@ -28,7 +29,6 @@ __all__ = [
     "EnvMemory",
     "MemorySource",
     "NodeMemory",
-    "check_env_memory",
     "estimate_env_memory",
     "frame_bytes",
     "memory_verdict",
@@ -166,15 +166,6 @@ class NodeMemory:
             return None
 
 
-def check_env_memory(est: EnvMemory, source: MemorySource | None = None, *, what: str) -> None:
-    """Raise ``ConfigError`` where ``est`` does not fit the node's available memory."""
-    from loomrl.errors import ConfigError
-
-    problem = memory_verdict(est, (source or NodeMemory()).available(), what=what)
-    if problem is not None:
-        raise ConfigError([problem])
-
-
 class BuildGuard:
     """Checks, while a VecEnv makes its ``num_envs`` simulators, that the rest will fit.
 
@@ -224,8 +215,7 @@ class BuildGuard:
     def _check(self, remaining: int, per_env: float, made: int = 0) -> None:
         from loomrl.errors import ConfigError
 
-        est = estimate_env_memory(self.env, per_env)
-        est = EnvMemory(remaining * self.share, per_env, 0.0, est.keys)
+        est = replace(estimate_env_memory(self.env, per_env), num_envs=remaining * self.share)
         how = (
             f"measured over the first {made} simulators"
             if made
