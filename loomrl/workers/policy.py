@@ -332,10 +332,6 @@ class PolicyWorker(Worker):
                 for k, x in (("actions", a), ("log-probs", logp), ("values", v))
                 if x.is_floating_point() and not bool(x.isfinite().all())
             ]
-            if not bad and self.discrete is not None and len(a):
-                bad_discrete = self._discrete_problem(a)
-                if bad_discrete:
-                    raise ConfigError([f"policy={self.spec!r}: act() returned {bad_discrete}"])
             if bad:
                 raise ConfigError(
                     [
@@ -344,6 +340,8 @@ class PolicyWorker(Worker):
                         "policy's outputs)"
                     ]
                 )
+            if self.discrete is not None and len(a) and (problem := self._discrete_problem(a)):
+                raise ConfigError([f"policy={self.spec!r}: act() returned {problem}"])
             return
         bad = [
             f"{k} of shape {list(g)}, expected {list(w)}"
