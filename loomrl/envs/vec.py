@@ -502,19 +502,21 @@ class VecEnv:
         kwargs = dict(self.cfg.env_kwargs)
         if self.cfg.max_episode_steps is not None:
             kwargs["max_episode_steps"] = self.cfg.max_episode_steps
+        added: list[str] = []  # width/height set here, not by the user
         if self.cfg.pixels:
             kwargs["render_mode"] = "rgb_array"
-            kwargs.setdefault("width", self.cfg.image_size)
-            kwargs.setdefault("height", self.cfg.image_size)
+            added = [k for k in ("width", "height") if k not in kwargs]
+            kwargs.update({k: self.cfg.image_size for k in added})
         try:
             try:
                 return gym.make(self.cfg.env_id, **kwargs)
             except TypeError:
-                if not self.cfg.pixels:
+                if not added:
                     raise
                 # Not every env takes width/height; render at its own size and downscale.
-                kwargs.pop("width")
-                kwargs.pop("height")
+                # Only ours go: a width the user set that the env refuses is reported below.
+                for k in added:
+                    kwargs.pop(k)
                 return gym.make(self.cfg.env_id, **kwargs)
         except TypeError as e:
             # A keyword of env.env_kwargs the env's constructor does not take: the user's

@@ -80,7 +80,7 @@ class _Still(gym.Env):
     """Two zeros of observation, one action, reward 0, never done: the envs below change one
     part of it each."""
 
-    metadata = {"render_modes": ["rgb_array"]}
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
 
     def __init__(self, render_mode=None):
         self.render_mode = render_mode
@@ -374,3 +374,39 @@ def test_an_env_id_of_a_package_that_registers_on_import_names_the_package(env_i
     # Its module named and imported, yet the id unknown: not told to name the module again.
     with pytest.raises(ConfigError, match="is not a registered gymnasium environment"):
         check_env_id(f"json:{env_id}")
+
+
+class _NoSize(gym.Env):
+    """Renders 40x40 frames and takes no width or height."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+    def render(self):
+        return np.full((40, 40, 3), 7, np.uint8)
+
+
+def test_a_width_the_user_set_is_never_dropped_silently_when_the_env_takes_none():
+    """An env without width/height renders at its own size and is downscaled, but a width the
+    user set in env_kwargs used to vanish with it: now it is the env_kwargs error."""
+    if "loomrl-test/NoSize-v0" not in gym.registry:
+        gym.register(id="loomrl-test/NoSize-v0", entry_point=_NoSize)
+    env = VecEnv(EnvConfig("loomrl-test/NoSize-v0", num_envs=1, pixels=True, image_size=16))
+    assert env.reset().shape == (1, 3, 16, 16)  # ours dropped: rendered 40x40, downscaled
+    env.close()
+    cfg = EnvConfig(
+        "loomrl-test/NoSize-v0", num_envs=1, pixels=True, image_size=16, env_kwargs={"width": 48}
+    )
+    with pytest.raises(ConfigError, match=r"env.env_kwargs: \S+ takes no keyword 'width'"):
+        VecEnv(cfg).reset()
