@@ -57,6 +57,7 @@ def write_failure(
     path: Path,
     run_dir: Path,
     kind: type[RunDirWriteError] = RunDirWriteError,
+    stopped: bool = True,
 ) -> RunDirWriteError:
     """The error a failed write of ``what`` at ``path`` stops a run with: what failed, why
     (a full filesystem said as such, with the space left) and how to go on. torch.save wraps
@@ -78,6 +79,11 @@ def write_failure(
     else:
         why = str(cause or error)
         fix = f"make {path.parent} writable again"
+    if not stopped:  # the run's work is done; only this record is missing
+        return kind(
+            f"could not write {what} to {path}: {why}. The run's steps had ended; its "
+            f"{METRICS_FILE}, checkpoints and logs are as they were written: {fix}"
+        )
     return kind(
         f"could not write {what} to {path}: {why}; the run stopped. The checkpoints already "
         f"saved are intact: {fix}, then `loomrl resume {run_dir}` continues from the last one"
@@ -257,7 +263,10 @@ class RunLogger:
         """Write ``run_summary.json`` atomically (replacing any previous one); returns its path."""
         plain = {str(k): _plain_value(k, v) for k, v in summary.items()}
         path = self.run_dir / SUMMARY_FILE
-        _atomic_write(path, json.dumps(_encode(plain), indent=2, allow_nan=False) + "\n")
+        try:
+            _atomic_write(path, json.dumps(_encode(plain), indent=2, allow_nan=False) + "\n")
+        except OSError as e:  # a full disk at the very end: say so, not a raw traceback
+            raise write_failure(e, SUMMARY_FILE, path, self.run_dir, stopped=False) from e
         if self._wandb is not None:
             self._wandb.summary.update(plain)
         return path

@@ -67,6 +67,26 @@ def test_logger_close_on_a_full_disk_is_a_run_dir_error(tmp_path):
         rl.close()
 
 
+def test_run_summary_on_a_full_disk_is_a_run_dir_error_that_keeps_the_old_one(
+    tmp_path, monkeypatch
+):
+    """A full disk at the run's very end raised a bare OSError (a traceback, not a message)."""
+    from loomrl import config
+
+    rl = RunLogger(tmp_path, use_tensorboard=False, progress=False)
+    rl.write_summary({"status": "running", "steps": 1})
+
+    def full(path: Path, text: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(config, "atomic_write_text", full)
+    with pytest.raises(RunDirWriteError, match=r"run_summary.json.*filesystem is full") as ei:
+        rl.write_summary({"status": "finished", "steps": 2})
+    rl.close()
+    assert "steps had ended" in str(ei.value) and "loomrl resume" not in str(ei.value)
+    assert json.loads((tmp_path / "run_summary.json").read_text())["steps"] == 1
+
+
 @pytest.mark.parametrize("torch_wraps_it", [False, True])
 def test_checkpoint_on_a_full_disk_keeps_the_last_one_and_says_how_to_go_on(
     tmp_path, monkeypatch, torch_wraps_it
