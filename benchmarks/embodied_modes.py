@@ -81,7 +81,7 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
     for key, value in args.policy_kwargs.items():
         overrides.append(f"policy_kwargs.{key}={json.dumps(value)}")
     cfg = load_config(Config, None, overrides)
-    t, cpu0 = time.perf_counter(), _cpu_stat()
+    t, cpu0, started = time.perf_counter(), _cpu_stat(), time.time()
     try:
         s = main(cfg)
     except (PlanError, PlacementError) as e:  # no plan of this mode, or none that fits the cores
@@ -133,6 +133,7 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
         "env_steps_per_s": args.steps * args.num_envs / measured,
         "episode_return": s["metrics"].get("episode_return"),
         "wall_s": took,
+        "started": started,  # epoch seconds, to line the run up with host-wide samples
         "steal_share": steal,
     }
 
