@@ -2,7 +2,7 @@
 under any prediction made before a run.
 
     python scripts/run_spread.py docs/results/embodied_modes_cpu2_run*.json
-    python scripts/run_spread.py "docs/results/gpu/**/*.json" --out spread_gpu.json
+    python scripts/run_spread.py "docs/results/gpu/**/*.json*" --out spread_gpu.json
 
 Reads complete ``benchmarks/embodied_modes.py --out`` files (others are skipped). Within one
 file, every feasible run (a mode in a round) that ran the same placement ran the same plan on
@@ -19,7 +19,12 @@ import glob
 import json
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _results import load_json  # noqa: E402
 
 
 def _key(place: dict) -> str:
@@ -78,8 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, used = [], 0
     for path in paths:
         try:
-            with open(path) as f:
-                doc = json.load(f)
+            doc = load_json(path)
         except (OSError, ValueError):
             continue
         if not isinstance(doc, dict) or not doc.get("complete") or "results" not in doc:

@@ -1,7 +1,7 @@
 """Replays two alternatives to the trial's rules over stored embodied benchmark results, to see
 whether either would have predicted or chosen better than the rules the runs used.
 
-    python scripts/trial_rule_replay.py "docs/results/**/*.json"
+    python scripts/trial_rule_replay.py "docs/results/**/*.json*"
 
 1. The estimate a run is predicted from. The trial times the candidates in turns, then times the
    chosen one again (``auto_trial_confirm`` rollouts) and predicts from those alone
@@ -29,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _results import load_json  # noqa: E402
 
 from loomrl.cycle_trial import _close_to_best  # noqa: E402
 
@@ -89,7 +92,8 @@ def fewest_groups_outcomes(doc: dict) -> list[dict[str, Any]]:
         timed = {
             i: {int(k): v for k, v in x["timed_s"].items()}
             for i, x in enumerate(rows)
-            if x.get("probe_workers") and x.get("same_cycle_as") is None
+            if x.get("probe_workers")
+            and x.get("same_cycle_as") is None
             and all(x["timed_s"].values())
         }
         close = _close_to_best(timed, steps, steps)
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     for pat in args.patterns:
         for f in sorted(glob.glob(pat, recursive=True)):
             try:
-                doc = json.loads(Path(f).read_text())
+                doc = load_json(f)
             except (OSError, ValueError):
                 continue
             if isinstance(doc, dict):

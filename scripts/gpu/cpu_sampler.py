@@ -41,7 +41,9 @@ def siblings() -> dict[int, list[int]]:
 
 def label(pid: int) -> str:
     try:
-        raw = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        raw = (
+            open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        )
     except OSError:
         return "?"
     raw = raw.strip() or "?"
@@ -131,7 +133,9 @@ def main() -> None:
     for n in busy[:14]:
         cs = total[n]
         top = sorted(cs, key=lambda c: -cs[c])[:6]
-        print(f"  {sum(cs.values()):7.1f}  {n[:50]:50s} " + " ".join(f"{c}:{cs[c]:.1f}" for c in top))
+        print(
+            f"  {sum(cs.values()):7.1f}  {n[:50]:50s} " + " ".join(f"{c}:{cs[c]:.1f}" for c in top)
+        )
     pairs = sorted({tuple(v) for v in sib.values() if len(v) > 1})
     print(f"cpu_sampler: sibling pairs {pairs[:16]}")
 
