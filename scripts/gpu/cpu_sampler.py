@@ -49,6 +49,8 @@ def label(pid: int) -> str:
     raw = raw.strip() or "?"
     if raw.startswith("ray::"):
         return f"{raw.split()[0][:40]}#{pid}"
+    if "default_worker.py" in raw or "/workers/" in raw:  # a Ray worker: one label per process
+        return f"ray worker#{pid}"
     return raw[:60]
 
 
@@ -101,10 +103,10 @@ def main() -> None:
                 continue
             if pid not in names:
                 names[pid] = label(pid)
-                try:
-                    affinity[names[pid]] = sorted(os.sched_getaffinity(pid))
-                except OSError:
-                    pass
+            try:  # the last seen: workers are pinned after they start
+                affinity[names[pid]] = sorted(os.sched_getaffinity(pid))
+            except OSError:
+                pass
             cell = per_s[sec][names[pid]]
             cell[cpu] = cell.get(cpu, 0.0) + d / TICK
         prev = now
@@ -130,11 +132,14 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump(doc, f)
     print(f"cpu_sampler: {len(per_s)} s sampled; busiest processes (cpu s, cores):")
-    for n in busy[:14]:
+    for n in busy[:16]:
         cs = total[n]
         top = sorted(cs, key=lambda c: -cs[c])[:6]
+        mask = affinity.get(n, [])
+        held = "all" if len(mask) == len(sib) else ",".join(map(str, mask))
         print(
-            f"  {sum(cs.values()):7.1f}  {n[:50]:50s} " + " ".join(f"{c}:{cs[c]:.1f}" for c in top)
+            f"  {sum(cs.values()):7.1f}  {n[:44]:44s} [{held}] "
+            + " ".join(f"{c}:{cs[c]:.1f}" for c in top)
         )
     pairs = sorted({tuple(v) for v in sib.values() if len(v) > 1})
     print(f"cpu_sampler: sibling pairs {pairs[:16]}")
