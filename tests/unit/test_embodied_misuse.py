@@ -376,22 +376,8 @@ def test_an_env_id_of_a_package_that_registers_on_import_names_the_package(env_i
         check_env_id(f"json:{env_id}")
 
 
-class _NoSize(gym.Env):
+class _NoSize(_Still):
     """Renders 40x40 frames and takes no width or height."""
-
-    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
-
-    def __init__(self, render_mode=None):
-        self.render_mode = render_mode
-        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return np.zeros(2, np.float32), {}
-
-    def step(self, action):
-        return np.zeros(2, np.float32), 0.0, False, False, {}
 
     def render(self):
         return np.full((40, 40, 3), 7, np.uint8)
