@@ -47,7 +47,14 @@ def load_corpus(
 ) -> list[dict[str, str]]:
     """Documents from a JSONL file (``path``), else from the task built from ``task`` (its
     ``corpus()``). Every problem with the file is reported at once, by line."""
-    if path:
+    if path is not None:
+        if not path.strip():  # Path("") is the working directory
+            raise ConfigError(
+                [
+                    f"corpus_path: {path!r} is empty; name a JSONL file, or leave it out (null) "
+                    "to search the task's own corpus"
+                ]
+            )
         p = Path(path)
         if not p.exists():
             raise ConfigError([f"corpus_path: {path!r} does not exist"])
@@ -72,7 +79,14 @@ def load_corpus(
             if not isinstance(row, dict) or not isinstance(row.get("text"), str):
                 problems.append(f'{path}:{n}: needs a "text" string (and optionally "title")')
                 continue
-            docs.append({"title": str(row.get("title", "")), "text": row["text"]})
+            title = row.get("title")
+            # str() would make a null title the word "None", which the agent then reads.
+            if title is not None and not isinstance(title, str):
+                problems.append(
+                    f'{path}:{n}: "title" must be a string or null, got {type(title).__name__}'
+                )
+                continue
+            docs.append({"title": title or "", "text": row["text"]})
         if problems:
             raise ConfigError(
                 problems[:20] + ([f"... {len(problems) - 20} more"] * (len(problems) > 20))
@@ -107,10 +121,15 @@ class SearchIndex:
         self.docs, self.k, self.doc_chars = docs, k, doc_chars
         self._bm25s = bm25s
         self.retriever = bm25s.BM25()
-        self.retriever.index(
-            bm25s.tokenize([d["text"] for d in docs], stopwords="en", show_progress=False),
-            show_progress=False,
-        )
+        tokens = bm25s.tokenize([d["text"] for d in docs], stopwords="en", show_progress=False)
+        if not tokens.vocab:  # bm25s fails on an empty vocabulary with a bare ValueError
+            raise ConfigError(
+                [
+                    f"the search corpus ({len(docs)} documents) has no word to search: every "
+                    "text is empty or only English stop words; give documents with content"
+                ]
+            )
+        self.retriever.index(tokens, show_progress=False)
 
     def hits(self, queries: list[str]) -> list[list[int]]:
         """Indices of the top documents of every query, best first (empty: nothing matched)."""

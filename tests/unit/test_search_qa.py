@@ -160,3 +160,23 @@ def test_a_corpus_that_is_a_folder_or_not_utf8_is_named(tmp_path):
     bad.write_bytes(b'{"text": "one"}\n{"text": "caf\xe9"}\n')
     with pytest.raises(ConfigError, match=r"latin1.jsonl:2 is not UTF-8 text \(byte 0xe9\)"):
         load_corpus(path=str(bad))
+
+
+def test_a_corpus_with_nothing_to_search_is_named():
+    with pytest.raises(ConfigError, match="has no word to search"):
+        SearchIndex([{"title": "", "text": "the of a"}, {"title": "B", "text": ""}])
+
+
+def test_jsonl_corpus_titles_are_strings_or_null(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"title": null, "text": "alpha"}\n')
+    assert load_corpus(path=str(p)) == [{"title": "", "text": "alpha"}]  # not "None"
+    p.write_text('{"title": {"x": 1}, "text": "alpha"}\n')
+    with pytest.raises(ConfigError, match='t.jsonl:1: "title" must be a string or null, got dict'):
+        load_corpus(path=str(p))
+
+
+@pytest.mark.parametrize("path", ["", "  "])
+def test_an_empty_corpus_path_is_refused_not_read_as_unset(path):
+    with pytest.raises(ConfigError, match="is empty; name a JSONL file"):
+        load_corpus(task={"name": "search_qa", "people": 20}, path=path)
