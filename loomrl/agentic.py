@@ -87,6 +87,14 @@ class AgentConfig:
             p.append(f"tool_timeout_s: must be in (0, 86400] seconds, got {self.tool_timeout_s}")
         if self.max_tool_failures < 1:
             p.append(f"max_tool_failures: must be >= 1, got {self.max_tool_failures}")
+        for tag in (SEARCH_CLOSE, ANSWER_CLOSE):
+            if tag in self.response_prefix:
+                # The first turn is read with the prefix: every response would search, or
+                # answer, before the model wrote a word.
+                p.append(
+                    f"response_prefix: {self.response_prefix!r} closes {tag}; the prefix may "
+                    "open a tag (e.g. '<search>') but the model must close it"
+                )
         return p
 
 
@@ -266,9 +274,8 @@ class ToolCaller:
         t0 = time.perf_counter()
         try:
             left = max(0.0, self.timeout_s - (t0 - start))
-            parts = wait(handle, timeout=left)
-            results = [r for part in parts for r in part]
-            status, cause = "ok", ""
+            results, cause = _joined(wait(handle, timeout=left), len(queries))
+            status = "error" if cause else "ok"
         except TimeoutError:
             status, cause = "timeout", f"no reply within tool_timeout_s={self.timeout_s:g}"
             _cancel(handle)
@@ -293,6 +300,22 @@ class ToolCaller:
                 "check the tool workers, or raise agent.tool_timeout_s / agent.max_tool_failures"
             )
         return [ToolResult(f"search failed: {status}", status) for _ in queries]
+
+
+def _joined(parts: list[Any], asked: int) -> tuple[list[ToolResult], str]:
+    """The ranks' replies to ``asked`` queries as one list, and what is wrong with them ("" when
+    nothing): the rollout inserts one result per query and reads its ``text`` and ``status``,
+    so a reply of another shape is a failed call, not a crash of the rollout."""
+    if not all(isinstance(part, (list, tuple)) for part in parts):
+        bad = next(p for p in parts if not isinstance(p, (list, tuple)))
+        return [], f"the tool returned {type(bad).__name__} {bad!r:.80}, not a list of results"
+    results = [r for part in parts for r in part]
+    if len(results) != asked:
+        return [], f"the tool returned {len(results)} result(s) for {asked} queries"
+    for r in results:
+        if not (isinstance(r, ToolResult) and isinstance(r.text, str)):
+            return [], f"the tool returned {type(r).__name__} {r!r:.80}, not a ToolResult"
+    return results, ""
 
 
 def _cancel(handle: Any) -> None:

@@ -350,3 +350,41 @@ def test_a_resumed_run_reuses_a_readable_tool_plan_and_probes_again_otherwise(tm
     path.write_text(json.dumps(plan))
     assert reused_tool_plan(path, said.append) == {**plan, "reused": True}
     assert "reused" in said[-1]
+
+
+@pytest.mark.parametrize(
+    "reply, cause",
+    [
+        ([["one result"], []], "returned 1 result(s) for 2 queries"),
+        ([[ToolResult("a")]], "returned 1 result(s) for 2 queries"),
+        ([None], "returned NoneType None, not a list"),
+        ([["a", "b"]], "returned str 'a', not a ToolResult"),
+        ([[ToolResult("a"), ToolResult(None)]], "returned ToolResult"),
+    ],
+)
+def test_a_tool_reply_of_the_wrong_shape_is_a_failed_call(monkeypatch, reply, cause):
+    """The rollout inserts one result per query: any other reply fails the call (recorded, the
+    rollout goes on) instead of crashing the rollout worker."""
+    import loomrl.worker
+    from loomrl.agentic import ToolCaller
+
+    class Group:
+        def search(self, queries):
+            return "handle"
+
+    monkeypatch.setattr(loomrl.worker, "wait", lambda handle, timeout=None: reply)
+    caller = ToolCaller(Group(), timeout_s=5.0, max_failures=3)
+    got = caller.submit(["q1", "q2"])()
+    assert [r.status for r in got] == ["error", "error"]
+    assert [e["event"] for e in caller.events] == ["tool_error"]
+    assert cause in caller.events[0]["cause"]
+    monkeypatch.setattr(loomrl.worker, "wait", lambda h, timeout=None: [[ToolResult("x")] * 2])
+    assert [r.text for r in caller.submit(["q1", "q2"])()] == ["x", "x"]
+    assert caller.failures_in_row == 0
+
+
+def test_a_response_prefix_that_closes_a_tag_is_refused():
+    assert AgentConfig(response_prefix="<search>").validate() == []
+    for prefix in ("<search> x </search>", "<answer>a</answer>"):
+        (problem,) = AgentConfig(response_prefix=prefix).validate()
+        assert problem.startswith("response_prefix:") and "the model must close it" in problem
