@@ -191,12 +191,16 @@ def load_run(run_dir: str | Path) -> RunData:
         ) from None
 
     by_step: dict[int, Iteration] = {}
-    with open(d / TIMELINE_FILE, encoding="utf-8") as f:
+    # errors="replace": bytes that are no UTF-8 (a damaged disk block) spoil their line only,
+    # which is then skipped like one cut short
+    with open(d / TIMELINE_FILE, encoding="utf-8", errors="replace") as f:
         for n, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
                 o = json.loads(line)
+                if not isinstance(o, dict):
+                    raise TypeError(f"a line must be an object, got {type(o).__name__}")
                 predicted = o.get("predicted_s")
                 it = Iteration(
                     step=int(o["step"]),
@@ -367,7 +371,8 @@ def _unsummarised_lines(run_dir: Path, summary: Mapping[str, Any] | None) -> lis
 
 def _attempt_lines(summary: Mapping[str, Any]) -> list[str]:
     """A resumed or restarted run: how its earlier attempts ended and the wall time of all."""
-    earlier = [a for a in summary.get("attempts") or [] if isinstance(a, dict)]
+    attempts = summary.get("attempts")
+    earlier = [a for a in attempts if isinstance(a, dict)] if isinstance(attempts, list) else []
     if not earlier:
         return []
     ends = ", ".join(

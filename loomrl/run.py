@@ -858,7 +858,8 @@ def _summary_attempts(prev: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The attempts a summary lists, then the one that wrote it."""
     if prev is None:
         return []
-    out = [a for a in prev.get("attempts") or [] if isinstance(a, dict)]
+    listed = prev.get("attempts")  # a list as a run writes it; anything else is damage
+    out = [a for a in listed if isinstance(a, dict)] if isinstance(listed, list) else []
     last = {k: prev.get(k) for k in ("status", "error", "wall_s", "measured_iteration_s")}
     last["steps_done"] = prev.get("steps_done", prev.get("steps"))
     return [*out, last]

@@ -237,6 +237,27 @@ def test_load_run_skips_a_cut_short_line_and_needs_no_summary(tmp_path):
     assert run.summary == {} and run.predicted_s == 10.0
 
 
+def test_a_timeline_line_that_is_no_object_or_no_utf8_is_skipped(tmp_path, caplog):
+    d = write_run(tmp_path / "r", summary=False)
+    with open(d / "timeline.jsonl", "ab") as f:
+        f.write(b"[1]\n7\n\xff\xfe damaged block\n")
+    run = load_run(d)
+    assert [it.step for it in run.iterations] == [0, 1, 2, 3]
+    assert "line 5 unreadable (a line must be an object, got list); skipped" in caplog.text
+    assert "line 7 unreadable" in caplog.text
+
+
+def test_a_summary_whose_attempts_is_no_list_reports_none(tmp_path, capsys):
+    from loomrl.run import earlier_attempts
+
+    d = write_run(tmp_path / "r", summary=False)
+    (d / "run_summary.json").write_text(json.dumps({"status": "finished", "attempts": 7}))
+    assert report_main([str(d)]) == 0
+    assert "attempts  " not in capsys.readouterr().out
+    # a resume of that run lists the attempt that wrote the summary, and no earlier one
+    assert [a["status"] for a in earlier_attempts(d)] == ["finished"]
+
+
 def test_report_writes_figure_trace_and_prints_the_numbers(tmp_path, capsys):
     d = write_run(tmp_path / "run")
     assert report_main([str(d)]) == 0
