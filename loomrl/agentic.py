@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 from loomrl.tasks.search_qa import (
     ANSWER_CLOSE,
+    ANSWER_OPEN,
     INFO_CLOSE,
     INFO_OPEN,
     SEARCH_CLOSE,
@@ -48,6 +49,7 @@ from loomrl.tools import ToolError, ToolResult
 AGENT, TOOL = "agent", "tool"  # component names of the agent <-> tool cycle's profile
 MAX_QUERY_CHARS = 200  # a query longer than this is cut: a model can write anything in a tag
 FINISHES = ("answer", "eos", "length", "turns", "budget")
+PROTOCOL_TAGS = (SEARCH_OPEN, SEARCH_CLOSE, ANSWER_OPEN, ANSWER_CLOSE, INFO_OPEN, INFO_CLOSE)
 
 
 @dataclass
@@ -129,8 +131,12 @@ def search_query(turn_text: str) -> str | None:
 
 
 def information(result: ToolResult) -> str:
-    """The text inserted after a search: the tool's results, or what went wrong."""
+    """The text inserted after a search: the tool's results, or what went wrong. The protocol's
+    tags are taken out of the results: a document holding "<answer> x </answer>" would be
+    scored as the policy's answer, and one holding "</information>" would end the block."""
     body = result.text if result.ok else f"search failed: {result.status}"
+    for tag in PROTOCOL_TAGS:
+        body = body.replace(tag, "")
     return f"\n{INFO_OPEN} {body} {INFO_CLOSE}\n"
 
 
