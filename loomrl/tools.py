@@ -86,6 +86,14 @@ def load_corpus(
                     f'{path}:{n}: "title" must be a string or null, got {type(title).__name__}'
                 )
                 continue
+            try:  # JSON may escape half a surrogate pair ("\ud800"), which no tokenizer takes
+                (row["text"] + (title or "")).encode("utf-8")
+            except UnicodeEncodeError as e:
+                problems.append(
+                    f"{path}:{n}: holds an unpaired surrogate escape "
+                    f"({e.object[e.start]!r}); write the character itself, or its pair"
+                )
+                continue
             docs.append({"title": title or "", "text": row["text"]})
         if problems:
             raise ConfigError(

@@ -180,3 +180,11 @@ def test_jsonl_corpus_titles_are_strings_or_null(tmp_path):
 def test_an_empty_corpus_path_is_refused_not_read_as_unset(path):
     with pytest.raises(ConfigError, match="is empty; name a JSONL file"):
         load_corpus(task={"name": "search_qa", "people": 20}, path=path)
+
+
+def test_jsonl_corpus_with_half_a_surrogate_pair_is_named(tmp_path):
+    # Read as it is, the tokenizer would fail on the inserted result in the middle of a rollout.
+    p = tmp_path / "s.jsonl"
+    p.write_text('{"text": "fine \\ud83d\\ude00"}\n{"text": "broken \\ud800 here"}\n')
+    with pytest.raises(ConfigError, match=r"s.jsonl:2: holds an unpaired surrogate escape"):
+        load_corpus(path=str(p))
