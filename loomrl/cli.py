@@ -521,6 +521,8 @@ def _check_profile_micro_batch(cfg: Any) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """Profile the components of a config's workflow, print the fit and the plan it leads to."""
+    from loomrl.run import PROFILE_FILE
+
     _refuse_profile_override(args.overrides)
     # The config's own run.profile (a file or calibrate, for `loomrl run`) is left out: the
     # profile measures anew, and a file it never reads must not stop it.
@@ -535,7 +537,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
             ]
         )
     _check_profile_micro_batch(cfg)
-    _make_output_dir(cfg)  # before Ray starts: a path that cannot be a directory is a mistake
+    # Before Ray starts: a path that cannot be a directory, or a profile file that cannot be
+    # written there, is a mistake to say now, not after minutes of measuring.
+    target = _make_output_dir(cfg) / PROFILE_FILE
+    if target.is_dir():
+        raise ConfigError(
+            [
+                f"run.output_dir={cfg.run.output_dir}: {target} is a directory, and the profile "
+                f"is written to run.output_dir/{PROFILE_FILE}; move that directory, or pass "
+                "output_dir=DIR to profile into another one"
+            ]
+        )
     out = mod.profile(cfg)
     # The recipe's closing hint names the config as CONFIG (it is given a config, not its file)
     say(out.replace("loomrl run CONFIG ", f"loomrl run {shlex.quote(str(args.config))} "))

@@ -1020,6 +1020,9 @@ def finish_first(what: str) -> Iterator[None]:
         signal.raise_signal(held[0])  # now handled as it would have been
 
 
+PROFILE_FILE = "profile.yaml"  # what `loomrl profile` writes into run.output_dir
+
+
 def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
     """Profile a recipe's flow on one iteration's items: fit report, profile file, plan per mode."""
     from loomrl.cluster import Cluster
@@ -1055,7 +1058,7 @@ def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
         took = time.time() - t
         import yaml
 
-        path = out / "profile.yaml"
+        path = out / PROFILE_FILE
         raw = prof.to_dict()
         for name, n, x, secs, peak in flow.profile_run.samples:  # what the fit was made from
             rows = raw["components"].get(name, {}).setdefault("samples", [])

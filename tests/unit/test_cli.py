@@ -547,6 +547,24 @@ def test_profile_into_an_output_dir_that_cannot_be_one_exits_2_before_ray(
     assert "Traceback" not in err
 
 
+def test_profile_into_an_output_dir_whose_profile_yaml_is_a_directory_exits_2_before_ray(
+    tmp_path, capsys, monkeypatch
+):
+    import loomrl.cluster
+
+    def start(**kwargs):
+        raise AssertionError("Ray started before profile.yaml was checked")
+
+    monkeypatch.setattr(loomrl.cluster.Cluster, "start", staticmethod(start))
+    (tmp_path / "profile.yaml").mkdir()
+    (tmp_path / "profile.yaml" / "notes.txt").write_text("mine")
+    assert main(["profile", str(TINY), f"output_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'profile.yaml'} is a directory, and the profile is written to" in err
+    assert "pass output_dir=DIR" in err and "Traceback" not in err
+    assert (tmp_path / "profile.yaml" / "notes.txt").read_text() == "mine"
+
+
 def test_profile_of_a_recipe_without_one_says_where_its_runs_write_their_profile(capsys):
     config = ROOT / "examples/ppo_inverted_pendulum.yaml"
     assert main(["profile", str(config)]) == 2
