@@ -103,17 +103,21 @@ def _fixed_on_resume(override: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in FIXED_ON_RESUME)
 
 
-def _check_config_kept(run_dir: Path, cfg: Any, cfg_file: Path) -> None:
+def _check_config_kept(
+    run_dir: Path, cfg: Any, cfg_file: Path, keys: tuple[str, ...] | None = None, fix: str = ""
+) -> None:
     """Refuse a resume whose config.yaml was changed (by hand, or replaced by another run's)
     in a key the checkpoints depend on: their state would be loaded into another recipe or
-    model, or continue on other prompts."""
+    model, or continue on other prompts. ``keys``: those compared (default: all recorded);
+    ``fix``: the closing advice (default: a resume's)."""
     from loomrl.run import fixed_on_resume, recorded_fixed_on_resume
 
     then = recorded_fixed_on_resume(run_dir)
     if then is None:
         return
     now = fixed_on_resume(cfg)
-    changed = [k for k in sorted(then.keys() | now.keys()) if then.get(k) != now.get(k)]
+    compared = then.keys() | now.keys() if keys is None else set(keys)
+    changed = [k for k in sorted(compared) if then.get(k) != now.get(k)]
     if changed:
         raise ConfigError(
             [
@@ -122,7 +126,8 @@ def _check_config_kept(run_dir: Path, cfg: Any, cfg_file: Path) -> None:
                 for k in changed
             ]
             + [
-                f"a resume continues {run_dir} as its checkpoint left it: put those keys back "
+                fix
+                or f"a resume continues {run_dir} as its checkpoint left it: put those keys back "
                 f"in {cfg_file}, or start a new run with `loomrl run {cfg_file}` (the earlier "
                 "records are then set aside)"
             ]
@@ -381,6 +386,16 @@ def cmd_export(args: argparse.Namespace) -> int:
                 "grpo, ppo or agentic_search"
             ]
         )
+    # The checkpoint's weights fit the model they were trained from only: another model.path
+    # in config.yaml (edited by hand) would fail inside torch with a shape mismatch.
+    _check_config_kept(
+        run_dir,
+        cfg,
+        cfg_file,
+        keys=("model.path",),
+        fix=f"export loads the checkpoint into the model config.yaml names: put model.path "
+        f"back in {cfg_file}",
+    )
     from loomrl.checkpoint import (
         follow_umask,
         latest_checkpoint,
@@ -397,7 +412,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise ConfigError(
             [
                 f"{run_dir} has no complete checkpoint"
-                + (f" at step {args.step} (steps saved: {steps})" if args.step is not None else "")
+                + (
+                    f" at step {args.step} (steps saved: {steps}); pass one of those to --step, "
+                    "or drop --step to export the last one"
+                    if args.step is not None and steps
+                    else " to export (none was saved, or none is intact): a run saves one every "
+                    "run.checkpoint_every steps; `loomrl resume` with that set saves them"
+                )
             ]
         )
     if out.exists() and not out.is_dir():

@@ -163,6 +163,34 @@ def test_export_to_a_file_exits_2(tmp_path, capsys):
     assert "is a file" in capsys.readouterr().err
 
 
+def test_export_refuses_a_config_yaml_naming_another_model_and_says_which_steps_exist(
+    tmp_path, capsys
+):
+    from loomrl.checkpoint import save_checkpoint
+
+    (tmp_path / "config.yaml").write_text(TINY.read_text())
+    assert main(["export", str(tmp_path), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "has no complete checkpoint to export (none was saved, or none is intact)" in err
+    assert "run.checkpoint_every" in err
+
+    save_checkpoint(tmp_path, 1, {"step": 1})
+    assert main(["export", str(tmp_path), str(tmp_path / "out"), "--step", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "at step 3 (steps saved: [1]); pass one of those to --step" in err
+
+    # config.yaml edited by hand to another model: the weights would not fit it
+    summary = {"status": "finished", "fixed_on_resume": {"model.path": "tiny-llama"}}
+    (tmp_path / "run_summary.json").write_text(json.dumps(summary))
+    edited = TINY.read_text().replace("path: tiny-llama", "path: tiny-qwen2")
+    (tmp_path / "config.yaml").write_text(edited)
+    assert main(["export", str(tmp_path), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "model.path: " in err and "says 'tiny-qwen2', but the run's checkpoints" in err
+    assert "put model.path back in" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_interrupt_exits_130_with_how_to_resume(monkeypatch, capsys, tmp_path):
     import loomrl.cli as cli
     from loomrl.checkpoint import save_checkpoint
