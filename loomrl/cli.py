@@ -341,6 +341,16 @@ def cmd_resume(args: argparse.Namespace) -> int:
     cfg_file = _run_dir_config(run_dir)
     moved = [o for o in args.overrides if o.split("=", 1)[0] == "run.output_dir"]
     changed = [o for o in args.overrides if _fixed_on_resume(o)]
+    # resume=false would make this a new run, which sets the records it should continue aside
+    fresh = [o for o in args.overrides if o.split("=", 1)[0] == "resume"]
+    if fresh:
+        raise ConfigError(
+            [
+                f"{o}: `loomrl resume` continues {run_dir}, so resume is not an override it "
+                f"takes; drop it (to start the run over instead: `loomrl run {cfg_file}`)"
+                for o in fresh
+            ]
+        )
     if moved or changed:
         how = (
             "copy the run directory to continue elsewhere; start a new run (loomrl run) to "

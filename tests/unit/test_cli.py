@@ -152,6 +152,18 @@ def test_a_resumed_run_that_finishes_says_where_its_summary_is_as_a_run_does(
     assert f"run finished: {tmp_path}/run_summary.json\n  steps: 4\n" in out
 
 
+def test_resume_refuses_resume_false_which_would_set_the_run_aside(tmp_path, capsys):
+    from loomrl.checkpoint import save_checkpoint
+
+    (tmp_path / "config.yaml").write_text(TINY.read_text())
+    save_checkpoint(tmp_path, 2, {"step": 2})
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["resume", str(tmp_path), "resume=false", "steps=4"]) == 2
+    err = capsys.readouterr().err
+    assert "resume=false: `loomrl resume` continues" in err and "drop it" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 def test_export_to_a_file_exits_2(tmp_path, capsys):
     from loomrl.checkpoint import save_checkpoint
 
