@@ -386,6 +386,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Write a run's trained policy (the actor) as a Hugging Face model directory."""
+    if not args.out_dir.strip():
+        # Path("") is ".": the model would go into the current folder, not where asked
+        raise ConfigError(
+            [f"out_dir {args.out_dir!r} is an empty path; name a new directory for the model"]
+        )
     run_dir, out = Path(args.run_dir), Path(args.out_dir)
     cfg_file = _run_dir_config(run_dir)
     mod, cfg = load_recipe_config(cfg_file, [])

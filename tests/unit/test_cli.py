@@ -173,6 +173,8 @@ def test_export_to_a_file_exits_2(tmp_path, capsys):
     afile.write_text("x")
     assert main(["export", str(tmp_path), str(afile)]) == 2
     assert "is a file" in capsys.readouterr().err
+    assert main(["export", str(tmp_path), ""]) == 2  # not "." (the current folder)
+    assert "out_dir '' is an empty path; name a new directory" in capsys.readouterr().err
 
 
 def test_export_refuses_a_config_yaml_naming_another_model_and_says_which_steps_exist(
