@@ -1027,6 +1027,7 @@ def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
     """Profile a recipe's flow on one iteration's items: fit report, profile file, plan per mode."""
     from loomrl.cluster import Cluster
     from loomrl.config import atomic_write_text
+    from loomrl.errors import LoomError
     from loomrl.flow import Flow
     from loomrl.plan.search import search_all
     from loomrl.profiler import profile_flow
@@ -1064,7 +1065,11 @@ def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
             rows = raw["components"].get(name, {}).setdefault("samples", [])
             rows.append([n, x, round(secs, 6), round(peak, 4)])
         # Whole or not at all: `run.profile=` of a file cut short by a kill would plan from it.
-        atomic_write_text(path, yaml.safe_dump(raw, sort_keys=False, default_flow_style=None))
+        unwritten: OSError | None = None
+        try:
+            atomic_write_text(path, yaml.safe_dump(raw, sort_keys=False, default_flow_style=None))
+        except OSError as e:  # a full disk, say: the measuring is done, so show what it found
+            unwritten = e
         plans = search_all(prof)
         best = plans.get("best")
         if best is not None:
@@ -1077,6 +1082,13 @@ def profile_recipe(cfg: Any, build: Any, sample: Any) -> str:
             lines.append(
                 f"{mode}: "
                 + ("no feasible plan" if plan is None else f"{plan.predicted_s:.3f}s\n{plan}")
+            )
+        if unwritten is not None:
+            say("\n".join(lines))
+            raise LoomError(
+                f"could not write the profile to {path}: {unwritten.strerror or unwritten}; "
+                "the fit and the plans it gives are printed above. Free space there (or pass "
+                "output_dir=DIR) and profile again"
             )
         lines.append(f"pin it: loomrl run CONFIG run.profile={path} placement=auto")
         return "\n".join(lines)

@@ -292,3 +292,30 @@ def test_a_calibrated_run_says_when_its_prediction_arrives(cluster, tmp_path, ca
     summary = json.loads((tmp_path / "run_summary.json").read_text())
     assert summary["planned_iteration_s"] is None  # chosen without costs: no prediction
     assert summary["predicted_iteration_s"] > 0
+
+
+@pytest.mark.timeout(240)
+def test_a_profile_that_cannot_be_written_prints_its_plans_and_says_why(
+    cluster, tmp_path, monkeypatch, capsys
+):
+    """After minutes of measuring, a full disk under profile.yaml gave a bare OSError traceback
+    and lost what the measuring found."""
+    import errno
+
+    from loomrl import config
+    from loomrl.cli import main
+
+    real = config.atomic_write_text
+
+    def full(path, text):
+        if Path(path).name == "profile.yaml":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, text)
+
+    monkeypatch.setattr(config, "atomic_write_text", full)
+    root = Path(__file__).resolve().parents[2]
+    assert main(["profile", str(root / "examples/demo_matmul.yaml"), f"output_dir={tmp_path}"]) == 2
+    out, err = capsys.readouterr()
+    assert "temporal:" in out and "profiled" in out  # the plans, printed anyway
+    assert "could not write the profile to" in err and "No space left on device" in err
+    assert "Traceback" not in err and not (tmp_path / "profile.yaml").exists()
