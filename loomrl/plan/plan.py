@@ -97,12 +97,29 @@ class Node:
             d["component"] = self.component
             d["used"] = self.used
         elif self.op == "cycle":
-            d["component"] = self.component
-            d["members"] = list(self.members)
-            d["split"] = list(self.split) if self.split else None
-            d["groups"] = self.groups
-            d["used"] = self.used
-            d["member_devices"] = self.member_devices()
+            # PLANNER.md's tree has only leaf, temporal and spatial nodes: a cycle is written as
+            # its members' leaves, side by side when split (spatial), on the same devices when
+            # co-located (temporal); the "cycle" key keeps what from_dict needs to rebuild it.
+            d["op"] = "temporal" if self.split is None else "spatial"
+            d["cycle"] = {
+                "name": self.component,
+                "members": list(self.members),
+                "split": list(self.split) if self.split else None,
+                "groups": self.groups,
+                "used": self.used,
+            }
+            d["children"] = [
+                {
+                    "op": "leaf",
+                    "component": m,
+                    "n": len(devs),
+                    "devices": devs,
+                    "used": len(devs),
+                    "children": [],
+                }
+                for m, devs in self.member_devices().items()
+            ]
+            return d
         d["children"] = [c.to_dict() for c in self.children]
         return d
 
@@ -118,6 +135,18 @@ class Node:
         if int(devs[0]) < 0:
             raise ValueError(
                 f"node {d.get('component') or d.get('op')!r}: devices {list(devs)} are negative"
+            )
+        if isinstance(d.get("cycle"), dict):  # a cycle as to_dict writes it: its members' leaves
+            c = d["cycle"]
+            return cls(
+                op="cycle",
+                n=int(d.get("n", len(devs))),
+                start=int(devs[0]) if devs else 0,
+                component=c.get("name"),
+                used=c.get("used"),
+                members=tuple(c.get("members") or ()),
+                split=tuple(c["split"]) if c.get("split") else None,  # type: ignore[arg-type]
+                groups=int(c.get("groups", 1)),
             )
         return cls(
             op=d["op"],

@@ -420,11 +420,12 @@ def _check_json(d: dict, prof) -> None:
         assert (p is None) == (v is None) and (p is None or p["predicted_s"] == v)
     best = min(v for v in d["modes"].values() if v is not None)
     assert d["predicted_s"] == best and d["modes"][d["mode"]] == best
-    # the tree: the four keys on every node, devices as ascending contiguous indices in range
+    # the tree: the four keys on every node, only PLANNER.md's three ops (a cycle is its
+    # members' leaves under a spatial or temporal node), devices as ascending contiguous indices
     leaves: dict[str, list[int]] = {}
     for t in _nodes(d["tree"]):
         assert {"op", "component", "devices", "children"} <= set(t), t
-        assert t["op"] in ("leaf", "temporal", "spatial", "cycle")
+        assert t["op"] in ("leaf", "temporal", "spatial"), t
         devs = t["devices"]
         assert all(isinstance(x, int) for x in devs)
         assert devs == list(range(devs[0], devs[0] + len(devs))) if devs else True
@@ -436,12 +437,13 @@ def _check_json(d: dict, prof) -> None:
             if t["op"] == "spatial":
                 assert not a & b
         else:
-            assert isinstance(t["component"], str) and t["children"] == []
-            if t["op"] == "leaf":
-                leaves[t["component"]] = devs
-                assert len(devs) in prof.components[t["component"]].valid_devices
-            else:
-                leaves.update(t["member_devices"])
+            assert t["component"] in prof.components and t["children"] == []
+            assert t["component"] not in leaves, "a component appears in two leaves"
+            leaves[t["component"]] = devs
+            assert len(devs) in prof.components[t["component"]].valid_devices
+    # the mode read from the tree's ops alone, as a reader of the JSON would
+    ops = {t["op"] for t in _nodes(d["tree"])} - {"leaf"}
+    assert d["mode"] == ("hybrid" if len(ops) == 2 else ops.pop() if ops else "temporal")
     # assignment: every component -> the device indices it runs on, as in the tree
     assert d["assignment"] == leaves
     assert set(d["assignment"]) == set(prof.components)
