@@ -60,6 +60,15 @@ def test_each_subcommand_takes_the_flags_and_arguments_its_row_shows(capsys, cmd
         assert "[key=value ...]" in shown
 
 
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_each_subcommands_row_shows_every_flag_its_help_takes(capsys, cmd):
+    """The other way round: a flag the command takes is not left out of its row."""
+    usage, _ = _commands_table()[cmd]
+    taken = set(re.findall(r"\[(--[a-z][a-z-]*)", _help(capsys, cmd))) - {"--help"}
+    shown = set(re.findall(r"--[a-z][a-z-]*", usage))
+    assert not taken - shown, f"the README's row of loomrl {cmd} lacks {sorted(taken - shown)}"
+
+
 @pytest.mark.parametrize("cmd", ["run", "report", "resume", "profile", "export"])
 def test_each_subcommands_help_names_the_files_and_settings_its_row_names(capsys, cmd):
     """(`plan` is described by its own parser, loomrl.plan.cli.)"""
