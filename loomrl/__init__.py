@@ -20,9 +20,12 @@ _LAZY = {
     "RemoteError": ("loomrl.errors", "RemoteError"),
     "WorkerDiedError": ("loomrl.errors", "WorkerDiedError"),
     "ChannelPeerDied": ("loomrl.errors", "ChannelPeerDied"),
+    "ChannelItemLost": ("loomrl.errors", "ChannelItemLost"),
     "ConfigError": ("loomrl.errors", "ConfigError"),
     "Channel": ("loomrl.channel", "Channel"),
     "DeviceLock": ("loomrl.lock", "DeviceLock"),
+    "Flow": ("loomrl.flow", "Flow"),
+    "WeightSync": ("loomrl.weights", "WeightSync"),
 }
 
 __all__ = ["__version__", *_LAZY]

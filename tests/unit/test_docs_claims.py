@@ -136,3 +136,18 @@ def test_the_records_a_resume_cuts_back_are_those_the_readme_names():
 
     said = " ".join(README.split("`loomrl resume` cuts", 1)[1].split(" back to", 1)[0].split())
     assert set(re.findall(r"`([\w.]+)`", said)) == set(_STEP_RECORDS)
+
+
+def test_the_readmes_imports_work_and_the_errors_it_names_are_public():
+    """A reader copies the sketch's imports, and catches the errors the README says are raised
+    with ``from loomrl import ...``, as the other public names."""
+    import loomrl
+    from loomrl import errors
+
+    for line in re.findall(
+        r"^(?:from loomrl[\w.]* import [\w, ]+|import loomrl[\w.]*)$", README, re.M
+    ):
+        exec(line, {})
+    named = set(re.findall(r"`(\w+)`", README))
+    public = {n for n in named if isinstance(getattr(errors, n, None), type)}
+    assert public and public <= set(loomrl.__all__), sorted(public - set(loomrl.__all__))
