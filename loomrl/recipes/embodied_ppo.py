@@ -195,11 +195,23 @@ class Config:
                     f"run.{key}={value}: the embodied recipe keeps no checkpoints (a run is "
                     f"minutes of simulation; it cannot resume or restart); leave it at {fix}"
                 )
+        # seed=S on the command line shifts both seeds (prepared()): without it, seed=1 would
+        # rerun seed 0's run.
+        seed = self.run.seed
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            p.append(
+                f"run.seed={seed!r}: must be a whole number >= 0 (it is added to env.seed and "
+                "ppo.seed), e.g. 1"
+            )
+        elif isinstance(self.ppo.seed, int) and self.ppo.seed + seed >= 2**64:
+            p.append(
+                f"run.seed={seed}: ppo.seed + run.seed = {self.ppo.seed + seed} must stay below "
+                f"2**64 (torch's seed range); lower one of them"
+            )
         # Settings of the LLM recipes that change nothing here: a user who sets them believes
-        # the run changed (seed=1 on the command line would rerun seed 0's run).
+        # the run changed.
         defaults = RunConfig()
         for key, why in (
-            ("seed", "the envs are seeded by env.seed and the policy by ppo.seed; set those"),
             (
                 "micro_batch",
                 "the cycle's batch is env.num_envs, cut into ring groups by the plan; pin them "
@@ -351,14 +363,32 @@ class _Iteration:  # what Run.record reads
     timeline: list[dict[str, Any]]
 
 
-def main(cfg: Config) -> dict:
-    from loomrl.plots import plot_run
+def prepared(cfg: Config) -> Config:
+    """``cfg`` checked, with ``run.seed`` (``seed=S`` on the command line) added to ``env.seed``
+    and ``ppo.seed`` and then set to 0: the seeds recorded in config.yaml are those used, so
+    running that file again repeats the run. Raises ConfigError naming every problem."""
+    import dataclasses
 
     # Also when main() is called without load_config (a config built in Python, which the
     # loader's checks of each section never saw): fail before any worker starts.
     problems = cfg.validate() + [f"run.{x}" for x in cfg.run.validate()]
     if problems:
         raise ConfigError(problems)
+    s = cfg.run.seed
+    if not s:
+        return cfg
+    return dataclasses.replace(
+        cfg,
+        env=dataclasses.replace(cfg.env, seed=cfg.env.seed + s),
+        ppo=dataclasses.replace(cfg.ppo, seed=cfg.ppo.seed + s),
+        run=dataclasses.replace(cfg.run, seed=0),
+    )
+
+
+def main(cfg: Config) -> dict:
+    from loomrl.plots import plot_run
+
+    cfg = prepared(cfg)
     S = cfg.ppo.rollout_steps // cfg.env.num_envs
     run = Run(cfg, cfg.run)
     try:

@@ -90,14 +90,12 @@ def test_recipe_floats_are_finite_too():
 
 
 def test_run_settings_the_embodied_recipe_does_not_use_are_refused_not_ignored():
-    """seed=5 (a short form the CLI offers) ran seed 0's run again: the envs take env.seed and
-    the policy ppo.seed. Each such setting is named with the key to set instead."""
+    """Each run setting of the LLM recipes that changes nothing here is named with the key to
+    set instead."""
     problems = _problems(
-        PENDULUM, "run.seed=5", "run.micro_batch=7", "run.offload=always", "run.weight_bucket_mb=64"
+        PENDULUM, "run.micro_batch=7", "run.offload=always", "run.weight_bucket_mb=64"
     )
     assert problems == [
-        "run.seed=5: not used by the embodied recipe (the envs are seeded by env.seed and the "
-        "policy by ppo.seed; set those); leave it at 0",
         "run.micro_batch=7: not used by the embodied recipe (the cycle's batch is "
         "env.num_envs, cut into ring groups by the plan; pin them with groups); leave it at null",
         "run.offload='always': not used by the embodied recipe (the policy worker acts and "
@@ -106,6 +104,22 @@ def test_run_settings_the_embodied_recipe_does_not_use_are_refused_not_ignored()
         "trains: no weights are sent); leave it at 256",
     ]
     assert load_config(Config, PENDULUM, ["env.seed=5", "ppo.seed=5"]).env.seed == 5
+
+
+def test_seed_on_the_command_line_shifts_the_env_and_policy_seeds_and_is_recorded_so():
+    """seed=5 (a short form the CLI offers for every recipe) ran seed 0's run again, then was
+    refused; now it is added to env.seed and ppo.seed, and config.yaml records those."""
+    from loomrl.recipes.embodied_ppo import prepared
+
+    cfg = prepared(load_config(Config, PENDULUM, ["run.seed=5", "env.seed=2"]))
+    assert (cfg.env.seed, cfg.ppo.seed, cfg.run.seed) == (7, 5, 0)
+    plain = load_config(Config, PENDULUM, [])
+    assert prepared(plain) is plain  # seed 0: the run as before, bit for bit
+    assert _problems(PENDULUM, "run.seed=-1") == [
+        "run.seed=-1: must be a whole number >= 0 (it is added to env.seed and ppo.seed), e.g. 1"
+    ]
+    with pytest.raises(ConfigError, match=r"ppo.seed \+ run.seed = 18446744073709551616"):
+        prepared(load_config(Config, PENDULUM, ["run.seed=1", f"ppo.seed={2**64 - 1}"]))
 
 
 def test_an_unknown_policy_name_is_refused_before_any_worker_starts():
