@@ -314,7 +314,10 @@ def check_env_id(env_id: str) -> None:
         [
             f"env_id={env_id!r} is not a registered gymnasium environment ({hint}); check the "
             "spelling and version suffix, or install/import the package that registers it "
-            "(pip install gymnasium-robotics for Fetch*)"
+            "(pip install gymnasium-robotics for Fetch*); an env registered with "
+            "gymnasium.register in the launching script is not registered in the env workers' "
+            "processes: put that call in an importable module and write env_id: "
+            f"package.module:{env_id}, which makes every process import it first"
         ],
         source="EnvConfig",
     )
@@ -454,6 +457,11 @@ class VecEnv:
         self._bad_kwargs: ConfigError | None = None  # env_kwargs that fail at once (_kwargs_fault)
         self.onload()
         probe = self._slots[0].env
+        try:
+            _check_spaces(cfg.env_id, probe, cfg.pixels)
+        except ConfigError:
+            self.close()
+            raise
         self.single_action_space = probe.action_space
         if cfg.pixels:
             self.single_observation_space = gym.spaces.Box(
@@ -971,6 +979,20 @@ class VecEnv:
                     f"{self!r}.step(actions): Discrete actions must lie in [{space.start}, {space.start + space.n}), got {a.tolist()}"
                 )
             return a
+        if isinstance(space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+            # Neither the env nor gymnasium checks them: a fraction or an index past the end
+            # would be stepped as whatever the env makes of it.
+            lo, hi = int_action_bounds(space)
+            if not np.issubdtype(a.dtype, np.integer):
+                raise ActionShapeError(
+                    f"{self!r}.step(actions): {space} actions must be integers, got dtype {a.dtype}"
+                )
+            if (a < lo).any() or (a >= hi).any():
+                raise ActionShapeError(
+                    f"{self!r}.step(actions): {space} actions must lie in [{lo.tolist()}, "
+                    f"{hi.tolist()}) element by element, got {a.tolist()}"
+                )
+            return a
         if isinstance(space, gym.spaces.Box):
             # Text fails the cast below with numpy's words, None becomes NaN, and a complex
             # number loses its imaginary part without a word: none of them is an action.
@@ -1126,6 +1148,54 @@ def _all_finite(raw: Any) -> bool:
     if a.dtype.itemsize <= 4 and not np.iscomplexobj(a):
         return bool(np.isfinite(a).all())
     return bool((np.abs(a) <= _F32_MAX).all())  # NaN compares False, inf is past the bound
+
+
+def int_action_bounds(space: Any) -> tuple[np.ndarray, np.ndarray]:
+    """[low, high) of each element of an action of a Discrete, MultiDiscrete or MultiBinary
+    space (arrays of the action's shape)."""
+    import gymnasium as gym
+
+    if isinstance(space, gym.spaces.Discrete):
+        return np.asarray(space.start), np.asarray(space.start + space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return np.asarray(space.start), np.asarray(space.start + space.nvec)
+    if isinstance(space, gym.spaces.MultiBinary):
+        return np.zeros(space.shape, np.int64), np.full(space.shape, 2, np.int64)
+    raise TypeError(f"int_action_bounds: {space} has no integer actions")
+
+
+def _check_spaces(env_id: str, env: Any, pixels: bool) -> None:
+    """A ``ConfigError`` for spaces the cycle cannot carry: actions that are not one array
+    (Dict, Tuple, Text, ...) and, without pixels, observations of no fixed size (Sequence,
+    Graph), which gymnasium cannot flatten into the float vector the policy reads."""
+    import gymnasium as gym
+
+    bad = []
+    act = env.action_space
+    arrays = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+    if not isinstance(act, arrays):
+        bad.append(
+            f"env_id={env_id!r}: its action space {act} is not one array; the policy returns "
+            "one tensor of actions per step, so the space must be a Box, Discrete, "
+            "MultiDiscrete or MultiBinary: wrap the env in a gymnasium.ActionWrapper whose action_space is a Box (or "
+            "MultiDiscrete) and whose action() rebuilds the env's action from it"
+        )
+    if not pixels:
+        try:
+            flat = gym.spaces.flatten_space(env.observation_space)
+        except (NotImplementedError, TypeError, ValueError) as e:
+            flat, why = None, f" ({e})"
+        else:
+            why = ""
+        if not isinstance(flat, gym.spaces.Box):
+            bad.append(
+                f"env_id={env_id!r}: its observation space {env.observation_space} cannot be "
+                f"flattened into a vector of fixed size{why}; the policy reads one float vector "
+                "per env: wrap the env in a gymnasium.ObservationWrapper that pads or summarises "
+                "the observations into a Box"
+            )
+    if bad:
+        raise ConfigError(bad, source="EnvConfig")
 
 
 def _api_hint(e: BaseException) -> str:

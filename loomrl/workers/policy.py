@@ -128,6 +128,14 @@ def build_policy(
             raise ConfigError(
                 [f"policy={spec!r}: cannot import {fn_name!r} from {mod_name!r} ({e})"]
             ) from None
+        if not callable(fn):
+            raise ConfigError(
+                [
+                    f"policy={spec!r}: {mod_name}.{fn_name} is a {type(fn).__name__}, not a "
+                    "callable; name a function or class that builds the policy from "
+                    "(observation_space, action_space, seed=..., **policy_kwargs)"
+                ]
+            )
         make = functools.partial(fn, observation_space)
     try:  # keywords that do not fit are the user's config; errors inside are the policy's own
         inspect.signature(make).bind(action_space, seed=seed, **kwargs)
@@ -155,12 +163,16 @@ def build_policy(
                 f"worker's memory ({str(e).splitlines()[0][:200]}); use smaller layers"
             ]
         ) from None
+    import torch
+
     missing = [m for m in ("act", "evaluate", "parameters") if not callable(getattr(net, m, None))]
-    if missing:
+    # The worker moves it to its device, saves and loads its state_dict: an nn.Module's.
+    if missing or not isinstance(net, torch.nn.Module):
         raise ConfigError(
             [
-                f"policy={spec!r} built a {type(net).__name__} without {missing}; a policy is a "
-                "torch.nn.Module with act(obs) -> (action, logp, value) and "
+                f"policy={spec!r} built a {type(net).__name__}"
+                + (f" without {missing}" if missing else ", not a torch.nn.Module")
+                + "; a policy is a torch.nn.Module with act(obs) -> (action, logp, value) and "
                 "evaluate(obs, action) -> (logp, entropy, value)"
             ]
         )
@@ -243,14 +255,25 @@ class PolicyWorker(Worker):
         self.action_shape = tuple(getattr(action_space, "shape", ()) or ())
         import gymnasium as gym
 
-        # Discrete actions' (start, n): a user policy's actions are checked against them here,
-        # where the error can name the policy, not in the env worker that steps them.
-        self.discrete = (
-            (int(action_space.start), int(action_space.n))
-            if isinstance(action_space, gym.spaces.Discrete)
+        from loomrl.envs.vec import int_action_bounds
+
+        # Integer actions' [low, high) per element (Discrete, MultiDiscrete, MultiBinary): a user
+        # policy's actions are checked against them here, where the error can name the policy,
+        # not in the env worker that steps them.
+        self.action_space = action_space
+        self.int_bounds = (
+            int_action_bounds(action_space)
+            if isinstance(
+                action_space,
+                (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary),
+            )
             else None
         )
-        self.action_dtype = torch.long if not self.action_shape else torch.float32
+        # A float Box's actions are stored as the policy returns them and evaluated again in the
+        # update: integer ones are not the actions act() gave log-probs for.
+        self.float_box = isinstance(action_space, gym.spaces.Box) and np.issubdtype(
+            action_space.dtype, np.floating
+        )
         self.buffer: Any = None
         self._listener: Any = None  # serve_pipe's socket, made by listen()
         self.busy_s = 0.0
@@ -340,8 +363,16 @@ class PolicyWorker(Worker):
                         "policy's outputs)"
                     ]
                 )
-            if self.discrete is not None and len(a) and (problem := self._discrete_problem(a)):
+            if self.int_bounds is not None and len(a) and (problem := self._discrete_problem(a)):
                 raise ConfigError([f"policy={self.spec!r}: act() returned {problem}"])
+            if self.float_box and not (a.is_floating_point() or a.is_complex()):
+                raise ConfigError(
+                    [
+                        f"policy={self.spec!r}: act() returned actions of dtype {a.dtype} for "
+                        f"{self.action_space}: the update evaluates the actions stored, so return "
+                        "the float actions that act()'s log-probs are of"
+                    ]
+                )
             return
         bad = [
             f"{k} of shape {list(g)}, expected {list(w)}"
@@ -357,22 +388,32 @@ class PolicyWorker(Worker):
         )
 
     def _discrete_problem(self, a: Any) -> str | None:
-        """What is wrong with actions ``a`` for a Discrete space, or None: integer indices in
-        [start, start + n), not floats, booleans or one-hot rows (those the shape check finds)."""
+        """What is wrong with actions ``a`` for a Discrete, MultiDiscrete or MultiBinary space,
+        or None: integer indices within the space's bounds, not floats, booleans or one-hot
+        rows (those the shape check finds)."""
         import torch
 
-        start, n = self.discrete  # type: ignore[misc]
-        space = f"Discrete({n}{f', start={start}' if start else ''})"
+        lo, hi = (torch.as_tensor(x) for x in self.int_bounds)  # type: ignore[union-attr]
+        space = self.action_space
         if a.is_floating_point() or a.is_complex() or a.dtype == torch.bool:
             return (
                 f"actions of dtype {a.dtype} for {space}: return integer indices "
                 "(e.g. torch.long), such as a Categorical's sample()"
             )
-        lo, hi = (int(x) for x in torch.aminmax(a))
-        if lo < start or hi >= start + n:
+        if not lo.shape:  # Discrete
+            first, last = (int(x) for x in torch.aminmax(a))
+            if first < int(lo) or last >= int(hi):
+                return (
+                    f"actions from {first} to {last} for {space}, whose actions lie in "
+                    f"[{int(lo)}, {int(hi)})"
+                )
+            return None
+        out = (a < lo) | (a >= hi)
+        if bool(out.any()):
+            row = int(out.reshape(len(a), -1).any(1).nonzero()[0])
             return (
-                f"actions from {lo} to {hi} for {space}, whose actions lie in "
-                f"[{start}, {start + n})"
+                f"actions outside {space}'s bounds, e.g. row {row}: {a[row].tolist()}; each "
+                f"element lies in [{lo.tolist()}, {hi.tolist()})"
             )
         return None
 

@@ -396,3 +396,184 @@ def test_a_width_the_user_set_is_never_dropped_silently_when_the_env_takes_none(
     )
     with pytest.raises(ConfigError, match=r"env.env_kwargs: \S+ takes no keyword 'width'"):
         VecEnv(cfg).reset()
+
+
+def _register_spaces(name: str, observation_space=None, action_space=None) -> str:
+    """``_Still`` with other spaces, registered as loomrl-test/<name>-v0."""
+
+    class Spaced(_Still):
+        def __init__(self, render_mode=None):
+            super().__init__(render_mode)
+            self.observation_space = observation_space or self.observation_space
+            self.action_space = action_space or self.action_space
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            return self.observation_space.sample(), {}
+
+    env_id = f"loomrl-test/{name}-v0"
+    if env_id not in gym.registry:
+        gym.register(id=env_id, entry_point=Spaced)
+    return env_id
+
+
+@pytest.mark.parametrize(
+    "name, observation_space, action_space, said",
+    [
+        # These stepped with numpy's "inhomogeneous shape" or "Value after * must be an
+        # iterable" once a policy acted; a Sequence failed the first reset with gymnasium's words.
+        ("TupleAction", None, gym.spaces.Tuple((gym.spaces.Discrete(2),)), "action space Tuple"),
+        ("DictAction", None, gym.spaces.Dict({"a": gym.spaces.Discrete(2)}), "action space Dict"),
+        ("SeqObs", gym.spaces.Sequence(gym.spaces.Box(-1, 1, (2,))), None, "observation space Seq"),
+        (
+            "GraphObs",
+            gym.spaces.Graph(gym.spaces.Box(-1, 1, (2,)), None),
+            None,
+            "observation space Graph",
+        ),
+    ],
+)
+def test_spaces_the_cycle_cannot_carry_are_a_config_error_when_the_env_is_made(
+    name, observation_space, action_space, said
+):
+    env_id = _register_spaces(name, observation_space, action_space)
+    with pytest.raises(ConfigError, match=rf"env_id='{env_id}': its {said}.*wrap the env in a"):
+        VecEnv(EnvConfig(env_id, num_envs=2))
+
+
+@pytest.mark.parametrize(
+    "space, bad, said",
+    [
+        (gym.spaces.MultiDiscrete([3, 4]), [[0.5, 1.0], [1.0, 2.0]], "must be integers"),
+        (gym.spaces.MultiDiscrete([3, 4]), [[0, 4], [1, 2]], r"must lie in \[\[0, 0\], \[3, 4\]\)"),
+        (gym.spaces.MultiBinary(2), [[0, 2], [1, 1]], r"must lie in \[\[0, 0\], \[2, 2\]\)"),
+    ],
+)
+def test_multi_discrete_and_binary_actions_are_checked_as_discrete_ones_are(space, bad, said):
+    """A fraction or an index past the end used to be stepped as whatever the env made of it."""
+    env_id = _register_spaces(f"{type(space).__name__}Action", action_space=space)
+    env = VecEnv(EnvConfig(env_id, num_envs=2))
+    env.reset()
+    with pytest.raises(ActionShapeError, match=said):
+        env.step(np.array(bad))
+    env.step(np.stack([space.sample() for _ in range(2)]))  # still steps
+
+
+_INT_POLICIES = """
+import torch
+from torch import nn
+
+
+class Heads(nn.Module):
+    '''One categorical per action element (MultiDiscrete nvec, or a Box's element as two
+    choices); ``bend`` turns the sampled actions into what a careless act() returns.'''
+
+    def __init__(self, observation_space, action_space, bend):
+        super().__init__()
+        self.nvec = [int(n) for n in getattr(action_space, "nvec", [2] * action_space.shape[0])]
+        self.lin = nn.Linear(observation_space.shape[0], sum(self.nvec) + 1)
+        self.bend = bend
+
+    def _dists(self, obs):
+        out = self.lin(obs.float())
+        logits = torch.split(out[:, :-1], self.nvec, 1)
+        return [torch.distributions.Categorical(logits=x) for x in logits], out[:, -1]
+
+    def act(self, obs):
+        ds, v = self._dists(obs)
+        a = torch.stack([d.sample() for d in ds], 1)
+        logp = sum(d.log_prob(a[:, i]) for i, d in enumerate(ds))
+        return self.bend(a), logp, v
+
+    def evaluate(self, obs, action):
+        ds, v = self._dists(obs)
+        logp = sum(d.log_prob(action[:, i].long()) for i, d in enumerate(ds))
+        return logp, sum(d.entropy() for d in ds), v
+
+
+def right(o, a, seed=0):
+    return Heads(o, a, lambda x: x)
+
+
+def fractions(o, a, seed=0):
+    return Heads(o, a, lambda x: x.float() + 0.5)
+
+
+def past_the_end(o, a, seed=0):
+    return Heads(o, a, lambda x: x + 5)
+
+
+def ints_for_a_box(o, a, seed=0):
+    return Heads(o, a, lambda x: x)
+
+
+not_a_factory = 3
+
+
+class Duck:
+    def act(self, obs): ...
+    def evaluate(self, obs, action): ...
+    def parameters(self):
+        return iter([torch.zeros(1, requires_grad=True)])
+
+
+def duck(o, a, seed=0):
+    return Duck()
+"""
+
+
+def test_a_user_policys_integer_actions_are_checked_against_their_space(tmp_path, monkeypatch):
+    """MultiDiscrete actions that were fractions or past the end reached the env (which may take
+    anything) and the update (a torch "support" error mid-update); integer actions for a float
+    Box were stored as the integers, while act()'s log-probs were of other actions."""
+    from loomrl.embodied import PPOConfig
+    from loomrl.workers.policy import PolicyWorker
+
+    (tmp_path / "int_policies.py").write_text(_INT_POLICIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    obs = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    reply = {"obs": np.zeros((3, 4), np.float32), "env_ids": np.arange(3)}
+    reply["env_steps"] = np.zeros(3, np.int64)
+    ppo = PPOConfig(rollout_steps=6, num_minibatches=1)
+    md, box = gym.spaces.MultiDiscrete([3, 4]), gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    for act, spec, said in [
+        (md, "fractions", r"actions of dtype torch.float32 for MultiDiscrete\(\[3 4\]\)"),
+        (md, "past_the_end", r"actions outside MultiDiscrete\(\[3 4\]\)'s bounds, e.g. row 0"),
+        (gym.spaces.MultiBinary(2), "past_the_end", r"outside MultiBinary\(2\)'s bounds"),
+        (box, "ints_for_a_box", r"actions of dtype torch.int64 for Box.*return the float"),
+    ]:
+        pol = PolicyWorker(obs, act, 3, ppo, 0, policy=f"int_policies:{spec}")
+        pol.begin(2)
+        with pytest.raises(ConfigError, match=rf"policy='int_policies:{spec}': act\(\) .*{said}"):
+            pol.act(0, reply)
+    for act in (md, gym.spaces.MultiBinary(2)):
+        good = PolicyWorker(obs, act, 3, ppo, 0, policy="int_policies:right")
+        good.begin(2)
+        (a,) = good.act(0, reply)
+        assert a.shape == (3, 2) and all(act.contains(row) for row in a)
+
+
+def test_a_factory_that_is_not_callable_or_builds_no_module_is_a_config_error(
+    tmp_path, monkeypatch
+):
+    """functools.partial's "the first argument must be callable" and, later, a missing .to()
+    were all a user saw before."""
+    from loomrl.workers.policy import build_policy
+
+    (tmp_path / "int_policies.py").write_text(_INT_POLICIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    obs = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    act = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    with pytest.raises(ConfigError, match=r"int_policies.not_a_factory is a int, not a callable"):
+        build_policy("int_policies:not_a_factory", obs, act, 0)
+    with pytest.raises(ConfigError, match=r"built a Duck, not a torch.nn.Module"):
+        build_policy("int_policies:duck", obs, act, 0)
+
+
+def test_an_unknown_env_id_says_how_to_register_an_env_in_the_workers_too():
+    """An env registered in the launching script only is unknown in the env workers: the
+    error there says how to have every process register it."""
+    from loomrl.envs.vec import check_env_id
+
+    with pytest.raises(ConfigError, match=r"write env_id: package.module:MyScriptEnv-v0"):
+        check_env_id("MyScriptEnv-v0")
