@@ -42,7 +42,8 @@ def _recipe_module(config: Path | dict, overrides: list[str]) -> Any:
             ],
             source=str(config),
         )
-    name = next((o.split("=", 1)[1] for o in overrides if o.startswith("recipe=")), None)
+    # The last recipe= wins, as the last of any override does in load_config.
+    name = next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("recipe=")), None)
     name = name or data.get("recipe")
     if name is None:
         where = None if isinstance(config, dict) else str(config)

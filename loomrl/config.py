@@ -15,7 +15,10 @@ Coercions, all deliberate and few:
 - a numeric string is accepted for a ``float`` field, because YAML 1.1 reads ``1e-5``
   (no dot) as the string ``"1e-5"``;
 - a YAML list is accepted for a ``tuple`` field; a string for a ``Path`` field.
-A ``bool`` is never an ``int`` and a float is never an ``int``.
+A ``bool`` is never an ``int`` and a float is never an ``int``. YAML 1.1's base-60 and
+leading-0 octal numbers (``1:30`` as 90, ``017`` as 15) are read as text, which a number field
+refuses. Nothing is expanded: a text or path value starting with ``~/`` or ``$NAME/`` is refused
+with its expansion as the fix (``_refuse_unexpanded``).
 
 Semantic checks live with the section that owns them: a config dataclass may define
 ``validate(self) -> list[str]``, returning problems such as ``"lr: must be > 0, got -1.0"``.
@@ -121,6 +124,31 @@ def _construct_timestamp(loader: _Loader, node: yaml.ScalarNode) -> Any:
 
 
 _Loader.add_constructor(_TIMESTAMP_TAG, _construct_timestamp)
+
+
+def _yaml11_number(text: str) -> bool:
+    """``text`` is a number only YAML 1.1 reads: base 60 (``1:30`` is 90) or a leading 0 that
+    makes it octal (``017`` is 15). YAML 1.2 reads neither so, and nobody writing
+    ``launch_timeout_s: 1:30`` or ``seed: 0042`` means it: they stay text, which a number setting
+    refuses with the fix (``_convert``) and a text setting keeps as written."""
+    digits = text.lstrip("+-").replace("_", "")
+    return ":" in digits or (len(digits) > 1 and digits[0] == "0" and digits[1].isdigit())
+
+
+def _construct_int(loader: _Loader, node: yaml.ScalarNode) -> Any:
+    if _yaml11_number(node.value):
+        return node.value
+    return yaml.SafeLoader.construct_yaml_int(loader, node)
+
+
+def _construct_float(loader: _Loader, node: yaml.ScalarNode) -> Any:
+    if ":" in node.value:  # a leading 0 is no octal in a float (01.5 is 1.5)
+        return node.value
+    return yaml.SafeLoader.construct_yaml_float(loader, node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_Loader.add_constructor("tag:yaml.org,2002:float", _construct_float)
 
 
 class DuplicateKeyError(yaml.constructor.ConstructorError):
@@ -442,13 +470,36 @@ def load_config(
     return result
 
 
+# The largest config file read: configs are a few KB; this is far past any of them.
+MAX_CONFIG_BYTES = 16 << 20
+
+
 def _read_yaml(path: Path) -> Any:
     if path.is_dir():
         raise ConfigError([f"config {str(path)!r} is a directory; name a YAML file in it"])
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError([f"config file not found: {path}"], source=str(path))
+    if not path.is_file():
+        # A pipe (`<(sed ... base.yaml)`) can be read once, and the command line reads a
+        # config twice (its recipe, then its keys); a device may never end (/dev/zero).
+        raise ConfigError(
+            [
+                f"{path} exists but is not a regular file (a pipe or a device){_DASH}save the "
+                "config to a file and name that file"
+            ],
+            source=str(path),
+        )
     try:
-        text = read_utf8(path)
+        # A checkpoint or data file named by mistake would otherwise be read whole.
+        text = read_utf8(path, MAX_CONFIG_BYTES)
+    except FileTooLarge:
+        raise ConfigError(
+            [
+                f"more than {MAX_CONFIG_BYTES >> 20} MiB, far more than a config holds{_DASH}"
+                "name the YAML config (is this a checkpoint or a data file?)"
+            ],
+            source=str(path),
+        ) from None
     except ValueError as e:  # read_utf8's: the file is not UTF-8 text
         where, byte = e.args
         raise ConfigError(
@@ -813,7 +864,7 @@ def _convert(
         number = finite_number(value)  # YAML reads 1e3 (no dot) as text, 1.0e3 as a float
         if number is not None and number.is_integer() and not isinstance(value, bool):
             hint = f"{_DASH}write {int(number)}"
-        return _wrong(key, "int", value, problems, hint)
+        return _wrong(key, "int", value, problems, hint or _base60_hint(value))
     if tp is float:
         if isinstance(value, bool):
             return _wrong(key, "float", value, problems)
@@ -824,21 +875,22 @@ def _convert(
             with contextlib.suppress(ValueError):
                 number = float(value.strip())
         if number is None:
-            return _wrong(key, "float", value, problems)
+            return _wrong(key, "float", value, problems, _base60_hint(value))
         if math.isnan(number):  # NaN passes every range check
             problems.append(f"{key}: NaN is not a value; give a number")
             return _MISSING
         return number
     if tp is str:
         if isinstance(value, str):
-            return value
+            return _refuse_unexpanded(key, value, problems)
         hint = ""
         if isinstance(value, (int, float, bool)):
             hint = f'{_DASH}quote it if you meant the text: {key.rsplit(".", 1)[-1]}: "{value}"'
         return _wrong(key, "str", value, problems, hint)
     if tp is Path or (isinstance(tp, type) and issubclass(tp, os.PathLike)):
         if isinstance(value, (str, os.PathLike)):
-            return Path(value)
+            checked = _refuse_unexpanded(key, os.fspath(value), problems)
+            return checked if checked is _MISSING else Path(checked)
         return _wrong(key, "a path (str)", value, problems)
     if tp is list or tp is dict or tp is tuple:
         if tp is tuple and isinstance(value, list):
@@ -868,7 +920,7 @@ def _convert_union(
     for opt in options:
         if isinstance(opt, type) and not dataclasses.is_dataclass(opt):
             if type(value) is opt:
-                return value
+                return _convert(value, opt, key, problems, broken)  # its own checks still apply
     for opt in options:
         trial: list[str] = []
         out = _convert(value, opt, key, trial, set())
@@ -933,6 +985,37 @@ def _convert_dict(
         ok &= kk is not _MISSING and vv is not _MISSING
         out[kk] = vv
     return out if ok else _MISSING
+
+
+# A leading '~/' or '$NAME/' (or '${NAME}') in a value with no spaces: a path the shell would
+# have expanded. Prompts and other text have spaces, and math text writes '$a/b$' inside them.
+_SHELL_PREFIX = re.compile(
+    r"^(~[A-Za-z0-9_.\-]*|\$[A-Za-z_][A-Za-z0-9_]*|\$\{[A-Za-z_][A-Za-z0-9_]*\})(/|$)"
+)
+
+
+def _refuse_unexpanded(key: str, value: str, problems: list[str]) -> Any:
+    """``value``, or ``_MISSING`` with a problem where it starts as a path the shell would have
+    expanded: the config reads it as written, and ``output_dir: ~/runs`` would make a folder
+    named '~' in the working directory. Refused rather than expanded, so that what config.yaml
+    records is what was written (``~`` and ``$HOME`` differ from one machine to the next)."""
+    m = _SHELL_PREFIX.match(value)
+    if m is None or any(c.isspace() for c in value) or (m.group(2) == "" and value[0] == "~"):
+        return value
+    full = os.path.expandvars(os.path.expanduser(value))
+    fix = f"write the full path: {full}" if full != value else "write the full path"
+    problems.append(
+        f"{key}: {value!r} starts with {m.group(1)!r}, which a shell expands and a config does "
+        f"not (it would be a folder named {m.group(1)!r}){_DASH}{fix}"
+    )
+    return _MISSING
+
+
+def _base60_hint(value: Any) -> str:
+    # `1:30` is 90 to a YAML 1.1 reader and text to this one (_yaml11_number)
+    if isinstance(value, str) and ":" in value and _yaml11_number(value):
+        return f"{_DASH}write one number in one unit (1:30 is not read as 90 here)"
+    return ""
 
 
 def _list_hint(key: str, value: Any, items: int = 1) -> str:

@@ -664,3 +664,10 @@ def test_resume_refuses_a_config_yaml_changed_in_what_the_checkpoints_depend_on(
     assert main(["resume", str(tmp_path), "steps=5"]) == 2
     run.close()
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_the_last_recipe_override_picks_the_recipe_as_the_last_of_any_key_wins(tmp_path):
+    mod, cfg = load_recipe_config(
+        TINY, _normalise_overrides([f"output_dir={tmp_path}", "recipe=demo", "recipe=grpo"])
+    )
+    assert (mod.__name__, cfg.recipe) == ("loomrl.recipes.reasoning_grpo", "grpo")

@@ -856,3 +856,73 @@ def test_load_json_names_a_nested_duplicate_by_its_dotted_path_and_lines():
     assert load_json(text.replace('"k": 2', '"j": 2').replace('"c": 2', '"d": 2'))["z"] == {
         "a/b": {"c": 1, "d": 2}
     }
+
+
+def test_yaml_11_octal_and_base_60_numbers_are_text_refused_by_number_keys(tmp_path):
+    # YAML 1.1 reads 017 as 15 and 1:30 as 90; either reached a setting without a word.
+    path = tmp_path / "c.yaml"
+    path.write_text("seed: 0042\nmodel: 007\nactor:\n  lr: 01.5\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, path, ["steps=1:30", "rollout.temperature=1:30.5"])
+    assert problems_of(e) == [
+        "steps: expected int, got '1:30' (str) — write one number in one unit (1:30 is not "
+        "read as 90 here)",
+        "seed: expected int, got '0042' (str) — write 42",
+        "rollout.temperature: expected float, got '1:30.5' (str) — write one number in one "
+        "unit (1:30 is not read as 90 here)",
+    ]
+    cfg = load_config(TrainConfig, {}, ["model=007", "extra={t: 1:30, lr: 01.5, n: 0x10}"])
+    assert (cfg.model, cfg.extra) == ("007", {"t": "1:30", "lr": 1.5, "n": 16})
+
+
+def test_a_path_the_shell_would_have_expanded_is_refused_with_its_expansion(monkeypatch):
+    monkeypatch.setenv("HOME", "/home/u")
+    monkeypatch.setenv("SCRATCH", "/scratch/u")
+    with pytest.raises(ConfigError) as e:
+        load_config(
+            TrainConfig, {}, ["out_dir=~/runs", "model=${SCRATCH}/m", "rollout.stop=[$HOME]"]
+        )
+    assert problems_of(e) == [
+        "out_dir: '~/runs' starts with '~', which a shell expands and a config does not (it "
+        "would be a folder named '~') — write the full path: /home/u/runs",
+        "model: '${SCRATCH}/m' starts with '${SCRATCH}', which a shell expands and a config "
+        "does not (it would be a folder named '${SCRATCH}') — write the full path: /scratch/u/m",
+        "rollout.stop[0]: '$HOME' starts with '$HOME', which a shell expands and a config does "
+        "not (it would be a folder named '$HOME') — write the full path: /home/u",
+    ]
+    # Text is left alone: it has spaces, or a '~' or '$' not leading a path.
+    text = ["$a/b$ is a fraction", "runs/~x", "~", "cost$5", "a$HOME/x"]
+    cfg = load_config(TrainConfig, {"rollout": {"stop": text}})
+    assert cfg.rollout.stop == text
+
+
+@dataclass
+class MaybeText:
+    name: str | None = None
+    value: int | float = 1
+
+
+def test_a_union_field_runs_its_members_checks():
+    with pytest.raises(ConfigError) as e:
+        load_config(MaybeText, {}, ["name=~/x", "value=.nan"])
+    assert [p.split(" —")[0] for p in problems_of(e)] == [
+        "name: '~/x' starts with '~', which a shell expands and a config does not (it would "
+        "be a folder named '~')",
+        "value: NaN is not a value; give a number",
+    ]
+
+
+def test_a_config_that_is_no_regular_file_or_far_too_large_is_refused(tmp_path, monkeypatch):
+    import os
+
+    import loomrl.config as config
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="is not a regular file .* save the config to a file"):
+        load_config(TrainConfig, fifo)
+    monkeypatch.setattr(config, "MAX_CONFIG_BYTES", 100)
+    big = tmp_path / "big.yaml"
+    big.write_text("steps: 3\n" + "# padding\n" * 20)
+    with pytest.raises(ConfigError, match="more than 0 MiB, far more than a config holds"):
+        load_config(TrainConfig, big)
