@@ -197,13 +197,8 @@ class Config:
                 )
         # seed=S on the command line shifts both seeds (prepared()): without it, seed=1 would
         # rerun seed 0's run.
-        seed = self.run.seed
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            p.append(
-                f"run.seed={seed!r}: must be a whole number >= 0 (it is added to env.seed and "
-                "ppo.seed), e.g. 1"
-            )
-        elif isinstance(self.ppo.seed, int) and self.ppo.seed + seed >= 2**64:
+        seed = self.run.seed  # its own range: RunConfig.validate
+        if isinstance(self.ppo.seed, int) and seed >= 0 and self.ppo.seed + seed >= 2**64:
             p.append(
                 f"run.seed={seed}: ppo.seed + run.seed = {self.ppo.seed + seed} must stay below "
                 f"2**64 (torch's seed range); lower one of them"

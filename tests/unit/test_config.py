@@ -926,3 +926,14 @@ def test_a_config_that_is_no_regular_file_or_far_too_large_is_refused(tmp_path, 
     big.write_text("steps: 3\n" + "# padding\n" * 20)
     with pytest.raises(ConfigError, match="more than 0 MiB, far more than a config holds"):
         load_config(TrainConfig, big)
+
+
+def test_a_seed_numpy_or_torch_would_refuse_in_a_worker_is_refused_by_the_run_config():
+    from loomrl.run import RunConfig
+
+    for bad in (-1, 2**63):
+        assert (
+            f"seed: must be a whole number in [0, 2**63), got {bad}"
+            in RunConfig(seed=bad).validate()
+        )
+    assert not [p for p in RunConfig(seed=2**63 - 1).validate() if p.startswith("seed")]
