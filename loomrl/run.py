@@ -113,10 +113,11 @@ class RunConfig:
             p.extend(e.problems)
         if self.steps < 1:
             p.append(f"steps: must be >= 1, got {self.steps}")
-        # numpy's generators refuse a negative seed and torch one past 64 bits, each only once
-        # the workers have started, in words that name no key.
-        if not 0 <= self.seed < 2**63:
-            p.append(f"seed: must be a whole number in [0, 2**63), got {self.seed}")
+        # Past 2**32 the engine's per-call sampling seeds (seed x 1,000,003 + call) leave the
+        # 64 bits torch takes (mid-run, "Overflow when unpacking long long"); the embodied
+        # recipe adds it to env seeds, which gymnasium wants >= 0.
+        if not 0 <= self.seed < 2**32:
+            p.append(f"seed: must be a whole number in [0, 2**32), got {self.seed}")
         t = self.launch_timeout_s
         if t is not None and not (math.isfinite(t) and t > 0):
             p.append(

@@ -928,7 +928,7 @@ def test_a_config_that_is_no_regular_file_or_far_too_large_is_refused(tmp_path, 
         load_config(TrainConfig, big)
 
 
-def test_a_seed_numpy_or_torch_would_refuse_in_a_worker_is_refused_by_the_run_config():
+def test_a_seed_the_workers_would_fail_on_mid_run_is_refused_by_the_run_config():
     from loomrl.run import RunConfig
 
     for bad in (-1, 2**63):
