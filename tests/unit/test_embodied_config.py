@@ -116,7 +116,7 @@ def test_seed_on_the_command_line_shifts_the_env_and_policy_seeds_and_is_recorde
     plain = load_config(Config, PENDULUM, [])
     assert prepared(plain) is plain  # seed 0: the run as before, bit for bit
     assert _problems(PENDULUM, "run.seed=-1") == [
-        "run.seed: must be a whole number in [0, 2**63), got -1"
+        "run.seed: must be a whole number in [0, 2**32), got -1"
     ]
     with pytest.raises(ConfigError, match=r"ppo.seed \+ run.seed = 18446744073709551616"):
         prepared(load_config(Config, PENDULUM, ["run.seed=1", f"ppo.seed={2**64 - 1}"]))
