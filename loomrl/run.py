@@ -113,9 +113,9 @@ class RunConfig:
             p.extend(e.problems)
         if self.steps < 1:
             p.append(f"steps: must be >= 1, got {self.steps}")
-        # Past 2**32 the engine's per-call sampling seeds (seed x 1,000,003 + call) leave the
-        # 64 bits torch takes (mid-run, "Overflow when unpacking long long"); the embodied
-        # recipe adds it to env seeds, which gymnasium wants >= 0.
+        # From about 2**43 the engine's per-call sampling seeds (seed x 1,000,003 + call) leave
+        # the 64 bits torch takes (mid-run, "Overflow when unpacking long long"); 2**32 keeps
+        # clear of it. The embodied recipe adds it to env seeds, which gymnasium wants >= 0.
         if not 0 <= self.seed < 2**32:
             p.append(f"seed: must be a whole number in [0, 2**32), got {self.seed}")
         t = self.launch_timeout_s
