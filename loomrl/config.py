@@ -1039,6 +1039,9 @@ def _convert_enum(value: Any, tp: type[enum.Enum], key: str, problems: list[str]
 
 
 def _wrong(key: str, expected: str, value: Any, problems: list[str], hint: str = "") -> Any:
+    if not hint and isinstance(value, str) and value.strip() in ("None", "none", "NULL", "Null"):
+        # Python's word, or SQL's, for YAML's null: the value the user most likely meant
+        hint = f"{_DASH}YAML writes no value as null (or ~)"
     problems.append(f"{key}: expected {expected}, got {_show(value)}{hint}")
     return _MISSING
 

@@ -937,3 +937,14 @@ def test_a_seed_the_workers_would_fail_on_mid_run_is_refused_by_the_run_config()
             in RunConfig(seed=bad).validate()
         )
     assert not [p for p in RunConfig(seed=2**32 - 1).validate() if p.startswith("seed")]
+
+
+def test_the_word_none_for_a_number_says_that_yaml_writes_null():
+    from loomrl.recipes.embodied_ppo import Config
+
+    root = Path(__file__).resolve().parents[2]
+    with pytest.raises(ConfigError) as e:
+        load_config(Config, root / "examples/ppo_inverted_pendulum.yaml", ["groups=None"])
+    assert e.value.problems == [
+        "groups: expected int, got 'None' (str) — YAML writes no value as null (or ~)"
+    ]
