@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from loomrl.checkpoint import follow_umask
 from loomrl.errors import ConfigError, LoomError
@@ -162,6 +163,41 @@ def model_dir_problem(spec: str | os.PathLike) -> str | None:
             f"({', '.join(wanted[m] for m in missing)}); give {forms}"
         )
     return None
+
+
+# Config keys that hold a model's context window, by architecture family (llama/qwen2/mistral,
+# gpt2, bloom-like, chatglm, mpt); the first one present wins.
+_WINDOW_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_sequence_length",
+    "seq_length",
+    "max_seq_len",
+    "n_ctx",
+)
+
+
+def context_window(config: Any) -> int | None:
+    """The most tokens (prompt plus response) ``config`` (a transformers config, or the dict
+    of a config.json) positions; None when it names no window. Past it a model with learned
+    positions indexes out of its table and a RoPE one runs on untrained angles."""
+    get = config.get if isinstance(config, dict) else lambda k: getattr(config, k, None)
+    for key in _WINDOW_KEYS:
+        value = get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    inner = get("text_config")  # multimodal configs keep the language model's apart
+    return context_window(inner) if inner is not None else None
+
+
+def model_context_window(path: str | os.PathLike) -> int | None:
+    """``context_window`` of the model directory ``path`` (reads config.json only); None where
+    it cannot be read or names no window."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return context_window(config) if isinstance(config, dict) else None
 
 
 def convert_smollm2(cache_dir: str | os.PathLike | None = None, force: bool = False) -> Path:

@@ -514,6 +514,17 @@ class HFEngine:
                 )
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens={max_new_tokens}: must be >= 1")
+        longest = max(len(p) for p in prompt_ids)
+        window = self.context_window
+        if window is not None and longest + max_new_tokens > window:
+            # Past the window a learned position table indexes out of range (a CUDA assert on
+            # GPU) and a RoPE model samples on untrained positions without a word.
+            raise ConfigError(
+                f"max_new_tokens={max_new_tokens} plus the longest prompt ({longest} tokens) "
+                f"is {longest + max_new_tokens} positions, past the model's context window of "
+                f"{window} ({self.model_dir}/config.json); lower max_new_tokens to at most "
+                f"{max(0, window - longest)} or shorten the prompts"
+            )
         if not 0.0 < top_p <= 1.0:
             raise ConfigError(f"top_p={top_p}: must be in (0, 1]")
         stop_text = StopText(self.tokenizer, stop_strings) if stop_strings else None
@@ -618,6 +629,14 @@ class HFEngine:
             next_pos = next_pos + 1
         total = sum(len(r) for r in responses)
         return GenerationOutput(responses, logps, reasons, total, self.version)
+
+    @property
+    def context_window(self) -> int | None:
+        """The most positions (prompt plus response) the model takes; None where its config
+        names no window."""
+        from loomrl.models import context_window
+
+        return context_window(self.model.config)
 
     @property
     def generate_impl(self) -> str:
