@@ -140,9 +140,16 @@ def information(result: ToolResult) -> str:
     return f"\n{INFO_OPEN} {body} {INFO_CLOSE}\n"
 
 
-def _room(t: Trajectory, cfg: AgentConfig) -> int:
+def _left(t: Trajectory, context: Sequence[int], cfg: AgentConfig, window: int | None) -> int:
+    """Tokens ``t`` may still add: its response budget, and the model's context window past
+    which its ``context`` (prompt and response so far) cannot grow."""
+    left = cfg.max_response_tokens - len(t.response_ids)
+    return left if window is None else min(left, window - len(context))
+
+
+def _room(t: Trajectory, context: Sequence[int], cfg: AgentConfig, window: int | None) -> int:
     """Tokens a tool result may take in ``t`` and still leave one whole turn."""
-    return cfg.max_response_tokens - len(t.response_ids) - cfg.turn_tokens
+    return _left(t, context, cfg, window) - cfg.turn_tokens
 
 
 def agent_rollout(
@@ -154,6 +161,7 @@ def agent_rollout(
     decode: Callable[[Sequence[int]], str],
     cfg: AgentConfig,
     seed: int,
+    window: int | None = None,
 ) -> list[Trajectory]:
     """Run the turns for every prompt (see the module docstring).
 
@@ -161,7 +169,10 @@ def agent_rollout(
     ``response_logprobs`` and ``finish_reasons`` per row, stopping at ``</search>`` and
     ``</answer>``; submit(queries) starts a tool call and returns what waits for its results
     (one ToolResult per query); encode(text) -> token ids without special tokens;
-    decode(ids) -> text.
+    decode(ids) -> text. ``window``: the model's context window (prompt plus response); a
+    row never asks for a position past it: a prompt that leaves no whole turn ends at once
+    ("length"), and a search with no room left for its result and another turn ends the row
+    ("budget"), as the response budget does.
 
     With ``cfg.tool_groups`` = k > 1 the prompts are cut into k contiguous groups that take
     turns: a group's search runs while the next groups generate, and the group waits for it
@@ -182,10 +193,14 @@ def agent_rollout(
             if pending[g] is not None:
                 asking, results = pending[g]
                 pending[g] = None
-                open_rows[g] = _insert_results(trajs, contexts, asking, results(), encode, cfg)
+                open_rows[g] = _insert_results(
+                    trajs, contexts, asking, results(), encode, cfg, window
+                )
             if not open_rows[g]:
                 continue
-            asking = _turn(trajs, contexts, open_rows[g], turn, g, generate, decode, cfg, seed)
+            asking = _turn(
+                trajs, contexts, open_rows[g], turn, g, generate, decode, cfg, seed, window
+            )
             open_rows[g] = []
             if asking:
                 pending[g] = (asking, submit([q for _, q in asking]))
@@ -196,10 +211,20 @@ def agent_rollout(
     return trajs
 
 
-def _turn(trajs, contexts, rows, turn, group, generate, decode, cfg, seed) -> list[tuple[int, str]]:
+def _turn(
+    trajs, contexts, rows, turn, group, generate, decode, cfg, seed, window
+) -> list[tuple[int, str]]:
     """One generation turn of ``rows``: record what each wrote and how it ended; return the
     rows that asked a search, with their queries."""
-    budgets = {i: cfg.max_response_tokens - len(trajs[i].response_ids) for i in rows}
+    if window is not None:
+        # Only a prompt can leave less than a turn in the window: a result is cut to leave one.
+        short = [i for i in rows if window - len(contexts[i]) < cfg.turn_tokens]
+        for i in short:
+            trajs[i].finish = "length"
+        rows = [i for i in rows if i not in short]
+        if not rows:
+            return []
+    budgets = {i: _left(trajs[i], contexts[i], cfg, window) for i in rows}
     out = generate(
         [contexts[i] for i in rows],
         min(cfg.turn_tokens, max(budgets.values())),
@@ -219,7 +244,7 @@ def _turn(trajs, contexts, rows, turn, group, generate, decode, cfg, seed) -> li
             t.finish = "answer"
         elif query is not None and turn + 1 == cfg.max_turns:
             t.finish = "turns"  # asked, with no turn left to read the answer
-        elif query is not None and _room(t, cfg) <= 0:
+        elif query is not None and _room(t, contexts[i], cfg, window) <= 0:
             t.finish = "budget"  # no tokens left for a result and another turn
         elif query is not None:
             asking.append((i, query))
@@ -230,7 +255,7 @@ def _turn(trajs, contexts, rows, turn, group, generate, decode, cfg, seed) -> li
     return asking
 
 
-def _insert_results(trajs, contexts, asking, results, encode, cfg) -> list[int]:
+def _insert_results(trajs, contexts, asking, results, encode, cfg, window) -> list[int]:
     """Insert each search's result after its row's turn; return the rows, open again."""
     rows = []
     for (i, _), res in zip(asking, results, strict=True):
@@ -238,7 +263,7 @@ def _insert_results(trajs, contexts, asking, results, encode, cfg) -> list[int]:
         t.searches += 1
         t.tool_failures += not res.ok
         # Cut to leave the next turn its tokens (the closing tag may go: the model still reads).
-        info = encode(information(res))[: _room(t, cfg)]
+        info = encode(information(res))[: _room(t, contexts[i], cfg, window)]
         t.add(info, None)
         contexts[i].extend(info)
         rows.append(i)

@@ -81,6 +81,7 @@ class AgentRolloutWorker(RolloutWorker):
             decode=eng.decode,
             cfg=cfg,
             seed=seed,
+            window=eng.context_window,
         )
 
     def _timed_generate(self, log: list, temperature: float, top_p: float) -> Any:

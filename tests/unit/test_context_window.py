@@ -46,3 +46,47 @@ def test_generation_past_the_window_is_refused_naming_the_fix(small_window, impl
         eng.generate([prompt], max_new_tokens=64, seed=0)
     out = eng.generate([prompt], max_new_tokens=64 - n, seed=0, ignore_eos=True)
     assert len(out.response_ids[0]) == 64 - n
+
+
+def test_a_growing_agent_context_ends_at_the_window_instead_of_passing_it():
+    from types import SimpleNamespace
+
+    from loomrl.agentic import AgentConfig, agent_rollout, information
+    from loomrl.tools import ToolResult
+
+    window = 50
+    turns = {"P": ["abcdefgh </search>", "<answer> y </answer>"], "L" * 40: ["never"]}
+
+    said = dict.fromkeys(turns, 0)
+
+    def generate(rows, max_new, seed):  # one character a token; refuses as the engine does
+        assert all(len(r) + max_new <= window for r in rows), "asked past the window"
+        out = []
+        for r in rows:
+            prompt = "".join(map(chr, r)).split("|")[0]
+            out.append([ord(c) for c in turns[prompt][said[prompt]][:max_new]])
+            said[prompt] += 1
+        return SimpleNamespace(
+            response_ids=out,
+            response_logprobs=[[-0.5] * len(x) for x in out],
+            finish_reasons=["stop"] * len(out),
+        )
+
+    cfg = AgentConfig(max_turns=3, turn_tokens=18, max_response_tokens=400)
+    prompts = [[ord(c) for c in f"{p}|"] for p in turns]
+    p, long = agent_rollout(
+        prompts,
+        generate=generate,
+        submit=lambda qs: lambda: [ToolResult(f"R({q})") for q in qs],
+        encode=lambda text: [ord(c) for c in text],
+        decode=lambda ids: "".join(map(chr, ids)),
+        cfg=cfg,
+        seed=0,
+        window=window,
+    )
+    # The result is cut to leave the last turn its 18 tokens: 50 - 2 - 18 - 18 = 12.
+    assert p.searches == 1 and p.response_mask == [1] * 18 + [0] * 12 + [1] * 18
+    assert "".join(map(chr, p.response_ids[18:30])) == information(ToolResult("R(abcdefgh)"))[:12]
+    assert len(prompts[0]) + len(p.response_ids) == window
+    # A prompt that leaves less than one turn ends before it generates.
+    assert (long.finish, long.response_ids) == ("length", [])
