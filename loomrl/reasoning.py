@@ -36,6 +36,10 @@ class Encoder:
         self.prefix_ids = (
             self.tok.encode(response_prefix, add_special_tokens=False) if response_prefix else []
         )
+        from loomrl.models import model_context_window
+
+        # Read from config.json (no model loaded): what check_context holds prompts against.
+        self.window = model_context_window(path)
 
     def __call__(self, question: str) -> list[int]:
         from loomrl.tasks.prompts import build_messages
@@ -57,6 +61,45 @@ class Encoder:
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return [int(x) for x in ids] + self.prefix_ids
+
+
+# Training items measured where a task does not say how many it has (generated problems, whose
+# lengths vary little); a task with ``len()`` (a JSONL file) has every one measured.
+_SAMPLED_ITEMS = 256
+# The questions, longest in characters first, that are tokenized: token counts follow character
+# counts closely, and the engine still refuses a longer prompt the sample missed.
+_MEASURED_PROMPTS = 16
+
+
+def check_context(task: Any, encode: Encoder, budgets: dict[str, int]) -> None:
+    """Refuse, before any worker starts, a response budget (``budgets``: config key -> tokens)
+    that with the task's longest prompt passes the model's context window: past it generation
+    fails deep in torch (learned positions), asserts on CUDA, or samples on untrained
+    positions without a word (RoPE)."""
+    if encode.window is None:
+        return
+    count = len(task) if hasattr(task, "__len__") else _SAMPLED_ITEMS
+    questions = {e.question for e in task.eval_set()}
+    questions.update(task.train_item(i).question for i in range(count))
+    longest_texts = sorted(questions, key=len, reverse=True)[:_MEASURED_PROMPTS]
+    longest = max(len(encode(q)) for q in longest_texts)
+    room = encode.window - longest
+    fix = (
+        "use shorter prompts or a model with a longer window"
+        if room < 1
+        else f"set {{key}} to at most {room} or use shorter prompts"
+    )
+    problems = [
+        f"{key}={n}: with the task's longest prompt ({longest} tokens) a response reaches "
+        f"{longest + n} positions, past the model's context window of {encode.window} "
+        f"(config.json of model.path); " + fix.format(key=key)
+        for key, n in budgets.items()
+        if longest + n > encode.window
+    ]
+    if problems:
+        from loomrl.errors import ConfigError
+
+        raise ConfigError(problems)
 
 
 PACKAGED_MODELS = ("smollm2-135m-instruct", "tiny-llama", "tiny-qwen2")

@@ -185,6 +185,7 @@ def main(cfg: Config) -> dict:
     from loomrl.flow import Flow
     from loomrl.reasoning import (
         Encoder,
+        check_context,
         fresh_start,
         metrics_of,
         opening_metrics,
@@ -198,6 +199,8 @@ def main(cfg: Config) -> dict:
     try:
         task = make_task(**cfg.task.as_kwargs(cfg.run.seed))
         encode = Encoder(cfg.model.path, cfg.task.instruction, cfg.agent.response_prefix)
+        # The whole multi-turn response, search results included, shares the window.
+        check_context(task, encode, {"agent.max_response_tokens": cfg.agent.max_response_tokens})
         flow = Flow(run.cluster, run.dir, offload=cfg.run.offload)
         reuse = run.dir / TOOL_PLAN if cfg.resume else None
         g = build(flow, cfg, notify=run.logger.echo, reuse=reuse)

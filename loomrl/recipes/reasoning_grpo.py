@@ -74,6 +74,7 @@ def main(cfg: Config) -> dict:
     from loomrl.flow import Flow
     from loomrl.reasoning import (
         Encoder,
+        check_context,
         evaluate,
         fresh_start,
         metrics_of,
@@ -89,6 +90,14 @@ def main(cfg: Config) -> dict:
         task, encode = (
             make_task(**cfg.task.as_kwargs(cfg.run.seed)),
             Encoder(cfg.model.path, cfg.task.instruction),
+        )
+        check_context(
+            task,
+            encode,
+            {
+                "sampling.max_new_tokens": cfg.sampling.max_new_tokens,
+                "sampling.eval_max_new_tokens": cfg.sampling.eval_max_new_tokens,
+            },
         )
         flow = Flow(run.cluster, run.dir, offload=cfg.run.offload)
         g = build(flow, cfg)

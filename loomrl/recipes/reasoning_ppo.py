@@ -107,6 +107,7 @@ def main(cfg: Config) -> dict:
     from loomrl.flow import Flow
     from loomrl.reasoning import (
         Encoder,
+        check_context,
         evaluate,
         fresh_start,
         metrics_of,
@@ -119,6 +120,14 @@ def main(cfg: Config) -> dict:
     try:
         task = make_task(**cfg.task.as_kwargs(cfg.run.seed))
         encode = Encoder(cfg.model.path, cfg.task.instruction)
+        check_context(
+            task,
+            encode,
+            {
+                "sampling.max_new_tokens": cfg.sampling.max_new_tokens,
+                "sampling.eval_max_new_tokens": cfg.sampling.eval_max_new_tokens,
+            },
+        )
         flow = Flow(run.cluster, run.dir, offload=cfg.run.offload)
         g = build(flow, cfg)
         run.apply_plan(flow, prompts(task, encode, 0, cfg.batch))

@@ -90,3 +90,26 @@ def test_a_growing_agent_context_ends_at_the_window_instead_of_passing_it():
     assert len(prompts[0]) + len(p.response_ids) == window
     # A prompt that leaves less than one turn ends before it generates.
     assert (long.finish, long.response_ids) == ("length", [])
+
+
+def test_the_recipes_refuse_a_budget_the_longest_jsonl_prompt_leaves_no_room_for(tmp_path):
+    from loomrl.reasoning import Encoder, check_context
+    from loomrl.tasks import make_task
+
+    data = tmp_path / "d.jsonl"
+    rows = [{"prompt": "1+1", "answer": "2"}] * 9 + [{"prompt": "y" * 30, "answer": "3"}]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    task = make_task("jsonl", path=str(data), eval_fraction=0.01)
+    model = _shrink_window(tiny_model(tmp_path / "m", layers=1), 200)
+    encode = Encoder(str(model), instruction="direct")
+    assert encode.window == 200
+    longest = len(encode("y" * 30))
+    assert longest > len(encode("1+1"))
+    budgets = {"sampling.max_new_tokens": 201 - longest, "sampling.eval_max_new_tokens": 8}
+    with pytest.raises(
+        ConfigError,
+        match=rf"sampling.max_new_tokens={201 - longest}: .*\({longest} tokens\).*window of 200.*at most {200 - longest}",
+    ) as e:
+        check_context(task, encode, budgets)
+    assert len(e.value.problems) == 1  # eval_max_new_tokens fits
+    check_context(task, encode, {"sampling.max_new_tokens": 200 - longest})
