@@ -131,8 +131,8 @@ def build_policy(
         if not callable(fn):
             raise ConfigError(
                 [
-                    f"policy={spec!r}: {mod_name}.{fn_name} is a {type(fn).__name__}, not a "
-                    "callable; name a function or class that builds the policy from "
+                    f"policy={spec!r}: {mod_name}.{fn_name} is of type {type(fn).__name__}, "
+                    "not a callable; name a function or class that builds the policy from "
                     "(observation_space, action_space, seed=..., **policy_kwargs)"
                 ]
             )

@@ -564,7 +564,9 @@ def test_a_factory_that_is_not_callable_or_builds_no_module_is_a_config_error(
     monkeypatch.syspath_prepend(str(tmp_path))
     obs = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
     act = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-    with pytest.raises(ConfigError, match=r"int_policies.not_a_factory is a int, not a callable"):
+    with pytest.raises(
+        ConfigError, match=r"int_policies.not_a_factory is of type int, not a callable"
+    ):
         build_policy("int_policies:not_a_factory", obs, act, 0)
     with pytest.raises(ConfigError, match=r"built a Duck, not a torch.nn.Module"):
         build_policy("int_policies:duck", obs, act, 0)
