@@ -190,11 +190,7 @@ class RunLogger:
             raise write_failure(e, f"step {step}'s metrics", self._file_path, self.run_dir) from e
         self.last_metrics.update(values)
 
-        scalars = {
-            k: float(v)
-            for k, v in values.items()
-            if isinstance(v, (int, float)) and not isinstance(v, str)
-        }
+        scalars = {k: _scalar(v) for k, v in values.items() if isinstance(v, (int, float))}
         if self._tb is not None:
             for k, v in scalars.items():
                 self._tb.add_scalar(k, v, global_step=step)
@@ -366,6 +362,15 @@ def _plain_value(key: Any, value: Any) -> Any:
             f"metric {key!r}: cannot log {type(value).__name__}; log numbers, strings or JSON-able lists/dicts"
         ) from None
     return value
+
+
+def _scalar(value: int | float) -> float:
+    """The float TensorBoard, wandb and the bar get. An int past float's range (metrics.jsonl
+    keeps it exact) is shown as an infinity of its sign rather than stopping the run."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def _encode(value: Any) -> Any:

@@ -121,6 +121,19 @@ def test_tensorboard_scalars(tmp_path):
     assert [e.value for e in acc.Scalars("reward_mean")] == [0.0, 0.5, 1.0]
 
 
+def test_an_int_past_float_range_is_kept_exact_and_shown_as_infinity(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with RunLogger(tmp_path, progress=False) as rl:
+        rl.log(1, {"count": 10**400, "neg": -(10**400), "reward_mean": 0.5})
+    assert read_metrics(tmp_path)[0]["count"] == 10**400
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("count")] == [math.inf]
+    assert [e.value for e in acc.Scalars("neg")] == [-math.inf]
+    assert [e.value for e in acc.Scalars("reward_mean")] == [0.5]
+
+
 def test_a_resumed_logger_continues_elapsed_time_and_tensorboard_hides_dropped_rows(tmp_path):
     """A run logged steps 1-4, crashed, and resumes from its step-2 checkpoint: metrics.jsonl
     was cut back to steps 1-2; TensorBoard shows each step once, with the resumed values."""
