@@ -1,7 +1,8 @@
 """Cluster: the Ray instance loomrl runs on, and its inventory of nodes, devices and cores.
 
 ``Cluster.start()`` starts an embedded local Ray unless ``RAY_ADDRESS`` (or ``address=``) names an
-existing cluster. Devices are numbered node-major: node 0's devices first, then node 1's, so that a
+existing cluster; the embedded one has the cores this process may use (``taskset``), not all the
+machine's. Devices are numbered node-major: node 0's devices first, then node 1's, so that a
 plan's contiguous device ranges stay inside a node where they can. A device is either a GPU (real,
 or logical as Ray counts them) or, on a machine without GPUs, a CPU "slot".
 
@@ -162,6 +163,8 @@ class Cluster:
                 _check_reachable(address)
                 ray.init(address=address, namespace=_NAMESPACE, log_to_driver=log_to_driver)
             else:
+                if num_cpus is None:
+                    num_cpus = _allowed_cores()
                 if num_gpus is None:
                     num_gpus = _count_local_gpus()
                 else:
@@ -618,6 +621,17 @@ def _count_local_gpus() -> int:
         return len([e for e in os.listdir("/dev") if e.startswith("nvidia") and e[6:].isdigit()])
     except OSError:
         return 0
+
+
+def _allowed_cores() -> int | None:
+    """Cores this process may run on, where fewer than the machine's (``taskset``, a cpuset):
+    Ray counts the machine's, so two jobs given half the cores each would each plan (and pin
+    workers) for all of them, two slots to a core. None: all of them, Ray's count stands."""
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux: no affinity mask to honour
+        return None
+    return allowed if allowed < (os.cpu_count() or allowed) else None
 
 
 def _local_gpu_memory_gb() -> float | None:

@@ -36,6 +36,19 @@ def test_embedded_start_never_joins_a_cluster_already_running_on_the_machine(mon
     assert (kw["num_cpus"], kw["num_gpus"]) == (2, 0)
 
 
+def test_embedded_start_takes_only_the_cores_this_process_may_use(monkeypatch):
+    # Two jobs split a machine with `taskset -c 0 ...` / `taskset -c 1 ...`: Ray counts the
+    # machine's cores, so each would plan for (and pin its slots onto) cores it cannot use.
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6}, raising=False)
+    assert _init_kwargs(monkeypatch, num_gpus=0)["num_cpus"] == 3
+    assert _init_kwargs(monkeypatch, num_cpus=2, num_gpus=0)["num_cpus"] == 2  # asked for
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert _init_kwargs(monkeypatch, num_gpus=0)["num_cpus"] is None  # all of them: Ray's count
+
+
 def test_an_address_joins_that_cluster(monkeypatch):
     import loomrl.cluster
 
