@@ -383,8 +383,15 @@ def _encode(value: Any) -> Any:
     return value
 
 
-def _decode(record: dict[str, Any]) -> dict[str, Any]:
-    return {k: _NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in record.items()}
+def _decode(value: Any) -> Any:
+    # The inverse of _encode, nested values included (a dict metric, the summary's metrics).
+    if isinstance(value, str):
+        return _NON_FINITE.get(value, value)
+    if isinstance(value, dict):
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
 
 
 def _plain_config(config: Any) -> dict | None:

@@ -36,6 +36,15 @@ def test_metrics_jsonl_records(tmp_path):
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text()) == {"lr": 1e-5}
 
 
+def test_non_finite_values_inside_dicts_and_lists_read_back_as_floats(tmp_path):
+    with RunLogger(tmp_path, use_tensorboard=False, progress=False) as rl:
+        rl.log(1, {"per_task": {"add": math.nan, "mul": [1.0, math.inf]}})
+        rl.write_summary({"metrics": {"episode_return": -math.inf}})
+    logged = read_metrics(tmp_path)[0]["per_task"]
+    assert math.isnan(logged["add"]) and logged["mul"] == [1.0, math.inf]
+    assert read_summary(tmp_path)["metrics"] == {"episode_return": -math.inf}
+
+
 def test_appends_on_resume_and_skips_truncated_line(tmp_path, caplog):
     with RunLogger(tmp_path, use_tensorboard=False, progress=False) as rl:
         rl.log(1, {"x": 1})
