@@ -350,11 +350,14 @@ def _plain_value(key: Any, value: Any) -> Any:
     item = getattr(value, "item", None)
     if callable(item):
         try:
-            return item()  # one-element tensors and numpy scalars
+            value = item()  # one-element tensors and numpy scalars
         except (ValueError, RuntimeError) as e:
             raise TypeError(
                 f"metric {key!r}: cannot log a value with several elements ({e})"
             ) from None
+        if isinstance(value, (bool, int, float, str)) or value is None:
+            return value
+        # else a complex or a datetime: refused below by its type, with the metric's name
     try:
         json.dumps(value)
     except (TypeError, ValueError):

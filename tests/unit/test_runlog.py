@@ -82,6 +82,11 @@ def test_bad_inputs(tmp_path):
         rl.log(1, {"v": torch.ones(3)})
     with pytest.raises(TypeError, match=r"metric 'o': cannot log object"):
         rl.log(1, {"o": object()})
+    with pytest.raises(TypeError, match=r"metric 'c': cannot log complex"):
+        rl.log(1, {"c": torch.tensor(1 + 2j), "ok": 1.0})
+    with pytest.raises(TypeError, match=r"metric 'd': cannot log datetime"):
+        rl.log(1, {"d": np.datetime64("2026-01-01T00:00")})
+    assert read_metrics(tmp_path) == []  # a refused row is refused whole
     with pytest.raises(TypeError, match=r"step must be an int, got 1.5"):
         rl.log(1.5, {})
     rl.close()
