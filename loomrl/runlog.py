@@ -290,7 +290,8 @@ class RunLogger:
             self._tb.flush()
             self._tb.close()
         if self._wandb is not None:
-            self._wandb.finish()
+            # A run stopped by an error shows in W&B as failed, not as finished.
+            self._wandb.finish(exit_code=0 if failing is None else 1)
         if lost is not None:
             raise lost
 

@@ -205,8 +205,8 @@ def test_wandb_receives_scalars(tmp_path, monkeypatch):
         def log(self, data, step):
             calls["log"].append((step, data))
 
-        def finish(self):
-            calls["finished"] = True
+        def finish(self, exit_code=None):
+            calls["finished"] = exit_code
 
     def init(**kwargs):
         calls["init"] = kwargs
@@ -227,7 +227,13 @@ def test_wandb_receives_scalars(tmp_path, monkeypatch):
     }
     assert calls["log"] == [(4, {"reward_mean": 1.0})]
     assert calls["summary"] == {"final": 2.0}
-    assert calls["finished"] is True
+    assert calls["finished"] == 0
+    # A run stopped by an error ends its W&B run as failed.
+    with pytest.raises(RuntimeError, match="boom"):
+        with RunLogger(tmp_path, use_tensorboard=False, wandb="offline", progress=False) as rl:
+            rl.log(5, {"reward_mean": 1})
+            raise RuntimeError("boom")
+    assert calls["finished"] == 1
 
 
 def test_progress_bar_forced_shows_eta_and_postfix(tmp_path, capsys):
