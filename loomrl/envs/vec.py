@@ -969,28 +969,23 @@ class VecEnv:
                     else ""
                 )
             )
-        if isinstance(space, gym.spaces.Discrete):
-            if not np.issubdtype(a.dtype, np.integer):
-                raise ActionShapeError(
-                    f"{self!r}.step(actions): Discrete actions must be integers, got dtype {a.dtype}"
-                )
-            if (a < space.start).any() or (a >= space.start + space.n).any():
-                raise ActionShapeError(
-                    f"{self!r}.step(actions): Discrete actions must lie in [{space.start}, {space.start + space.n}), got {a.tolist()}"
-                )
-            return a
-        if isinstance(space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+        if isinstance(
+            space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+        ):
             # Neither the env nor gymnasium checks them: a fraction or an index past the end
             # would be stepped as whatever the env makes of it.
             lo, hi = int_action_bounds(space)
+            name = "Discrete" if isinstance(space, gym.spaces.Discrete) else str(space)
             if not np.issubdtype(a.dtype, np.integer):
                 raise ActionShapeError(
-                    f"{self!r}.step(actions): {space} actions must be integers, got dtype {a.dtype}"
+                    f"{self!r}.step(actions): {name} actions must be integers, got dtype {a.dtype}"
                 )
             if (a < lo).any() or (a >= hi).any():
                 raise ActionShapeError(
-                    f"{self!r}.step(actions): {space} actions must lie in [{lo.tolist()}, "
-                    f"{hi.tolist()}) element by element, got {a.tolist()}"
+                    f"{self!r}.step(actions): {name} actions must lie in [{lo.tolist()}, "
+                    f"{hi.tolist()})"
+                    + (" element by element" if lo.shape else "")
+                    + f", got {a.tolist()}"
                 )
             return a
         if isinstance(space, gym.spaces.Box):

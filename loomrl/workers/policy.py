@@ -262,7 +262,7 @@ class PolicyWorker(Worker):
         # not in the env worker that steps them.
         self.action_space = action_space
         self.int_bounds = (
-            int_action_bounds(action_space)
+            tuple(torch.as_tensor(x) for x in int_action_bounds(action_space))
             if isinstance(
                 action_space,
                 (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary),
@@ -393,7 +393,7 @@ class PolicyWorker(Worker):
         rows (those the shape check finds)."""
         import torch
 
-        lo, hi = (torch.as_tensor(x) for x in self.int_bounds)  # type: ignore[union-attr]
+        lo, hi = self.int_bounds  # type: ignore[misc]
         space = self.action_space
         if a.is_floating_point() or a.is_complex() or a.dtype == torch.bool:
             return (
