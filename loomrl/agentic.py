@@ -337,9 +337,12 @@ def _joined(parts: list[Any], asked: int) -> tuple[list[ToolResult], str]:
     """The ranks' replies to ``asked`` queries as one list, and what is wrong with them ("" when
     nothing): the rollout inserts one result per query and reads its ``text`` and ``status``,
     so a reply of another shape is a failed call, not a crash of the rollout."""
-    if not all(isinstance(part, (list, tuple)) for part in parts):
-        bad = next(p for p in parts if not isinstance(p, (list, tuple)))
-        return [], f"the tool returned {type(bad).__name__} {bad!r:.80}, not a list of results"
+    for part in parts:
+        if not isinstance(part, (list, tuple)):
+            return (
+                [],
+                f"the tool returned {type(part).__name__} {part!r:.80}, not a list of results",
+            )
     results = [r for part in parts for r in part]
     if len(results) != asked:
         return [], f"the tool returned {len(results)} result(s) for {asked} queries"

@@ -71,6 +71,14 @@ _SAMPLED_ITEMS = 256
 _MEASURED_PROMPTS = 16
 
 
+def sampling_budgets(sampling: Any) -> dict[str, int]:
+    """The response budgets of a ``SamplingConfig``, by config key, for ``check_context``."""
+    return {
+        "sampling.max_new_tokens": sampling.max_new_tokens,
+        "sampling.eval_max_new_tokens": sampling.eval_max_new_tokens,
+    }
+
+
 def check_context(task: Any, encode: Encoder, budgets: dict[str, int]) -> None:
     """Refuse, before any worker starts, a response budget (``budgets``: config key -> tokens)
     that with the task's longest prompt passes the model's context window: past it generation

@@ -371,8 +371,9 @@ def _unsummarised_lines(run_dir: Path, summary: Mapping[str, Any] | None) -> lis
 
 def _attempt_lines(summary: Mapping[str, Any]) -> list[str]:
     """A resumed or restarted run: how its earlier attempts ended and the wall time of all."""
-    attempts = summary.get("attempts")
-    earlier = [a for a in attempts if isinstance(a, dict)] if isinstance(attempts, list) else []
+    from loomrl.run import listed_attempts
+
+    earlier = listed_attempts(summary)
     if not earlier:
         return []
     ends = ", ".join(

@@ -859,12 +859,18 @@ def pending_attempt(run_dir: Path, summary: dict[str, Any] | None) -> dict[str, 
     return mark
 
 
+def listed_attempts(summary: Any) -> list[dict[str, Any]]:
+    """The earlier attempts a run summary lists: a list of objects as a run writes it; anything
+    else there is damage, read as none."""
+    listed = summary.get("attempts")
+    return [a for a in listed if isinstance(a, dict)] if isinstance(listed, list) else []
+
+
 def _summary_attempts(prev: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The attempts a summary lists, then the one that wrote it."""
     if prev is None:
         return []
-    listed = prev.get("attempts")  # a list as a run writes it; anything else is damage
-    out = [a for a in listed if isinstance(a, dict)] if isinstance(listed, list) else []
+    out = listed_attempts(prev)
     last = {k: prev.get(k) for k in ("status", "error", "wall_s", "measured_iteration_s")}
     last["steps_done"] = prev.get("steps_done", prev.get("steps"))
     return [*out, last]

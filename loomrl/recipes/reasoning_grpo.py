@@ -80,6 +80,7 @@ def main(cfg: Config) -> dict:
         metrics_of,
         opening_metrics,
         restore,
+        sampling_budgets,
         save,
         weight_sync,
     )
@@ -91,14 +92,7 @@ def main(cfg: Config) -> dict:
             make_task(**cfg.task.as_kwargs(cfg.run.seed)),
             Encoder(cfg.model.path, cfg.task.instruction),
         )
-        check_context(
-            task,
-            encode,
-            {
-                "sampling.max_new_tokens": cfg.sampling.max_new_tokens,
-                "sampling.eval_max_new_tokens": cfg.sampling.eval_max_new_tokens,
-            },
-        )
+        check_context(task, encode, sampling_budgets(cfg.sampling))
         flow = Flow(run.cluster, run.dir, offload=cfg.run.offload)
         g = build(flow, cfg)
         run.apply_plan(flow, prompts(task, encode, 0, cfg.batch))

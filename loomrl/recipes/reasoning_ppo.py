@@ -112,6 +112,7 @@ def main(cfg: Config) -> dict:
         fresh_start,
         metrics_of,
         opening_metrics,
+        sampling_budgets,
         weight_sync,
     )
     from loomrl.tasks import make_task
@@ -120,14 +121,7 @@ def main(cfg: Config) -> dict:
     try:
         task = make_task(**cfg.task.as_kwargs(cfg.run.seed))
         encode = Encoder(cfg.model.path, cfg.task.instruction)
-        check_context(
-            task,
-            encode,
-            {
-                "sampling.max_new_tokens": cfg.sampling.max_new_tokens,
-                "sampling.eval_max_new_tokens": cfg.sampling.eval_max_new_tokens,
-            },
-        )
+        check_context(task, encode, sampling_budgets(cfg.sampling))
         flow = Flow(run.cluster, run.dir, offload=cfg.run.offload)
         g = build(flow, cfg)
         run.apply_plan(flow, prompts(task, encode, 0, cfg.batch))
