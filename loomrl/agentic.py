@@ -218,10 +218,13 @@ def _turn(
     rows that asked a search, with their queries."""
     if window is not None:
         # Only a prompt can leave less than a turn in the window: a result is cut to leave one.
-        short = [i for i in rows if window - len(contexts[i]) < cfg.turn_tokens]
-        for i in short:
-            trajs[i].finish = "length"
-        rows = [i for i in rows if i not in short]
+        kept = []
+        for i in rows:
+            if window - len(contexts[i]) < cfg.turn_tokens:
+                trajs[i].finish = "length"
+            else:
+                kept.append(i)
+        rows = kept
         if not rows:
             return []
     budgets = {i: _left(trajs[i], contexts[i], cfg, window) for i in rows}

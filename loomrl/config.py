@@ -1013,7 +1013,7 @@ def _refuse_unexpanded(key: str, value: str, problems: list[str]) -> Any:
 
 def _base60_hint(value: Any) -> str:
     # `1:30` is 90 to a YAML 1.1 reader and text to this one (_yaml11_number)
-    if isinstance(value, str) and ":" in value and _yaml11_number(value):
+    if isinstance(value, str) and ":" in value:
         return f"{_DASH}write one number in one unit (1:30 is not read as 90 here)"
     return ""
 
