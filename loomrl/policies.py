@@ -36,7 +36,7 @@ import math
 import operator
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -371,6 +371,31 @@ class _ActorCriticBase(nn.Module):
         """Drop the recorded graphs and the device memory they hold (e.g. before offload)."""
         if self._graphs is not None:
             self._graphs.clear()
+
+    def record_act_graphs(self, sizes: Iterable[int], like: Tensor) -> int:
+        """Record ``act_host``'s graphs now for calls of each row count in ``sizes`` on host
+        observations shaped and typed like ``like`` (its rows aside), rather than at each count's
+        first call. A cycle that acts on whichever parts have replied meets some sums of parts
+        only now and then: each first meeting cost two eager forwards and a recording inside a
+        timed iteration (on one H100 at 256 envs, k = 4, 7 graphs in a run's first five
+        iterations, which ran up to twice its trial's time; scripts/gpu/RESULTS.md, call EG).
+        Throw-away inputs and generators: no caller's generator moves. Counts that round to one
+        graph record it once. Returns the graphs recorded (0 without CUDA graphs, on a CPU, or
+        once recording has failed)."""
+        dev = self._device()
+        if self._graphs is None or self._graphs.failed is not None or dev.type != "cuda":
+            return 0
+        before = self._graphs.captures
+        probe = torch.empty((0, *like.shape[1:]), dtype=like.dtype, device=dev)
+        done: set[int] = set()
+        for n in sorted(sizes):
+            rows = self._graph_rows(n, probe)
+            if n < 1 or rows in done:
+                continue
+            done.add(rows)
+            gens = [torch.Generator() for _ in range(n)]
+            self.act_host(torch.zeros((n, *like.shape[1:]), dtype=like.dtype), gens)
+        return self._graphs.captures - before
 
     @property
     def graph_captures(self) -> int:

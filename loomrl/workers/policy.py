@@ -252,6 +252,8 @@ class PolicyWorker(Worker):
         self._gens: list[Any] = []  # re-seeded every act (row_generators' reuse)
         # Row counts of the calls the layouts served since the graphs were last released can make.
         self._call_sizes: set[int] = set()
+        # Of those, the ones whose graphs are recorded at the next act, before it acts.
+        self._to_record: set[int] = set()
         self.action_shape = tuple(getattr(action_space, "shape", ()) or ())
         import gymnasium as gym
 
@@ -323,6 +325,9 @@ class PolicyWorker(Worker):
             if self.per_row:
                 gens = row_generators(self.row_seed, env_ids, env_steps, self._gens)
                 if self.graphs:  # built-in, on a GPU: one graph, one copy each way, one wait
+                    if self._to_record:  # every count the layout can call with, now (warm-up)
+                        self.net.record_act_graphs(self._to_record, o)
+                        self._to_record.clear()
                     return (o, *self.net.act_host(o, gens))
                 out = self.net.act(o.to(self.device), generators=gens)
             else:
@@ -680,6 +685,7 @@ class PolicyWorker(Worker):
         counts) ran its trial rollouts at 0.28-0.41 s against k = 2's 0.19-0.25 back to back (8
         parts, 8 captures a run), and k = 2 right after k = 3 in a trial's turns at up to 0.35 s
         (scripts/gpu/RESULTS.md, calls CI and CK)."""
+        self._to_record |= sizes - self._call_sizes
         self._call_sizes |= sizes
         reserve = getattr(self.net, "reserve_graph_shapes", None)
         if self.graphs and callable(reserve):  # a user's policy may record graphs its own way
@@ -1012,6 +1018,7 @@ class PolicyWorker(Worker):
 
     def _release_graphs(self) -> None:
         self._call_sizes.clear()  # the next layouts start an empty cache
+        self._to_record.clear()
         release = getattr(self.net, "release_graphs", None)
         if callable(release):
             release()

@@ -133,3 +133,26 @@ def test_act_host_replays_one_graph_with_the_eager_bits(kind):
     again = [t.clone() for t in held]
     fused.act_host(_obs(SPACES[kind], 8, 51).cpu(), row_generators(3, range(8), [5] * 8))
     assert _same(held, again)  # what a call returned is its own, not the next call's buffer
+
+
+@pytest.mark.parametrize("kind", ["cnn", "mlp"])
+def test_recorded_ahead_graphs_serve_every_count_without_recording_again(kind):
+    """record_act_graphs records each announced row count's graph up front (counts that round
+    to one graph once); calls of those counts then only replay, with the eager bits, and the
+    throw-away generators left the callers' generators where they were."""
+    eager = make_policy(SPACES[kind], BOX, seed=0).cuda()
+    fused = copy.deepcopy(eager)
+    fused.use_cuda_graphs()
+    sizes = {3, 8, 16, 40}
+    like = _obs(SPACES[kind], 1, 0).cpu()
+    made = fused.record_act_graphs(sizes, like)
+    blocked = all(fused._blocks_checked.values())
+    assert made == (3 if blocked else 4)  # 3 and 8 share the 8-row graph in blocks of 8
+    assert fused.graph_captures == made
+    for seed, n in enumerate(sorted(sizes)):
+        obs = _obs(SPACES[kind], n, seed + 10)
+        ids = list(range(n))
+        got = fused.act_host(obs.cpu(), row_generators(3, ids, [5] * n))
+        assert _same(got, _act(eager, obs, ids)), (seed, n)
+    assert fused.graph_captures == made  # every call replayed
+    assert fused.record_act_graphs(sizes, like) == 0  # all there already

@@ -341,6 +341,7 @@ def test_the_policy_worker_keeps_a_graph_for_every_call_its_layouts_can_make(mon
     reserved = []
     pol = PolicyWorker.__new__(PolicyWorker)
     pol.graphs, pol.per_row, pol.train_step, pol._call_sizes = True, True, None, set()
+    pol._to_record = set()
     pol.net = SimpleNamespace(
         batch_invariant=True, reserve_graph_shapes=reserved.append, release_graphs=lambda: None
     )
@@ -356,6 +357,8 @@ def test_the_policy_worker_keeps_a_graph_for_every_call_its_layouts_can_make(mon
     with pytest.raises(Stop):
         pol.serve_pipe("t", 4, k2, 2, 1.0)
     assert reserved == [GRAPH_ROOM + 4]  # 12, 24, 36, 48
+    assert pol._to_record == {12, 24, 36, 48}  # recorded at the next act
+    pol._to_record.clear()
     pol.net.batch_invariant = False  # lockstep: one call per ring group of 24 (already there)
     with pytest.raises(Stop):
         pol.serve_pipe("t", 4, k2, 2, 1.0)
@@ -367,10 +370,40 @@ def test_the_policy_worker_keeps_a_graph_for_every_call_its_layouts_can_make(mon
     with pytest.raises(Stop):
         pol.serve_pipe("t", 4, k3, 2, 1.0)  # 8, 16, ..., 48: 8, 16, 32, 40 are new
     assert reserved == [GRAPH_ROOM + n for n in (4, 4, 4, 8)]
+    assert pol._to_record == {8, 16, 32, 40}  # only the new ones
     pol._release_graphs()
+    assert not pol._to_record
     with pytest.raises(Stop):
         pol.serve_pipe("t", 4, k1, 2, 1.0)
     assert reserved[-1] == GRAPH_ROOM + 1
+    assert pol._to_record == {48}  # released: recorded again
+
+
+def test_the_policy_worker_records_the_announced_graphs_at_its_next_act_before_acting():
+    """The first act after serve_pipe announced a layout's row counts records all of their
+    graphs (before its own forward, inside the rollout's untimed first iteration), with the
+    act's observations as the pattern; later acts record nothing ahead."""
+    from loomrl.embodied import PPOConfig
+    from loomrl.workers.policy import PolicyWorker
+
+    obs = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    pol = PolicyWorker(obs, BOX, 4, PPOConfig(rollout_steps=8, num_minibatches=1), 0)
+    seen = []
+    pol.net.record_act_graphs = lambda sizes, like: seen.append(
+        (set(sizes), like.shape, like.dtype)
+    )
+    pol.graphs = True  # as on a GPU; act_host acts as act on a CPU net
+    pol._expect_calls({2, 4})
+    pol.begin(2)
+    reply = {"obs": np.zeros((4, 4), np.float32), "env_ids": np.arange(4)}
+    reply["env_steps"] = np.zeros(4, np.int64)
+    pol.act(0, reply)
+    assert seen == [({2, 4}, (4, 4), pol._prep(reply["obs"]).dtype)]
+    pol.act(0, reply)
+    assert len(seen) == 1
+    pol._expect_calls({4, 8})
+    pol.act(0, reply)
+    assert seen[-1][0] == {8}
 
 
 def test_graph_cache_falls_back_to_eager_once_capture_fails(cpu_graphs, monkeypatch):
@@ -471,6 +504,7 @@ def test_cuda_graphs_leave_cpu_acting_copies_and_pickles_alone():
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
     assert net.graph_captures == 0 and ref.graph_captures == 0  # nothing recorded on CPU
+    assert net.record_act_graphs({4, 9}, obs) == 0 and net.graph_captures == 0
     net._graphs.entries[("recorded",)] = object()  # stands in for a graph, which cannot be copied
     net._graphs.captures = 1
     for twin in (copy.deepcopy(net), pickle.loads(pickle.dumps(net))):
