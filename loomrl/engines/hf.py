@@ -211,7 +211,7 @@ class _Net(nn.Module):
             use_cache=True,
         )
         cache = _cache_of(first)
-        cache.batch_select_indices(rows)
+        select_cache_rows(cache, rows)
         last = first.last_hidden_state[:, -1:, :].index_select(0, rows)  # [b, 1, H]
         second = dec(
             input_ids=resp_ids,
@@ -221,6 +221,24 @@ class _Net(nn.Module):
             **{_cache_kwarg(dec): cache},
         )
         return torch.cat([last, second.last_hidden_state[:, :-1, :]], dim=1)  # [b, R, H]
+
+
+def select_cache_rows(cache: Any, rows: torch.Tensor) -> None:
+    """Make ``cache`` hold, for each of the b rows, the keys and values of prompt ``rows[i]``
+    (differentiably: the rows' gradients add up in the prompt's pass).
+
+    On a CPU by ``index_select`` (the cache's ``reorder_cache``), whose backward adds the rows
+    one after another. ``batch_select_indices`` indexes (``keys[rows, ...]``), and the backward
+    of that, an accumulating ``index_put_``, adds rows that share a prompt from several threads
+    in whichever order they come: with 2 threads, 29 of 30 backward passes over one prompt's keys
+    shared by 8 rows gave other last bits, and Adam's first step turns such bits into different
+    weights (the GRPO example's runs parted at step 2). torch's notes on determinism list both:
+    indexing's backward as nondeterministic on a CPU, ``index_add`` (``index_select``'s
+    backward) on CUDA; so on CUDA indexing stays."""
+    if rows.device.type == "cpu":
+        cache.reorder_cache(rows)
+    else:
+        cache.batch_select_indices(rows)
 
 
 def _fsdp_wanted(device: torch.device) -> bool:

@@ -102,3 +102,36 @@ def test_sample_tokens_greedy_and_seeded():
     a = sample_tokens(logits, 1.0, generator=torch.Generator().manual_seed(3))[0]
     b = sample_tokens(logits, 1.0, generator=torch.Generator().manual_seed(3))[0]
     assert a.tolist() == b.tolist()
+
+
+def test_rows_sharing_a_prompt_add_their_cache_gradients_in_one_order():
+    """The shared-prompt pass copies a prompt's KV cache to the rows that use it; backward adds
+    the rows' gradients into the prompt's keys and values. With indexing, 2 threads added them
+    in whichever order they came (other last bits on most passes, and Adam turned those into
+    other weights); now every pass adds row after row, the bits of a plain loop."""
+    from transformers.cache_utils import DynamicCache
+
+    from loomrl.engines.hf import select_cache_rows
+
+    g = torch.Generator().manual_seed(0)
+    k0, v0 = (torch.randn(1, 3, 43, 64, generator=g) for _ in range(2))
+    gk, gv = (torch.randn(8, 3, 43, 64, generator=g) for _ in range(2))
+    rows = torch.zeros(8, dtype=torch.long)
+    want_k, want_v = torch.zeros_like(k0), torch.zeros_like(v0)
+    for i in range(8):  # rows one after another
+        want_k[0] += gk[i]
+        want_v[0] += gv[i]
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for _ in range(10):
+            k, v = k0.clone().requires_grad_(), v0.clone().requires_grad_()
+            cache = DynamicCache()
+            cache.update(k, v, 0)
+            select_cache_rows(cache, rows)
+            keys, values = cache.layers[0].keys, cache.layers[0].values
+            assert keys.shape == (8, 3, 43, 64)
+            torch.autograd.backward([keys, values], [gk, gv])
+            assert torch.equal(k.grad, want_k) and torch.equal(v.grad, want_v)
+    finally:
+        torch.set_num_threads(before)
