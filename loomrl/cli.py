@@ -596,6 +596,9 @@ def _print_summary(s: dict) -> None:
     for k in keys:
         if k in s:
             say(f"  {k}: {s[k]}")
+        since = s.get("measured_since_prediction_s")
+        if k == "measured_iteration_s" and since is not None and since != s.get(k):
+            say(f"  measured_since_prediction_s: {since}")
     if s.get("plan"):
         say(f"  plan: {s['plan'].get('mode')} {s['plan'].get('assignment')}")
     for k, v in (s.get("metrics") or {}).items():

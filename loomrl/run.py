@@ -278,6 +278,8 @@ class Run:
         )
         self.iter_times: list[float] = []
         self.plan_start = 0  # first iteration of the current plan (it changes on a re-plan)
+        # First iteration run under the current prediction (calibrated, refreshed, re-planned).
+        self.prediction_start = 0
         self.replans = 0  # this attempt's re-plans (the summary's count the whole run's)
         # adapt.jsonl's rows of this attempt; the summary's "adapt" counts them with those of
         # the earlier attempts (read below) that a restart or resume kept.
@@ -478,7 +480,8 @@ class Run:
         metrics the recipe logs from ``result`` next."""
         if _predicts_nothing(self.plan):
             result.predicted_s = None
-        if flow is not None and flow.plan_ is not self.plan:
+        moved = flow is not None and flow.plan_ is not self.plan
+        if moved:
             # A calibrated plan replaced the cost-free default after the second iteration, or the
             # profiled plan's prediction was refreshed from its first warm iterations.
             if flow.plan_.method == "calibrated" and self.plan.method == "calibrate":
@@ -497,6 +500,8 @@ class Run:
                 )
             self._save_plan(flow)
         self.iter_times.append(result.measured_s)
+        if moved:  # this iteration ran under the prediction just replaced
+            self.prediction_start = len(self.iter_times)
         self.steps_done = step + 1
         with open(self.dir / "timeline.jsonl", "a") as f:
             f.write(
@@ -538,6 +543,7 @@ class Run:
         with open(self.dir / "adapt.jsonl", "a") as f:
             f.write(json.dumps(ev, default=str) + "\n")
         self._keep_adapted(step, flow)
+        self.prediction_start = len(self.iter_times)
         errs = ", ".join(f"{100 * e:+.0f}%" for e in ev["errors"])
         if ev["action"] == "replan":
             self.plan_start = len(self.iter_times)
@@ -611,6 +617,18 @@ class Run:
         warm = mine[1:] or mine or self.iter_times
         return statistics.median(warm) if warm else None
 
+    def measured_since_prediction_s(self) -> float | None:
+        """Median iteration time since the current prediction was made (the plan's first,
+        warm-up, iteration left out): what ``predicted_iteration_s`` is judged against once a
+        run's costs moved. A run whose responses shorten as it learns refreshes its prediction
+        (``run.adapt``) while ``measured_iteration_s`` still holds the slower early steps: the
+        GRPO example's 20 steps ended at 7.7 s predicted, 10.3 s measured over the plan and 7.4 s
+        over the five steps since. None when no iteration ran on it yet."""
+        since = self.iter_times[self.prediction_start :]
+        if self.prediction_start == self.plan_start:
+            since = since[1:]
+        return statistics.median(since) if since else None
+
     def summary(
         self, steps: int, param_sha256: str | None, metrics: dict[str, Any], **extra: Any
     ) -> dict:
@@ -671,6 +689,7 @@ class Run:
             else getattr(plan, "predicted_s", None),
             "planned_iteration_s": self.planned_s,
             "measured_iteration_s": self.measured_iteration_s(),
+            "measured_since_prediction_s": self.measured_since_prediction_s(),
             "iteration_s": self.iter_times,
             "replans": adapt["replans"] if adapt else 0,  # the whole run's, as "adapt" counts
             "adapt": adapt,

@@ -4,6 +4,7 @@ changing outputs; a redeploy carries worker state and keeps groups that do not m
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -216,6 +217,11 @@ def test_run_adapt_writes_events_and_counts_replans(cluster, tmp_path):
     # The summary's prediction is the refreshed one, not the stale profile's.
     assert s["predicted_iteration_s"] == json.loads((out / "plan.json").read_text())["predicted_s"]
     assert s["predicted_iteration_s"] != stale_prediction(stale)
+    # ... and is judged against the iterations run since it was made (a re-plan's first one,
+    # its warm-up, left out), not the whole plan's median.
+    last = events[-1]
+    since = s["iteration_s"][last["step"] + 1 + (last["action"] == "replan") :]
+    assert s["measured_since_prediction_s"] == (statistics.median(since) if since else None)
     # A profile for another batch size is refused before any worker starts.
     rest = [a for a in args if not a.startswith(("batch=", "output_dir="))]
     assert cli([*rest, f"output_dir={tmp_path / 'bad'}"]) == 2

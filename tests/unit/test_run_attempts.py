@@ -132,3 +132,19 @@ def test_a_plan_not_yet_calibrated_predicts_nothing_in_any_record(start):
     ran = types.SimpleNamespace(measured_s=1.0, predicted_s=0.25, timeline=[])
     a.record(1, ran)
     assert ran.predicted_s == 0.25 and a._record()["predicted_iteration_s"] == 0.25
+
+
+def test_measured_since_prediction_is_the_median_of_the_iterations_run_under_it():
+    """Costs that move (responses shortening as a run learns) refresh the prediction; the summary
+    judges it against the iterations since, not the plan's whole median. A plan's first
+    iteration (warm-up) is left out, as in measured_iteration_s."""
+    run = Run.__new__(Run)
+    run.iter_times = [9.0, 8.0, 7.0, 6.0, 3.0, 2.0]
+    run.plan_start = run.prediction_start = 0
+    assert run.measured_since_prediction_s() == run.measured_iteration_s() == 6.0
+    run.prediction_start = 4  # refreshed after iteration 3, the plan kept
+    assert run.measured_since_prediction_s() == 2.5 and run.measured_iteration_s() == 6.0
+    run.plan_start = run.prediction_start = 3  # re-planned after iteration 2
+    assert run.measured_since_prediction_s() == 2.5  # 6.0 was the new plan's warm-up
+    run.prediction_start = 6  # refreshed after the last iteration
+    assert run.measured_since_prediction_s() is None
