@@ -622,8 +622,8 @@ class Run:
         warm-up, iteration left out): what ``predicted_iteration_s`` is judged against once a
         run's costs moved. A run whose responses shorten as it learns refreshes its prediction
         (``run.adapt``) while ``measured_iteration_s`` still holds the slower early steps: the
-        GRPO example's 20 steps ended at 7.7 s predicted, 10.3 s measured over the plan and 7.4 s
-        over the five steps since. None when no iteration ran on it yet."""
+        GRPO example's 20 steps ended at 7.7 s predicted, 10.3 s measured over the plan and 7.2 s
+        over the four steps since. None when no iteration ran on it yet."""
         since = self.iter_times[self.prediction_start :]
         if self.prediction_start == self.plan_start:
             since = since[1:]

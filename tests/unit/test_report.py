@@ -141,6 +141,23 @@ def test_a_refreshed_prediction_is_reported_beside_the_planned_one(tmp_path, cap
     assert "planned iteration" not in capsys.readouterr().out
 
 
+def test_a_prediction_adaptation_refreshed_is_judged_against_the_iterations_run_on_it(
+    tmp_path, capsys
+):
+    """profile=calibrate has no planned time, and run.adapt refreshes the prediction as costs
+    move: the iterations run on the last prediction are still set against it, not only the
+    median over the whole plan."""
+    d = write_run(tmp_path / "run")
+    rows = [json.loads(line) for line in (d / "timeline.jsonl").read_text().splitlines()]
+    rows[3]["predicted_s"] = 12.0  # step 3 alone ran on the refreshed prediction
+    (d / "timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "run_summary.json").write_text(json.dumps({"predicted_iteration_s": 12.0}))
+    assert report_main([str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "planned iteration" not in out
+    assert "after the refresh          12.0000 s  (median of 1 iteration(s)" in out
+
+
 def test_a_run_that_failed_says_how_it_ended(tmp_path, capsys):
     d = write_run(tmp_path / "run")
     summary = {
