@@ -132,9 +132,26 @@ class RunData:
     def measured_median_s(self) -> float:
         return statistics.median(it.measured_s for it in self.warm)
 
+    @property
+    def on_prediction(self) -> list[Iteration]:
+        """The warm iterations that ran on the prediction the run ended with (its timeline says
+        which prediction each ran on): all of them unless the prediction was made or refreshed
+        during the run (profile=calibrate, run.adapt); none when the run has no prediction."""
+        pred = self.predicted_s
+        if pred is None:
+            return []
+        return [
+            it
+            for it in self.warm
+            if it.predicted_s is not None and math.isclose(it.predicted_s, pred, rel_tol=1e-9)
+        ]
+
     def median_iteration(self) -> Iteration:
-        """The warm iteration of median measured time (the lower one of an even count)."""
-        ranked = sorted(self.warm, key=lambda it: (it.measured_s, it.step))
+        """The iteration of median measured time (the lower one of an even count) among those
+        that ran on the run's last prediction, else among the warm ones: the per-component
+        table and the figure set that iteration against the plan's prediction, and an early
+        iteration of a run whose costs moved since would show the move, not the model's error."""
+        ranked = sorted(self.on_prediction or self.warm, key=lambda it: (it.measured_s, it.step))
         return ranked[(len(ranked) - 1) // 2]
 
     def iteration(self, step: int) -> Iteration:
@@ -320,11 +337,7 @@ def _refresh_lines(run: RunData, pred: float | None) -> list[str]:
         lines.append(
             f"  planned iteration       {planned:10.4f} s  (measured vs planned {_rel(meas, planned)})"
         )
-    after = [
-        it.measured_s
-        for it in run.warm
-        if it.predicted_s is not None and math.isclose(it.predicted_s, pred, rel_tol=1e-9)
-    ]
+    after = [it.measured_s for it in run.on_prediction]
     if after and (lines or len(after) < len(run.warm)):
         m = statistics.median(after)
         lines.append(
@@ -721,7 +734,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="iteration to draw, counted from 0 as in timeline.jsonl (metrics.jsonl's step N "
-        "follows iteration N-1; default: the median-time one after warm-up)",
+        "follows iteration N-1; default: the median-time one after warm-up, among those run on "
+        "the run's last prediction)",
     )
     p.add_argument(
         "--out", default=None, metavar="DIR", help="where to write the files (default: RUN_DIR)"

@@ -149,13 +149,16 @@ def test_a_prediction_adaptation_refreshed_is_judged_against_the_iterations_run_
     median over the whole plan."""
     d = write_run(tmp_path / "run")
     rows = [json.loads(line) for line in (d / "timeline.jsonl").read_text().splitlines()]
-    rows[3]["predicted_s"] = 12.0  # step 3 alone ran on the refreshed prediction
+    rows[2]["predicted_s"] = 12.0  # step 2 (13 s) alone ran on the refreshed prediction
     (d / "timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (d / "run_summary.json").write_text(json.dumps({"predicted_iteration_s": 12.0}))
     assert report_main([str(d)]) == 0
     out = capsys.readouterr().out
     assert "planned iteration" not in out
-    assert "after the refresh          12.0000 s  (median of 1 iteration(s)" in out
+    assert "after the refresh          13.0000 s  (median of 1 iteration(s)" in out
+    # The per-component table sets an iteration run on that prediction against it (the
+    # median of all warm ones, step 3, ran on the one before).
+    assert "busy time per component, step 2 " in out
 
 
 def test_a_run_that_failed_says_how_it_ended(tmp_path, capsys):
