@@ -593,10 +593,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def _print_summary(s: dict) -> None:
     keys = ("steps", "predicted_iteration_s", "measured_iteration_s", "param_sha256")
+    since = s.get("measured_since_prediction_s")
     for k in keys:
         if k in s:
             say(f"  {k}: {s[k]}")
-        since = s.get("measured_since_prediction_s")
         if k == "measured_iteration_s" and since is not None and since != s.get(k):
             say(f"  measured_since_prediction_s: {since}")
     if s.get("plan"):

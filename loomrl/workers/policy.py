@@ -325,10 +325,11 @@ class PolicyWorker(Worker):
             if self.per_row:
                 gens = row_generators(self.row_seed, env_ids, env_steps, self._gens)
                 if self.graphs:  # built-in, on a GPU: one graph, one copy each way, one wait
-                    record = getattr(self.net, "record_act_graphs", None)
-                    if self._to_record and callable(record):  # every count, now (warm-up)
-                        record(self._to_record, o)
-                    self._to_record.clear()
+                    if self._to_record:  # every count the layout can call with (warm-up)
+                        record = getattr(self.net, "record_act_graphs", None)
+                        if callable(record):
+                            record(self._to_record, o)
+                        self._to_record.clear()
                     return (o, *self.net.act_host(o, gens))
                 out = self.net.act(o.to(self.device), generators=gens)
             else:
