@@ -19,7 +19,7 @@ from loomrl.workers.env import EnvWorker, worker_env_config
 from loomrl.workers.policy import PolicyWorker
 
 # Short episodes so that a few steps cover terminations, time-limit truncations and resets.
-ENV = EnvConfig("InvertedPendulum-v5", num_envs=4, seed=3, max_episode_steps=7, cpu_cores=0.5)
+ENV = EnvConfig("InvertedPendulum-v5", num_envs=4, seed=4, max_episode_steps=7, cpu_cores=0.5)
 PPO = PPOConfig(rollout_steps=48, epochs=2, num_minibatches=4, seed=5)
 STEPS = 12
 

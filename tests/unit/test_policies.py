@@ -610,7 +610,7 @@ def test_row_seeds_are_stateless_distinct_and_reused_generators_draw_the_same():
         row_seeds(0, [0, 1, 2], [0, 0])
     pool = []
     first = [torch.randn(3, generator=g) for g in row_generators(3, ids[:5], steps[:5], pool)]
-    row_generators(9, ids[:8], steps[:8], pool)  # re-seeded in between, and grown
+    list(row_generators(9, ids[:8], steps[:8], pool))  # re-seeded in between, and grown
     again = [torch.randn(3, generator=g) for g in row_generators(3, ids[:5], steps[:5], pool)]
     fresh = [torch.randn(3, generator=g) for g in row_generators(3, ids[:5], steps[:5])]
     assert len(pool) == 8
@@ -759,3 +759,78 @@ def test_a_user_policy_returning_misshapen_outputs_is_named_with_the_shapes(tmp_
     good = PolicyWorker(obs, act, 3, ppo, 0, policy="bad_policies:right")
     good.begin(2)
     assert [a.shape for a in good.act(0, reply)] == [(3, 2)]
+
+
+def _ks_distance(x: np.ndarray, cdf) -> float:
+    """Kolmogorov-Smirnov distance between the sample ``x`` and ``cdf``."""
+    x = np.sort(x.astype(np.float64))
+    f = np.array([cdf(v) for v in x])
+    n = len(x)
+    return float(max((np.arange(1, n + 1) / n - f).max(), (f - np.arange(n) / n).max()))
+
+
+def test_row_streams_draw_normals_and_uniforms_with_the_right_law():
+    from statistics import NormalDist
+
+    from loomrl.policies import RowStreams, row_seeds
+
+    streams = RowStreams(row_seeds(5, np.arange(4000), np.zeros(4000, np.int64)))
+    z = streams.normal(3)
+    u = streams.uniform(2)
+    assert z.shape == (4000, 3) and z.dtype == np.float32
+    assert u.shape == (4000, 2) and u.dtype == np.float64 and u.min() >= 0 and u.max() < 1
+    # 5% critical values of the KS distance at n = 12000 and 8000 are 0.0124 and 0.0152; these
+    # bounds sit near the 0.1% level, so a wrong law (an unscaled or shifted normal) fails them.
+    assert _ks_distance(z.ravel(), NormalDist().cdf) < 0.018
+    assert _ks_distance(u.ravel(), lambda v: v) < 0.022
+    corr = np.corrcoef(z.T)  # the elements of a row are independent draws
+    assert np.abs(corr[np.triu_indices(3, 1)]).max() < 0.06
+    assert np.array_equal(z, streams.normal(3))  # stateless: the same draws again
+    assert not np.array_equal(z[:, 0], streams.normal(3)[::-1, 0])
+
+
+def test_row_streams_give_a_row_its_draws_in_any_company_and_position():
+    """A row's draws are its own: not moved by the rows beside it, their number or its place
+    (odd counts reach the tails of numpy's vector loops)."""
+    from loomrl.policies import RowStreams
+
+    seeds = np.random.default_rng(0).integers(0, 2**63, 1037, dtype=np.uint64)
+    whole_n, whole_u = RowStreams(seeds).normal(5), RowStreams(seeds).uniform(3)
+    perm = np.random.default_rng(1).permutation(1037)
+    assert np.array_equal(RowStreams(seeds[perm]).normal(5), whole_n[perm])
+    for lo, hi in ((0, 1), (3, 10), (17, 530), (1000, 1037)):
+        part = RowStreams(seeds)[lo:hi]
+        assert np.array_equal(part.normal(5), whole_n[lo:hi]), (lo, hi)
+        assert np.array_equal(part.uniform(3), whole_u[lo:hi]), (lo, hi)
+    # a shape's first draws are those of a smaller one: draws are the stream's first outputs
+    assert np.array_equal(RowStreams(seeds).uniform(1)[:, 0], whole_u[:, 0])
+
+
+def test_row_streams_read_as_one_torch_generator_per_row_made_on_first_use():
+    from loomrl.policies import row_seeds
+
+    pool: list = []
+    s = row_generators(2, range(6), [1] * 6, pool)
+    assert len(s) == 6 and not pool  # the vectorised draws need no generators
+    assert [g.initial_seed() for g in s] == row_seeds(2, range(6), [1] * 6).tolist()
+    assert len(pool) == 6 and s[2] is pool[2] and s[-1] is pool[5]
+    head = s[:3]
+    assert head[1] is s[1] and len(head) == 3  # a slice shares the generators already made
+    drawn = torch.randn(2, generator=s[0])
+    again = torch.Generator().manual_seed(s[0].initial_seed())
+    assert torch.equal(drawn, torch.randn(2, generator=again))
+
+
+def test_discrete_actions_from_row_streams_follow_the_softmax():
+    from loomrl.policies import RowStreams, row_seeds
+
+    p = MLPActorCritic(5, DISC, seed=0)
+    logits = torch.tensor([[0.0, 1.0, float("-inf"), 2.0]]).repeat(6000, 1)
+    streams = RowStreams(row_seeds(1, np.arange(6000), np.zeros(6000, np.int64)))
+    a = p.heads.sample(logits, streams, deterministic=False)
+    counts = np.bincount(a.numpy(), minlength=4)
+    want = torch.softmax(logits[0], -1).double().numpy() * 6000
+    assert counts[2] == 0  # an action of probability 0 never comes
+    chi2 = float((((counts - want) ** 2)[[0, 1, 3]] / want[[0, 1, 3]]).sum())
+    assert chi2 < 13.8  # 2 degrees of freedom, 0.1% level
+    assert torch.equal(a[10:20], p.heads.sample(logits[10:20], streams[10:20], False))
