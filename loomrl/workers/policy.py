@@ -146,17 +146,31 @@ def build_policy(
                 "called as (observation_space, action_space, seed=ppo.seed, **policy_kwargs)"
             ]
         ) from None
+    # The sizes come from the config; the allocator's traceback would not say which key.
+    if "hidden" in kwargs:
+        src = "policy_kwargs.hidden" if "hidden" in given else "ppo.hidden"
+        sizes = f"{src}={list(kwargs['hidden'])}"
+    else:
+        sizes = f"policy_kwargs={given}, observations of shape {list(shape)}"
+    if spec in BUILT_IN_POLICIES and len(shape) == 1 and "hidden" in kwargs:
+        # Checked before building: where the kernel overcommits memory, a 22 TB layer was
+        # allocated, and its initialisation ran until the process was killed.
+        need = mlp_training_bytes(int(shape[0]), kwargs["hidden"], action_space)
+        have = _host_memory_bytes()
+        if need is not None and have and need > have:
+            raise ConfigError(
+                [
+                    f"policy={spec!r}: the policy built with {sizes} does not fit in the policy "
+                    f"worker's memory (its weights, gradients and Adam's two moments take about "
+                    f"{need / 1e9:.3g} GB, and this machine has {have / 1e9:.3g} GB); use "
+                    "smaller layers"
+                ]
+            )
     try:
         net = make(action_space, seed=seed, **kwargs)
     except (MemoryError, RuntimeError) as e:
         if spec not in BUILT_IN_POLICIES or not _out_of_memory(e):
             raise
-        # The sizes come from the config; the allocator's traceback would not say which key.
-        if "hidden" in kwargs:
-            src = "policy_kwargs.hidden" if "hidden" in given else "ppo.hidden"
-            sizes = f"{src}={list(kwargs['hidden'])}"
-        else:
-            sizes = f"policy_kwargs={given}, observations of shape {list(shape)}"
         raise ConfigError(
             [
                 f"policy={spec!r}: the policy built with {sizes} does not fit in the policy "
@@ -186,6 +200,33 @@ def build_policy(
             ]
         )
     return net
+
+
+def mlp_training_bytes(obs_dim: int, hidden: Any, action_space: Any) -> int | None:
+    """Bytes the built-in MLP policy takes to train in float32: its actor's and critic's
+    weights and biases, their gradients and Adam's two moments (4 copies). None when ``hidden``
+    is no sequence of whole numbers (the constructor names that)."""
+    try:
+        layers = [int(h) for h in hidden]
+    except (TypeError, ValueError):
+        return None
+    n = getattr(action_space, "n", None)
+    out = int(n) if n is not None else int(np.prod(getattr(action_space, "shape", ()) or (1,)))
+    params = 0 if n is not None else out  # a Box's actions have a log-std each
+    for last in (out, 1):  # actor, critic
+        sizes = [obs_dim, *layers, last]
+        params += sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+    return 4 * 4 * params
+
+
+def _host_memory_bytes() -> int | None:
+    """This machine's physical memory, or None where the OS does not say."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def _out_of_memory(e: BaseException) -> bool:
