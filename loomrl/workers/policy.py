@@ -146,24 +146,26 @@ def build_policy(
                 "called as (observation_space, action_space, seed=ppo.seed, **policy_kwargs)"
             ]
         ) from None
-    # The sizes come from the config; the allocator's traceback would not say which key.
-    if "hidden" in kwargs:
-        src = "policy_kwargs.hidden" if "hidden" in given else "ppo.hidden"
-        sizes = f"{src}={list(kwargs['hidden'])}"
-    else:
-        sizes = f"policy_kwargs={given}, observations of shape {list(shape)}"
-    if spec in BUILT_IN_POLICIES and len(shape) == 1 and "hidden" in kwargs:
-        # Checked before building: where the kernel overcommits memory, a 22 TB layer was
-        # allocated, and its initialisation ran until the process was killed.
-        need = mlp_training_bytes(int(shape[0]), kwargs["hidden"], action_space)
+
+    def sizes() -> str:  # from the config: the allocator's traceback would not say which key
+        if "hidden" in kwargs:
+            src = "policy_kwargs.hidden" if "hidden" in given else "ppo.hidden"
+            h = kwargs["hidden"]
+            return f"{src}={list(h) if isinstance(h, (list, tuple)) else repr(h)}"
+        return f"policy_kwargs={given}, observations of shape {list(shape)}"
+
+    if spec in BUILT_IN_POLICIES and "hidden" in kwargs:  # the MLP's layers
+        # Compared before building: on a GPU host, a test's 2**40-unit layer, which this
+        # project's CPU allocator refuses at once, was still running at a 90 s cap.
+        need = mlp_training_bytes(int(np.prod(shape)), kwargs["hidden"], action_space)
         have = _host_memory_bytes()
         if need is not None and have and need > have:
             raise ConfigError(
                 [
-                    f"policy={spec!r}: the policy built with {sizes} does not fit in the policy "
-                    f"worker's memory (its weights, gradients and Adam's two moments take about "
-                    f"{need / 1e9:.3g} GB, and this machine has {have / 1e9:.3g} GB); use "
-                    "smaller layers"
+                    f"policy={spec!r}: the policy built with {sizes()} does not fit in the "
+                    f"policy worker's memory (its weights, gradients and Adam's two moments "
+                    f"take about {need / 1e9:.3g} GB, and this machine has {have / 1e9:.3g} GB); "
+                    "use smaller layers"
                 ]
             )
     try:
@@ -173,7 +175,7 @@ def build_policy(
             raise
         raise ConfigError(
             [
-                f"policy={spec!r}: the policy built with {sizes} does not fit in the policy "
+                f"policy={spec!r}: the policy built with {sizes()} does not fit in the policy "
                 f"worker's memory ({str(e).splitlines()[0][:200]}); use smaller layers"
             ]
         ) from None
