@@ -4,7 +4,7 @@
 
 In one process (no Ray), the built-in CNN policy acts the way ``PolicyWorker._act`` does on
 n = 1, 8, 32, 64 rows of 64x64 images, its forward in blocks of each ``--row-blocks`` size
-(1: row by row), with one generator per row. Timed per call
+(1: row by row), with one random stream per row. Timed per call
 (median of reps), each path ending with the results on the host:
 
 * ``act``: host -> GPU copy, forward row by row, sampling, three GPU -> host copies (action,
@@ -25,7 +25,9 @@ n = 1, 8, 32, 64 rows of 64x64 images, its forward in blocks of each ``--row-blo
   default as ``act_host_pageable``);
 * ``forward``: forward row by row and one synchronise;
 * ``h2d``: the host -> GPU copy of the images and one synchronise;
-* ``gens``: building the per-row generators (host only).
+* ``gens``: the rows' streams and their noise, on the host (``row_generators(...).normal``,
+  what the built-ins draw per call; before b6630c8 it timed building one ``torch.Generator``
+  per row, without the draws).
 
 Then the same again while ``--renderers`` processes render MuJoCo frames with EGL on the same GPU
 nonstop (as env workers do in a split cycle). Prints a table and writes JSON.
@@ -121,7 +123,7 @@ def time_size(net, dev: str, n: int, reps: int, gnet=None) -> dict:
         sync()
 
     def gens() -> None:
-        row_generators(0, ids, steps)
+        row_generators(0, ids, steps).normal(net.heads.action_dim)
 
     row = {}
     if gnet is not None:  # recorded on raw, compared on other images (replays)
