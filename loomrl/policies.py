@@ -157,7 +157,7 @@ class RowStreams(Sequence):
         """Standard-normal draws per row [B, *shape] (float32), by Box-Muller in float64."""
         n = math.prod(shape)
         half = (n + 1) // 2
-        u = (self._bits(2 * half) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+        u = self.uniform(2 * half)
         radius = np.sqrt(-2.0 * np.log(1.0 - u[:, :half]))  # 1 - u lies in (0, 1]
         angle = (2.0 * math.pi) * u[:, half:]
         z = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)], axis=1)[:, :n]

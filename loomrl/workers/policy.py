@@ -154,7 +154,7 @@ def build_policy(
             return f"{src}={list(h) if isinstance(h, (list, tuple)) else repr(h)}"
         return f"policy_kwargs={given}, observations of shape {list(shape)}"
 
-    if spec in BUILT_IN_POLICIES and "hidden" in kwargs:  # the MLP's layers
+    if spec == "mlp" or (spec == "auto" and len(shape) == 1):  # the built-in MLP
         # Compared before building: on a GPU host, a test's 2**40-unit layer, which this
         # project's CPU allocator refuses at once, was still running at a 90 s cap.
         need = mlp_training_bytes(int(np.prod(shape)), kwargs["hidden"], action_space)
