@@ -29,23 +29,30 @@ many items past its maxsize for a while (producers that waited for room were let
 
 A get (put) with no timeout in a process that is no Ray actor (the driver, a Ray task) does not
 wait for ever on producers (consumers) that died: it waits in slices of ``DEAD_PEER_CHECK_S``, and
-after each empty (full) one the broker checks the Ray actors that have put to (taken from) the
-key; once every one of them has died it raises ChannelPeerDied (a WorkerDiedError) naming them.
-It keeps waiting, as before, while no producer (consumer) of the key is known yet, or while one of
-them is a driver or a Ray task (whose liveness Ray cannot be asked). Inside actors nothing
+after each empty (full) one the broker checks the processes that have put to (taken from) the
+key: Ray actors by a ping, drivers and Ray tasks in Ray's control store (a driver is gone once its
+job ended, a task once its worker process is). Once every one of them has died it raises
+ChannelPeerDied (a WorkerDiedError) naming them. It keeps waiting while no producer (consumer)
+of the key is known yet, or while one of them lives (a task's worker process outlives the task
+while Ray keeps it for the next one). Inside actors nothing
 changes: a worker's death reaches the driver through ``loomrl.worker.wait``, and a flow's stages
 wait on each other on purpose.
 
-A get's call to the broker outlives a consumer actor killed while it waits: Ray does not cancel
-it, and the items it took would go to a process that is gone. So the broker pings a consumer
-actor whose get has waited ``DEAD_PEER_CHECK_S`` (and again each ``DEAD_PEER_CHECK_S`` after),
-and once a ping has failed because the actor died, that get takes nothing more and its items
-stay first in their queue for the next consumer. Gets that wait less ping nothing. What is left:
-items that arrive for a consumer that died shortly before them still go to it and are lost:
-within about ``DEAD_PEER_CHECK_S`` (twice that for a threaded or async actor, which answers
-pings while it waits: one ping a period per actor), plus the time Ray takes to see the death
-(seconds when a node is lost rather than a process killed); so are those of a get that returned
-to a consumer that died before reading the reply.
+A get's call to the broker outlives a consumer actor killed while it waits: Ray does not cancel it,
+and the items it took would go to a process that is gone. So the broker pings a consumer actor
+whose get has waited ``DEAD_PEER_CHECK_S`` (and again each ``DEAD_PEER_CHECK_S`` after), and once a
+ping has failed because the actor died, that get takes nothing more and its items stay first in
+their queue for the next consumer. Gets that wait less ping nothing. The items a get of a consumer
+actor returns are held by the broker (a lease) until that actor has read them and said so: with its
+next get to that channel, or within ``_RELEASE_S`` (0.25 s) in a call of its own that waits for no
+answer. When the actor dies first (items that arrived just after its death, or a reply it never
+read), the broker finds it dead within about ``DEAD_PEER_CHECK_S`` to twice that, plus the time Ray
+takes to see the death, and puts the items back at the front of their queue, in order, for the next
+consumer; when Ray restarts the actor, they come back at its new process's first get. Delivery to
+actors is therefore at least once: an actor that dies after reading its items but before its word
+reaches the broker (within about ``_RELEASE_S`` of reading them) has them delivered again.
+``stats()`` counts the items ``held`` and ``requeued``. A driver's or a Ray task's get is not held
+(nothing can ask whether it lives).
 
 This module never imports torch at import time; GPU tensors inside items are
 moved to host memory when the channel was created with ``offload=True`` and
@@ -59,6 +66,7 @@ import contextlib
 import contextvars
 import math
 import numbers
+import threading
 import time
 from collections import deque
 from collections.abc import Hashable, Iterable, Iterator, Sequence
@@ -212,6 +220,22 @@ def _actor_id() -> str | None:
     return _actor[0]
 
 
+_worker: list[str] = []
+
+
+def _worker_id() -> str:
+    """This process's Ray worker id: tells the processes of one actor apart when Ray restarts it
+    (the actor id stays)."""
+    if not _worker:
+        import ray
+
+        _worker.append(ray.get_runtime_context().get_worker_id())
+    return _worker[0]
+
+
+# Peer ids of processes that are no actors (``_process_id``).
+_DRIVER, _TASK = "driver:", "task:"
+
 _self_handle: list[Any] = []
 
 
@@ -233,10 +257,21 @@ _TOLD_MAX = 65536
 _told_handle: set[tuple[str, int]] = set()
 
 
+def _process_id() -> str:
+    """Who a driver or Ray task is, for a broker that may be asked whether it still runs:
+    "driver:<job id>" (a driver's job ends with it) or "task:<worker id>" (the worker process)."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    if ctx.worker.mode == ray.SCRIPT_MODE:
+        return f"{_DRIVER}{ctx.get_job_id()}"
+    return f"{_TASK}{ctx.get_worker_id()}"
+
+
 def _peer(name: str, broker: Any, key: Hashable, side: str) -> tuple[str | None, Any] | None:
     """What the broker records of this process as a producer (side "put") or consumer ("take")
     of ``key``, the first time it touches it: (actor id, own handle, or None once the broker has
-    it), or (None, None) in a driver or task (alive as far as anyone can tell). None once told."""
+    it), or (``_process_id()``, None) in a driver or task. None once told."""
     mark = (name, hash(broker), key, side)
     if mark in _told:
         return None
@@ -245,11 +280,53 @@ def _peer(name: str, broker: Any, key: Hashable, side: str) -> tuple[str | None,
     _told.add(mark)
     actor = _actor_id()
     if actor is None:
-        return None, None
+        return _process_id(), None
     if mark[:2] in _told_handle:
         return actor, None
     _told_handle.add(mark[:2])
     return actor, _actor_handle()
+
+
+# Leases this actor has read and not yet told its brokers of, by broker: (handle, lease numbers).
+# A get tells its broker of them with its own call; what no get tells within ``_RELEASE_S`` a
+# thread sends alone. A release per get cost a quarter of a one-item get's speed on 2 cores.
+_unreleased: dict[tuple[str, int], tuple[Any, list[int]]] = {}
+_unreleased_lock = threading.Lock()
+_release_thread: list[threading.Thread] = []
+_RELEASE_S = 0.25
+
+
+def _read(name: str, broker: Any, lease: int) -> None:
+    """Note that this actor has read the items of ``lease``: its broker hears of it with the next
+    get from here, or within ``_RELEASE_S``."""
+    with _unreleased_lock:
+        _unreleased.setdefault((name, hash(broker)), (broker, []))[1].append(lease)
+        if not _release_thread:
+            thread = threading.Thread(
+                target=_release_loop, name="loomrl-channel-release", daemon=True
+            )
+            _release_thread.append(thread)
+            thread.start()
+
+
+def _take_read(name: str, broker: Any) -> list[int] | None:
+    """The leases read here that a get to ``broker`` now carries (None when there are none)."""
+    with _unreleased_lock:
+        held = _unreleased.pop((name, hash(broker)), None)
+    return held[1] if held else None
+
+
+def _release_loop() -> None:
+    while True:
+        time.sleep(_RELEASE_S)
+        with _unreleased_lock:
+            due = list(_unreleased.values())
+            _unreleased.clear()
+        for broker, leases in due:
+            try:
+                broker.release.remote(leases)
+            except Exception:  # a deleted channel: nothing is held for it any more
+                pass
 
 
 def _device_indices(buffers: list[Any]) -> tuple[int, ...]:
@@ -383,6 +460,18 @@ def _caller_died(peer: _Peer, since: float, send: bool = True) -> bool:
     return False
 
 
+class _Lease:
+    """Items a get of a consumer actor took and returned, held until that consumer says it has
+    read them (``release``): if its process dies first they go back to the front of their queue.
+    ``since``: when the get began (a ping sent before then may be of an earlier life)."""
+
+    __slots__ = ("key", "caller", "worker", "entries", "weight", "dst", "since")
+
+    def __init__(self, key, caller, worker, entries, weight, dst, since) -> None:
+        self.key, self.caller, self.worker = key, caller, worker
+        self.entries, self.weight, self.dst, self.since = entries, weight, dst, since
+
+
 class _KeyQueue:
     __slots__ = ("items", "weight", "lock", "not_empty", "not_full", "taken", "stats", "peers")
 
@@ -396,8 +485,8 @@ class _KeyQueue:
         # Producers in wait_taken wait for a get to complete (stats["got"] to grow).
         self.taken = asyncio.Condition(self.lock)
         self.stats = {"put": 0, "got": 0, "bytes_put": 0, "bytes_got": 0}
-        # Producers ("put") and consumers ("take"): Ray actor id ("" for drivers and tasks) ->
-        # the component name of its first call.
+        # Producers ("put") and consumers ("take"): Ray actor id (``_process_id`` for drivers and
+        # tasks) -> the component name of its first call.
         self.peers: dict[str, dict[str, str]] = {"put": {}, "take": {}}
 
 
@@ -453,12 +542,19 @@ class _Broker:
         self.producers: set[str] = set()
         self.consumers: set[str] = set()
         self.peers: dict[str, _Peer] = {}  # actor processes that put or took, by Ray actor id
+        # Items returned to consumer actors and not yet read there, by lease number; the task
+        # that looks for their consumers' deaths runs while there are any.
+        self.leases: dict[int, _Lease] = {}
+        self.last_lease = 0
+        self.lease_watch: asyncio.Task | None = None
+        self.lives: dict[str, str] = {}  # consumer actor id -> the Ray worker id of its process
+        self.requeued = 0  # items put back from leases whose consumer died
 
     def _add_peer(self, q: _KeyQueue, side: str, peer: tuple, name: str) -> None:
         actor, handle = peer
         if handle is not None and actor not in self.peers:
             self.peers[actor] = _Peer(handle)
-        q.peers[side].setdefault(actor or "", name)
+        q.peers[side].setdefault(actor, name)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -525,13 +621,19 @@ class _Broker:
         dst: str,
         peer: tuple[str | None, Any] | None = None,
         caller: str | None = None,
+        worker: str | None = None,
+        released: list[int] | None = None,
     ):
         """Pop items FIFO until ``count`` items or ``weight`` summed weight are taken.
 
         Takes incrementally (room frees for producers while the batch fills). On
         timeout the taken items go back to the front, in order: nothing is lost.
-        ``caller``: the calling actor's Ray actor id (None in a driver or task).
-        Returns (status, entries); status "ok", "closed", "timeout" or "caller_dead".
+        ``caller``: the calling actor's Ray actor id (None in a driver or task); ``worker``: the
+        Ray worker id of its process. Returns (status, entries, lease); status "ok", "closed",
+        "timeout" or "caller_dead"; ``lease`` (a number, or None) is to be released by the
+        caller once it has read the entries (``release``): an actor caller's entries are held
+        until then, and go back to the front of the queue if it dies first (``_watch_leases``).
+        ``released``: leases the caller has read since it last said so.
 
         A call outlives the process that made it: Ray does not cancel it when its caller dies,
         and items it took would go nowhere. So a wait of an actor whose handle this broker holds
@@ -540,6 +642,16 @@ class _Broker:
         back as on timeout and the call returns "caller_dead". A wait that ends before the first
         wake pings nothing.
         """
+        called = time.monotonic()
+        if released:
+            self.release(released)
+        if caller is not None and worker is not None and self.lives.get(caller, worker) != worker:
+            # Ray restarted this actor: what its earlier process was handed and never read
+            # comes back first (pings reach the new process and would never say it died).
+            for number in [n for n, ls in self.leases.items() if ls.caller == caller]:
+                await self._requeue(number)
+        if caller is not None and worker is not None:
+            self.lives[caller] = worker
         q = self._queue(key)
         self.consumers.add(dst)
         if peer is not None:
@@ -567,7 +679,7 @@ class _Broker:
                 if self.closed:
                     if taken:
                         break
-                    return self._closed(), []
+                    return self._closed(), [], None
                 if watch is None:
                     if not await _wait(q.not_empty, deadline):
                         return self._give_back(q, taken, got_weight, "timeout")
@@ -596,7 +708,10 @@ class _Broker:
                 self.edges[edge] = self.edges.get(edge, 0) + 1
             if taken:
                 q.taken.notify_all()
-        return "ok", taken
+            lease = None
+            if taken and watch is not None:
+                lease = self._lease(_Lease(key, caller, worker, taken, got_weight, dst, called))
+        return "ok", taken, lease
 
     @staticmethod
     def _give_back(q: _KeyQueue, taken: list[tuple], got_weight: float, status: str):
@@ -606,23 +721,71 @@ class _Broker:
         q.weight += got_weight
         if q.items:
             q.not_empty.notify()
-        return status, []
+        return status, [], None
 
-    async def untake(self, key: Hashable, entries: list[tuple], dst: str) -> None:
+    def _put_back(self, q: _KeyQueue, entries: list[tuple], dst: str) -> None:
+        """Entries a returned take counted go back to the front of ``q``, in order, as if it had
+        not taken them (lock held)."""
+        q.items.extendleft(reversed(entries))
+        for entry in entries:
+            q.weight += entry[0]
+            q.stats["got"] -= 1
+            q.stats["bytes_got"] -= entry[2]
+            edge = (entry[1], dst)
+            self.edges[edge] -= 1
+            if not self.edges[edge]:
+                del self.edges[edge]
+        q.not_empty.notify()
+
+    async def untake(
+        self, key: Hashable, entries: list[tuple], dst: str, lease: int | None = None
+    ) -> None:
         """Put back, at the front of ``key``'s FIFO and in order, entries a get took but did not
-        read (others of its batch could not be read there): as if that get had not taken them."""
+        read (others of its batch could not be read there): as if that get had not taken them.
+        Releases the get's ``lease``: the rest of its batch is reported lost to its caller."""
+        self.leases.pop(lease, None)
         q = self._queue(key)
         async with q.lock:
-            q.items.extendleft(reversed(entries))
-            for entry in entries:
-                q.weight += entry[0]
-                q.stats["got"] -= 1
-                q.stats["bytes_got"] -= entry[2]
-                edge = (entry[1], dst)
-                self.edges[edge] -= 1
-                if not self.edges[edge]:
-                    del self.edges[edge]
-            q.not_empty.notify()
+            self._put_back(q, entries, dst)
+
+    # ------------------------------------------------------------------ leases
+    def _lease(self, lease: _Lease) -> int:
+        self.last_lease += 1
+        self.leases[self.last_lease] = lease
+        if self.lease_watch is None or self.lease_watch.done():
+            self.lease_watch = asyncio.get_running_loop().create_task(self._watch_leases())
+        return self.last_lease
+
+    def release(self, leases: list[int]) -> None:
+        """The consumer has read the items of ``leases`` (sent without waiting for an answer)."""
+        for number in leases:
+            self.leases.pop(number, None)
+
+    async def _requeue(self, number: int) -> None:
+        """The items of a lease whose consumer died unread go back to the front of their queue."""
+        lease = self.leases.pop(number, None)
+        if lease is None or self.deleted:
+            return
+        q = self._queue(lease.key)
+        async with q.lock:
+            self._put_back(q, lease.entries, lease.dst)
+        self.requeued += len(lease.entries)
+
+    async def _watch_leases(self) -> None:
+        """While leases are held: every ``DEAD_PEER_CHECK_S``, ping the consumer of each lease
+        held that long (one ping a period per actor, shared with waiting takes) and requeue the
+        leases of those a ping found dead. A live consumer releases its lease within
+        milliseconds of its get's return, so most leases are never pinged for; a busy one answers
+        no ping and so is never taken for dead."""
+        while self.leases:
+            await asyncio.sleep(DEAD_PEER_CHECK_S)
+            now = time.monotonic()
+            for number, lease in list(self.leases.items()):
+                peer = self.peers.get(lease.caller)
+                if peer is None or now - lease.since < DEAD_PEER_CHECK_S:
+                    continue
+                if _caller_died(peer, lease.since):
+                    await self._requeue(number)
 
     async def wait_taken(self, key: Hashable, timeout: float | None) -> str:
         """Wait until gets have taken every item put to ``key`` before this call. Items count as
@@ -673,7 +836,7 @@ class _Broker:
 
         if not others or not stuck():
             return None
-        alive = await asyncio.gather(*(_alive(self.peers.get(actor)) for actor, _ in others))
+        alive = await asyncio.gather(*(_alive(self.peers.get(actor), actor) for actor, _ in others))
         # The key may have moved while the pings were out: an item, room, or a new peer came.
         if any(alive) or not stuck() or len(known) != len(others):
             return None
@@ -689,6 +852,8 @@ class _Broker:
     async def close(self, deleted: bool = False) -> None:
         self.closed = True
         self.deleted = self.deleted or deleted
+        if deleted:
+            self.leases.clear()
         for q in self.queues.values():
             async with q.lock:
                 if deleted:
@@ -716,19 +881,24 @@ class _Broker:
             "producers": sorted(self.producers),
             "consumers": sorted(self.consumers),
             "edges": dict(self.edges),
+            # Items handed to consumer actors and not yet read there; items put back because
+            # their consumer died before reading them.
+            "held": sum(len(lease.entries) for lease in self.leases.values()),
+            "requeued": self.requeued,
         }
 
     def edge_set(self) -> set[tuple[str, str]]:
         return set(self.edges)
 
 
-async def _alive(peer: _Peer | None) -> bool:
+async def _alive(peer: _Peer | None, who: str = "") -> bool:
     """False only when Ray says the peer's actor died; a ping still out after ``_PING_S`` means
-    alive or busy (a threaded actor runs it after its current call). A driver or task (None: no
-    handle) counts as alive: nothing can tell. Each check after a landed ping sends a new one: an
-    actor Ray restarts (its max_restarts) comes back under the same handle."""
+    alive or busy (a threaded actor runs it after its current call). A driver or a task (no
+    handle; ``who`` its ``_process_id``) is asked of Ray's control store: dead once its job ended
+    (a driver) or its worker process is gone (a task). Each check after a landed ping sends a new
+    one: an actor Ray restarts (its max_restarts) comes back under the same handle."""
     if peer is None:
-        return True
+        return await asyncio.to_thread(_process_alive, who)
     if peer.ping is None:
         peer.send()
     # Held here: another check of this peer may drop or replace peer.ping while this one waits.
@@ -739,6 +909,24 @@ async def _alive(peer: _Peer | None) -> bool:
     if peer.ping is not None and peer.ping[1] is future:
         peer.ping = None
     return not _died(future.exception())
+
+
+def _process_alive(who: str) -> bool:
+    """Whether the driver or task ``who`` (``_process_id``) still runs, as Ray's control store
+    says; True when it cannot say (an unknown id, or its tables cannot be read)."""
+    from ray._private import state
+
+    try:
+        if who.startswith(_DRIVER):
+            job = who[len(_DRIVER) :]
+            return not any(
+                j.get("JobID") == job and j.get("IsDead") for j in state.state.job_table()
+            )
+        if who.startswith(_TASK):
+            return who[len(_TASK) :] in state.state.workers()  # it lists live workers only
+    except Exception:  # a private table whose form may change: never take a peer for dead on it
+        return True
+    return True
 
 
 _remote_broker = None
@@ -1152,9 +1340,11 @@ class Channel:
         dst = dst or current_component()
         peer = _peer(self.name, self._broker, key, "take")
         caller = _actor_id()
+        worker = None if caller is None else _worker_id()
+        released = None if caller is None else _take_read(self.name, self._broker)
         sliced = timeout is None and caller is None
         while True:
-            status, got = self._call(
+            status, got, lease = self._call(
                 "take",
                 key,
                 count,
@@ -1163,8 +1353,10 @@ class Channel:
                 dst,
                 peer,
                 caller,
+                worker,
+                released,
             )
-            peer = None
+            peer = released = None
             if status == "caller_dead":
                 # Meant for a caller that died; a live one (Ray was wrong) took nothing: without
                 # a timeout it asks again, with one it reports a timeout.
@@ -1186,12 +1378,13 @@ class Channel:
                 f"channel {self.name!r} key {key!r}: {what} after {timeout}s (nothing was taken)"
             )
         try:
-            return _decode_all([entry[3] for entry in got], self.name)
+            items = _decode_all([entry[3] for entry in got], self.name)
         except _NotHere as e:
             # The items that can be read stay in the channel, first in their queue as before.
             keep = [entry for i, entry in enumerate(got) if i not in e.lost]
             if keep:
-                self._call("untake", key, keep, dst)
+                self._call("untake", key, keep, dst, lease)
+                lease = None
             if e.elsewhere is not None:
                 raise LoomError(e.elsewhere) from None
             from loomrl.worker import worker_name
@@ -1213,6 +1406,10 @@ class Channel:
                 "restarts from its last checkpoint: run.max_restarts)",
                 producers=tuple(producers),
             ) from None
+        finally:
+            if lease is not None:  # read (or unreadable anywhere): no one else may take them
+                _read(self.name, self._broker, lease)
+        return items
 
     def wait_taken(self, key: Hashable = None, timeout: float | None = None) -> None:
         """Block until consumers have taken every item put to ``key`` before this call (an item
@@ -1258,7 +1455,7 @@ class Channel:
         id, component name) has all died; named by worker where this process launched it."""
         from loomrl.worker import _worker_of, worker_name
 
-        who = [worker_name(actor) or f"actor-{actor[:8]} {name!r}" for actor, name in dead]
+        who = [worker_name(actor) or _peer_label(actor, name) for actor, name in dead]
         group, rank = _worker_of(dead[0][0])
         worker, host = (
             (group.name, group._hosts.get(rank, "unknown")) if group else (dead[0][1], "unknown")
@@ -1308,6 +1505,15 @@ class Channel:
                 f"channel {self.name!r} was made on a Ray instance that has stopped (its "
                 "Cluster was shut down); create it again on this one"
             ) from None
+
+
+def _peer_label(peer: str, name: str) -> str:
+    """How a message names a peer this process did not launch: by kind and id, then component."""
+    if peer.startswith(_DRIVER):
+        return f"the driver of job {peer[len(_DRIVER) :]} {name!r}"
+    if peer.startswith(_TASK):
+        return f"a Ray task in worker {peer[len(_TASK) : len(_TASK) + 8]} {name!r}"
+    return f"actor-{peer[:8]} {name!r}"
 
 
 def _lookup(name: str) -> Any:

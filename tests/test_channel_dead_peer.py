@@ -16,7 +16,7 @@ import pytest
 
 from loomrl import channel as channel_mod
 from loomrl.channel import DEAD_PEER_CHECK_S, Channel
-from loomrl.errors import ChannelPeerDied, WorkerDiedError
+from loomrl.errors import ChannelPeerDied, ChannelTimeout, WorkerDiedError
 
 
 @pytest.fixture
@@ -216,8 +216,55 @@ def test_an_actor_tells_a_broker_its_handle_once_and_each_key_once(monkeypatch):
     assert told == [("a1", "own handle"), ("a1", None), None]
     assert channel_mod._peer("c", broker, "k1", "take") == ("a1", None)
     assert channel_mod._peer("c", other, "k1", "put") == ("a1", "own handle")
-    monkeypatch.setattr(channel_mod, "_actor", [None])  # a driver: nothing to ping
-    assert channel_mod._peer("d", broker, None, "take") == (None, None)
+    monkeypatch.setattr(channel_mod, "_actor", [None])  # a driver: asked of Ray's tables, no ping
+    monkeypatch.setattr(channel_mod, "_process_id", lambda: "driver:01000000")
+    assert channel_mod._peer("d", broker, None, "take") == ("driver:01000000", None)
+
+
+@pytest.mark.timeout(60)
+def test_driver_get_raises_once_its_producer_task_s_process_died(make_channel, ray_session):
+    import os
+    import signal
+
+    ray = ray_session
+
+    @ray.remote(num_cpus=0, max_retries=0)
+    def produce(ch):
+        ch.put(os.getpid(), src="sampler")
+        time.sleep(60)
+
+    ch = make_channel()
+    ref = produce.remote(ch)
+    os.kill(ch.get(timeout=30), signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(
+        ChannelPeerDied,
+        match=r"every producer of this key has died \(a Ray task in worker [0-9a-f]{8} 'sampler'\)",
+    ) as info:
+        ch.get()
+    assert time.monotonic() - t0 < 4 * DEAD_PEER_CHECK_S + 5
+    assert info.value.peers[0].startswith("task:")
+    with pytest.raises(ray.exceptions.RayError):
+        ray.get(ref, timeout=10)
+
+
+@pytest.mark.timeout(90)
+def test_driver_get_raises_once_its_producer_driver_s_job_ended(make_channel, ray_session):
+    import subprocess
+    import sys
+
+    ch = make_channel()
+    address = ray_session.get_runtime_context().gcs_address
+    code = (
+        "import ray; from loomrl import Channel; "
+        f"ray.init(address={address!r}, namespace='loomrl', log_to_driver=False); "
+        f"Channel.connect({ch.name!r}).put('from another driver', src='feeder')"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ch.get(timeout=5) == "from another driver"
+    with pytest.raises(ChannelPeerDied, match=r"\(the driver of job [0-9a-f]+ 'feeder'\)"):
+        ch.get()
 
 
 @pytest.mark.timeout(60)
@@ -283,6 +330,135 @@ def test_threaded_and_async_consumers_blocked_past_the_check_still_get_their_ite
     ch.put("for threaded", key="t")
     ch.put("for async", key="a")
     assert ray.get(pending, timeout=10) == ["for threaded", "for async"]
+
+
+@pytest.fixture
+def reader_class(ray_session):
+    ray = ray_session
+
+    @ray.remote(num_cpus=0, max_restarts=1, max_task_retries=0)
+    class Reader:
+        """A consumer whose next get dies (or dawdles) between its broker's reply and reading it."""
+
+        def life(self):
+            return ray.get_runtime_context().get_worker_id()
+
+        def get(self, ch, timeout=None):
+            return ch.get(dst="reader", timeout=timeout)
+
+        def get_then(self, ch, then, seconds=0.0):
+            import os
+
+            read = channel_mod._decode_all
+
+            def decode(payloads, name):
+                if then == "die":
+                    os._exit(1)
+                time.sleep(seconds)  # busy: answers no ping
+                return read(payloads, name)
+
+            channel_mod._decode_all = decode
+            try:
+                return ch.get(dst="reader")
+            finally:
+                channel_mod._decode_all = read
+
+    return Reader
+
+
+def _settled(ch, **want):
+    """ch.stats() once its fields ``want`` hold (a release reaches the broker without a reply)."""
+    deadline = time.monotonic() + 10.0
+    while True:
+        stats = ch.stats()
+        if all(stats[k] == v for k, v in want.items()) or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(60)
+def test_an_item_that_reaches_a_consumer_just_killed_goes_to_the_next_one(
+    make_channel, peer_class, ray_session
+):
+    ch = make_channel()
+    consumer = peer_class.remote()
+    ray_session.get(consumer.actor_id.remote())
+    consumer.get.remote(ch)
+    _wait_for_consumer(ch, "learner")
+    ray_session.kill(consumer)
+    ch.put("just after")  # its broker call, not yet found dead, takes it and replies to no one
+    # Found dead within a check or two: the item comes back for the next consumer.
+    assert ch.get(timeout=4 * DEAD_PEER_CHECK_S + 5) == "just after"
+    stats = ch.stats()
+    assert (stats["put"], stats["got"], stats["held"], stats["requeued"]) == (1, 1, 0, 1)
+    assert stats["edges"] == {("driver", "driver"): 1}
+
+
+@pytest.mark.timeout(60)
+def test_items_a_consumer_died_before_reading_go_back_first_in_order(
+    make_channel, reader_class, ray_session
+):
+    ch = make_channel()
+    reader = reader_class.remote()
+    ray_session.get(reader.life.remote())
+    ch.put_many(["a", "b"])
+    with pytest.raises(ray_session.exceptions.RayActorError):
+        ray_session.get(reader.get_then.remote(ch, "die"), timeout=30)
+    # Ray restarts it (max_restarts=1); its new process's first get has "a" again, then "b".
+    assert ray_session.get(reader.get.remote(ch, 20), timeout=30) == "a"
+    assert ch.get(timeout=5) == "b"
+    stats = _settled(ch, held=0)
+    assert (stats["got"], stats["held"], stats["requeued"]) == (2, 0, 1)
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_reader_s_items_go_to_the_driver(make_channel, reader_class, ray_session):
+    ch = make_channel()
+    reader = reader_class.remote()
+    ray_session.get(reader.life.remote())
+    ch.put("only")
+    pending = reader.get_then.remote(ch, "die")
+    with pytest.raises(ray_session.exceptions.RayActorError):
+        ray_session.get(pending, timeout=30)
+    ray_session.kill(reader, no_restart=True)
+    assert ch.get(timeout=4 * DEAD_PEER_CHECK_S + 5) == "only"
+    assert ch.stats()["requeued"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_reader_keeps_its_items_and_releases_them(make_channel, reader_class, ray_session):
+    ch = make_channel()
+    reader = reader_class.remote()
+    ray_session.get(reader.life.remote())
+    ch.put("mine")
+    pending = reader.get_then.remote(ch, "dawdle", 2 * DEAD_PEER_CHECK_S + 1.0)
+    time.sleep(1.0)
+    assert ch.stats()["held"] == 1
+    with pytest.raises(ChannelTimeout):  # pinged while busy: no answer, not taken for dead
+        ch.get(timeout=2 * DEAD_PEER_CHECK_S)
+    assert ray_session.get(pending, timeout=30) == "mine"
+    stats = _settled(ch, held=0)
+    assert (stats["got"], stats["held"], stats["requeued"], stats["qsize"]) == (1, 0, 0, 0)
+
+
+def test_a_read_lease_rides_on_the_next_get_or_goes_alone_within_a_quarter_second(monkeypatch):
+    monkeypatch.setattr(channel_mod, "_unreleased", {})
+    sent = []
+
+    class Broker:  # hashable, as Ray's actor handles are
+        release = SimpleNamespace(remote=sent.append)
+
+    broker = Broker()
+    channel_mod._read("c", broker, 3)
+    channel_mod._read("c", broker, 4)
+    assert channel_mod._take_read("c", broker) == [3, 4]  # the next get carries them
+    assert channel_mod._take_read("c", broker) is None
+    channel_mod._read("c", broker, 5)  # no get follows: the thread sends it alone
+    deadline = time.monotonic() + 5.0
+    while not sent:
+        assert time.monotonic() < deadline, "no release was sent"
+        time.sleep(0.02)
+    assert sent == [[5]] and channel_mod._take_read("c", broker) is None
 
 
 def _fake_peer():
