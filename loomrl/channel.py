@@ -774,9 +774,9 @@ class _Broker:
     async def _watch_leases(self) -> None:
         """While leases are held: every ``DEAD_PEER_CHECK_S``, ping the consumer of each lease
         held that long (one ping a period per actor, shared with waiting takes) and requeue the
-        leases of those a ping found dead. A live consumer releases its lease within
-        milliseconds of its get's return, so most leases are never pinged for; a busy one answers
-        no ping and so is never taken for dead."""
+        leases of those a ping found dead. A live consumer releases its lease within about
+        ``_RELEASE_S`` of its get's return, so most leases are never pinged for; a busy one
+        answers no ping and so is never taken for dead."""
         while self.leases:
             await asyncio.sleep(DEAD_PEER_CHECK_S)
             now = time.monotonic()
