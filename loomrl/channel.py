@@ -45,8 +45,9 @@ ping has failed because the actor died, that get takes nothing more and its item
 their queue for the next consumer. Gets that wait less ping nothing. The items a get of a consumer
 actor returns are held by the broker (a lease) until that actor has read them and said so: with its
 next get to that channel, or within ``_RELEASE_S`` (0.25 s) in a call of its own that waits for no
-answer. When the actor dies first (items that arrived just after its death, or a reply it never
-read), the broker finds it dead within about ``DEAD_PEER_CHECK_S`` to twice that, plus the time Ray
+answer (``flush_reads``: at once; a flow's stage calls it before it returns, and
+``WorkerGroup.kill`` has its workers call it before they are killed). When the actor dies first
+(items that arrived just after its death, or a reply it never read), the broker finds it dead within about ``DEAD_PEER_CHECK_S`` to twice that, plus the time Ray
 takes to see the death, and puts the items back at the front of their queue, in order, for the next
 consumer; when Ray restarts the actor, they come back at its new process's first get. Delivery to
 actors is therefore at least once: an actor that dies after reading its items but before its word
@@ -89,6 +90,7 @@ __all__ = [
     "ChannelNotFoundError",
     "component",
     "current_component",
+    "flush_reads",
     "set_component",
 ]
 
@@ -316,17 +318,29 @@ def _take_read(name: str, broker: Any) -> list[int] | None:
     return held[1] if held else None
 
 
+def flush_reads(timeout: float | None = None) -> None:
+    """Tell every broker now of the leases this process has read and not yet told; with
+    ``timeout``, wait up to that many seconds for them to arrive. A stage calls it before it
+    returns and a worker before it is killed on purpose: what it read then never comes back."""
+    with _unreleased_lock:
+        due = list(_unreleased.values())
+        _unreleased.clear()
+    refs = []
+    for broker, leases in due:
+        try:
+            refs.append(broker.release.remote(leases))
+        except Exception:  # a deleted channel: nothing is held for it any more
+            pass
+    if timeout and refs:
+        import ray
+
+        ray.wait(refs, num_returns=len(refs), timeout=timeout)
+
+
 def _release_loop() -> None:
     while True:
         time.sleep(_RELEASE_S)
-        with _unreleased_lock:
-            due = list(_unreleased.values())
-            _unreleased.clear()
-        for broker, leases in due:
-            try:
-                broker.release.remote(leases)
-            except Exception:  # a deleted channel: nothing is held for it any more
-                pass
+        flush_reads()
 
 
 def _device_indices(buffers: list[Any]) -> tuple[int, ...]:

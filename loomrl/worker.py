@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _DISPATCH_MODES = ("all", "split", "scatter", "rank0")
+# How long a worker about to be killed waits for its channels to hear what it read.
+_FLUSH_S = 0.5
 
 
 def dispatch(mode: str) -> Callable[[Callable], Callable]:
@@ -172,6 +174,13 @@ class Worker:
         t = time.perf_counter()
         out = getattr(self, method)(items)
         return time.perf_counter() - t, out
+
+    def _loom_flush_reads(self) -> None:
+        """Tell the channels now what this process has read from them (``kill`` calls it first:
+        a channel gives the items of a consumer that died before saying so to the next one)."""
+        from loomrl.channel import flush_reads
+
+        flush_reads(timeout=_FLUSH_S)
 
     def _loom_snapshot(self) -> None:
         """Keep a copy of this rank's ``save_state()`` here (the profiler restores it after its
@@ -958,6 +967,10 @@ class WorkerGroup:
             return
         if self._killed:
             return
+        # Read items are told first; a rank busy (or hung) past the wait is killed all the same.
+        with contextlib.suppress(Exception):
+            flushes = [a._loom_flush_reads.remote() for a in self._actors]
+            ray.wait(flushes, num_returns=len(flushes), timeout=2 * _FLUSH_S)
         for a in self._actors:
             with contextlib.suppress(Exception):
                 ray.kill(a, no_restart=True)

@@ -17,6 +17,7 @@ import pytest
 from loomrl import channel as channel_mod
 from loomrl.channel import DEAD_PEER_CHECK_S, Channel
 from loomrl.errors import ChannelPeerDied, ChannelTimeout, WorkerDiedError
+from loomrl.worker import Worker, wait
 
 
 @pytest.fixture
@@ -441,6 +442,25 @@ def test_a_slow_reader_keeps_its_items_and_releases_them(make_channel, reader_cl
     assert (stats["got"], stats["held"], stats["requeued"], stats["qsize"]) == (1, 0, 0, 0)
 
 
+class _Reader(Worker):
+    def take(self, ch):
+        return ch.get(dst="reader")
+
+
+@pytest.mark.timeout(60)
+def test_what_a_worker_read_stays_read_when_its_group_is_killed_at_once(make_channel, cluster):
+    ch = make_channel()
+    group = cluster.launch(_Reader, 1, devices=[0], name="reader")
+    try:
+        ch.put("read")
+        assert wait(group.take(ch), timeout=30) == ["read"]
+    finally:
+        group.kill()  # at once: its own word (within _RELEASE_S) would come too late
+    time.sleep(2 * DEAD_PEER_CHECK_S + 1.0)  # a requeue of its lease would have come by now
+    stats = ch.stats()
+    assert (stats["got"], stats["held"], stats["requeued"], stats["qsize"]) == (1, 0, 0, 0)
+
+
 def test_a_read_lease_rides_on_the_next_get_or_goes_alone_within_a_quarter_second(monkeypatch):
     monkeypatch.setattr(channel_mod, "_unreleased", {})
     sent = []
@@ -459,6 +479,9 @@ def test_a_read_lease_rides_on_the_next_get_or_goes_alone_within_a_quarter_secon
         assert time.monotonic() < deadline, "no release was sent"
         time.sleep(0.02)
     assert sent == [[5]] and channel_mod._take_read("c", broker) is None
+    channel_mod._read("c", broker, 6)
+    channel_mod.flush_reads()  # at once, as a stage before it returns and a worker before a kill
+    assert sent == [[5], [6]] and channel_mod._take_read("c", broker) is None
 
 
 def _fake_peer():
