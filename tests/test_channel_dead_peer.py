@@ -66,6 +66,15 @@ def _wait_for_consumer(ch, name, timeout=10.0):
         time.sleep(0.05)
 
 
+def _waiting_consumer(ch, peer_class, ray, method, *args):
+    """A consumer actor (started first) whose ``method`` get has reached the broker and waits."""
+    consumer = peer_class.remote()
+    ray.get(consumer.actor_id.remote())
+    pending = getattr(consumer, method).remote(ch, *args)
+    _wait_for_consumer(ch, "learner")
+    return consumer, pending
+
+
 @pytest.mark.timeout(60)
 def test_driver_get_raises_once_the_only_producer_died(make_channel, peer_class, ray_session):
     ch = make_channel()
@@ -273,10 +282,7 @@ def test_items_for_a_consumer_killed_in_its_get_go_to_the_next_consumer(
     make_channel, peer_class, ray_session
 ):
     ch = make_channel()
-    consumer = peer_class.remote()
-    ray_session.get(consumer.actor_id.remote())
-    pending = consumer.get_many.remote(ch, 2)
-    _wait_for_consumer(ch, "learner")
+    consumer, pending = _waiting_consumer(ch, peer_class, ray_session, "get_many", 2)
     ch.put("first")  # taken into the blocked get's batch, which waits for a second item
     time.sleep(0.2)
     assert ch.qsize() == 0
@@ -334,7 +340,7 @@ def test_threaded_and_async_consumers_blocked_past_the_check_still_get_their_ite
 
 
 @pytest.fixture
-def reader_class(ray_session):
+def reader(ray_session):
     ray = ray_session
 
     @ray.remote(num_cpus=0, max_restarts=1, max_task_retries=0)
@@ -364,7 +370,9 @@ def reader_class(ray_session):
             finally:
                 channel_mod._decode_all = read
 
-    return Reader
+    started = Reader.remote()
+    ray.get(started.life.remote())  # running before the test's items are put
+    return started
 
 
 def _settled(ch, **want):
@@ -382,10 +390,7 @@ def test_an_item_that_reaches_a_consumer_just_killed_goes_to_the_next_one(
     make_channel, peer_class, ray_session
 ):
     ch = make_channel()
-    consumer = peer_class.remote()
-    ray_session.get(consumer.actor_id.remote())
-    consumer.get.remote(ch)
-    _wait_for_consumer(ch, "learner")
+    consumer, _ = _waiting_consumer(ch, peer_class, ray_session, "get")
     ray_session.kill(consumer)
     ch.put("just after")  # its broker call, not yet found dead, takes it and replies to no one
     # Found dead within a check or two: the item comes back for the next consumer.
@@ -397,11 +402,9 @@ def test_an_item_that_reaches_a_consumer_just_killed_goes_to_the_next_one(
 
 @pytest.mark.timeout(60)
 def test_items_a_consumer_died_before_reading_go_back_first_in_order(
-    make_channel, reader_class, ray_session
+    make_channel, reader, ray_session
 ):
     ch = make_channel()
-    reader = reader_class.remote()
-    ray_session.get(reader.life.remote())
     ch.put_many(["a", "b"])
     with pytest.raises(ray_session.exceptions.RayActorError):
         ray_session.get(reader.get_then.remote(ch, "die"), timeout=30)
@@ -413,10 +416,8 @@ def test_items_a_consumer_died_before_reading_go_back_first_in_order(
 
 
 @pytest.mark.timeout(60)
-def test_a_killed_reader_s_items_go_to_the_driver(make_channel, reader_class, ray_session):
+def test_a_killed_reader_s_items_go_to_the_driver(make_channel, reader, ray_session):
     ch = make_channel()
-    reader = reader_class.remote()
-    ray_session.get(reader.life.remote())
     ch.put("only")
     pending = reader.get_then.remote(ch, "die")
     with pytest.raises(ray_session.exceptions.RayActorError):
@@ -427,10 +428,8 @@ def test_a_killed_reader_s_items_go_to_the_driver(make_channel, reader_class, ra
 
 
 @pytest.mark.timeout(60)
-def test_a_slow_reader_keeps_its_items_and_releases_them(make_channel, reader_class, ray_session):
+def test_a_slow_reader_keeps_its_items_and_releases_them(make_channel, reader, ray_session):
     ch = make_channel()
-    reader = reader_class.remote()
-    ray_session.get(reader.life.remote())
     ch.put("mine")
     pending = reader.get_then.remote(ch, "dawdle", 2 * DEAD_PEER_CHECK_S + 1.0)
     time.sleep(1.0)
