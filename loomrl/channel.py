@@ -45,15 +45,15 @@ ping has failed because the actor died, that get takes nothing more and its item
 their queue for the next consumer. Gets that wait less ping nothing. The items a get of a consumer
 actor returns are held by the broker (a lease) until that actor has read them and said so: with its
 next get to that channel, or within ``_RELEASE_S`` (0.25 s) in a call of its own that waits for no
-answer (``flush_reads``: at once; a flow's stage calls it before it returns, and
-``WorkerGroup.kill`` has its workers call it before they are killed). When the actor dies first
-(items that arrived just after its death, or a reply it never read), the broker finds it dead within about ``DEAD_PEER_CHECK_S`` to twice that, plus the time Ray
-takes to see the death, and puts the items back at the front of their queue, in order, for the next
-consumer; when Ray restarts the actor, they come back at its new process's first get. Delivery to
-actors is therefore at least once: an actor that dies after reading its items but before its word
-reaches the broker (within about ``_RELEASE_S`` of reading them) has them delivered again.
-``stats()`` counts the items ``held`` and ``requeued``. A driver's or a Ray task's get is not held
-(nothing can ask whether it lives).
+answer (``flush_reads``: at once; ``WorkerGroup.kill`` has its workers call it before they are
+killed, a flow's redeploys and shutdowns included). When the actor dies first (items that arrived
+just after its death, or a reply it never read), the broker finds it dead within about
+``DEAD_PEER_CHECK_S`` to twice that, plus the time Ray takes to see the death, and puts the items
+back at the front of their queue, in order, for the next consumer; when Ray restarts the actor,
+they come back at its new process's first get. Delivery to actors is therefore at least once: an
+actor that dies after reading its items but before its word reaches the broker (within about
+``_RELEASE_S`` of reading them) has them delivered again. ``stats()`` counts the items ``held`` and
+``requeued``. A driver's or a Ray task's get is not held (nothing can ask whether it lives).
 
 This module never imports torch at import time; GPU tensors inside items are
 moved to host memory when the channel was created with ``offload=True`` and
@@ -267,7 +267,7 @@ def _process_id() -> str:
     ctx = ray.get_runtime_context()
     if ctx.worker.mode == ray.SCRIPT_MODE:
         return f"{_DRIVER}{ctx.get_job_id()}"
-    return f"{_TASK}{ctx.get_worker_id()}"
+    return f"{_TASK}{_worker_id()}"
 
 
 def _peer(name: str, broker: Any, key: Hashable, side: str) -> tuple[str | None, Any] | None:
@@ -320,8 +320,9 @@ def _take_read(name: str, broker: Any) -> list[int] | None:
 
 def flush_reads(timeout: float | None = None) -> None:
     """Tell every broker now of the leases this process has read and not yet told; with
-    ``timeout``, wait up to that many seconds for them to arrive. A stage calls it before it
-    returns and a worker before it is killed on purpose: what it read then never comes back."""
+    ``timeout``, wait up to that many seconds for them to arrive. A worker calls it before it
+    is killed on purpose (``WorkerGroup.kill``): what it read then never comes back."""
+    timeout = check_timeout(timeout)
     with _unreleased_lock:
         due = list(_unreleased.values())
         _unreleased.clear()
@@ -479,11 +480,10 @@ class _Lease:
     read them (``release``): if its process dies first they go back to the front of their queue.
     ``since``: when the get began (a ping sent before then may be of an earlier life)."""
 
-    __slots__ = ("key", "caller", "worker", "entries", "weight", "dst", "since")
+    __slots__ = ("key", "caller", "entries", "dst", "since")
 
-    def __init__(self, key, caller, worker, entries, weight, dst, since) -> None:
-        self.key, self.caller, self.worker = key, caller, worker
-        self.entries, self.weight, self.dst, self.since = entries, weight, dst, since
+    def __init__(self, key, caller, entries, dst, since) -> None:
+        self.key, self.caller, self.entries, self.dst, self.since = key, caller, entries, dst, since
 
 
 class _KeyQueue:
@@ -724,7 +724,7 @@ class _Broker:
                 q.taken.notify_all()
             lease = None
             if taken and watch is not None:
-                lease = self._lease(_Lease(key, caller, worker, taken, got_weight, dst, called))
+                lease = self._lease(_Lease(key, caller, taken, dst, called))
         return "ok", taken, lease
 
     @staticmethod

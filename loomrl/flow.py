@@ -98,7 +98,7 @@ class StageSpec:
 
 def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
     """The micro-flow loop of one rank: pull micro-batches, call the method, push results."""
-    from loomrl.channel import component, flush_reads
+    from loomrl.channel import component
     from loomrl.lock import DeviceLock
 
     fn = getattr(worker, spec.method)
@@ -175,8 +175,6 @@ def run_stage(worker: Worker, spec: StageSpec) -> dict[str, Any]:
                 worker.offload()
                 lock.release(worker.devices)
                 records.append(("offload", -1, t, time.time(), 0))
-            # What this stage read is told before it returns: a redeploy may kill it next.
-            flush_reads()
     return {
         "records": records,
         "sink": sink_out,

@@ -481,6 +481,8 @@ def test_a_read_lease_rides_on_the_next_get_or_goes_alone_within_a_quarter_secon
     channel_mod._read("c", broker, 6)
     channel_mod.flush_reads()  # at once, as a stage before it returns and a worker before a kill
     assert sent == [[5], [6]] and channel_mod._take_read("c", broker) is None
+    with pytest.raises(ValueError, match=r"timeout='soon' must be None \(wait forever\) or >= 0"):
+        channel_mod.flush_reads(timeout="soon")
 
 
 def _fake_peer():
