@@ -36,7 +36,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from loomrl.cycle import CYCLE_MODEL_KEYS, CYCLE_MODELS, HANDOFFS  # no torch or Ray at import
+from loomrl.cycle import (  # no torch or Ray at import
+    BATCHES,
+    CYCLE_MODEL_KEYS,
+    CYCLE_MODELS,
+    HANDOFFS,
+)
 
 TOLERANCE = 1.05
 
@@ -78,6 +83,8 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
         overrides.append(f"cycle_model={args.cycle_model}")
     if args.handoff:
         overrides.append(f"cycle_handoff={args.handoff}")
+    if args.batch:
+        overrides.append(f"cycle_batch={args.batch}")
     for key, value in args.policy_kwargs.items():
         overrides.append(f"policy_kwargs.{key}={json.dumps(value)}")
     cfg = load_config(Config, None, overrides)
@@ -98,6 +105,9 @@ def run_mode(placement: str, args: argparse.Namespace, out_dir: Path) -> dict:
     busy = {  # per iteration: seconds inside env steps (per env worker) and policy calls
         "env_busy_s": [m["time/env_busy"] for m in logged],
         "policy_busy_s": [m["time/policy_busy"] for m in logged],
+        "env_wait_s": [m.get("time/env_wait") for m in logged],
+        "cycle_span_s": [m.get("time/cycle_span") for m in logged],
+        "policy_idle_s": [m.get("time/policy_idle") for m in logged],
         "env_render_s": [m.get("time/env_render") for m in logged],
         "env_render_reads": [m.get("env_render_reads") for m in logged],
         "policy_calls": [m.get("policy_calls") for m in logged],
@@ -357,6 +367,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=HANDOFFS,
         default=None,
         help="how env workers and the policy hand off (cycle_handoff; default: the recipe's)",
+    )
+    p.add_argument(
+        "--batch",
+        choices=BATCHES,
+        default=None,
+        help="what a split pipe cycle's policy acts on (cycle_batch; default: the recipe's)",
     )
     p.add_argument(
         "--policy-kwargs",

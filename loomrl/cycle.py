@@ -150,9 +150,14 @@ class CollectResult:
     events: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
     env_busy_s: float = 0.0  # summed over env workers
+    env_wait_s: float = 0.0  # waiting for actions (pipe, direct), summed over env workers
+    # Pipe hand-offs: from the first act to the last closing reply (the rollout's steps without
+    # starting and closing it); 0 for the others.
+    span_s: float = 0.0
     env_render_s: float = 0.0  # of which drawing pixel observations, summed over env workers
     env_render_reads: int = 0  # read-backs of drawn frames (GPU waits), over env workers
     policy_busy_s: float = 0.0
+    policy_idle_s: float = 0.0  # pipe: waiting for env replies and reading them
     steps: int = 0
     env_steps: int = 0  # transitions over all envs
     env_calls: int = 0  # env.step calls, over env workers
@@ -161,6 +166,7 @@ class CollectResult:
 
 
 HANDOFFS = ("auto", "driver", "direct", "pipe")
+BATCHES = ("ready", "group")
 # After a failed direct rollout: how long the driver waits for the other env workers' calls, and
 # an env worker for its own policy calls, before reporting the error anyway (a rollout that
 # takes longer has bigger problems).
@@ -211,6 +217,7 @@ def pipe_rollout(
     groups: list[list[tuple[int, int, int]]],
     steps: int,
     timeout: float,
+    min_rows: int = 0,
 ) -> dict[str, float]:
     """Run one rollout of ``steps`` steps over the policy's socket at ``address``: the policy
     view's ``serve_pipe`` and each env worker view's ``run_pipe`` in ``envs`` (by rank), ring
@@ -223,7 +230,7 @@ def pipe_rollout(
 
     token = uuid.uuid4().hex  # this rollout's: a late connection of a failed one is refused
     mine = parts_by_worker(groups, len(envs))
-    serve = policy.serve_pipe(token, steps, groups, len(envs), timeout)
+    serve = policy.serve_pipe(token, steps, groups, len(envs), timeout, min_rows)
     runs = [envs[w].run_pipe(address, token, w, m, steps, timeout) for w, m in mine.items()]
     try:
         (timing,), *_ = wait(serve, *runs)
@@ -294,9 +301,13 @@ class EnvPolicyCycle:
         handoff: str = "driver",
         timeout_s: float = 600.0,
         on_events: Any = None,
+        batch: str = "ready",
     ):
         """``on_events``: called with the env events (failures recovered from) of each rollout,
-        finished or failed; rollouts whose results are not kept (trials) pass theirs on so."""
+        finished or failed; rollouts whose results are not kept (trials) pass theirs on so.
+        ``batch``: what a pipelined pipe cycle's policy acts on (``BATCHES``): "ready", the
+        parts that have replied; "group", at least a ring group's rows of them, unless no env
+        worker has work left to send."""
         self.envs, self.policy = envs, policy
         self.on_events = on_events
         self.workers = envs.world_size
@@ -307,6 +318,9 @@ class EnvPolicyCycle:
         if not timeout_s > 0:
             raise ConfigError([f"timeout_s={timeout_s!r}: must be a positive number of seconds"])
         self.timeout_s = float(timeout_s)
+        if batch not in BATCHES:
+            raise ConfigError([f"batch={batch!r}: not one of {', '.join(BATCHES)}"])
+        self.batch = batch
         self.failed_events: list[dict[str, Any]] = []  # env events of the last failed rollout
         # Views per rank, made once: building a view costs more than a call.
         self._env = [envs.on(w) for w in range(self.workers)]
@@ -371,14 +385,22 @@ class EnvPolicyCycle:
             (self._socket,) = wait(self.policy.listen())
         wait(self.policy.begin(steps))
         try:
-            pipe_rollout(
-                self.policy, self._env, self._socket, self._tuples(), steps, self.timeout_s
+            timing = pipe_rollout(
+                self.policy,
+                self._env,
+                self._socket,
+                self._tuples(),
+                steps,
+                self.timeout_s,
+                min_rows=self.num_envs // len(self.groups) if self.batch == "group" else 0,
             )
         except BaseException:
             self._abandon([])  # the rollout's calls have ended: drop it
             raise
         pol, env_stats = wait(self.policy.finish(), self.envs.pop_stats())
-        return self._result(steps, t0, pol, env_stats)
+        out = self._result(steps, t0, pol, env_stats)
+        out.span_s = timing["span_s"]
+        return out
 
     def _parts_by_worker(self) -> dict[int, list[tuple[int, int]]]:
         """Every env worker's (lo, hi) parts, in the order the ring visits them."""
@@ -407,6 +429,7 @@ class EnvPolicyCycle:
     def _result(self, steps: int, t0: float, pol: list, env_stats: list) -> CollectResult:
         out = CollectResult(wall_s=time.perf_counter() - t0, steps=steps)
         out.policy_busy_s = pol[0]["policy_busy_s"]
+        out.policy_idle_s = pol[0].get("policy_idle_s", 0.0)
         out.policy_calls = int(pol[0]["policy_calls"])
         out.policy_graph_captures = int(pol[0]["graph_captures"])
         out.returns, out.lengths, out.successes = merge_episodes(env_stats)
@@ -414,6 +437,7 @@ class EnvPolicyCycle:
             out.env_calls += s["calls"]
             out.events += s["events"]
             out.env_busy_s += s["busy_s"]
+            out.env_wait_s += s.get("wait_s", 0.0)
             out.env_render_s += s.get("render_s", 0.0)
             out.env_render_reads += s.get("render_reads", 0)
         out.env_steps = steps * self.num_envs

@@ -104,6 +104,7 @@ def start_cycle(
         handoff=handoff(cfg, cluster),
         timeout_s=cfg.cycle_timeout_s,
         on_events=on_events,
+        batch=cfg.cycle_batch,
     )
     return envs, policy, cycle
 
@@ -456,6 +457,7 @@ def choose_by_trial(
                 handoff=how,
                 timeout_s=cfg.cycle_timeout_s,
                 on_events=keep_events,
+                batch=cfg.cycle_batch,
             )
 
         cycles = {i: on_probe(candidates[i][1]) for i in shared}

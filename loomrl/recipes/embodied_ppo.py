@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from loomrl.config import finite_in
-from loomrl.cycle import CYCLE_MODELS, HANDOFFS
+from loomrl.cycle import BATCHES, CYCLE_MODELS, HANDOFFS
 from loomrl.cycle_trial import plan_cycle, start_cycle
 from loomrl.embodied import PPOConfig
 from loomrl.envs.memory import (
@@ -120,6 +120,11 @@ class Config:
     # over the pipe, and the model prices the pipe (measure_costs); the trials time each
     # cycle as it runs. The run summary's cycle_handoff and trials.json say which ran.
     cycle_handoff: str = "auto"
+    # What the policy acts on in a pipelined cycle over a pipe: ready (whatever parts have
+    # replied, in one call) or group (gather a ring group's rows first, unless no env worker
+    # has anything left to send: fewer, larger calls where a call's fixed cost dominates).
+    # The trajectories are the same.
+    cycle_batch: str = "ready"
     # Seconds a pipe hand-off waits for the other side before stopping the rollout with an
     # error naming the silent worker (a dead worker is noticed at once, not after this).
     cycle_timeout_s: float = 300.0
@@ -167,6 +172,8 @@ class Config:
                 f"auto_trial_confirm: must be >= 0 (0 predicts from the trial's turns), "
                 f"got {self.auto_trial_confirm}"
             )
+        if self.cycle_batch not in BATCHES:
+            p.append(f"cycle_batch: {self.cycle_batch!r} is not one of {', '.join(BATCHES)}")
         if self.cycle_handoff not in HANDOFFS:
             p.append(f"cycle_handoff: {self.cycle_handoff!r} is not one of {', '.join(HANDOFFS)}")
         elif self.cycle_handoff == "pipe" and not self.pipelined:
@@ -440,6 +447,11 @@ def main(cfg: Config) -> dict:
                 # inside policy calls; their sum over the wall time is the cycle's overlap.
                 "time/env_busy": roll.env_busy_s / cycle.workers,
                 "time/policy_busy": roll.policy_busy_s,
+                # Per env worker, seconds waiting for actions (pipe and direct hand-offs), and
+                # the pipe's span: collect less it is starting and closing the rollout.
+                "time/env_wait": roll.env_wait_s / cycle.workers,
+                "time/cycle_span": roll.span_s,
+                "time/policy_idle": roll.policy_idle_s,
                 "time/env_render": roll.env_render_s / cycle.workers,  # pixels: of env_busy
                 "env_render_reads": roll.env_render_reads / cycle.workers,
                 "policy_calls": roll.policy_calls,

@@ -70,6 +70,9 @@ class EnvWorker(Worker):
             env, index_offset=self.rank * env.num_envs, memory_share=self.local_world_size
         )
         self.busy_s = 0.0  # time spent inside step(), for the cycle's timing report
+        # Time spent waiting for actions in a rollout this worker drives (pipe or direct hand-
+        # offs): what the policy's pace costs the simulators.
+        self.wait_s = 0.0
         self.calls = 0
 
     # -- what the driver and the policy need to know -------------------------------------------
@@ -141,7 +144,10 @@ class EnvWorker(Worker):
         try:
             for t in range(steps):
                 for g, (lo, hi) in enumerate(parts):
-                    reply = self.step(_policy_result(pending[g], "act", t, lo, hi), 0, lo, hi)
+                    w0 = time.perf_counter()
+                    actions = _policy_result(pending[g], "act", t, lo, hi)
+                    self.wait_s += time.perf_counter() - w0
+                    reply = self.step(actions, 0, lo, hi)
                     last = t + 1 == steps
                     pending[g] = (
                         policy.close_group.remote(reply)
@@ -190,7 +196,9 @@ class EnvWorker(Worker):
                 for lo, hi in parts:
                     # Twice the policy's wait: where another env worker is the silent one, the
                     # policy names it and tells this worker, before this worker gives up.
+                    w0 = time.perf_counter()
                     actions = _pipe_actions(conn, 2 * timeout, t, lo, hi)
+                    self.wait_s += time.perf_counter() - w0
                     _pipe_send(conn, ("reply", self.step([actions], 0, lo, hi)), t + 1, lo, hi)
         except PolicyCallError:
             raise
@@ -210,8 +218,9 @@ class EnvWorker(Worker):
         return np.stack([space.sample() for _ in range(n)])
 
     def pop_busy(self) -> float:
-        """Seconds spent inside step() since the last pop (see PolicyWorker.pop_busy)."""
-        busy, self.busy_s = self.busy_s, 0.0
+        """Seconds spent inside step() since the last pop (see PolicyWorker.pop_busy); the wait
+        for actions restarts too, so that the next ``pop_stats`` counts from here."""
+        busy, self.busy_s, self.wait_s = self.busy_s, 0.0, 0.0
         return busy
 
     def time_step(self, n: int, reps: int) -> float:
@@ -239,11 +248,12 @@ class EnvWorker(Worker):
             "success_ends": [list(e) for e in s.success_ends],
             "events": events,
             "busy_s": self.busy_s,
+            "wait_s": self.wait_s,
             "calls": self.calls,
             "render_s": self.venv.render_s,
             "render_reads": self.venv.render_reads,
         }
-        self.busy_s, self.calls = 0.0, 0
+        self.busy_s, self.wait_s, self.calls = 0.0, 0.0, 0
         self.venv.render_s, self.venv.render_reads = 0.0, 0
         return out
 

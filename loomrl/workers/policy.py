@@ -322,6 +322,9 @@ class PolicyWorker(Worker):
         self.buffer: Any = None
         self._listener: Any = None  # serve_pipe's socket, made by listen()
         self.busy_s = 0.0
+        # Pipe rollouts: seconds waiting for env replies and reading them, for the cycle's
+        # timing report beside busy_s.
+        self.idle_s = 0.0
         self.calls = 0
         self.updates = 0
         self.nonfinite_in_a_row = 0  # PPO steps skipped for a non-finite gradient, at the end
@@ -620,6 +623,7 @@ class PolicyWorker(Worker):
         groups: list[list[tuple[int, int, int]]],
         workers: int,
         timeout: float,
+        min_rows: int = 0,
     ) -> dict[str, float]:
         """Serve rollout ``token`` of ``steps`` steps to ``workers`` env workers connecting to
         ``listen()``'s socket (``EnvWorker.run_pipe``). ``groups``: per ring group, its parts as
@@ -627,7 +631,8 @@ class PolicyWorker(Worker):
         group each step, with the same ``act`` and ``close_group`` calls, so the buffer is the
         driver cycle's. An env worker that raises, dies or stays silent for ``timeout`` seconds
         stops the rollout with ``HandoffError`` naming it; an error here is sent to every env
-        worker first, so none waits for actions that will not come.
+        worker first, so none waits for actions that will not come. ``min_rows``: for a pipelined
+        cycle, the rows to gather before acting (``_serve_ready``).
 
         Returns the rollout's steps alone, without connecting or closing: ``span_s``, seconds
         from the start of the first act to the arrival of the last closing reply (the envs'
@@ -653,6 +658,7 @@ class PolicyWorker(Worker):
 
         def reply(w: int, t: int) -> dict:
             where = f"env worker {w} (its observations to act on at step {t})"
+            w0 = time.perf_counter()
             try:
                 kind, payload = conns[w].recv(timeout)
             except TimeoutError:
@@ -661,6 +667,7 @@ class PolicyWorker(Worker):
                 raise HandoffError(
                     f"{where} closed its connection (its process exited or died)"
                 ) from None
+            self.idle_s += time.perf_counter() - w0  # reading it, and in lockstep the wait
             if kind == "error":
                 raise HandoffError(f"{where} failed: {payload}")
             if t == steps:  # a closing reply: the last one to arrive ends the span
@@ -701,7 +708,7 @@ class PolicyWorker(Worker):
 
         try:
             if merged:
-                self._serve_ready(conns, steps, groups, reply, act, silent, timeout)
+                self._serve_ready(conns, steps, groups, reply, act, silent, timeout, min_rows)
             else:
                 for t in range(steps):
                     for g, parts in enumerate(groups):
@@ -752,6 +759,7 @@ class PolicyWorker(Worker):
         act: Any,
         silent: Any,
         timeout: float,
+        min_rows: int = 0,
     ) -> None:
         """``serve_pipe`` for a pipelined cycle: act on whatever parts have replied, together,
         instead of ring group after ring group. In lockstep each group waits for its slowest
@@ -760,9 +768,15 @@ class PolicyWorker(Worker):
         policy falls behind, the parts that queued up go in one call. Rows are independent
         (``rows_independent``), so the buffer is the lockstep cycle's, bit for bit.
 
+        ``min_rows`` > 0 gathers replies until they hold that many rows before acting, for
+        fewer, larger calls where a call's fixed cost dominates. It never waits on replies
+        that cannot come: once every env worker has sent all it can before its next actions,
+        the policy acts on what it holds.
+
         An env worker's replies come in its parts' ring order, step after step: the n-th
         reply of a worker with p parts is part n % p's observation to act on at step n // p,
-        step ``steps`` closing the part."""
+        step ``steps`` closing the part. A worker holding no unread actions (sent + p = got)
+        waits for the policy."""
         import selectors
 
         nparts = {w: 0 for w in conns}
@@ -770,13 +784,22 @@ class PolicyWorker(Worker):
             for w, _, _ in parts:
                 nparts[w] += 1
         got = dict.fromkeys(conns, 0)
+        sent = dict.fromkeys(conns, 0)  # actions sent to each env worker
         left = sum(nparts.values()) * (steps + 1)
+        held: list[tuple[int, int, dict]] = []  # (step, env worker, reply) not acted on yet
+        rows = 0  # in held
+
+        def working() -> bool:  # some env worker has actions it has not answered yet
+            return any(sent[w] + nparts[w] > got[w] for w in conns)
+
         with selectors.DefaultSelector() as sel:
             for w, conn in conns.items():
                 sel.register(conn.sock, selectors.EVENT_READ, w)
             while left:
-                ready: list[tuple[int, int, dict]] = []  # (step, env worker, reply)
+                ready: list[tuple[int, int, dict]] = []
+                w0 = time.perf_counter()
                 events = sel.select(timeout)
+                self.idle_s += time.perf_counter() - w0
                 while events:  # take every reply already here before acting
                     for key, _ in events:
                         w = key.data
@@ -790,14 +813,20 @@ class PolicyWorker(Worker):
                     w = min((w for w in conns if got[w] < nparts[w] * (steps + 1)), key=got.get)
                     raise silent(w, got[w] // nparts[w])
                 left -= len(ready)
-                # A worker's actions go out in the order of its replies, which is its order.
-                acting = [x for x in ready if x[0] < steps]
-                if acting:
-                    ts, ws, replies = (list(c) for c in zip(*acting, strict=True))
-                    act(ts, ws, replies, "the parts that had replied")
                 closing = [r for t, _, r in ready if t == steps]
                 if closing:
                     self.close_group(*closing)
+                for x in ready:
+                    if x[0] < steps:
+                        held.append(x)
+                        rows += len(x[2]["env_ids"])
+                if held and (rows >= min_rows or not working()):
+                    # A worker's actions go out in the order of its replies, its ring order.
+                    ts, ws, replies = (list(c) for c in zip(*held, strict=True))
+                    act(ts, ws, replies, "the parts that had replied")
+                    for w in ws:
+                        sent[w] += 1
+                    held, rows = [], 0
 
     def finish(self) -> dict[str, float]:
         """Close the rollout: update the normaliser, assemble the RolloutBuffer."""
@@ -828,8 +857,9 @@ class PolicyWorker(Worker):
             "policy_busy_s": self.busy_s,
             "policy_calls": float(self.calls),
             "graph_captures": captures,
+            "policy_idle_s": self.idle_s,
         }
-        self.busy_s, self.calls = 0.0, 0
+        self.busy_s, self.idle_s, self.calls = 0.0, 0.0, 0
         return out
 
     def abandon(self) -> None:
@@ -837,7 +867,7 @@ class PolicyWorker(Worker):
         finishes), the normaliser untouched (the steps never reached hold zeros), the counters
         reset as ``finish`` resets them."""
         self.buffer = None
-        self.busy_s, self.calls = 0.0, 0
+        self.busy_s, self.idle_s, self.calls = 0.0, 0.0, 0
 
     def rollout(self) -> dict[str, Any]:
         """The last rollout's buffer as a dict of CPU tensors (tests compare it to ``collect``)."""

@@ -166,6 +166,7 @@ class _SlowPolicy(PolicyWorker):
         super().__init__(*args)
         self.delay = delay
         self.rows: set[int] = set()
+        self.call_rows: list[int] = []  # every call's, in order
 
     def act_parts(self, ts, parts):
         import time
@@ -173,7 +174,12 @@ class _SlowPolicy(PolicyWorker):
         time.sleep(self.delay)
         self.mixed += len(set(ts)) > 1
         self.rows.add(sum(len(p["env_ids"]) for p in parts))
+        self.call_rows.append(sum(len(p["env_ids"]) for p in parts))
         return super().act_parts(ts, parts)
+
+    def pop_call_rows(self):
+        out, self.call_rows = self.call_rows, []
+        return out
 
     def mixed_calls(self):
         return self.mixed
@@ -265,6 +271,40 @@ def test_a_pipe_rollout_acts_on_the_parts_that_have_replied_with_the_same_result
             assert res.policy_calls < 4 * STEPS
         else:
             assert out["mixed"] > 0
+
+
+@pytest.mark.parametrize("env_cls", [EnvWorker, _SlowEnv], ids=["even", "one_slow_env"])
+def test_a_pipe_rollout_gathering_a_groups_rows_makes_fewer_calls_with_the_same_result(
+    cluster, env_cls
+):
+    """batch="group": the policy gathers a ring group's rows (2 of the 4 one-row parts) before
+    it acts. With env worker 1 slower than worker 0, "ready" acts on worker 0's lone parts; here
+    worker 0 waits for worker 1's, and a call of one row comes only where worker 1 has nothing
+    left to send (all it can send is held). Either way, the reference's buffer bit for bit."""
+    (want, _), *_ = _reference(1)
+    got = {}
+    for batch in ("ready", "group"):  # fresh workers each: the reference is a first rollout
+        envs = cluster.launch(
+            env_cls, 2, worker_env_config(ENV, 2), devices=[0, 1], num_cpus=0.5, name="env_g"
+        )
+        try:
+            pol = cluster.launch(
+                _SlowPolicy, 1, *_policy_args(), delay=0.0, devices=[2], name="pol_g"
+            )
+            try:
+                cycle = EnvPolicyCycle(envs, pol, 2, 2, True, handoff="pipe", batch=batch)
+                res = cycle.collect(STEPS)
+                got[batch] = (res, wait(pol.rollout())[0], wait(pol.pop_call_rows())[0])
+            finally:
+                pol.kill()
+        finally:
+            envs.kill()
+    for batch, (res, buf, rows) in got.items():
+        for name, x in buf.items():
+            assert torch.equal(x, getattr(want, name)), (name, batch)
+        assert res.policy_calls == len(rows) and sum(rows) == 4 * STEPS, batch
+    res, _, rows = got["group"]
+    assert rows.count(1) <= 2, rows
 
 
 def test_the_cost_probe_times_one_group_pipe_rollouts_for_a_pipe_cycle(slow_env_pipe):
