@@ -1252,6 +1252,8 @@ def test_cycle_models_place_hand_offs_in_the_cycle_or_in_the_calls():
         ConfigError, match=r"cycle_handoff: 'ray' is not one of auto, driver, direct, pipe"
     ):
         load_config(Config, EXAMPLE, ["cycle_handoff=ray"])
+    with pytest.raises(ConfigError, match=r"cycle_batch: 'all' is not one of ready, group"):
+        load_config(Config, EXAMPLE, ["cycle_batch=all"])
     with pytest.raises(ConfigError, match=r"cycle_handoff: 'pipe' runs the ring pipeline") as e:
         load_config(Config, EXAMPLE, ["cycle_handoff=pipe", "pipelined=false", "cycle_timeout_s=0"])
     assert "cycle_timeout_s: 0.0 must be a positive number of seconds" in str(e.value)
