@@ -1,6 +1,7 @@
 """Tiny deterministic gymnasium envs for testing env plumbing without a simulator.
 
-Importing this module registers them as ``loomrl-test/Counting-v0`` and ``loomrl-test/DictObs-v0``.
+Importing this module registers them as ``loomrl-test/Counting-v0``, ``loomrl-test/DictObs-v0``
+and ``loomrl-test/ImageObs-v0``.
 """
 
 from __future__ import annotations
@@ -103,6 +104,35 @@ class DictObsEnv(gym.Env):
         return self._obs(), 0.0, False, False, {"is_success": 0.0}
 
 
-for _id, _cls in (("loomrl-test/Counting-v0", CountingEnv), ("loomrl-test/DictObs-v0", DictObsEnv)):
+class ImageObsEnv(gym.Env):
+    """Observations that are images of its own, uint8 [height, width, 3] (channels last, as
+    gymnasium's image envs give them): pixel (y, x, c) of step t of an episode holds
+    (t + y + 2x + 3c + seeded offset) % 256; reward = the first action; episodes of 6 steps."""
+
+    def __init__(self, height: int = 20, width: int = 24):
+        self.observation_space = gym.spaces.Box(0, 255, (height, width, 3), np.uint8)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.t, self.offset = 0, 0
+
+    def _obs(self) -> np.ndarray:
+        h, w, _ = self.observation_space.shape
+        y, x, c = np.meshgrid(np.arange(h), np.arange(w), np.arange(3), indexing="ij")
+        return ((self.t + y + 2 * x + 3 * c + self.offset) % 256).astype(np.uint8)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.offset = 0, int(self.np_random.integers(0, 256))
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), float(np.asarray(action).reshape(-1)[0]), self.t >= 6, False, {}
+
+
+for _id, _cls in (
+    ("loomrl-test/Counting-v0", CountingEnv),
+    ("loomrl-test/DictObs-v0", DictObsEnv),
+    ("loomrl-test/ImageObs-v0", ImageObsEnv),
+):
     if _id not in gym.registry:
         gym.register(id=_id, entry_point=_cls)

@@ -463,10 +463,17 @@ class VecEnv:
             self.close()
             raise
         self.single_action_space = probe.action_space
+        # An env whose own observations are images (a uint8 Box of 3 dims, channels first or
+        # last) keeps them as images [C, H, W] for the CNN: flattened, a 96x96 RGB frame would
+        # be 27,648 numbers normalised one by one for an MLP.
+        self._image_axes = None if cfg.pixels else image_axes(probe.observation_space)
         if cfg.pixels:
             self.single_observation_space = gym.spaces.Box(
                 0, 255, (3, cfg.image_size, cfg.image_size), np.uint8
             )
+        elif self._image_axes is not None:
+            shape = tuple(probe.observation_space.shape[a] for a in self._image_axes)
+            self.single_observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
         else:
             flat = gym.spaces.flatten_space(probe.observation_space)
             self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, flat.shape, np.float32)
@@ -731,6 +738,20 @@ class VecEnv:
         between and their reset frames be drawn (``second``: into their second cells) and read
         back with these: one wait for the GPU a step."""
         slots = [self._slots[i] for i in ids]
+        if not self.cfg.pixels and self._image_axes is not None:
+            want_shape = slots[0].env.observation_space.shape if slots else None
+            images = []
+            for n, raw in enumerate(raws):
+                a = np.asarray(raw)
+                if a.shape != want_shape or a.dtype != np.uint8:
+                    raise EnvFailureError(
+                        f"{self.cfg.env_id}: env {self.index_offset + ids[n]} returned an "
+                        f"observation of shape {list(a.shape)} ({a.dtype}) where its "
+                        f"observation space {slots[n].env.observation_space} declares "
+                        f"{list(want_shape or ())} (uint8); fix the env's observations"
+                    )
+                images.append(np.ascontiguousarray(a.transpose(self._image_axes)))
+            return lambda: images
         if not self.cfg.pixels:
             import gymnasium as gym
 
@@ -1157,6 +1178,23 @@ def int_action_bounds(space: Any) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(space, gym.spaces.MultiBinary):
         return np.zeros(space.shape, np.int64), np.full(space.shape, 2, np.int64)
     raise TypeError(f"int_action_bounds: {space} has no integer actions")
+
+
+def image_axes(space: Any) -> tuple[int, int, int] | None:
+    """How to lay an env's own image observations out as [C, H, W]: the axes to transpose a
+    uint8 Box of 3 dims by, channels last (1, 3 or 4 of them, as gymnasium's image envs give)
+    or first; None for any other space (flattened into a vector). Pure."""
+    import gymnasium as gym
+
+    if not (
+        isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+    ):
+        return None
+    if space.shape[-1] in (1, 3, 4):
+        return (2, 0, 1)
+    if space.shape[0] in (1, 3, 4):
+        return (0, 1, 2)
+    return None
 
 
 def _check_spaces(env_id: str, env: Any, pixels: bool) -> None:

@@ -249,11 +249,8 @@ def _check_policy(cfg: Config) -> list[str]:
     if bad := policy_spec_problems(policy):
         return bad
     out = []
-    if policy == "cnn" and not pixels:
-        out.append(
-            "policy='cnn': the CNN takes images, but env.pixels=false gives state vectors; "
-            "set env.pixels=true, or policy: auto (or mlp)"
-        )
+    # policy: cnn with env.pixels=false is checked where the env is made: an env whose own
+    # observations are images gives them to the CNN (loomrl.envs.vec.image_axes).
     if policy == "mlp" and pixels:
         out.append(
             "policy='mlp': the MLP takes state vectors, but env.pixels=true gives images "

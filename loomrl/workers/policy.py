@@ -95,7 +95,8 @@ def build_policy(
             [
                 f"policy={spec!r}: no built-in policy for observations of shape {shape} "
                 f"({observation_space.dtype}); the CNN takes uint8 images [C, H, W] "
-                "(env.pixels=true), the MLP flat vectors; or give policy=package.module:factory"
+                "(env.pixels=true, or an env whose observations are images), the MLP flat "
+                "vectors; or give policy=package.module:factory"
             ]
         )
     import gymnasium as gym

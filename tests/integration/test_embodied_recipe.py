@@ -1445,7 +1445,15 @@ def test_policy_kwargs_typos_and_bad_values_are_named_before_workers_start():
         EXAMPLE, "policy_kwargs.row_block=0"
     )
     assert load_config(Config, pixels, ["policy_kwargs.row_block=16"]).policy_kwargs
-    assert "env.pixels=false gives state vectors" in problems(EXAMPLE, "policy=cnn")
+    # policy: cnn on state vectors is refused where the env's observations are known.
+    import gymnasium as gym
+    import numpy as np
+
+    from loomrl.workers.policy import build_policy
+
+    vec = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    with pytest.raises(ConfigError, match=r"policy='cnn': no built-in policy for observations"):
+        build_policy("cnn", vec, gym.spaces.Box(-1.0, 1.0, (1,), np.float32), 0, (8,), None)
     cfg = load_config(Config, pixels, ["policy_kwargs.channels=[8,16,16]"])
     assert cfg.policy_kwargs == {"channels": [8, 16, 16]}
     assert load_config(Config, EXAMPLE, ["policy_kwargs.hidden=[32]"]).policy_kwargs
@@ -1597,6 +1605,32 @@ def test_env_failures_are_recorded_one_by_one_and_training_goes_on(flaky_run):
     )
     assert {e["step"] for e in events} & {1, 2}  # and the run's own, trained on through
     assert s["steps"] == 2  # trained on through the failures
+
+
+def test_an_envs_own_image_observations_train_the_cnn_under_a_split_plan(cluster, tmp_path):
+    """env.pixels=false with an env whose observations are images (uint8 [H, W, 3]): the run
+    keeps them as images [3, H, W] for the CNN (policy: cnn refuses anything else), under a
+    pipelined hybrid plan."""
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    out = tmp_path / "images"
+    cfg = load_config(
+        Config,
+        EXAMPLE,
+        [
+            *TINY,
+            "env.env_id=loomrl.envs.testing:loomrl-test/ImageObs-v0",
+            "policy=cnn",
+            "run.placement=hybrid",
+            f"run.profile={ROOT / 'examples/profiles/embodied_pixels_cpu2.yaml'}",
+            f"run.output_dir={out}",
+        ],
+    )
+    s = main(cfg)
+    assert s["status"] == "finished" and s["plan"]["mode"] == "hybrid"
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any(m.get("episodes", 0) > 0 for m in metrics)  # 6-step episodes ended
 
 
 def test_repeated_env_failures_stop_the_run_and_keep_their_events(cluster, tmp_path):

@@ -325,6 +325,32 @@ def test_offload_onload_is_deterministic_and_continues_the_rng():
     np.testing.assert_array_equal(env.reset(), a[5])  # same as resetting at that point
 
 
+def test_an_envs_own_image_observations_stay_images_channels_first():
+    """A uint8 Box of 3 dims is an image: the VecEnv keeps it (as [C, H, W], the layout of
+    rendered pixels) for the CNN, rather than flattening 20 x 24 x 3 numbers for an MLP."""
+    from loomrl.envs.vec import image_axes
+    from loomrl.workers.policy import build_policy
+
+    env = make("loomrl-test/ImageObs-v0", num_envs=2)
+    assert env.single_observation_space == gym.spaces.Box(0, 255, (3, 20, 24), np.uint8)
+    obs = env.reset()
+    assert obs.shape == (2, 3, 20, 24) and obs.dtype == np.uint8
+    raw = env._slots[1].env.unwrapped._obs()
+    assert np.array_equal(obs[1], raw.transpose(2, 0, 1))
+    res = env.step(np.zeros((2, 2), np.float32))
+    assert res.obs.shape == (2, 3, 20, 24) and res.obs.dtype == np.uint8
+    assert np.array_equal(res.obs[1], env._slots[1].env.unwrapped._obs().transpose(2, 0, 1))
+    net = build_policy("auto", env.single_observation_space, env.single_action_space, 0)
+    assert type(net).__name__ == "CNNActorCritic"
+    # Channels first stay as they are; other boxes (not uint8, or no channel axis) flatten.
+    box = gym.spaces.Box
+    assert image_axes(box(0, 255, (3, 20, 24), np.uint8)) == (0, 1, 2)
+    assert image_axes(box(0, 255, (20, 24, 4), np.uint8)) == (2, 0, 1)
+    assert image_axes(box(0, 255, (20, 24, 7), np.uint8)) is None
+    assert image_axes(box(0.0, 1.0, (20, 24, 3), np.float32)) is None
+    assert image_axes(box(0, 255, (20, 24), np.uint8)) is None
+
+
 def test_dict_observations_are_flattened():
     env = make("loomrl-test/DictObs-v0")
     obs = env.reset()
