@@ -218,11 +218,15 @@ def pipe_rollout(
     steps: int,
     timeout: float,
     min_rows: int = 0,
-) -> dict[str, float]:
+    whole: bool = False,
+) -> dict[str, Any]:
     """Run one rollout of ``steps`` steps over the policy's socket at ``address``: the policy
     view's ``serve_pipe`` and each env worker view's ``run_pipe`` in ``envs`` (by rank), ring
     ``groups`` as (env worker, lo, hi) parts; returns ``serve_pipe``'s timing. The policy's
-    buffer must be ready (``begin``). On an error both sides are stopped (once connected the
+    buffer must be ready (``begin``), unless ``whole``: then the policy begins and finishes the
+    rollout itself (its ``finish()`` under "finish") and the env workers driving parts return
+    their ``pop_stats()`` (under "env_stats", by rank), one call each for the whole rollout
+    where there were three. On an error both sides are stopped (once connected the
     error travels over the socket; a policy still waiting for connections is told here) and
     every call has ended, or ``SETTLE_S`` (``timeout`` when shorter) passed, before it is
     raised."""
@@ -230,10 +234,10 @@ def pipe_rollout(
 
     token = uuid.uuid4().hex  # this rollout's: a late connection of a failed one is refused
     mine = parts_by_worker(groups, len(envs))
-    serve = policy.serve_pipe(token, steps, groups, len(envs), timeout, min_rows)
-    runs = [envs[w].run_pipe(address, token, w, m, steps, timeout) for w, m in mine.items()]
+    serve = policy.serve_pipe(token, steps, groups, len(envs), timeout, min_rows, whole, whole)
+    runs = [envs[w].run_pipe(address, token, w, m, steps, timeout, whole) for w, m in mine.items()]
     try:
-        (timing,), *_ = wait(serve, *runs)
+        (timing,), *stats = wait(serve, *runs)
     except BaseException as e:
         _abort_pipe(address, token, f"{type(e).__name__}: {str(e)[:500]}")
         settle([r for h in (serve, *runs) for r in h.refs], min(SETTLE_S, timeout))
@@ -250,6 +254,8 @@ def pipe_rollout(
             except BaseException:
                 pass
         raise
+    if whole:
+        timing["env_stats"] = {w: s[0] for w, s in zip(mine, stats, strict=True)}
     return timing
 
 
@@ -383,7 +389,6 @@ class EnvPolicyCycle:
         (``EnvWorker.run_pipe``, ``PolicyWorker.serve_pipe``) for the whole rollout."""
         if self._socket is None:
             (self._socket,) = wait(self.policy.listen())
-        wait(self.policy.begin(steps))
         try:
             timing = pipe_rollout(
                 self.policy,
@@ -393,12 +398,16 @@ class EnvPolicyCycle:
                 steps,
                 self.timeout_s,
                 min_rows=self.num_envs // len(self.groups) if self.batch == "group" else 0,
+                whole=True,  # begin, finish and the env workers' statistics in the same calls
             )
         except BaseException:
             self._abandon([])  # the rollout's calls have ended: drop it
             raise
-        pol, env_stats = wait(self.policy.finish(), self.envs.pop_stats())
-        out = self._result(steps, t0, pol, env_stats)
+        got = timing["env_stats"]
+        for w in range(self.workers):
+            if w not in got:  # a worker with no part: its statistics still start over
+                (got[w],) = wait(self._env[w].pop_stats())
+        out = self._result(steps, t0, [timing["finish"]], [got[w] for w in range(self.workers)])
         out.span_s = timing["span_s"]
         return out
 

@@ -170,14 +170,16 @@ class EnvWorker(Worker):
         parts: list[tuple[int, int]],
         steps: int,
         timeout: float,
-    ) -> None:
+        stats: bool = False,
+    ) -> dict[str, Any] | None:
         """Drive this worker's parts (local envs ``[lo, hi)``, in ring-group order) through
         ``steps`` steps of rollout ``token`` over one socket to the policy worker's
         ``serve_pipe`` at ``address`` (``EnvPolicyCycle(handoff="pipe")``): observations go out
         as pickled replies, actions come back, no Ray call per step. The policy visits the
         groups in the driver's order, so the trajectories are the same. Errors on either side travel over the socket as an
         ``("error", message)`` so that the other side stops at once; a policy that is gone,
-        silent for ``timeout`` seconds, or raising becomes ``PolicyCallError``."""
+        silent for ``timeout`` seconds, or raising becomes ``PolicyCallError``. ``stats``:
+        return ``pop_stats()`` at the end, which then needs no call of its own."""
         from loomrl.transport._socket import connect
 
         try:
@@ -210,6 +212,7 @@ class EnvWorker(Worker):
             raise
         finally:
             conn.close()
+        return self.pop_stats() if stats else None
 
     def sample_actions(self, n: int, seed: int = 0) -> np.ndarray:
         """``n`` random valid actions (for timing the simulator without a policy)."""

@@ -626,7 +626,9 @@ class PolicyWorker(Worker):
         workers: int,
         timeout: float,
         min_rows: int = 0,
-    ) -> dict[str, float]:
+        begin: bool = False,
+        finish: bool = False,
+    ) -> dict[str, Any]:
         """Serve rollout ``token`` of ``steps`` steps to ``workers`` env workers connecting to
         ``listen()``'s socket (``EnvWorker.run_pipe``). ``groups``: per ring group, its parts as
         (env worker rank, lo, hi). The groups are visited in the driver's order, group after
@@ -634,7 +636,9 @@ class PolicyWorker(Worker):
         driver cycle's. An env worker that raises, dies or stays silent for ``timeout`` seconds
         stops the rollout with ``HandoffError`` naming it; an error here is sent to every env
         worker first, so none waits for actions that will not come. ``min_rows``: for a pipelined
-        cycle, the rows to gather before acting (``_serve_ready``).
+        cycle, the rows to gather before acting (``_serve_ready``). ``begin`` and ``finish``: run
+        ``begin(steps)`` first and ``finish()`` after, its result returned under "finish", so that
+        a rollout costs the driver one call to the policy, not three.
 
         Returns the rollout's steps alone, without connecting or closing: ``span_s``, seconds
         from the start of the first act to the arrival of the last closing reply (the envs'
@@ -644,6 +648,8 @@ class PolicyWorker(Worker):
         from loomrl.transport._socket import PeerClosed
 
         clock = {"first": 0.0, "last": 0.0, "busy0": 0.0, "busy1": 0.0}
+        if begin:
+            self.begin(steps)
 
         merged = len(groups) > 1 and self.rows_independent
         rows = [[hi - lo for _, lo, hi in parts] for parts in groups]
@@ -724,10 +730,13 @@ class PolicyWorker(Worker):
         finally:
             for conn in conns.values():
                 conn.close()
-        return {
+        out: dict[str, Any] = {
             "span_s": clock["last"] - clock["first"],
             "act_busy_s": clock["busy1"] - clock["busy0"],
         }
+        if finish:
+            out["finish"] = self.finish()
+        return out
 
     def _expect_calls(self, sizes: set[int]) -> None:
         """Make the policy keep a recorded graph for every row count in ``sizes`` beside those

@@ -12,7 +12,7 @@
 #   env worker; EMB_POLICY_KWARGS a JSON object for the policy's constructor, EMB_TAG names it in
 #   the output (default: its checksum))
 #   embodied_state (state observations of ST_ENV, default Humanoid-v5: no renderer on the GPU,
-#   the env's MuJoCo steps on host cores; ST_SWEEP num_envs:S[:cycle_batch[:modes]], default "64:32"; EMB_ENV_CORES,
+#   the env's MuJoCo steps on host cores; ST_SWEEP num_envs:S[:cycle_batch[:modes[:env cores]]], default "64:32"; EMB_ENV_CORES,
 #   EMB_ROUNDS, EMB_ITERS, EMB_MODES, EMB_EPOCHS, EMB_CAP, EMB_POLICY_KWARGS, EMB_TAG as for embodied_sweep; EMB_BATCH
 #   sets cycle_batch (ready or group); CPU_SAMPLE=1 runs
 #   scripts/gpu/cpu_sampler.py beside each config: where every process's CPU time went, per core)
@@ -147,9 +147,10 @@ for s in "${STAGES[@]}"; do
                 ${fl[@]+"${fl[@]}"} --out "$OUT/embodied_px_e${e}_s${st}${sfx}.json"
         done
     done ;;
-    embodied_state) for c in ${ST_SWEEP:-64:32}; do  # state observations of ST_ENV, num_envs:S[:batch[:modes]] per config
-        IFS=: read -r e st cb cm <<< "$c"
-        name="embodied_state_${ST_ENV:-Humanoid-v5}_e${e}_s${st}_c${EMB_ENV_CORES:-4}"
+    embodied_state) for c in ${ST_SWEEP:-64:32}; do  # state observations of ST_ENV, num_envs:S[:batch[:modes[:cores]]] per config
+        IFS=: read -r e st cb cm cc <<< "$c"
+        cc=${cc:-${EMB_ENV_CORES:-4}}
+        name="embodied_state_${ST_ENV:-Humanoid-v5}_e${e}_s${st}_c${cc}"
         pk=()  # EMB_POLICY_KWARGS as for embodied_sweep (e.g. '{"row_block": 32}'), named by EMB_TAG
         if [ -n "${EMB_POLICY_KWARGS:-}" ]; then
             pk=(--policy-kwargs "$EMB_POLICY_KWARGS")
@@ -164,7 +165,7 @@ for s in "${STAGES[@]}"; do
         fi
         stage "$name" ${EMB_CAP:-258} python3 benchmarks/embodied_modes.py --device cuda --env "${ST_ENV:-Humanoid-v5}" \
             --num-envs "$e" --steps "$st" --iterations ${EMB_ITERS:-4} --rounds ${EMB_ROUNDS:-1} \
-            --modes "$cm" --epochs ${EMB_EPOCHS:-2} --env-cores ${EMB_ENV_CORES:-4} \
+            --modes "$cm" --epochs ${EMB_EPOCHS:-2} --env-cores "$cc" \
             ${pk[@]+"${pk[@]}"} --out "$OUT/$name.json"
         [ -n "$spid" ] && { kill -TERM "$spid"; wait "$spid"; }
     done ;;
