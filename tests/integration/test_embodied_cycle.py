@@ -3,6 +3,7 @@ produces the same trajectories as the single-process reference ``loomrl.embodied
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import numpy as np
@@ -214,27 +215,35 @@ def _pipe_rollout(envs, slow) -> dict:
     }
 
 
+@contextlib.contextmanager
+def _two_envs_and_a_policy(cluster, env_cls, delay: float, tag: str):
+    """Two env workers of ``env_cls`` and a ``_SlowPolicy`` taking ``delay`` s an act, killed
+    after the block."""
+    envs = cluster.launch(
+        env_cls, 2, worker_env_config(ENV, 2), devices=[0, 1], num_cpus=0.5, name=f"env_{tag}"
+    )
+    try:
+        pol = cluster.launch(
+            _SlowPolicy, 1, *_policy_args(), delay=delay, devices=[2], name=f"policy_{tag}"
+        )
+        try:
+            yield envs, pol
+        finally:
+            pol.kill()
+    finally:
+        envs.kill()
+
+
 @pytest.fixture(scope="module")
 def slow_env_pipe(cluster):
     """Env worker 1 sleeping 30 ms a step and a policy 10 ms an act: a pipe rollout of the fresh
     policy, then the cost probe over the pipe and through the driver, on the same workers."""
     from loomrl.cycle import measure_costs
 
-    envs = cluster.launch(
-        _SlowEnv, 2, worker_env_config(ENV, 2), devices=[0, 1], num_cpus=0.5, name="env_pp"
-    )
-    try:
-        slow = cluster.launch(
-            _SlowPolicy, 1, *_policy_args(), delay=0.01, devices=[2], name="policy_pp"
-        )
-        try:
-            out = _pipe_rollout(envs, slow)
-            out["costs"] = measure_costs(envs, slow, 4, [2, 4, 3], STEPS, reps=2, handoff="pipe")
-            out["chains"] = measure_costs(envs, slow, 4, [2, 4], STEPS, reps=2, min_chain_s=0.0)
-        finally:
-            slow.kill()
-    finally:
-        envs.kill()
+    with _two_envs_and_a_policy(cluster, _SlowEnv, 0.01, "pp") as (envs, slow):
+        out = _pipe_rollout(envs, slow)
+        out["costs"] = measure_costs(envs, slow, 4, [2, 4, 3], STEPS, reps=2, handoff="pipe")
+        out["chains"] = measure_costs(envs, slow, 4, [2, 4], STEPS, reps=2, min_chain_s=0.0)
     return out
 
 
@@ -246,19 +255,8 @@ def test_a_pipe_rollout_acts_on_the_parts_that_have_replied_with_the_same_result
     other leaves that one ahead, and calls mix parts at different steps. Either way, the
     reference's buffer bit for bit."""
     (want, _), *_ = _reference(1)
-    envs = cluster.launch(
-        EnvWorker, 2, worker_env_config(ENV, 2), devices=[0, 1], num_cpus=0.5, name="env_s"
-    )
-    try:
-        slow = cluster.launch(
-            _SlowPolicy, 1, *_policy_args(), delay=0.05, devices=[2], name="policy_slow"
-        )
-        try:
-            slow_policy = _pipe_rollout(envs, slow)
-        finally:
-            slow.kill()
-    finally:
-        envs.kill()
+    with _two_envs_and_a_policy(cluster, EnvWorker, 0.05, "slow") as (envs, slow):
+        slow_policy = _pipe_rollout(envs, slow)
     for env_cls, out in ((EnvWorker, slow_policy), (_SlowEnv, slow_env_pipe)):
         res = out["res"]
         for name, x in out["got"].items():
@@ -284,21 +282,10 @@ def test_a_pipe_rollout_gathering_a_groups_rows_makes_fewer_calls_with_the_same_
     (want, _), *_ = _reference(1)
     got = {}
     for batch in ("ready", "group"):  # fresh workers each: the reference is a first rollout
-        envs = cluster.launch(
-            env_cls, 2, worker_env_config(ENV, 2), devices=[0, 1], num_cpus=0.5, name="env_g"
-        )
-        try:
-            pol = cluster.launch(
-                _SlowPolicy, 1, *_policy_args(), delay=0.0, devices=[2], name="pol_g"
-            )
-            try:
-                cycle = EnvPolicyCycle(envs, pol, 2, 2, True, handoff="pipe", batch=batch)
-                res = cycle.collect(STEPS)
-                got[batch] = (res, wait(pol.rollout())[0], wait(pol.pop_call_rows())[0])
-            finally:
-                pol.kill()
-        finally:
-            envs.kill()
+        with _two_envs_and_a_policy(cluster, env_cls, 0.0, "g") as (envs, pol):
+            cycle = EnvPolicyCycle(envs, pol, 2, 2, True, handoff="pipe", batch=batch)
+            res = cycle.collect(STEPS)
+            got[batch] = (res, wait(pol.rollout())[0], wait(pol.pop_call_rows())[0])
     for batch, (res, buf, rows) in got.items():
         for name, x in buf.items():
             assert torch.equal(x, getattr(want, name)), (name, batch)
