@@ -116,15 +116,16 @@ def simulate(c: Costs, k: int, rule: str, seed: int = 0) -> dict[str, float]:
             if rows * len(held) < c.num_envs // k and working():
                 return
             batch, held = held, []
-        else:  # lockstep: the next group in order, all of its parts
-            g_step = min(s for _, _, s in held)
-            first = min(j for _, j, s in held if s == g_step)
-            batch = [x for x in held if x[1] == first and x[2] == g_step]
+        else:  # lockstep: ring group after ring group, step after step, each whole
+            j, s = turn
+            batch = [x for x in held if x[1] == j and x[2] == s]
             if len(batch) < c.workers:
                 return
             held = [x for x in held if x not in batch]
+            turn[:] = [j + 1, s] if j + 1 < k else [0, s + 1]
         act(now, batch)
 
+    turn = [0, 0]  # lockstep: the (ring group, step) served next
     replies = 0
     while events:
         now, _, kind, w, j, s = heapq.heappop(events)
