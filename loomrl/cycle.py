@@ -234,10 +234,18 @@ def pipe_rollout(
 
     token = uuid.uuid4().hex  # this rollout's: a late connection of a failed one is refused
     mine = parts_by_worker(groups, len(envs))
-    serve = policy.serve_pipe(token, steps, groups, len(envs), timeout, min_rows, whole, whole)
-    runs = [envs[w].run_pipe(address, token, w, m, steps, timeout, whole) for w, m in mine.items()]
+    # The options go as keywords, and only where set: a rollout without them is the same call
+    # to either side as before they existed.
+    extra: dict[str, Any] = {"begin": True, "finish": True} if whole else {}
+    if min_rows:
+        extra["min_rows"] = min_rows
+    serve = policy.serve_pipe(token, steps, groups, len(envs), timeout, **extra)
+    stats = {"stats": True} if whole else {}
+    runs = [
+        envs[w].run_pipe(address, token, w, m, steps, timeout, **stats) for w, m in mine.items()
+    ]
     try:
-        (timing,), *stats = wait(serve, *runs)
+        (timing,), *ends = wait(serve, *runs)
     except BaseException as e:
         _abort_pipe(address, token, f"{type(e).__name__}: {str(e)[:500]}")
         settle([r for h in (serve, *runs) for r in h.refs], min(SETTLE_S, timeout))
@@ -255,7 +263,7 @@ def pipe_rollout(
                 pass
         raise
     if whole:
-        timing["env_stats"] = {w: s[0] for w, s in zip(mine, stats, strict=True)}
+        timing["env_stats"] = {w: e[0] for w, e in zip(mine, ends, strict=True)}
     return timing
 
 

@@ -568,7 +568,7 @@ def test_episodes_from_several_workers_and_ring_groups_merge_in_the_order_they_e
 
     def stats(v: VecEnv) -> dict:
         w = object.__new__(EnvWorker)  # its pop_stats, on this process's VecEnv
-        w.venv, w.busy_s, w.calls = v, 0.0, 0
+        w.venv, w.busy_s, w.wait_s, w.calls = v, 0.0, 0.0, 0
         return w.pop_stats()
 
     returns, lengths, _ = merge_episodes([stats(b), stats(a)])  # b's reply came first
