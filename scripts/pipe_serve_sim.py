@@ -75,9 +75,8 @@ def simulate(c: Costs, k: int, rule: str, seed: int = 0) -> dict[str, float]:
     free_at = [0.0] * c.workers  # when each worker finishes its current step
     wait = [0.0] * c.workers
     calls, busy, end = 0, 0.0, 0.0
-    total = c.workers * k * (c.steps + 1)
 
-    def worker_go(w: int, now: float) -> None:
+    def worker_go(w: int) -> None:
         """Step every part whose actions have arrived, in ring order."""
         while True:
             j, s = nxt[w]
@@ -126,21 +125,17 @@ def simulate(c: Costs, k: int, rule: str, seed: int = 0) -> dict[str, float]:
         act(now, batch)
 
     turn = [0, 0]  # lockstep: the (ring group, step) served next
-    replies = 0
     while events:
         now, _, kind, w, j, s = heapq.heappop(events)
         if kind == "reply":
             got[w] += 1
-            replies += 1
             if s < c.steps:
                 held.append((w, j, s))
             end = now
         elif kind == "actions":
             inbox[w][(j, s)] = now
-            worker_go(w, now)
+            worker_go(w)
         decide(now)
-        if replies == total and not events:
-            break
     return {
         "span_ms": end,
         "calls": calls,

@@ -479,7 +479,7 @@ def test_a_read_lease_rides_on_the_next_get_or_goes_alone_within_a_quarter_secon
         time.sleep(0.02)
     assert sent == [[5]] and channel_mod._take_read("c", broker) is None
     channel_mod._read("c", broker, 6)
-    channel_mod.flush_reads()  # at once, as a stage before it returns and a worker before a kill
+    channel_mod.flush_reads()  # at once, as a worker does before WorkerGroup.kill kills it
     assert sent == [[5], [6]] and channel_mod._take_read("c", broker) is None
     with pytest.raises(ValueError, match=r"timeout='soon' must be None \(wait forever\) or >= 0"):
         channel_mod.flush_reads(timeout="soon")

@@ -933,8 +933,10 @@ class PolicyWorker(Worker):
 
     def pop_busy(self) -> float:
         """Seconds spent inside act / probe calls since the last pop (the cost probe's measure of
-        how long a call keeps this worker busy, apart from the hand-off around it)."""
-        busy, self.busy_s = self.busy_s, 0.0
+        how long a call keeps this worker busy, apart from the hand-off around it); the wait for
+        replies restarts too, as ``EnvWorker.pop_busy``'s wait for actions does, so that the
+        next ``finish`` counts from here, not from the probe's rollouts."""
+        busy, self.busy_s, self.idle_s = self.busy_s, 0.0, 0.0
         return busy
 
     def time_act(self, n: int, reps: int) -> float:
