@@ -478,6 +478,17 @@ class VecEnv:
             flat = gym.spaces.flatten_space(probe.observation_space)
             self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, flat.shape, np.float32)
         self._raw_observation_space = probe.observation_space
+        # The shape of a float Box's observations, whose steps' observations are checked and
+        # flattened as one batch (``_check_observations``); None: env by env.
+        box = probe.observation_space
+        self._flat_box: tuple[int, ...] | None = (
+            tuple(box.shape)
+            if not cfg.pixels
+            and self._image_axes is None
+            and isinstance(box, gym.spaces.Box)
+            and np.issubdtype(box.dtype, np.floating)
+            else None
+        )
 
     # -- properties the planner and the policy side read ------------------------------------
     @property
@@ -888,10 +899,22 @@ class VecEnv:
         final: list[Any] = [None] * n
         stepped = []  # (k, i, raw, info) of the envs whose step did not raise
         too_many: EnvFailureError | None = None  # raised once every env's state is consistent
+        # Every env steps first, then their observations are checked together: one numpy pass
+        # over the batch where the observation space is a float Box (most simulators) instead
+        # of a check and a flatten per env, a fifth of what stepping a MuJoCo env costs.
+        outcomes: list[Any] = [None] * n
+        for k, i in enumerate(idx):
+            try:
+                outcomes[k] = self._step_one(self._slots[i], actions[k], check=False)
+            except Exception as e:
+                outcomes[k] = e
+        rows = self._check_observations(outcomes)
         for k, i in enumerate(idx):
             slot = self._slots[i]
             try:
-                raw, r, te, tr, info = self._step_one(slot, actions[k])
+                if isinstance(outcomes[k], Exception):
+                    raise outcomes[k]
+                raw, r, te, tr, info = outcomes[k]
             except Exception as e:  # a simulator bug or instability: isolate it, keep training
                 if self.env_steps[i] == 0 and self.cfg.env_kwargs:
                     # Not one step ever worked: the user's keywords, not bad luck mid-episode.
@@ -913,7 +936,11 @@ class VecEnv:
         # pass; envs are independent, so the order changes no result. The envs that ended are
         # reset after their last frames are drawn and before they are read back, so that their
         # reset frames come back in the same read-back.
-        seen = self._observe_later([x[1] for x in stepped], [x[2] for x in stepped])
+        if rows is None:
+            seen = self._observe_later([x[1] for x in stepped], [x[2] for x in stepped])
+        else:
+            ready = [rows[x[0]] for x in stepped]
+            seen = lambda: ready  # noqa: E731
         ended = []
         unreset = []  # (k, i, error) of envs whose episode ended and whose reset then raised
         for k, i, _, info in stepped:
@@ -948,7 +975,11 @@ class VecEnv:
             raise too_many
         return result
 
-    def _step_one(self, slot: _Slot, action: np.ndarray) -> tuple[Any, float, bool, bool, dict]:
+    def _step_one(
+        self, slot: _Slot, action: np.ndarray, check: bool = True
+    ) -> tuple[Any, float, bool, bool, dict]:
+        """One env's step (``frame_skip`` simulator steps); ``check``: also refuse a state
+        observation that is not finite (``step`` checks its batch in ``_check_observations``)."""
         total = 0.0
         for _ in range(self.cfg.frame_skip):
             raw, r, te, tr, info = slot.env.step(action)
@@ -960,12 +991,42 @@ class VecEnv:
         if not abs(total) <= _F32_MAX:  # NaN compares False; the buffer keeps float32
             past = " (past float32's range, where rewards are kept)" if np.isfinite(total) else ""
             raise NonFiniteStep(f"the step returned a reward of {total}{past}")
-        if not self.cfg.pixels and not _all_finite(raw):
-            raise NonFiniteStep(
-                "the step returned an observation holding NaN or inf (or a number past float32's "
-                "range)"
-            )
+        if check and not self.cfg.pixels and not _all_finite(raw):
+            raise NonFiniteStep(_NOT_FINITE_STEP)
         return raw, total, bool(te), bool(tr), info
+
+    def _check_observations(self, outcomes: list[Any]) -> list[np.ndarray] | None:
+        """Check the state observations of the envs whose step returned (``outcomes[k]`` a
+        ``_step_one`` tuple; the others an exception): an observation that is not finite as a
+        float32 makes its outcome a ``NonFiniteStep``, as a check in ``_step_one`` would. Where
+        the observation space is a float Box and every observation has its shape, also their
+        flat float32 rows by position (None: ``_observe_later`` takes them)."""
+        if self.cfg.pixels:
+            return None
+        good = [k for k, o in enumerate(outcomes) if not isinstance(o, Exception)]
+        batch = None
+        if self._flat_box is not None and good:
+            try:
+                with np.errstate(over="ignore", invalid="ignore"):  # past float32 -> inf
+                    batch = np.asarray([outcomes[k][0] for k in good], dtype=np.float32)
+            except (TypeError, ValueError):  # ragged or not numbers: the check env by env says
+                batch = None
+            if batch is not None and batch.shape != (len(good), *self._flat_box):
+                batch = None
+        if batch is None:
+            for k in good:
+                if not _all_finite(outcomes[k][0]):
+                    outcomes[k] = NonFiniteStep(_NOT_FINITE_STEP)
+            return None
+        flat = batch.reshape(len(good), -1)
+        finite = np.isfinite(flat).all(axis=1)
+        rows: list[Any] = [None] * len(outcomes)
+        for n, k in enumerate(good):
+            if finite[n]:
+                rows[k] = flat[n]
+            else:
+                outcomes[k] = NonFiniteStep(_NOT_FINITE_STEP)
+        return rows
 
     def _check_actions(self, actions: Any, n: int) -> np.ndarray:
         import gymnasium as gym
@@ -1145,6 +1206,11 @@ class VecEnv:
 
 class NonFiniteStep(ArithmeticError):
     """A simulator step gave a NaN or infinite reward or observation (counted as a failure)."""
+
+
+_NOT_FINITE_STEP = (
+    "the step returned an observation holding NaN or inf (or a number past float32's range)"
+)
 
 
 # Observations and rewards are kept as float32: a float64 past this is inf there.

@@ -636,6 +636,50 @@ def test_a_nan_observation_or_infinite_reward_is_a_recorded_failure_not_data():
     assert "reward of inf" in messages[2]
 
 
+class _OddNaN(loomrl.envs.testing.CountingEnv):
+    """Counting; the env of an odd seed gives a NaN observation on its 2nd step."""
+
+    def step(self, action):
+        obs, r, te, tr, info = super().step(action)
+        if self.total == 2 and self.unwrapped.np_random_seed % 2 == 1:
+            obs = obs * np.nan
+        return obs, r, te, tr, info
+
+
+def test_one_env_s_nan_observation_fails_that_env_alone_in_a_batch():
+    # The batch's observations are checked together: the good rows stay, the bad one fails.
+    if "loomrl-test/OddNaN-v0" not in gym.registry:
+        gym.register(id="loomrl-test/OddNaN-v0", entry_point=_OddNaN)
+    env = make("loomrl-test/OddNaN-v0", num_envs=4, env_kwargs={"length": 10})
+    env.reset()
+    env.step(np.zeros((4, 1), np.float32))
+    r = env.step(np.zeros((4, 1), np.float32))
+    assert r.failed.tolist() == [False, True, False, True]
+    np.testing.assert_array_equal(r.obs, [[0, 2], [1, 0], [0, 2], [1, 0]])
+    np.testing.assert_array_equal(r.final_obs, [[0, 2], [0, 1], [0, 2], [0, 1]])
+    assert [(e.kind, e.env_index) for e in env.events if e.kind == "env_error"] == [
+        ("env_error", 1),
+        ("env_error", 3),
+    ]
+
+
+def test_checking_observations_as_a_batch_gives_what_env_by_env_gives():
+    # Hopper-v5 falls over, so episodes end and reset inside the steps compared.
+    fast, slow = make("Hopper-v5", num_envs=4, seed=3), make("Hopper-v5", num_envs=4, seed=3)
+    assert fast._flat_box == (11,)
+    slow._flat_box = None  # the observations checked and flattened env by env
+    fast.reset(), slow.reset()
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        a = rng.uniform(-1, 1, (4, 3)).astype(np.float32)
+        x, y = fast.step(a), slow.step(a)
+        for field in ("obs", "final_obs", "reward", "terminated", "truncated", "failed"):
+            np.testing.assert_array_equal(getattr(x, field), getattr(y, field))
+        assert x.obs.dtype == np.float32 and x.final_obs.dtype == np.float32
+    ends = fast.pop_episode_stats()
+    assert ends.lengths and ends.lengths == slow.pop_episode_stats().lengths
+
+
 def _five_steps_of(env_class: type) -> tuple[list, list[str]]:
     """Five steps of two envs of ``env_class`` (whose 2nd and 4th steps go wrong): the results,
     checked to hold only finite numbers with both bad steps failed, and the events' messages."""
