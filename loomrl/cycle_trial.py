@@ -38,7 +38,7 @@ from loomrl.cycle import (
     placement_from_plan,
     split_plans_and_past,
 )
-from loomrl.errors import PlacementError, PlanError
+from loomrl.errors import ConfigError, PlacementError, PlanError
 from loomrl.run import Run
 from loomrl.worker import wait
 from loomrl.workers.env import EnvWorker, worker_env_config
@@ -49,8 +49,15 @@ if TYPE_CHECKING:  # the recipe imports this module
 
 
 def _launch_policy(cluster: Any, cfg: Config, envs: Any, devices: list[int], name: str) -> Any:
-    """The policy worker, shaped by the env workers' observation and action spaces."""
+    """The policy worker, shaped by the env workers' observation and action spaces; a
+    ``ConfigError`` where its rollout buffers, sized by those observations, cannot fit the
+    node's memory (lazily allocated, they would fill it mid-rollout)."""
+    from loomrl.recipes.embodied_ppo import memory_problem
+
     sp = wait(envs.on(0).spaces())[0]
+    problem = memory_problem(cfg, obs_shape=tuple(sp["observation_space"].shape))
+    if problem is not None:
+        raise ConfigError([problem])
     return cluster.launch(
         PolicyWorker,
         1,

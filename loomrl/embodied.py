@@ -27,6 +27,7 @@ from torch import Tensor
 
 from loomrl.algos import gae, ppo_policy_loss, value_loss
 from loomrl.config import finite_in
+from loomrl.envs.memory import NodeMemory, rollout_memory_problem
 from loomrl.envs.vec import EnvConfig, EpisodeStats, VecEnv
 from loomrl.errors import ConfigError
 from loomrl.policies import make_policy, row_generators
@@ -840,6 +841,12 @@ def _train_ppo(
             ],
             source="PPOConfig",
         )
+    problem = rollout_memory_problem(
+        env_cfg, ppo_cfg.rollout_steps, ppo_cfg.normalize_obs, env.obs_shape, NodeMemory()
+    )
+    if problem is not None:  # the buffers are allocated lazily: they would fill it mid-rollout
+        env.close()
+        raise ConfigError([problem], source="train_ppo")
     T = ppo_cfg.rollout_steps // env.num_envs
     policy = make_policy(
         env.single_observation_space,

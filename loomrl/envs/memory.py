@@ -19,6 +19,7 @@ Where the figures cannot be read (no psutil and no /proc), nothing is checked.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -32,6 +33,7 @@ __all__ = [
     "estimate_env_memory",
     "frame_bytes",
     "memory_verdict",
+    "rollout_memory_problem",
 ]
 
 # At most this share of the available memory is planned for envs and buffers.
@@ -56,6 +58,7 @@ class EnvMemory:
     per_env_bytes: float
     buffer_bytes: float
     keys: tuple[str, ...]  # the config keys the projection grows with, as "key=value"
+    rows: int = 0  # the rollout's rows (transitions) the buffers hold
 
     @property
     def envs_bytes(self) -> float:
@@ -73,24 +76,61 @@ def estimate_env_memory(
     rollout_steps: int = 0,
     obs_elems: int | None = None,
     normalize_obs: bool = False,
+    images: bool = False,
 ) -> EnvMemory:
     """Memory of ``env.num_envs`` envs of ``per_env_bytes`` each plus a rollout of
     ``rollout_steps`` rows (0: no buffers counted). ``env``: an ``EnvConfig`` (num_envs,
-    pixels, image_size). A pixel row stores its frame as uint8; a state row stores
-    ``obs_elems`` float32 (unknown: 0), twice with ``normalize_obs`` (the raw copy the
-    normaliser's update reads). Pure."""
+    pixels, image_size). A pixel row stores its frame as uint8, as does a row of an env's own
+    image observations (``images``: ``obs_elems`` bytes); a state row stores ``obs_elems``
+    float32 (unknown: 0), twice with ``normalize_obs`` (the raw copy the normaliser's update
+    reads). Pure."""
     n, pixels = int(env.num_envs), bool(env.pixels)  # type: ignore[attr-defined]
     keys = [f"env.num_envs={n}"]
     if pixels:
         size = int(env.image_size)  # type: ignore[attr-defined]
         keys.append(f"env.image_size={size}")
         obs_row = float(frame_bytes(size))
+    elif images:
+        obs_row = float(obs_elems or 0)
     else:
         obs_row = 4.0 * (obs_elems or 0) * (2 if normalize_obs else 1)
     if rollout_steps:
         keys.append(f"ppo.rollout_steps={rollout_steps}")
     buffers = float(rollout_steps) * (obs_row + _ROW_SCALAR_BYTES)
-    return EnvMemory(n, float(per_env_bytes), buffers, tuple(keys))
+    return EnvMemory(n, float(per_env_bytes), buffers, tuple(keys), int(rollout_steps))
+
+
+def rollout_memory_problem(
+    env: object,
+    rollout_steps: int,
+    normalize_obs: bool,
+    obs_shape: tuple[int, ...] | None,
+    source: MemorySource,
+) -> str | None:
+    """The problem, where ``env``'s envs (an ``EnvConfig``) and the buffers of a rollout of
+    ``rollout_steps`` rows cannot fit the memory ``source`` says is available: the rows and,
+    for pixels, the two frames each env holds (its observation and the read-back).
+    ``obs_shape``: the observations the policy is given, once the envs are made (unknown: their
+    rows are not counted): uint8 images where they have 3 dims, else float32 numbers (twice with
+    ``normalize_obs``). What a simulator costs beyond that is measured by each env worker as it
+    makes them (``BuildGuard``). None where they fit or nothing can be read."""
+    pixels = bool(env.pixels)  # type: ignore[attr-defined]
+    per_env = 2 * frame_bytes(env.image_size) if pixels else 0  # type: ignore[attr-defined]
+    elems = math.prod(obs_shape) if obs_shape is not None else None
+    images = obs_shape is not None and len(obs_shape) == 3
+    est = estimate_env_memory(
+        env,
+        per_env,
+        rollout_steps=rollout_steps,
+        obs_elems=elems,
+        normalize_obs=normalize_obs and not images,
+        images=images,
+    )
+    what = "the envs' pixel frames and the rollout buffers" if pixels else "the rollout buffers"
+    if obs_shape is not None and not pixels:
+        kind = "uint8 images" if images else "float32 numbers"
+        what += f" (observations of {list(obs_shape)} {kind} from {env.env_id})"  # type: ignore[attr-defined]
+    return memory_verdict(est, source.available(), what=what)
 
 
 def memory_verdict(est: EnvMemory, available_bytes: float | None, *, what: str) -> str | None:
@@ -103,19 +143,28 @@ def memory_verdict(est: EnvMemory, available_bytes: float | None, *, what: str) 
     if est.total_bytes <= budget:
         return None
     pixels = any(k.startswith("env.image_size=") for k in est.keys)
-    parts = [
-        f"{est.num_envs} env(s) x {est.per_env_bytes / 1e6:.3g} MB = {est.envs_bytes / GB:.3g} GB"
-    ]
+    parts = []
+    if est.per_env_bytes or not est.buffer_bytes:  # envs not measured yet say nothing
+        parts.append(
+            f"{est.num_envs} env(s) x {est.per_env_bytes / 1e6:.3g} MB = {est.envs_bytes / GB:.3g} GB"
+        )
     if est.buffer_bytes:
         parts.append(f"rollout buffers {est.buffer_bytes / GB:.3g} GB")
     room = budget - est.buffer_bytes
-    fit = int(max(room, 0) // est.per_env_bytes) if est.per_env_bytes > 0 else est.num_envs
-    beside = " beside the buffers" if est.buffer_bytes else ""
-    fixes = [f"lower env.num_envs (about {fit} fit{beside})" if fit else "lower env.num_envs"]
+    fixes = []
+    if room > 0 or not est.buffer_bytes:  # fewer envs shrink the buffers not: rows are the total
+        fit = int(room // est.per_env_bytes) if est.per_env_bytes > 0 else est.num_envs
+        beside = " beside the buffers" if est.buffer_bytes else ""
+        fixes.append(
+            f"lower env.num_envs (about {fit} fit{beside})" if fit else "lower env.num_envs"
+        )
     if pixels:
         fixes.append("lower env.image_size (a frame is 3 x size^2 bytes)")
     if est.buffer_bytes:
-        fixes.append("lower ppo.rollout_steps (the buffer holds that many observations)")
+        rows = ""
+        if room <= 0 and est.rows:
+            rows = f"; about {int(budget // (est.buffer_bytes / est.rows))} rows fit"
+        fixes.append(f"lower ppo.rollout_steps (the buffer holds that many observations{rows})")
     fixes.append("or run on a node with more memory")
     return (
         f"{', '.join(est.keys)}: {what} would need about {est.total_bytes / GB:.3g} GB "

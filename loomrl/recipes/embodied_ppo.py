@@ -27,13 +27,7 @@ from loomrl.config import finite_in
 from loomrl.cycle import BATCHES, CYCLE_MODELS, HANDOFFS
 from loomrl.cycle_trial import plan_cycle, start_cycle
 from loomrl.embodied import PPOConfig
-from loomrl.envs.memory import (
-    MemorySource,
-    NodeMemory,
-    estimate_env_memory,
-    frame_bytes,
-    memory_verdict,
-)
+from loomrl.envs.memory import MemorySource, NodeMemory, rollout_memory_problem
 from loomrl.envs.vec import EnvConfig, check_env_id
 from loomrl.errors import ConfigError
 from loomrl.run import Run, RunConfig
@@ -335,19 +329,19 @@ def _check_policy(cfg: Config) -> list[str]:
     return []
 
 
-def memory_problem(cfg: Config, source: MemorySource | None = None) -> str | None:
-    """The problem, where the envs and rollout buffers cannot fit the node's memory, from what
-    the config fixes: the buffers of ``ppo.rollout_steps`` rows and, for pixels, the two frames
-    each env holds (its observation and the read-back). What a simulator costs beyond that is
-    measured by each env worker as it makes them (VecEnv). None where they fit, and where the
-    node's memory cannot be read."""
-    env, ppo = cfg.env, cfg.ppo
+def memory_problem(
+    cfg: Config, source: MemorySource | None = None, obs_shape: tuple[int, ...] | None = None
+) -> str | None:
+    """The problem, where the envs and rollout buffers cannot fit the node's memory
+    (``rollout_memory_problem`` of ``cfg.env`` and ``cfg.ppo``; ``obs_shape``: the policy's
+    observations, once the envs are made). None where they fit, and where the node's memory
+    cannot be read."""
+    ppo = cfg.ppo
     if not (isinstance(ppo.rollout_steps, int) and ppo.rollout_steps > 0):
         return None  # said by PPOConfig
-    per_env = 2 * frame_bytes(env.image_size) if env.pixels else 0
-    est = estimate_env_memory(env, per_env, rollout_steps=ppo.rollout_steps)
-    what = "the envs' pixel frames and the rollout buffers" if env.pixels else "the rollout buffers"
-    return memory_verdict(est, (source or NodeMemory()).available(), what=what)
+    return rollout_memory_problem(
+        cfg.env, ppo.rollout_steps, ppo.normalize_obs, obs_shape, source or NodeMemory()
+    )
 
 
 def check_memory(cfg: Config, source: MemorySource | None = None) -> None:

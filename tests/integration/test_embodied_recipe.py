@@ -1633,6 +1633,37 @@ def test_an_envs_own_image_observations_train_the_cnn_under_a_split_plan(cluster
     assert any(m.get("episodes", 0) > 0 for m in metrics)  # 6-step episodes ended
 
 
+def test_buffers_too_big_for_the_envs_own_images_are_refused_before_the_policy_starts(
+    cluster, tmp_path
+):
+    """The config alone cannot size an observation (16M rows of scalars fit in 0.4 GB); once
+    the env workers say theirs (3 MB images), 50 TB of buffers are a ConfigError naming
+    ppo.rollout_steps, not a policy that fills the node's memory mid-rollout."""
+    from loomrl.config import load_config
+    from loomrl.recipes.embodied_ppo import Config, main
+
+    cfg = load_config(
+        Config,
+        EXAMPLE,
+        [
+            *TINY,
+            "env.num_envs=2",
+            "ppo.rollout_steps=16777216",
+            "env.env_id=loomrl.envs.testing:loomrl-test/ImageObs-v0",
+            "env.env_kwargs={height: 1000, width: 1000}",
+            "policy=cnn",
+            "run.placement=temporal",
+            f"run.profile={ROOT / 'examples/profiles/embodied_pixels_cpu2.yaml'}",
+            f"run.output_dir={tmp_path / 'big'}",
+        ],
+    )
+    with pytest.raises(ConfigError) as e:
+        main(cfg)
+    msg = str(e.value)
+    assert "ppo.rollout_steps=16777216" in msg and "[3, 1000, 1000] uint8 images" in msg
+    assert "lower ppo.rollout_steps" in msg
+
+
 def test_repeated_env_failures_stop_the_run_and_keep_their_events(cluster, tmp_path):
     """An env failing on every step from its 42nd: too many failures end the run with the env
     named; the failures recorded before are in env_events.jsonl and counted in the summary."""

@@ -12,6 +12,7 @@ from loomrl.envs.memory import (
     estimate_env_memory,
     frame_bytes,
     memory_verdict,
+    rollout_memory_problem,
 )
 from loomrl.errors import ConfigError
 from loomrl.recipes.embodied_ppo import Config, check_memory
@@ -148,3 +149,42 @@ def test_ranks_count_only_the_group_s_ranks_on_their_own_node():
     assert ranks_on_node([on(0), on(0), on(1), on(1)]) == [2, 2, 2, 2]
     assert ranks_on_node([on(0), on(1), on(1), on(1)]) == [1, 3, 3, 3]
     assert ranks_on_node([on(3)]) == [1]
+
+
+def test_the_buffers_of_an_envs_own_images_count_a_byte_an_element_and_name_rollout_steps():
+    env = EnvConfig("loomrl-test/ImageObs-v0", num_envs=4)
+    fits = rollout_memory_problem(env, 4096, True, (3, 20, 24), FakeMemory(10e6))
+    assert fits is None  # 4096 x (1440 + 22) bytes = 6 MB, no normaliser's copy for images
+    msg = rollout_memory_problem(env, 8192, True, (3, 20, 24), FakeMemory(10e6))
+    assert msg is not None and "ppo.rollout_steps=8192" in msg
+    assert "observations of [3, 20, 24] uint8 images from loomrl-test/ImageObs-v0" in msg
+    rows = int(MEMORY_FRACTION * 10e6 // (1440 + 22))
+    assert (
+        f"lower ppo.rollout_steps (the buffer holds that many observations; about {rows} rows fit)"
+        in msg
+    )
+    assert "lower env.num_envs" not in msg  # rollout_steps counts every env's rows: no help
+
+
+def test_state_buffers_count_float32_twice_with_the_normaliser_and_unknown_shapes_not_at_all():
+    env = EnvConfig("CartPole-v1", num_envs=4)
+    room = FakeMemory(1e6)  # 0.8 MB planned
+    assert rollout_memory_problem(env, 4096, True, None, room) is None  # 22 bytes a row
+    assert rollout_memory_problem(env, 4096, False, (40,), room) is None  # 160 + 22
+    msg = rollout_memory_problem(env, 4096, True, (40,), room)  # 320 + 22
+    assert msg is not None and "[40] float32 numbers" in msg
+
+
+def test_a_single_process_run_whose_buffers_cannot_fit_is_refused_before_it_collects():
+    from loomrl.embodied import train_ppo
+
+    # 3 MB an observation; 2**40 rows of them are more than any node holds.
+    env = EnvConfig(
+        "loomrl.envs.testing:loomrl-test/ImageObs-v0",
+        num_envs=2,
+        env_kwargs={"height": 1000, "width": 1000},
+    )
+    with pytest.raises(ConfigError) as e:
+        train_ppo(env, PPOConfig(rollout_steps=2**40, num_minibatches=1), total_steps=2**40)
+    assert "ppo.rollout_steps=1099511627776" in str(e.value)
+    assert "[3, 1000, 1000] uint8 images" in str(e.value)
