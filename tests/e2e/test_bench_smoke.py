@@ -62,7 +62,9 @@ def _run(args: list[str], timeout: int = 900) -> str:
         [sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
     )
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout.strip().splitlines()[-1]
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"exit {proc.returncode} with nothing printed: {proc.stderr[-3000:]}"
+    return lines[-1]
 
 
 @pytest.mark.slow
