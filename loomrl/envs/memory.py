@@ -110,12 +110,14 @@ def rollout_memory_problem(
     """The problem, where ``env``'s envs (an ``EnvConfig``) and the buffers of a rollout of
     ``rollout_steps`` rows cannot fit the memory ``source`` says is available: the rows and,
     for pixels, the two frames each env holds (its observation and the read-back).
-    ``obs_shape``: the observations the policy is given, once the envs are made (unknown: their
-    rows are not counted): uint8 images where they have 3 dims, else float32 numbers (twice with
-    ``normalize_obs``). What a simulator costs beyond that is measured by each env worker as it
-    makes them (``BuildGuard``). None where they fit or nothing can be read."""
-    pixels = bool(env.pixels)  # type: ignore[attr-defined]
-    per_env = 2 * frame_bytes(env.image_size) if pixels else 0  # type: ignore[attr-defined]
+    ``obs_shape``: the observations the policy is given, known once the envs are made (None:
+    before, their rows not counted): uint8 images where they have 3 dims, else float32 numbers
+    (twice with ``normalize_obs``); the envs' frames then already take their memory, so only the
+    buffers are counted. What a simulator costs beyond that is measured by each env worker as
+    it makes them (``BuildGuard``). None where they fit or nothing can be read."""
+    made = obs_shape is not None
+    frames = bool(env.pixels) and not made  # type: ignore[attr-defined]
+    per_env = 2 * frame_bytes(env.image_size) if frames else 0  # type: ignore[attr-defined]
     elems = math.prod(obs_shape) if obs_shape is not None else None
     images = obs_shape is not None and len(obs_shape) == 3
     est = estimate_env_memory(
@@ -126,8 +128,8 @@ def rollout_memory_problem(
         normalize_obs=normalize_obs and not images,
         images=images,
     )
-    what = "the envs' pixel frames and the rollout buffers" if pixels else "the rollout buffers"
-    if obs_shape is not None and not pixels:
+    what = "the envs' pixel frames and the rollout buffers" if frames else "the rollout buffers"
+    if obs_shape is not None:
         kind = "uint8 images" if images else "float32 numbers"
         what += f" (observations of {list(obs_shape)} {kind} from {env.env_id})"  # type: ignore[attr-defined]
     return memory_verdict(est, source.available(), what=what)

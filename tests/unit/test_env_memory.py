@@ -188,3 +188,11 @@ def test_a_single_process_run_whose_buffers_cannot_fit_is_refused_before_it_coll
         train_ppo(env, PPOConfig(rollout_steps=2**40, num_minibatches=1), total_steps=2**40)
     assert "ppo.rollout_steps=1099511627776" in str(e.value)
     assert "[3, 1000, 1000] uint8 images" in str(e.value)
+
+
+def test_once_the_envs_are_made_their_pixel_frames_are_in_use_and_only_the_buffers_count():
+    env = EnvConfig("CartPole-v1", num_envs=1000, pixels=True, image_size=64)
+    room = FakeMemory(10e6)  # 8 MB planned: the 25 MB of frames do not fit, 3 MB of buffers do
+    before = rollout_memory_problem(env, 256, True, None, room)
+    assert before is not None and "the envs' pixel frames and the rollout buffers" in before
+    assert rollout_memory_problem(env, 256, True, (3, 64, 64), room) is None
