@@ -905,28 +905,25 @@ class VecEnv:
         outcomes: list[Any] = [None] * n
         for k, i in enumerate(idx):
             try:
-                outcomes[k] = self._step_one(self._slots[i], actions[k], check=False)
-            except Exception as e:
+                outcomes[k] = self._step_one(self._slots[i], actions[k])
+            except Exception as e:  # a simulator bug or instability: isolate it, keep training
                 outcomes[k] = e
         rows = self._check_observations(outcomes)
         for k, i in enumerate(idx):
-            slot = self._slots[i]
-            try:
-                if isinstance(outcomes[k], Exception):
-                    raise outcomes[k]
-                raw, r, te, tr, info = outcomes[k]
-            except Exception as e:  # a simulator bug or instability: isolate it, keep training
+            slot, got = self._slots[i], outcomes[k]
+            if isinstance(got, Exception):
                 if self.env_steps[i] == 0 and self.cfg.env_kwargs:
                     # Not one step ever worked: the user's keywords, not bad luck mid-episode.
-                    raise self._kwargs_fault(i, "first step", e) from e
+                    raise self._kwargs_fault(i, "first step", got) from got
                 # every failure is recorded; the last error counts them all
-                too_many = self._record_failure(i, slot, e) or too_many
+                too_many = self._record_failure(i, slot, got) or too_many
                 failed[k] = True
                 final[k] = slot.obs
                 self._recover(i, slot)
                 obs[k] = slot.obs
                 self.env_steps[i] += 1
                 continue
+            raw, r, te, tr, info = got
             rew[k], term[k], trunc[k] = r, te, tr
             slot.episode_return += r
             slot.episode_length += 1
@@ -975,11 +972,9 @@ class VecEnv:
             raise too_many
         return result
 
-    def _step_one(
-        self, slot: _Slot, action: np.ndarray, check: bool = True
-    ) -> tuple[Any, float, bool, bool, dict]:
-        """One env's step (``frame_skip`` simulator steps); ``check``: also refuse a state
-        observation that is not finite (``step`` checks its batch in ``_check_observations``)."""
+    def _step_one(self, slot: _Slot, action: np.ndarray) -> tuple[Any, float, bool, bool, dict]:
+        """One env's step (``frame_skip`` simulator steps); its observation is checked with the
+        others' in ``_check_observations``."""
         total = 0.0
         for _ in range(self.cfg.frame_skip):
             raw, r, te, tr, info = slot.env.step(action)
@@ -991,8 +986,6 @@ class VecEnv:
         if not abs(total) <= _F32_MAX:  # NaN compares False; the buffer keeps float32
             past = " (past float32's range, where rewards are kept)" if np.isfinite(total) else ""
             raise NonFiniteStep(f"the step returned a reward of {total}{past}")
-        if check and not self.cfg.pixels and not _all_finite(raw):
-            raise NonFiniteStep(_NOT_FINITE_STEP)
         return raw, total, bool(te), bool(tr), info
 
     def _check_observations(self, outcomes: list[Any]) -> list[np.ndarray] | None:
