@@ -38,6 +38,7 @@ from loomrl.cycle import (
     placement_from_plan,
     split_plans_and_past,
 )
+from loomrl.envs.memory import NodeMemory, rollout_memory_problem
 from loomrl.errors import ConfigError, PlacementError, PlanError
 from loomrl.run import Run
 from loomrl.worker import wait
@@ -52,10 +53,15 @@ def _launch_policy(cluster: Any, cfg: Config, envs: Any, devices: list[int], nam
     """The policy worker, shaped by the env workers' observation and action spaces; a
     ``ConfigError`` where its rollout buffers, sized by those observations, cannot fit the
     node's memory (lazily allocated, they would fill it mid-rollout)."""
-    from loomrl.recipes.embodied_ppo import memory_problem
-
     sp = wait(envs.on(0).spaces())[0]
-    problem = memory_problem(cfg, obs_shape=tuple(sp["observation_space"].shape))
+    ppo = cfg.ppo
+    problem = rollout_memory_problem(
+        cfg.env,
+        ppo.rollout_steps,
+        ppo.normalize_obs,
+        tuple(sp["observation_space"].shape),
+        NodeMemory(),
+    )
     if problem is not None:
         raise ConfigError([problem])
     return cluster.launch(

@@ -329,18 +329,16 @@ def _check_policy(cfg: Config) -> list[str]:
     return []
 
 
-def memory_problem(
-    cfg: Config, source: MemorySource | None = None, obs_shape: tuple[int, ...] | None = None
-) -> str | None:
-    """The problem, where the envs and rollout buffers cannot fit the node's memory
-    (``rollout_memory_problem`` of ``cfg.env`` and ``cfg.ppo``; ``obs_shape``: the policy's
-    observations, once the envs are made). None where they fit, and where the node's memory
-    cannot be read."""
+def memory_problem(cfg: Config, source: MemorySource | None = None) -> str | None:
+    """The problem, where the envs and rollout buffers cannot fit the node's memory, from what
+    the config fixes (``rollout_memory_problem`` before the envs say their observations; the
+    policy's launch checks again once they have). None where they fit, and where the node's
+    memory cannot be read."""
     ppo = cfg.ppo
     if not (isinstance(ppo.rollout_steps, int) and ppo.rollout_steps > 0):
         return None  # said by PPOConfig
     return rollout_memory_problem(
-        cfg.env, ppo.rollout_steps, ppo.normalize_obs, obs_shape, source or NodeMemory()
+        cfg.env, ppo.rollout_steps, ppo.normalize_obs, None, source or NodeMemory()
     )
 
 
