@@ -173,22 +173,16 @@ for s in "${STAGES[@]}"; do
     done ;;
     embodied_ab) # the same embodied_state config under an older loomrl package (AB_OLD, a folder
         # holding loomrl/ and benchmarks/, e.g. from `git archive REV loomrl benchmarks | tar -x -C
-        # out/ab_old`) and this one,
-        # in turns (AB_PAIRS pairs, old first in odd pairs): a change's effect on one machine
+        # out/ab_old`) and this one, in turns (AB_PAIRS pairs, old first in odd pairs):
+        # scripts/ab_embodied.sh, each run capped at EMB_CAP
         IFS=: read -r e st cb cm cc <<< "${ST_SWEEP:-64:32}"
         cc=${cc:-${EMB_ENV_CORES:-4}}; cm=${cm:-${EMB_MODES:-temporal,hybrid}}
-        for i in $(seq 1 ${AB_PAIRS:-2}); do
-            order="old new"; [ $((i % 2)) -eq 0 ] && order="new old"
-            for side in $order; do
-                root=$PWD; [ "$side" = old ] && root=$PWD/${AB_OLD:-out/ab_old}
-                # run from the package's root: Ray puts the driver's folder first on workers' paths
-                env -C "$root" PYTHONPATH=$root:$DEPS python3 -c "import loomrl; print('=== ab $side:', loomrl.__file__)"
-                stage "ab_${side}_$i" ${EMB_CAP:-258} env -C "$root" PYTHONPATH=$root:$DEPS python3 benchmarks/embodied_modes.py \
-                    --device cuda --env "${ST_ENV:-Humanoid-v5}" --num-envs "$e" --steps "$st" \
-                    --iterations ${EMB_ITERS:-4} --rounds 1 --modes "$cm" --epochs ${EMB_EPOCHS:-2} \
-                    --env-cores "$cc" --out "$OUT/ab_${side}_$i.json"
-            done
-        done ;;
+        n=$((2 * ${AB_PAIRS:-2}))
+        stage embodied_ab $((n * (${EMB_CAP:-258} + 10))) env PYTHON=python3 CAP=${EMB_CAP:-258} \
+            PAIRS=${AB_PAIRS:-2} bash scripts/ab_embodied.sh "${AB_OLD:-out/ab_old}" "$OUT" \
+            --device cuda --env "${ST_ENV:-Humanoid-v5}" --num-envs "$e" --steps "$st" \
+            --iterations ${EMB_ITERS:-4} --rounds 1 --modes "$cm" --epochs ${EMB_EPOCHS:-2} \
+            --env-cores "$cc" ;;
     overlap) for c in ${OV_SWEEP:-16:4:4 64:4:4}; do  # num_envs:env workers:cores per worker
         IFS=: read -r e w co <<< "$c"
         stage "overlap_e${e}_w${w}${OV_RENDER:+_r$OV_RENDER}" ${OV_CAP:-150} python3 scripts/gpu/cycle_overlap.py --num-envs "$e" \
